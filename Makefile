@@ -1,0 +1,49 @@
+# MetaFlow: one entry point for setting up, testing, and running.
+# Every target installs what it needs, idempotently, so a fresh machine only
+# needs `make test` or `make demo`.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# Debian packages the current code needs (none yet for the pure core; later
+# issues add openvswitch-switch, mininet, redis-server here).
+APT_PACKAGES :=
+
+.PHONY: setup apt test unit demo bench plan clean
+
+setup: apt $(STAMP)
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing apt packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,plots]'
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q tests
+
+unit: setup
+	$(PY) -m pytest -q tests/unit
+
+# The main job on the embedded default. Until the controller and Mininet
+# scenarios land, this is the pure-core planner on the paper's fat-tree.
+demo: setup
+	$(VENV)/bin/metaflowctl plan --topology fattree --k 32 --servers 2000
+
+plan: demo
+
+bench: setup
+	$(PY) -m benchmarks.flowtables --out results
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .hypothesis

@@ -1,0 +1,52 @@
+"""The physical side of the B-tree as plain data: which switch carries which
+group's table, and which ports lead down to each child or up toward the root.
+
+`topology/` fills this in from a discovered graph; `btree/` only reads it, so
+the core never depends on networkx or on how the topology was found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+Port = tuple[int, int]
+"""(dpid, port number)."""
+
+
+@dataclass(frozen=True)
+class SwitchPorts:
+    dpid: int
+    layer: str                               # core, agg, edge, or client (no storage below)
+    group: str | None                        # B-tree inner node whose table this switch carries
+    down: Mapping[str, tuple[int, ...]]      # B-tree child id -> ports toward it
+    up: tuple[int, ...]                      # ports toward the root, in order
+
+
+@dataclass(frozen=True)
+class Fabric:
+    switches: Mapping[int, SwitchPorts]
+    leaf_mac: Mapping[str, str]              # storage server (leaf id) -> MAC
+    links: Mapping[Port, Port]               # switch port -> switch port, both directions
+    hosts: Mapping[str, Port]                # every host (storage and client) -> attachment
+    host_mac: Mapping[str, str] = field(default_factory=dict)
+    host_at: Mapping[Port, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "host_at", {at: host for host, at in self.hosts.items()})
+
+    def members(self) -> dict[str, list[int]]:
+        """Group id -> dpids of the switches that carry its table."""
+        out: dict[str, list[int]] = {}
+        for sw in self.switches.values():
+            if sw.group is not None:
+                out.setdefault(sw.group, []).append(sw.dpid)
+        return out
+
+    def peer(self, dpid: int, port: int) -> tuple[str, object] | None:
+        """What is on the other end of a switch port: ('switch', (dpid, port)),
+        ('host', host id), or None for an unused port."""
+        if (dpid, port) in self.links:
+            return "switch", self.links[(dpid, port)]
+        host = self.host_at.get((dpid, port))
+        return ("host", host) if host is not None else None

@@ -1,0 +1,280 @@
+"""Choosing how a full leaf splits: which IDs move, and to which idle leaf.
+
+Two methods, both driven by a key-count oracle so that the same code runs on a
+simulation and on live agents:
+
+- `traversal`: the paper's algorithm. Walk the leaf's ordered blocks adding to a
+  left set until it holds more than `low` of the keys; if it then holds more
+  than `high`, put the last block back, halve it and go on. The right set moves
+  to the first idle leaf nearest in the tree (same parent first).
+- `aligned` (ours): find every cut point whose left side holds between `low` and
+  `high` of the keys, try the cheapest few of them (block boundaries, the most
+  aligned point), either side moving, and each distinct nearest idle target,
+  and keep the one whose flow tables come out smallest (a cost callback asks
+  the flow planner). Within the bounds it trades nothing for fewer entries.
+
+A split that cannot land inside the bounds (one ID holding too many keys) still
+returns the best cut, with `within_bounds=False` and a reason; a split with no
+idle leaf returns a plan with no target and a reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .cidr import Block, cover, most_aligned
+from .tree import LogicalBTree, Move, State
+
+Oracle = Callable[[str, int, int], int]
+"""Keys on `leaf` with IDs in [first, last]."""
+
+CostFn = Callable[[Sequence[Move]], int]
+"""Total flow entries the network would hold after these moves."""
+
+
+@dataclass(frozen=True, slots=True)
+class SplitBounds:
+    low: float = 0.4
+    high: float = 0.6
+
+    def __post_init__(self) -> None:
+        if not 0 < self.low <= self.high < 1:
+            raise ValueError(f"split bounds need 0 < low <= high < 1, got {self.low}, {self.high}")
+
+    @classmethod
+    def parse(cls, text: str) -> SplitBounds:
+        """'0.4,0.6' or '40,60' (percent)."""
+        try:
+            low, high = (float(part) for part in text.split(","))
+        except ValueError:
+            raise ValueError(f"split bounds must look like 0.4,0.6, not {text!r}") from None
+        if high > 1:
+            low, high = low / 100, high / 100
+        return cls(low, high)
+
+    def kept_range(self, total: int) -> tuple[int, int]:
+        """Key counts the staying side may hold (rounded outwards to whole keys)."""
+        return math.floor(self.low * total), math.ceil(self.high * total)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPlan:
+    leaf: str
+    target: str | None
+    move: tuple[Block, ...]
+    keys_total: int
+    keys_moved: int
+    within_bounds: bool
+    iterations: int
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        return self.target is not None and bool(self.move)
+
+    @property
+    def moved_fraction(self) -> float:
+        return self.keys_moved / self.keys_total if self.keys_total else 0.0
+
+
+class _Counter:
+    """Per-leaf key counts with one oracle call per distinct question."""
+
+    def __init__(self, oracle: Oracle, leaf: str):
+        self.oracle, self.leaf, self.calls = oracle, leaf, 0
+
+    def __call__(self, first: int, last: int) -> int:
+        if first > last:
+            return 0
+        self.calls += 1
+        return self.oracle(self.leaf, first, last)
+
+
+def plan_split(tree: LogicalBTree, leaf: str, oracle: Oracle, bounds: SplitBounds = SplitBounds(),
+               method: str = "traversal", cost: CostFn | None = None) -> SplitPlan:
+    """Decide a split of `leaf`; nothing in the tree changes until `apply_split`."""
+    if tree.state(leaf) is not State.BUSY:
+        return _refusal(leaf, f"{leaf!r} is {tree.state(leaf).value}, only busy leaves split")
+    blocks = tree.blocks(leaf)
+    count = _Counter(oracle, leaf)
+    per_block = [count(b.first, b.last) for b in blocks]
+    total = sum(per_block)
+    if total < 2:
+        return _refusal(leaf, f"{leaf!r} holds {total} keys; nothing to split", total)
+    targets = tree.nearest_leaves(leaf, State.IDLE)
+    if method == "traversal":
+        move, moved, within, steps, why = _traversal(blocks, per_block, total, count, bounds)
+        target = targets[0] if targets else None
+    elif method == "aligned":
+        move, moved, within, steps, why, target = _aligned(
+            tree, leaf, blocks, per_block, total, count, bounds, targets, cost)
+    else:
+        raise ValueError(f"unknown split method {method!r} (traversal or aligned)")
+    if target is None:
+        why = "no idle leaf anywhere in the tree; add servers"
+    return SplitPlan(leaf, target, tuple(move), total, moved, within, steps, why)
+
+
+def _refusal(leaf: str, reason: str, total: int = 0) -> SplitPlan:
+    return SplitPlan(leaf, None, (), total, 0, False, 0, reason)
+
+
+def apply_split(tree: LogicalBTree, plan: SplitPlan) -> list[Move]:
+    """Hand the plan's blocks to its target (after the data has moved, in a live system)."""
+    if not plan.ok:
+        raise ValueError(f"cannot apply a split that has no target or nothing to move: {plan.reason}")
+    return tree.transfer(plan.move, plan.target)
+
+
+# -- the paper's traversal -----------------------------------------------------
+
+def _traversal(blocks: list[Block], per_block: list[int], total: int, count: _Counter,
+               bounds: SplitBounds):
+    low_keys, high_keys = bounds.low * total, bounds.high * total
+    queue = list(zip(blocks, per_block))[::-1]   # a stack, next block last
+    left_keys, steps, reason, within = 0, 0, "", True
+    while queue:
+        block, keys = queue.pop()
+        steps += 1
+        if left_keys + keys <= low_keys:
+            left_keys += keys
+            continue
+        if left_keys + keys <= high_keys:
+            left_keys += keys
+            break
+        if block.plen == block.width:
+            # One ID holds more keys than the window is wide: keep it on the side closer to half.
+            within = False
+            reason = (f"ID {block.address()} alone holds {keys} of {total} keys; "
+                      f"no cut lands within {bounds.low:.0%}-{bounds.high:.0%}")
+            if abs(left_keys + keys - total / 2) < abs(left_keys - total / 2) or left_keys == 0:
+                left_keys += keys
+            else:
+                queue.append((block, keys))
+            break
+        low_half, high_half = block.halves()
+        low_count = count(low_half.first, low_half.last)
+        queue.append((high_half, keys - low_count))
+        queue.append((low_half, low_count))
+    move = [block for block, _ in reversed(queue)]
+    moved = total - left_keys
+    if moved == 0 or not move:
+        return [], 0, False, steps, "every key sits left of the last cut; nothing would move"
+    lo, hi = bounds.kept_range(total)
+    within = within and lo <= left_keys <= hi
+    return move, moved, within, steps, reason
+
+
+# -- ours: the cheapest cut inside the window ------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    point: int        # IDs below it stay on the left
+    left_keys: int
+
+
+def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list[int], total: int,
+             count: _Counter, bounds: SplitBounds, targets: list[str], cost: CostFn | None):
+    prefix = [0]
+    for keys in per_block:
+        prefix.append(prefix[-1] + keys)
+    lo, hi = bounds.kept_range(total)
+
+    def keys_below(point: int) -> int:
+        i = bisect_right([b.first for b in blocks], point - 1) - 1
+        if i < 0:
+            return 0
+        block = blocks[i]
+        if point > block.last:
+            return prefix[i + 1]
+        return prefix[i] + count(block.first, point - 1)
+
+    def first_point_with(at_least: int) -> int:
+        """Smallest cut point p with keys_below(p) >= at_least."""
+        i = next(j for j, s in enumerate(prefix[1:]) if s >= at_least)
+        block = blocks[i]
+        a, b = block.first + 1, block.last + 1
+        while a < b:
+            mid = (a + b) // 2
+            if prefix[i] + count(block.first, mid - 1) >= at_least:
+                b = mid
+            else:
+                a = mid + 1
+        return a
+
+    start, end = blocks[0].first + 1, blocks[-1].last
+    p_low = first_point_with(max(lo, 1))
+    p_high = first_point_with(hi + 1) - 1 if hi < total else end
+    within = p_low <= p_high
+    if within:
+        candidates = {most_aligned(p_low, p_high, tree.space.width)}
+        candidates.update(b.first for b in blocks if p_low <= b.first <= p_high)
+        candidates.update(b.last + 1 for b in blocks if p_low <= b.last + 1 <= p_high)
+        reason = ""
+    else:
+        # The window is empty: one ID is too heavy. Cut on whichever side of it is nearer half.
+        heavy = p_low - 1
+        candidates = {p for p in (heavy, heavy + 1) if start <= p <= end}
+        reason = (f"ID {tree.space.address(heavy)} alone holds too many keys; "
+                  f"no cut lands within {bounds.low:.0%}-{bounds.high:.0%}")
+    cuts = [_Cut(p, keys_below(p)) for p in sorted(candidates) if start <= p <= end]
+    cuts = [c for c in cuts if 0 < c.left_keys < total] or cuts
+    if within:  # cheapest first: fewest new blocks, then nearest to an even split
+        cuts.sort(key=lambda c: (_extra_blocks(blocks, c.point), abs(c.left_keys - total / 2)))
+    else:
+        cuts = sorted(cuts, key=lambda c: abs(c.left_keys - total / 2))[:1]
+    options = []
+    representatives = _distinct_targets(tree, targets)
+    for cut in cuts[:3]:
+        left = _side(blocks, cut.point, below=True)
+        right = _side(blocks, cut.point, below=False)
+        for move, moved in ((right, total - cut.left_keys), (left, cut.left_keys)):
+            if not move or moved == 0:
+                continue
+            for target in representatives or [None]:
+                options.append((move, moved, target))
+    if not options:
+        return [], 0, False, 0, "no cut separates the keys", None
+
+    def score(option) -> tuple:
+        move, moved, target = option
+        entries = cost([Move(b, leaf, target) for b in move]) if cost and target else 0
+        return entries, abs(moved - total / 2), len(move)
+
+    best = min(options, key=score)
+    move, moved, target = best
+    return list(move), moved, within, count.calls, reason, target
+
+
+def _side(blocks: list[Block], point: int, below: bool) -> list[Block]:
+    out: list[Block] = []
+    for block in blocks:
+        if below:
+            out.extend(cover(block.first, min(block.last, point - 1), block.width))
+        else:
+            out.extend(cover(max(block.first, point), block.last, block.width))
+    return out
+
+
+def _extra_blocks(blocks: list[Block], point: int) -> int:
+    for block in blocks:
+        if block.first < point <= block.last:
+            return (len(cover(block.first, point - 1, block.width))
+                    + len(cover(point, block.last, block.width)) - 1)
+    return 0
+
+
+def _distinct_targets(tree: LogicalBTree, targets: list[str], limit: int = 8) -> list[str]:
+    """One idle leaf per distinct parent: leaves under the same parent cost the same
+    in every table but the parent's, where they differ only by port."""
+    seen: set[str | None] = set()
+    out = []
+    for target in targets:
+        parent = tree.parent(target)
+        if parent not in seen:
+            seen.add(parent)
+            out.append(target)
+    return out[:limit]

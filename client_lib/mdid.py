@@ -1,0 +1,174 @@
+"""The MetaDataID function: the wire contract between clients, agents and the planner.
+
+A client never asks anyone where a file's metadata lives. It hashes the path
+into an address inside a configured CIDR block, the *MetaDataID space*, and
+sends the request to that address; the switches route it to the owning server.
+Every party (client library, server agent, controller planner, benchmarks) must
+therefore compute exactly the same ID for the same path. This module is that
+single definition; changing any rule below changes where every key lives and
+is a breaking change. Test vectors in ``tests/unit/test_mdid.py`` pin it.
+
+The rule
+--------
+1. The key of a path is ``normalize_path(path)``, a ``bytes`` value:
+
+   * ``str`` is encoded as UTF-8 with ``errors="surrogateescape"``, so a name
+     obtained from ``os.fsdecode`` hashes to the raw bytes it has on disk;
+     ``bytes`` are used as given.
+   * No Unicode normalization (NFC/NFD) is applied: file systems compare names
+     byte for byte, so ``"caf\\u00e9"`` and ``"cafe\\u0301"`` are different files
+     and get different IDs.
+   * The path must be absolute (start with ``/``), non-empty, and must not
+     contain NUL; otherwise ``ValueError``.
+   * Lexical clean-up, without consulting any file system: runs of ``/``
+     collapse to one (a leading ``//`` too), ``.`` components vanish, ``..``
+     removes the previous component and never climbs above ``/``, and a
+     trailing ``/`` is dropped except for ``/`` itself.
+   * The normalized key may be at most ``max_length`` bytes (default 4096,
+     Linux ``PATH_MAX``); longer keys raise ``ValueError``.
+
+2. The space is a CIDR block: ``first`` (its network address as an integer),
+   ``size = 2 ** (width - prefixlen)`` where ``width`` is 32 (IPv4) or 128 (IPv6).
+
+3. ``mdid = first + int.from_bytes(H, "big") % size`` where
+   ``H = hashlib.blake2b(key, digest_size=D).digest()`` (no key, salt or
+   personalization) and
+
+   * ``D = 8`` for 32-bit (IPv4) spaces: the rule fixed by ARCHITECTURE.md;
+   * ``D = 16`` for 128-bit (IPv6) spaces: this project's extension of the
+     rule. A 64-bit digest could only reach 2**64 distinct IDs, leaving most of
+     a large IPv6 space (e.g. a /32 or ``::/0``) unused and the modulo biased;
+     a 128-bit digest covers every IPv6 space evenly.
+
+The default space is ``100.64.0.0/10`` (RFC 6598 shared address space), so a
+client host needs a single route for all MetaDataIDs; the paper's whole
+``0.0.0.0/0`` works as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_SPACE",
+    "PATH_MAX",
+    "MetaDataSpace",
+    "mdid",
+    "mdid_address",
+    "normalize_path",
+]
+
+PATH_MAX = 4096
+"""Default upper bound, in bytes, on a normalized key (Linux ``PATH_MAX``)."""
+
+
+def normalize_path(path: str | bytes, *, max_length: int = PATH_MAX) -> bytes:
+    """Return the canonical key of an absolute path as bytes (rule 1 above)."""
+    if isinstance(path, str):
+        raw = path.encode("utf-8", "surrogateescape")
+    elif isinstance(path, bytes):
+        raw = path
+    else:
+        raise TypeError(f"path must be str or bytes, not {type(path).__name__}")
+    if not raw:
+        raise ValueError("path must not be empty")
+    if b"\0" in raw:
+        raise ValueError(f"path must not contain NUL: {path!r}")
+    if not raw.startswith(b"/"):
+        raise ValueError(f"path must be absolute: {path!r}")
+    # Fast path: most keys (every path a DFS hands out) are already canonical.
+    if (
+        b"//" in raw
+        or b"/./" in raw
+        or b"/../" in raw
+        or raw.endswith((b"/", b"/.", b"/.."))
+    ):
+        parts: list[bytes] = []
+        for component in raw.split(b"/"):
+            if component == b"..":
+                if parts:
+                    parts.pop()
+            elif component and component != b".":
+                parts.append(component)
+        raw = b"/" + b"/".join(parts)
+    if len(raw) > max_length:
+        raise ValueError(f"path too long: {len(raw)} bytes > {max_length}")
+    return raw
+
+
+@dataclass(frozen=True)
+class MetaDataSpace:
+    """A CIDR block of MetaDataIDs, IPv4 (``width`` 32) or IPv6 (``width`` 128)."""
+
+    first: int
+    prefixlen: int
+    width: int
+
+    def __post_init__(self) -> None:
+        if self.width not in (32, 128):
+            raise ValueError(f"width must be 32 or 128, not {self.width}")
+        if not 0 <= self.prefixlen <= self.width:
+            raise ValueError(f"prefix length {self.prefixlen} outside 0..{self.width}")
+        if not 0 <= self.first < 1 << self.width:
+            raise ValueError(f"first address {self.first} outside a {self.width}-bit space")
+        if self.first % self.size:
+            raise ValueError(f"host bits set in {self.first}/{self.prefixlen}")
+
+    @classmethod
+    def parse(cls, cidr: str) -> MetaDataSpace:
+        """Build a space from CIDR text such as ``"100.64.0.0/10"`` or ``"fd00::/64"``.
+
+        Host bits set in the CIDR (``"10.0.0.1/8"``) raise ``ValueError``.
+        """
+        network = ipaddress.ip_network(cidr, strict=True)
+        return cls(
+            first=int(network.network_address),
+            prefixlen=network.prefixlen,
+            width=network.max_prefixlen,
+        )
+
+    @property
+    def size(self) -> int:
+        """Number of IDs in the space."""
+        return 1 << (self.width - self.prefixlen)
+
+    @property
+    def last(self) -> int:
+        """Highest ID in the space."""
+        return self.first + self.size - 1
+
+    @property
+    def digest_size(self) -> int:
+        """BLAKE2b digest size in bytes that ``mdid`` uses for this space (rule 3)."""
+        return 8 if self.width == 32 else 16
+
+    def contains(self, id: int) -> bool:
+        """Whether ``id`` is a MetaDataID of this space."""
+        return self.first <= id <= self.last
+
+    def address(self, id: int) -> str:
+        """The IP address text (dotted IPv4 or IPv6) of an ID of this space."""
+        if not self.contains(id):
+            raise ValueError(f"ID {id} outside {self}")
+        if self.width == 32:
+            return str(ipaddress.IPv4Address(id))
+        return str(ipaddress.IPv6Address(id))
+
+    def __str__(self) -> str:
+        return f"{self.address(self.first)}/{self.prefixlen}"
+
+
+DEFAULT_SPACE = MetaDataSpace.parse("100.64.0.0/10")
+
+
+def mdid(path: str | bytes, space: MetaDataSpace = DEFAULT_SPACE) -> int:
+    """The MetaDataID of ``path`` in ``space`` (rule 3 above)."""
+    digest = hashlib.blake2b(normalize_path(path), digest_size=space.digest_size).digest()
+    return space.first + int.from_bytes(digest, "big") % space.size
+
+
+def mdid_address(path: str | bytes, space: MetaDataSpace = DEFAULT_SPACE) -> str:
+    """The MetaDataID of ``path`` as IP address text: where a request for it is sent."""
+    return space.address(mdid(path, space))

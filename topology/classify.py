@@ -1,0 +1,265 @@
+"""Infer layers, pods and switch groups from any discovered tree topology, and map
+it onto the logical B-tree.
+
+The controller feeds this what LLDP and host discovery found, so nothing here
+may read names, dpid patterns or the builders' `layer`/`pod` hints. The only
+inputs are the shape of the graph, port numbers, and which hosts are storage
+servers. The rules:
+
+1. The root layer is the set of switches with the smallest eccentricity toward
+   the storage servers' edge switches (the core of a fat-tree or tier tree).
+2. Every other switch's level is its hop distance from the root layer; "up" is
+   toward a lower level. Storage servers must all hang off one level, the edge.
+3. A switch's down-set is the storage servers reachable by only going down.
+   Switches of a level with the same down-set form one group (a fat-tree pod's
+   aggregation switches); down-sets of different groups must not overlap, or
+   the graph is not a tree of groups. Switches with no storage below (the
+   application cluster, the paper's SwitchD, or pods without servers) are
+   "client" switches: they only carry the default up-rules.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable
+
+import networkx as nx
+
+from btree.cidr import Block
+from btree.fabric import Fabric, SwitchPorts
+from btree.tree import LogicalBTree
+
+ROOT = "root"
+
+
+class TopologyError(ValueError):
+    """The graph cannot be mapped onto a logical B-tree; the message says why."""
+
+
+@dataclass(frozen=True)
+class Classification:
+    graph: nx.Graph
+    level: dict[str, int]                    # switch -> hops from the root layer
+    layer: dict[str, str]                    # switch -> core, agg, edge or client
+    edge_level: int                          # level of the switches the servers hang off
+    groups: dict[str, tuple[str, ...]]       # group id -> member switches
+    group_of: dict[str, str]                 # storage-tree switch -> group id
+    parent: dict[str, str]                   # group or storage host -> parent group id
+    pods: tuple[tuple[str, ...], ...]        # switches below the root layer, by connected part
+    storage: tuple[str, ...]                 # storage hosts
+
+    @property
+    def depth(self) -> int:
+        """B-tree depth counting the leaves: 3 for two-tier, 4 for fat-tree and three-tier."""
+        return self.edge_level + 2
+
+    def children(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {group: [] for group in self.groups}
+        for node, parent in self.parent.items():
+            out[parent].append(node)
+        for kids in out.values():
+            kids.sort(key=self._order)
+        return out
+
+    def _order(self, node: str) -> tuple:
+        """Tree order: groups by their lowest dpid, hosts by their attachment port."""
+        if node in self.groups:
+            return (0, min(self.graph.nodes[s]["dpid"] for s in self.groups[node]))
+        (switch,) = self.graph.adj[node]
+        return (1, self.graph.nodes[switch]["dpid"], _port(self.graph, switch, node))
+
+
+def _port(g: nx.Graph, node: str, neighbor: str) -> int:
+    return g.edges[node, neighbor]["ports"][node]
+
+
+def _validated_parts(g: nx.Graph) -> tuple[list[str], dict[str, list[str]], dict[str, str]]:
+    """Switches, switch adjacency, and host -> attachment switch; schema errors raised here."""
+    switches, attach = [], {}
+    for node, data in g.nodes(data=True):
+        kind = data.get("kind")
+        if kind == "switch":
+            if "dpid" not in data:
+                raise TopologyError(f"switch {node!r} has no dpid")
+            switches.append(node)
+        elif kind == "host":
+            if data.get("role") not in ("storage", "client"):
+                raise TopologyError(f"host {node!r} has role {data.get('role')!r}; "
+                                    f"expected 'storage' or 'client'")
+            neighbors = list(g.adj[node])
+            if len(neighbors) != 1 or g.nodes[neighbors[0]].get("kind") != "switch":
+                raise TopologyError(f"host {node!r} must be attached to exactly one switch, "
+                                    f"found {neighbors}")
+            attach[node] = neighbors[0]
+        else:
+            raise TopologyError(f"node {node!r} has kind {kind!r}; expected 'switch' or 'host'")
+    for u, v, data in g.edges(data=True):
+        ports = data.get("ports", {})
+        if u not in ports or v not in ports:
+            raise TopologyError(f"link {u!r}-{v!r} lacks port numbers for both ends")
+    adjacency = {s: [n for n in g.adj[s] if g.nodes[n]["kind"] == "switch"] for s in switches}
+    return switches, adjacency, attach
+
+
+def _distances(adjacency: dict[str, list[str]], sources: Iterable[str]) -> dict[str, int]:
+    dist = {s: 0 for s in sources}
+    queue = deque(dist)
+    while queue:
+        node = queue.popleft()
+        for nxt in adjacency[node]:
+            if nxt not in dist:
+                dist[nxt] = dist[node] + 1
+                queue.append(nxt)
+    return dist
+
+
+def classify(g: nx.Graph) -> Classification:
+    switches, adjacency, attach = _validated_parts(g)
+    storage = sorted((h for h in attach if g.nodes[h]["role"] == "storage"),
+                     key=lambda h: (g.nodes[attach[h]]["dpid"], _port(g, attach[h], h)))
+    if not storage:
+        raise TopologyError("no storage hosts: nothing to map onto B-tree leaves")
+    edges = sorted({attach[h] for h in storage}, key=lambda s: g.nodes[s]["dpid"])
+
+    eccentricity = {s: 0 for s in switches}
+    for edge in edges:
+        dist = _distances(adjacency, [edge])
+        unreachable = [s for s in switches if s not in dist]
+        if unreachable:
+            raise TopologyError(f"the switch graph is disconnected: {sorted(unreachable)[:5]} "
+                                f"cannot reach storage edge switch {edge!r}")
+        for s in switches:
+            eccentricity[s] = max(eccentricity[s], dist[s])
+    best = min(eccentricity.values())
+    roots = [s for s in switches if eccentricity[s] == best]
+    level = _distances(adjacency, roots)
+
+    edge_levels = {level[e] for e in edges}
+    if len(edge_levels) != 1:
+        by_level = {lv: sorted(e for e in edges if level[e] == lv) for lv in sorted(edge_levels)}
+        raise TopologyError(f"storage servers hang off switches at different depths {by_level}; "
+                            f"a B-tree needs them all at one level")
+    bottom = edge_levels.pop()
+
+    down: dict[str, frozenset[str]] = {}
+    for lv in range(bottom, -1, -1):
+        for s in (s for s in switches if level[s] == lv):
+            below = {h for h in g.adj[s] if h in attach and g.nodes[h]["role"] == "storage"}
+            for child in adjacency[s]:
+                if level[child] == lv + 1:
+                    below |= down.get(child, frozenset())
+            if below:
+                down[s] = frozenset(below)
+
+    everything = frozenset(storage)
+    partial_roots = [s for s in roots if down.get(s) != everything]
+    if partial_roots:
+        raise TopologyError(f"root-layer switches {sorted(partial_roots)} do not reach every "
+                            f"storage server going down; the graph is not a single tree")
+
+    groups: dict[str, tuple[str, ...]] = {}
+    group_of: dict[str, str] = {}
+    for lv in range(bottom + 1):
+        by_set: dict[frozenset[str], list[str]] = {}
+        for s in switches:
+            if level[s] == lv and s in down:
+                by_set.setdefault(down[s], []).append(s)
+        _check_laminar(lv, by_set)
+        for members in by_set.values():
+            members.sort(key=lambda s: g.nodes[s]["dpid"])
+            gid = ROOT if lv == 0 else f"{_layer_name(lv, bottom)}-{g.nodes[members[0]]['dpid']}"
+            groups[gid] = tuple(members)
+            for s in members:
+                group_of[s] = gid
+
+    parent: dict[str, str] = {}
+    for gid, members in groups.items():
+        if gid == ROOT:
+            continue
+        above = {group_of[n] for s in members for n in adjacency[s]
+                 if level[n] == level[s] - 1 and n in group_of}
+        if len(above) != 1:
+            raise TopologyError(f"switch group {list(members)} hangs below {len(above)} groups "
+                                f"{sorted(above)}; a tree needs exactly one parent")
+        parent[gid] = above.pop()
+    for h in storage:
+        parent[h] = group_of[attach[h]]
+
+    layer = {s: (_layer_name(level[s], bottom) if s in down else "client") for s in switches}
+    lower = g.subgraph(s for s in switches if level[s] > 0)
+    pods = tuple(sorted((tuple(sorted(c, key=lambda s: g.nodes[s]["dpid"]))
+                         for c in nx.connected_components(lower)),
+                        key=lambda c: g.nodes[c[0]]["dpid"]))
+    return Classification(g, level, layer, bottom, groups, group_of, parent, pods, tuple(storage))
+
+
+def _layer_name(lv: int, bottom: int) -> str:
+    if lv == bottom:
+        return "edge"
+    return "core" if lv == 0 else "agg"
+
+
+def _check_laminar(lv: int, by_set: dict[frozenset[str], list[str]]) -> None:
+    owner: dict[str, list[str]] = {}
+    for hosts, members in by_set.items():
+        for h in hosts:
+            if h in owner:
+                raise TopologyError(
+                    f"switches {owner[h]} and {members} at level {lv} reach overlapping but "
+                    f"different storage servers (e.g. {h!r}); they cannot be one B-tree node "
+                    f"or two")
+            owner[h] = members
+
+
+def build_tree(c: Classification, space: Block) -> LogicalBTree:
+    """All leaves idle: bootstrap decides who owns what."""
+    return LogicalBTree(space, ROOT, c.children())
+
+
+def build_fabric(c: Classification) -> Fabric:
+    g = c.graph
+    switch_ports = {}
+    links = {}
+    hosts = {}
+    for s, lv in c.level.items():
+        dpid = g.nodes[s]["dpid"]
+        up, down = [], {}
+        for n in g.adj[s]:
+            p = _port(g, s, n)
+            if g.nodes[n]["kind"] == "host":
+                hosts[n] = (dpid, p)
+                if n in c.parent and c.parent[n] == c.group_of.get(s):
+                    down[n] = (p,)
+                continue
+            links[(dpid, p)] = (g.nodes[n]["dpid"], _port(g, n, s))
+            if c.level[n] == lv - 1:
+                up.append(p)
+            elif c.level[n] == lv + 1 and s in c.group_of and n in c.group_of:
+                down.setdefault(c.group_of[n], []).append(p)
+        switch_ports[dpid] = SwitchPorts(
+            dpid, c.layer[s], c.group_of.get(s),
+            {child: tuple(sorted(ports)) for child, ports in down.items()}, tuple(sorted(up)))
+    leaf_mac = {h: g.nodes[h]["mac"] for h in c.storage}
+    host_mac = {h: g.nodes[h]["mac"] for h in hosts}
+    return Fabric(switch_ports, leaf_mac, links, hosts, host_mac)
+
+
+def map_topology(g: nx.Graph, space: Block) -> tuple[Classification, LogicalBTree, Fabric]:
+    c = classify(g)
+    return c, build_tree(c, space), build_fabric(c)
+
+
+def discovered_graph(switches: Iterable[int], links: Iterable[tuple[int, int, int, int]],
+                     hosts: Iterable[tuple[str, int, int, str, str, str]]) -> nx.Graph:
+    """Assemble the classifier's input from discovery results: switch dpids, links as
+    (dpid, port, dpid, port), hosts as (id, dpid, port, mac, ip, role)."""
+    g = nx.Graph()
+    for dpid in switches:
+        g.add_node(f"s{dpid}", kind="switch", dpid=dpid)
+    for a, pa, b, pb in links:
+        g.add_edge(f"s{a}", f"s{b}", ports={f"s{a}": pa, f"s{b}": pb})
+    for host, dpid, port, mac, ip, role in hosts:
+        g.add_node(host, kind="host", mac=mac, ip=ip, role=role)
+        g.add_edge(host, f"s{dpid}", ports={host: 0, f"s{dpid}": port})
+    return g
