@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from functools import partial
 from typing import Mapping
 
 from .cidr import Block
 from .fabric import Fabric
-from .flows import METAFLOW_PORT, FlowEntry, Table
+from .flows import METAFLOW_BASE_PRIORITY, METAFLOW_PORT, FlowEntry, FlowPlanner, Table, uprules
 
 Interval = tuple[int, int, object]
 """(first, last, where): where is a host id, or None for a drop / no MetaFlow match."""
@@ -31,10 +32,31 @@ class Delivery:
 
 class FakeNetwork:
     def __init__(self, fabric: Fabric, tables: Mapping[int, Table], width: int = 32):
+        """A network of explicit per-switch tables (what a controller would install)."""
         self.fabric, self.width = fabric, width
-        self._tables = {dpid: _Lookup(table) for dpid, table in tables.items()}
+        self._tables: dict[int, _Lookup] = {
+            dpid: _Lookup([_Index([(e.priority, e.prefix, e) for e in table.values()])])
+            for dpid, table in tables.items()}
         self._whole: dict[int, list[Interval]] = {}
         self._partial: dict[tuple[int, int, int], list[Interval]] = {}
+
+    @classmethod
+    def from_planner(cls, planner: FlowPlanner) -> FakeNetwork:
+        """The same network without writing out every switch's table: members of a
+        group share one index of the group's entries and turn a match into their
+        own FlowEntry (ports) only when it is used. For the paper-scale tables of
+        `metaflowctl plan` (hundreds of switches carrying thousands of entries)."""
+        net = cls(planner.fabric, {}, planner.space.width)
+        shared = {group: _Index([(METAFLOW_BASE_PRIORITY + b.plen, b, v)
+                                 for b, v in planner.group_entries(group)])
+                  for group in planner.groups()}
+        for dpid, switch in planner.fabric.switches.items():
+            parts = [_Index([(e.priority, e.prefix, e) for e in uprules(switch, planner.space)])]
+            if switch.group is not None:
+                make = partial(_group_entry, planner, switch)
+                parts.insert(0, _Index(shared[switch.group], make))
+            net._tables[dpid] = _Lookup(parts)
+        return net
 
     def forward(self, src_host: str, dst: int, dst_port: int = METAFLOW_PORT,
                 proto: str = "tcp", max_hops: int = 64) -> Delivery:
@@ -80,7 +102,7 @@ class FakeNetwork:
             return [(lo, hi, "loop")]
         on_path.add(dpid)
         out: list[Interval] = []
-        for first, last, entry in _slice(self._tables[dpid].intervals(self.width), lo, hi):
+        for first, last, entry in self._tables[dpid].intervals(lo, hi):
             peer = None if entry is None else self.fabric.peer(dpid, entry.out_port)
             if peer is None:
                 out.append((first, last, None))
@@ -99,37 +121,68 @@ class FakeNetwork:
         return result
 
 
-class _Lookup:
-    """One switch's MetaFlow entries indexed by priority and masked address."""
+def _group_entry(planner: FlowPlanner, switch, block: Block, value: str) -> FlowEntry:
+    return planner.entry(switch, block, value)
 
-    def __init__(self, table: Table):
-        self.entries = list(table.values())
-        levels: dict[tuple[int, int], dict[int, FlowEntry]] = {}
-        for entry in self.entries:
-            shift = entry.prefix.width - entry.prefix.plen
-            levels.setdefault((entry.priority, shift), {})[entry.prefix.first >> shift] = entry
-        self._order = [(shift, entries) for (_, shift), entries
-                       in sorted(levels.items(), key=lambda item: -item[0][0])]
-        self._flat: list[tuple[int, int, FlowEntry | None]] | None = None
 
-    def match(self, addr: int) -> FlowEntry | None:
-        for shift, entries in self._order:
-            entry = entries.get(addr >> shift)
-            if entry is not None:
-                return entry
+class _Index:
+    """Prefix entries indexed by priority and masked address, for matching and for
+    listing the entries that overlap a range. `make` turns a stored payload into the
+    FlowEntry of the switch asking (identity for explicit tables)."""
+
+    def __init__(self, items: list[tuple[int, Block, object]] | _Index, make=None):
+        if isinstance(items, _Index):   # share another index's data, with our own `make`
+            self._levels, self._sorted, self._firsts = items._levels, items._sorted, items._firsts
+        else:
+            levels: dict[tuple[int, int], dict[int, tuple[Block, object]]] = {}
+            for priority, prefix, payload in items:
+                shift = prefix.width - prefix.plen
+                levels.setdefault((priority, shift), {})[prefix.first >> shift] = (prefix, payload)
+            self._levels = [(p, shift, d) for (p, shift), d in sorted(levels.items(), key=lambda x: -x[0][0])]
+            self._sorted = sorted((prefix.first, prefix.last) for _, prefix, _ in items)
+            self._firsts = [first for first, _ in self._sorted]
+        self._make = make or (lambda _prefix, payload: payload)
+
+    def match(self, addr: int) -> tuple[int, FlowEntry] | None:
+        for priority, shift, entries in self._levels:
+            hit = entries.get(addr >> shift)
+            if hit is not None:
+                return priority, self._make(*hit)
         return None
 
-    def intervals(self, width: int) -> list[tuple[int, int, FlowEntry | None]]:
-        """The table flattened: which entry wins on each interval of the address space."""
-        if self._flat is None:
-            self._flat = self._flatten(width)
-        return self._flat
+    def boundaries(self, lo: int, hi: int) -> set[int]:
+        """Points in (lo, hi] where some entry starts or ends+1."""
+        points = set()
+        for _, shift, entries in self._levels:       # entries that contain lo
+            hit = entries.get(lo >> shift)
+            if hit is not None and hit[0].last < hi:
+                points.add(hit[0].last + 1)
+        for first, last in self._sorted[bisect_left(self._firsts, lo + 1):bisect_right(self._firsts, hi)]:
+            points.add(first)
+            if last < hi:
+                points.add(last + 1)
+        return points
 
-    def _flatten(self, width: int) -> list[tuple[int, int, FlowEntry | None]]:
-        points = {0, 1 << width}
-        for entry in self.entries:
-            points.add(entry.prefix.first)
-            points.add(entry.prefix.last + 1)
+
+class _Lookup:
+    """One switch's table: one or more indexes, highest priority wins."""
+
+    def __init__(self, parts: list[_Index]):
+        self.parts = parts
+
+    def match(self, addr: int) -> FlowEntry | None:
+        best = None
+        for part in self.parts:
+            hit = part.match(addr)
+            if hit is not None and (best is None or hit[0] > best[0]):
+                best = hit
+        return None if best is None else best[1]
+
+    def intervals(self, lo: int, hi: int) -> list[tuple[int, int, FlowEntry | None]]:
+        """The table flattened over [lo, hi]: which entry wins on each piece."""
+        points = {lo, hi + 1}
+        for part in self.parts:
+            points |= part.boundaries(lo, hi)
         bounds = sorted(points)
         return [(a, b - 1, self.match(a)) for a, b in zip(bounds, bounds[1:])]
 

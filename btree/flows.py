@@ -3,13 +3,14 @@
 Each switch group's table realises one function: MetaDataID -> child of the
 group (down) or UP. Two ways to write it as prefixes:
 
-- `minimize=True`: the fewest longest-prefix-match entries (ORTC, kept
-  incrementally per group in an `LpmTrie`), counting the default up-rules as
-  free. Entries may nest: a short prefix to one child with a longer one carved
-  out for another, or carved out UP.
+- `minimize=True`: the fewest longest-prefix-match entries (ORTC), counting
+  the default up-rules as free. Entries may nest: a short prefix to one child
+  with a longer one carved out for another, or carved out UP.
 - `minimize=False`: the paper's plain form: every maximal run of consecutive
   blocks toward the same child, covered by its minimal CIDR list; entries never
   nest.
+
+Both are kept incrementally per group by `ortc.LpmTrie`.
 
 Switches of a group share the group's entries and differ only in port numbers.
 The controller translates `FlowEntry` into OpenFlow 1.0 flow mods; nothing here
@@ -22,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .cidr import Block, cover
+from .cidr import Block
 from .fabric import Fabric, SwitchPorts
 from .ortc import LpmTrie
 from .tree import LogicalBTree, Move
@@ -112,24 +113,13 @@ def uprules(switch: SwitchPorts, space: Block) -> list[FlowEntry]:
     return [FlowEntry(UPRULE_PRIORITY, s, spread(switch.up, s, space)) for s in slices]
 
 
-def plain_entries(items: Iterable[tuple[Block, str]], width: int) -> list[tuple[Block, str]]:
-    """The paper's form: merge consecutive blocks with the same next hop, cover each run."""
-    out: list[tuple[Block, str]] = []
-    run: tuple[int, int, str] | None = None
-    for block, value in items:
-        if run and run[2] == value and run[1] + 1 == block.first:
-            run = (run[0], block.last, value)
-            continue
-        if run:
-            out.extend((b, run[2]) for b in cover(run[0], run[1], width))
-        run = (block.first, block.last, value)
-    if run:
-        out.extend((b, run[2]) for b in cover(run[0], run[1], width))
-    return out
-
-
 class FlowPlanner:
-    """Keeps every switch's MetaFlow table in step with the tree, change by change."""
+    """Keeps every switch group's MetaFlow table in step with the tree, change by change.
+
+    Tables are held once per group (all members carry the same entries and
+    differ only in ports); a switch's concrete table is produced on demand, and
+    `update` turns the group-level change into per-switch diffs.
+    """
 
     def __init__(self, tree: LogicalBTree, fabric: Fabric, minimize: bool = True):
         self.tree, self.fabric, self.minimize = tree, fabric, minimize
@@ -138,9 +128,7 @@ class FlowPlanner:
         missing = set(self._members) - set(tree.inner_nodes())
         if missing:
             raise ValueError(f"switch groups {sorted(missing)} are not nodes of the tree")
-        self._group_entries: dict[str, list[tuple[Block, str]]] = {}
         self._tries: dict[str, LpmTrie] = {}
-        self._tables: dict[int, Table] = {}
         self.rebuild()
 
     # -- group level ----------------------------------------------------------------
@@ -150,30 +138,36 @@ class FlowPlanner:
             return UP
         return self.tree.child_toward(group, leaf) or UP
 
-    def _group_items(self, group: str) -> list[tuple[Block, str]]:
-        return [(block, self._value(group, leaf)) for block, leaf in self.tree.group_blocks(group)]
-
-    def _default(self, group: str) -> str | None:
-        return None if group == self.tree.root else UP
-
-    def _compute_group(self, group: str) -> list[tuple[Block, str]]:
-        if self.minimize:
-            return self._tries[group].entries(self._default(group))
-        return plain_entries(self._group_items(group), self.space.width)
+    def rebuild(self) -> None:
+        """Recompute every group's table from the tree."""
+        for group in self._members:
+            items = [(block, self._value(group, leaf)) for block, leaf in self.tree.group_blocks(group)]
+            default = None if group == self.tree.root else UP
+            self._tries[group] = LpmTrie.from_partition(self.space, items, UP, default, self.minimize)
 
     def group_entries(self, group: str) -> list[tuple[Block, str]]:
         """The group's table as (prefix, next hop), next hop a child id or UP."""
-        return list(self._group_entries[group])
+        return self._tries[group].entries()
+
+    def groups(self) -> dict[str, list[int]]:
+        """Group id -> member dpids."""
+        return {g: list(m) for g, m in self._members.items()}
 
     # -- switch level ---------------------------------------------------------------
 
-    def _switch_table(self, switch: SwitchPorts) -> Table:
+    def table(self, dpid: int) -> Table:
+        """The concrete table of one switch: its group's entries on its ports, plus up-rules."""
+        switch = self.fabric.switches[dpid]
         entries = uprules(switch, self.space)
-        for block, value in self._group_entries.get(switch.group, ()):
-            entries.append(self._entry(switch, block, value))
+        if switch.group is not None:
+            entries.extend(self.entry(switch, b, v) for b, v in self._tries[switch.group].entries())
         return {e.match: e for e in entries}
 
-    def _entry(self, switch: SwitchPorts, block: Block, value: str) -> FlowEntry:
+    def tables(self) -> dict[int, Table]:
+        return {dpid: self.table(dpid) for dpid in self.fabric.switches}
+
+    def entry(self, switch: SwitchPorts, block: Block, value: str) -> FlowEntry:
+        """One group entry on one member switch's ports."""
         priority = METAFLOW_BASE_PRIORITY + block.plen
         if value == UP:
             if not switch.up:
@@ -185,22 +179,6 @@ class FlowPlanner:
             raise ValueError(f"switch {switch.dpid} has no port toward {value!r}")
         mac = self.fabric.leaf_mac.get(value) if self.tree.is_leaf(value) else None
         return FlowEntry(priority, block, spread(ports, block, self.space), mac)
-
-    def rebuild(self) -> dict[int, Table]:
-        """Recompute everything from the tree; returns the tables."""
-        for group in self._members:
-            if self.minimize:
-                self._tries[group] = LpmTrie.from_partition(
-                    self.space, self._group_items(group), UP)
-            self._group_entries[group] = self._compute_group(group)
-        self._tables = {dpid: self._switch_table(sw) for dpid, sw in self.fabric.switches.items()}
-        return self.tables()
-
-    def tables(self) -> dict[int, Table]:
-        return {dpid: dict(table) for dpid, table in self._tables.items()}
-
-    def table(self, dpid: int) -> Table:
-        return dict(self._tables[dpid])
 
     # -- changes ----------------------------------------------------------------------
 
@@ -220,57 +198,61 @@ class FlowPlanner:
         return out
 
     def update(self, moves: Sequence[Move]) -> FlowDiff:
-        """Bring tables in line with moves the tree has applied; returns only what changed."""
-        changed = self._changed_groups(moves)
-        for group, assignments in changed.items():
-            if self.minimize:
-                for block, value in assignments:
-                    self._tries[group].assign(block, value)
-            self._group_entries[group] = self._compute_group(group)
+        """Bring tables in line with moves the tree has applied; returns only what changed.
+
+        Work is proportional to the entries that changed in the touched groups,
+        times their member switches: a root-level change on a k=32 fat-tree
+        rewrites the same few entries on all 256 core switches, not their tables.
+        """
         out: FlowDiff = {}
-        for group in changed:
+        for group, assignments in self._changed_groups(moves).items():
+            trie = self._tries[group]
+            for block, value in assignments:
+                trie.assign(block, value)
+            change = trie.refresh()
+            if not change:
+                continue
             for dpid in self._members[group]:
-                new = self._switch_table(self.fabric.switches[dpid])
-                changes = diff_tables(self._tables[dpid], new)
-                self._tables[dpid] = new
-                if changes:
-                    out[dpid] = changes
+                switch = self.fabric.switches[dpid]
+                out[dpid] = SwitchDiff(
+                    add=[self.entry(switch, b, v) for b, v in change.added],
+                    modify=[self.entry(switch, b, v) for b, v in change.modified],
+                    delete=[self.entry(switch, b, v) for b, v in change.removed])
         return out
 
     def cost_of(self, moves: Sequence[Move]) -> int:
         """Total MetaFlow entries in the network if `moves` were applied (tree untouched).
 
-        Only the groups the moves touch are re-evaluated, on their tries, and
-        restored afterwards: this is what lets a split compare many candidates.
+        Only the groups the moves touch are re-evaluated, by pass 2 on their
+        tries, and restored afterwards: this is what lets a split compare many
+        candidates cheaply.
         """
         if not self.minimize:
             raise ValueError("cost_of needs the minimized (ORTC) tables")
         total = self.total_entries()
         for group, assignments in self._changed_groups(moves).items():
-            trie, default = self._tries[group], self._default(group)
-            weight = len(self._members[group])
-            before = trie.cost(default)
+            trie = self._tries[group]
+            before = trie.cost()
             undo = [(block, trie.value(block.first)) for block, _ in assignments]
             for block, value in assignments:
                 trie.assign(block, value)
-            total += (trie.cost(default) - before) * weight
+            total += (trie.cost() - before) * len(self._members[group])
             for block, value in reversed(undo):
                 trie.assign(block, value)
         return total
 
     def total_entries(self) -> int:
         """MetaFlow entries (not up-rules) summed over all switches."""
-        return sum(len(entries) * len(self._members[g]) for g, entries in self._group_entries.items())
+        return sum(len(self._tries[g]) * len(m) for g, m in self._members.items())
 
     def layer_stats(self) -> dict[str, dict[str, float]]:
         """Per layer: switches, mean and max MetaFlow entries, mean up-rules."""
         sizes: dict[str, list[int]] = {}
         ups: Counter[str] = Counter()
-        for dpid, table in self._tables.items():
-            layer = self.fabric.switches[dpid].layer
-            up = sum(1 for e in table.values() if e.is_uprule)
-            sizes.setdefault(layer, []).append(len(table) - up)
-            ups[layer] += up
+        for switch in self.fabric.switches.values():
+            n = len(self._tries[switch.group]) if switch.group is not None else 0
+            sizes.setdefault(switch.layer, []).append(n)
+            ups[switch.layer] += len(uprules(switch, self.space))
         return {layer: {"switches": len(v), "mean": sum(v) / len(v), "max": max(v),
                         "uprules_mean": ups[layer] / len(v)}
                 for layer, v in sizes.items()}

@@ -1,46 +1,71 @@
-"""Minimal longest-prefix-match tables: ORTC (Draves et al., 1999), kept incremental.
+"""A switch group's prefix table, kept in step with its forwarding function.
 
-A switch group's MetaFlow table is a function from MetaDataID to next hop (a
-child of the group, or UP). ORTC finds the fewest prefix entries that realise
-such a function. It rests on one fact: the optimal cost of a trie node, given
-the value it inherits from above, is `cost` if that value is in the node's
-candidate set and `cost + 1` otherwise. Pass 2 computes (cost, set) bottom-up;
-pass 3 places entries top-down.
+A group's MetaFlow table realises one function: MetaDataID -> next hop (a child
+of the group, or UP). The function lives in a binary trie whose leaves are the
+maximal aligned blocks on which it is constant. Two ways to write it as
+prefix entries:
 
-The trie is stored as two dicts keyed by (first, plen) so that a change to one
-range (a split moving a block) touches only the nodes on its path: `assign`
-re-runs pass 2 along that path, which is what makes per-split updates and
-"what would this move cost" questions cheap.
+- minimal (ORTC, Draves et al. 1999): the fewest longest-prefix-match
+  entries. It rests on one fact: the optimal cost of a trie node, given the
+  value it inherits from above, is `cost` if that value is in the node's
+  candidate set and `cost + 1` otherwise. Pass 2 computes (cost, set)
+  bottom-up; pass 3 places entries top-down. Entries may nest.
+- plain (the paper's form): one entry per non-default leaf, i.e. every run of
+  equal next hops covered by its minimal CIDR list. Entries never nest.
+
+The trie is stored as dicts keyed by (first, plen), and both passes are kept
+incremental: `assign` re-runs pass 2 along the changed path and marks it
+dirty; `refresh` re-runs pass 3 only where a node is dirty or now inherits a
+different value, and reports exactly which entries changed. A split therefore
+costs work in proportion to what it changes, not to the size of the table.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
+from dataclasses import dataclass, field
 from typing import Hashable, Iterator, Sequence
+
+from sortedcontainers import SortedDict
 
 from .cidr import Block
 
 Value = Hashable
 Key = tuple[int, int]
+_UNSEEN = object()
 
 
 class LpmTrie:
-    """A total function on a space, as a binary trie, with ORTC's (cost, set) per node."""
+    """A total function on a space, with its current prefix table.
 
-    def __init__(self, space: Block, background: Value):
-        self.space = space
-        self.width = space.width
+    `default` is what unmatched IDs get without any entry (UP through the
+    default up-rules, or None at the root, which has no default).
+    """
+
+    def __init__(self, space: Block, background: Value, default: Value | None,
+                 minimal: bool = True, order=repr):
+        self.space, self.width = space, space.width
+        self.default, self.minimal, self.order = default, minimal, order
         self._leaf: dict[Key, Value] = {(space.first, space.plen): background}
         self._inner: dict[Key, tuple[int, frozenset]] = {}
+        self._entries: SortedDict = SortedDict()        # key -> value placed there
+        self._inherited: dict[Key, object] = {}         # key -> value it inherited last placement
+        self._dirty: set[Key] = set()
+        self._gone: set[Key] = set()                    # nodes removed since the last refresh
+        self.refresh()
 
     @classmethod
-    def from_partition(cls, space: Block, items: Sequence[tuple[Block, Value]],
-                       background: Value) -> LpmTrie:
+    def from_partition(cls, space: Block, items: Sequence[tuple[Block, Value]], background: Value,
+                       default: Value | None, minimal: bool = True, order=repr) -> LpmTrie:
         """Build in one pass from sorted, non-overlapping blocks; gaps take `background`."""
-        trie = cls(space, background)
-        trie._leaf.clear()
+        trie = cls.__new__(cls)
+        trie.space, trie.width = space, space.width
+        trie.default, trie.minimal, trie.order = default, minimal, order
+        trie._leaf, trie._inner = {}, {}
+        trie._entries, trie._inherited, trie._dirty, trie._gone = SortedDict(), {}, set(), set()
         firsts = [block.first for block, _ in items]
         trie._build(space.first, space.plen, items, firsts, 0, len(items), background)
+        trie.refresh()
         return trie
 
     def _build(self, first: int, plen: int, items: Sequence[tuple[Block, Value]],
@@ -76,8 +101,9 @@ class LpmTrie:
         """Recompute a node from its children; collapse two equal leaves into one."""
         left, right = self._children(key)
         if left in self._leaf and right in self._leaf and self._leaf[left] == self._leaf[right]:
-            self._leaf[key] = self._leaf.pop(left)
-            del self._leaf[right]
+            self._leaf[key] = self._leaf[left]
+            self._forget(left)
+            self._forget(right)
             self._inner.pop(key, None)
             return
         cost_l, set_l = self._summary(left)
@@ -88,15 +114,23 @@ class LpmTrie:
         else:
             self._inner[key] = (cost_l + cost_r + 1, set_l | set_r)
 
+    def _forget(self, key: Key) -> None:
+        """Remove one node; an entry it held is withdrawn at the next refresh."""
+        self._leaf.pop(key, None)
+        self._inner.pop(key, None)
+        self._inherited.pop(key, None)
+        self._gone.add(key)
+
     def _drop_subtree(self, key: Key) -> None:
         stack = [key]
         while stack:
             node = stack.pop()
-            if self._leaf.pop(node, _MISSING) is _MISSING and self._inner.pop(node, None) is not None:
+            if node in self._inner:
                 stack.extend(self._children(node))
+            self._forget(node)
 
     def assign(self, block: Block, value: Value) -> None:
-        """Make the function equal `value` on all of `block`."""
+        """Make the function equal `value` on all of `block` (pass 2 only; see refresh)."""
         if not self.space.covers(block):
             raise ValueError(f"{block} is outside the space {self.space}")
         path: list[Key] = []
@@ -113,6 +147,8 @@ class LpmTrie:
             key = left if block.first < right[0] else right
         self._drop_subtree(key)
         self._leaf[key] = value
+        self._dirty.update(path)
+        self._dirty.add(key)
         for ancestor in reversed(path):
             self._combine(ancestor)
 
@@ -123,38 +159,84 @@ class LpmTrie:
             key = left if addr < right[0] else right
         return self._leaf[key]
 
-    # -- results ----------------------------------------------------------------
+    # -- pass 3 -----------------------------------------------------------------
 
-    def cost(self, default: Value | None) -> int:
-        """Entries needed when unmatched IDs fall through to `default` (None: no default)."""
+    def cost(self) -> int:
+        """Entries the table needs now (minimal mode: from pass 2 alone, no refresh needed)."""
+        if not self.minimal:
+            return sum(1 for v in self._leaf.values() if v != self.default)
         cost, candidates = self._summary((self.space.first, self.space.plen))
-        return cost if default in candidates else cost + 1
+        return cost if self.default in candidates else cost + 1
 
-    def entries(self, default: Value | None, order=repr) -> list[tuple[Block, Value]]:
-        """Pass 3: the minimal table, as (prefix, value) in address order.
+    def refresh(self) -> TableChange:
+        """Re-place entries where something changed, and say which entries did."""
+        old: dict[Key, Value] = {}
+        new: dict[Key, Value] = {}
+        root = (self.space.first, self.space.plen)
+        self._place(root, self.default, old, new)
+        # Entries of nodes that no longer exist (dropped or collapsed) go too.
+        for key in self._gone:
+            if key in self._entries and key not in self._leaf and key not in self._inner:
+                old.setdefault(key, self._entries.pop(key))
+        self._dirty.clear()
+        self._gone.clear()
+        change = TableChange()
+        for key in sorted(old.keys() | new.keys()):
+            before, after = old.get(key, _UNSEEN), new.get(key, _UNSEEN)
+            if after is _UNSEEN:
+                change.removed.append((self._block(key), before))
+            elif before is _UNSEEN:
+                change.added.append((self._block(key), after))
+            elif before != after:
+                change.modified.append((self._block(key), after))
+        return change
 
-        `order` breaks ties among equally good values so output is deterministic.
-        """
-        out: list[tuple[Block, Value]] = []
-        self._place((self.space.first, self.space.plen), default, order, out)
-        return out
+    def _block(self, key: Key) -> Block:
+        return Block(key[0], key[1], self.width)
 
-    def _place(self, key: Key, inherited: Value | None, order, out: list) -> None:
-        if key in self._leaf:
-            if self._leaf[key] != inherited:
-                out.append((Block(key[0], key[1], self.width), self._leaf[key]))
-            return
-        _, candidates = self._inner[key]
-        if inherited not in candidates:
-            inherited = min(candidates, key=order)
-            out.append((Block(key[0], key[1], self.width), inherited))
-        for child in self._children(key):
-            self._place(child, inherited, order, out)
+    def _place(self, key: Key, inherited: Value | None, old: dict, new: dict) -> None:
+        stack = [(key, inherited)]
+        while stack:
+            key, inherited = stack.pop()
+            if key not in self._dirty and self._inherited.get(key, _UNSEEN) == inherited:
+                continue  # same subtree, same inheritance: same entries as before
+            self._inherited[key] = inherited
+            if key in self._entries:
+                old[key] = self._entries.pop(key)
+            if key in self._leaf:
+                if self._leaf[key] != inherited:
+                    self._entries[key] = new[key] = self._leaf[key]
+                continue
+            if self.minimal:
+                _, candidates = self._inner[key]
+                if inherited not in candidates:
+                    inherited = min(candidates, key=self.order)
+                    self._entries[key] = new[key] = inherited
+            left, right = self._children(key)
+            stack.append((right, inherited))
+            stack.append((left, inherited))
+
+    def entries(self) -> list[tuple[Block, Value]]:
+        """The current table as (prefix, value), in address order (refresh first)."""
+        return [(self._block(k), v) for k, v in self._entries.items()]
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def leaves(self) -> Iterator[tuple[Block, Value]]:
         """The function as maximal aligned blocks, in address order."""
-        for (first, plen), value in sorted(self._leaf.items()):
-            yield Block(first, plen, self.width), value
+        for key, value in sorted(self._leaf.items()):
+            yield self._block(key), value
 
 
-_MISSING = object()
+@dataclass
+class TableChange:
+    """What one refresh did to a group's table, in address order. `removed` carries
+    the value the entry had, so a caller can still name the port it pointed to."""
+
+    removed: list[tuple[Block, Value]] = field(default_factory=list)
+    added: list[tuple[Block, Value]] = field(default_factory=list)
+    modified: list[tuple[Block, Value]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.removed or self.added or self.modified)

@@ -134,8 +134,9 @@ def apply_split(tree: LogicalBTree, plan: SplitPlan) -> list[Move]:
 def _traversal(blocks: list[Block], per_block: list[int], total: int, count: _Counter,
                bounds: SplitBounds):
     low_keys, high_keys = bounds.low * total, bounds.high * total
+    lo_keys, hi_keys = bounds.kept_range(total)
     queue = list(zip(blocks, per_block))[::-1]   # a stack, next block last
-    left_keys, steps, reason, within = 0, 0, "", True
+    left_keys, steps, reason = 0, 0, ""
     while queue:
         block, keys = queue.pop()
         steps += 1
@@ -146,14 +147,14 @@ def _traversal(blocks: list[Block], per_block: list[int], total: int, count: _Co
             left_keys += keys
             break
         if block.plen == block.width:
-            # One ID holds more keys than the window is wide: keep it on the side closer to half.
-            within = False
-            reason = (f"ID {block.address()} alone holds {keys} of {total} keys; "
-                      f"no cut lands within {bounds.low:.0%}-{bounds.high:.0%}")
+            # A single ID cannot be halved: it stays on whichever side is nearer half.
             if abs(left_keys + keys - total / 2) < abs(left_keys - total / 2) or left_keys == 0:
                 left_keys += keys
             else:
                 queue.append((block, keys))
+            if not lo_keys <= left_keys <= hi_keys:
+                reason = (f"ID {block.address()} alone holds {keys} of {total} keys; "
+                          f"no cut lands within {bounds.low:.0%}-{bounds.high:.0%}")
             break
         low_half, high_half = block.halves()
         low_count = count(low_half.first, low_half.last)
@@ -163,9 +164,7 @@ def _traversal(blocks: list[Block], per_block: list[int], total: int, count: _Co
     moved = total - left_keys
     if moved == 0 or not move:
         return [], 0, False, steps, "every key sits left of the last cut; nothing would move"
-    lo, hi = bounds.kept_range(total)
-    within = within and lo <= left_keys <= hi
-    return move, moved, within, steps, reason
+    return move, moved, lo_keys <= left_keys <= hi_keys, steps, reason
 
 
 # -- ours: the cheapest cut inside the window ------------------------------------
@@ -210,7 +209,7 @@ def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list
     p_high = first_point_with(hi + 1) - 1 if hi < total else end
     within = p_low <= p_high
     if within:
-        candidates = {most_aligned(p_low, p_high, tree.space.width)}
+        candidates = set(aligned_points(p_low, p_high, tree.space.width))
         candidates.update(b.first for b in blocks if p_low <= b.first <= p_high)
         candidates.update(b.last + 1 for b in blocks if p_low <= b.last + 1 <= p_high)
         reason = ""
@@ -226,16 +225,17 @@ def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list
         cuts.sort(key=lambda c: (_extra_blocks(blocks, c.point), abs(c.left_keys - total / 2)))
     else:
         cuts = sorted(cuts, key=lambda c: abs(c.left_keys - total / 2))[:1]
-    options = []
+    sets = []   # (blocks that would move, keys they hold)
+    for cut in cuts[:6]:
+        sets.append((_side(blocks, cut.point, below=False), total - cut.left_keys))
+        sets.append((_side(blocks, cut.point, below=True), cut.left_keys))
+    if within:
+        for prefix, keys in _heavy_prefixes(blocks, per_block, count, total - hi, total - lo):
+            sets.append(([prefix], keys))
+            sets.append((_without(blocks, prefix), total - keys))
     representatives = _distinct_targets(tree, targets)
-    for cut in cuts[:3]:
-        left = _side(blocks, cut.point, below=True)
-        right = _side(blocks, cut.point, below=False)
-        for move, moved in ((right, total - cut.left_keys), (left, cut.left_keys)):
-            if not move or moved == 0:
-                continue
-            for target in representatives or [None]:
-                options.append((move, moved, target))
+    options = [(move, moved, target) for move, moved in sets if move and moved
+               for target in representatives or [None]]
     if not options:
         return [], 0, False, 0, "no cut separates the keys", None
 
@@ -247,6 +247,51 @@ def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list
     best = min(options, key=score)
     move, moved, target = best
     return list(move), moved, within, count.calls, reason, target
+
+
+def aligned_points(lo: int, hi: int, width: int, limit: int = 8) -> list[int]:
+    """Up to `limit` points of [lo, hi], most trailing zero bits first: the cut points
+    that cost the fewest prefixes, and their nearest rivals."""
+    best = most_aligned(lo, hi, width)
+    level = (best & -best).bit_length() - 1 if best else width
+    out = [best]
+    while level > 0 and len(out) < limit:
+        level -= 1
+        step = 1 << level
+        first = -(-lo // step) * step
+        out.extend(p for p in range(first, hi + 1, step)
+                   if p % (step << 1) and len(out) < limit)  # new at this level only
+    return out[:limit]
+
+
+def _heavy_prefixes(blocks: list[Block], per_block: list[int], count: _Counter,
+                    low: int, high: int) -> list[tuple[Block, int]]:
+    """Single prefixes holding between `low` and `high` keys, found by walking down
+    the heavier half of each block. Moving one prefix costs one carved-out entry,
+    however deep and unaligned the keys are: the cheap split for clustered IDs."""
+    found = []
+    for block, keys in zip(blocks, per_block):
+        while keys > high and block.plen < block.width:
+            low_half, high_half = block.halves()
+            low_keys = count(low_half.first, low_half.last)
+            halves = ((low_half, low_keys), (high_half, keys - low_keys))
+            found.extend((half, k) for half, k in halves if low <= k <= high)
+            block, keys = max(halves, key=lambda h: h[1])
+        if low <= keys <= high:
+            found.append((block, keys))
+    return list(dict.fromkeys(found))[:4]
+
+
+def _without(blocks: list[Block], prefix: Block) -> list[Block]:
+    """The leaf's blocks with `prefix` (inside one of them) taken out."""
+    out = []
+    for block in blocks:
+        if block.covers(prefix):
+            out.extend(cover(block.first, prefix.first - 1, block.width))
+            out.extend(cover(prefix.last + 1, block.last, block.width))
+        else:
+            out.append(block)
+    return out
 
 
 def _side(blocks: list[Block], point: int, below: bool) -> list[Block]:
@@ -267,7 +312,7 @@ def _extra_blocks(blocks: list[Block], point: int) -> int:
     return 0
 
 
-def _distinct_targets(tree: LogicalBTree, targets: list[str], limit: int = 8) -> list[str]:
+def _distinct_targets(tree: LogicalBTree, targets: list[str], limit: int = 4) -> list[str]:
     """One idle leaf per distinct parent: leaves under the same parent cost the same
     in every table but the parent's, where they differ only by port."""
     seen: set[str | None] = set()

@@ -224,13 +224,15 @@ class LogicalBTree:
         self._refresh_state(leaf)
         return [Move(self.space, None, leaf)]
 
-    def bootstrap_preallocate(self, count: int, tolerance: float = 0.05) -> list[Move]:
+    def bootstrap_preallocate(self, count: int, tolerance: float = 0.1) -> list[Move]:
         """Spread the space over `count` leaves chosen evenly across the tree.
 
         Each subtree gets a contiguous range in proportion to how many chosen
-        leaves it holds, and every boundary is moved (by at most `tolerance` of
-        one leaf's share) to the most aligned point nearby, so that ranges are
-        covered by few prefixes and ancestors' tables stay short.
+        leaves it holds, and every boundary between two sibling subtrees is moved
+        (by at most `tolerance` of the smaller one's share) to the most aligned
+        point nearby, so that ranges are covered by few prefixes and ancestors'
+        tables stay short. The cost is a load deviation of about `tolerance` per
+        level, which only changes when each leaf first reaches capacity.
         """
         self._require_unassigned()
         usable = [leaf for leaf in self.leaves() if self._state[leaf] is State.IDLE]
@@ -248,18 +250,18 @@ class LogicalBTree:
         return [leaf for child in self._children[node] for leaf in self._usable_below(child)]
 
     def _spread_choice(self, node: str, count: int) -> list[str]:
-        """Pick `count` usable leaves below node, shared across children as evenly as possible."""
+        """Pick `count` usable leaves below node, each child's share in proportion to
+        its usable leaves (largest remainder), so every subtree keeps the same
+        fraction idle for its own splits and failures."""
         if self.is_leaf(node):
             return [node] if count else []
-        children = [(c, len(self._usable_below(c))) for c in self._children[node]]
-        share = {c: 0 for c, _ in children}
-        left = count
-        while left:
-            open_children = [c for c, cap in children if share[c] < cap]
-            for c in sorted(open_children, key=lambda c: share[c])[:left]:
-                share[c] += 1
-                left -= 1
-        return [leaf for c, _ in children for leaf in self._spread_choice(c, share[c])]
+        usable = [(c, len(self._usable_below(c))) for c in self._children[node]]
+        total = sum(n for _, n in usable)
+        share = {c: count * n // total for c, n in usable}
+        by_remainder = sorted(usable, key=lambda cn: -(count * cn[1] % total))
+        for c, _ in by_remainder[:count - sum(share.values())]:
+            share[c] += 1
+        return [leaf for c, _ in usable for leaf in self._spread_choice(c, share[c])]
 
     def _allocate(self, node: str, lo: int, hi: int, chosen: set[str], tolerance: float,
                   moves: list[Move]) -> None:
@@ -274,13 +276,13 @@ class LogicalBTree:
         weights = [(c, w) for c, w in weights if w]
         total = sum(w for _, w in weights)
         span = hi - lo + 1
-        slack = int(span // total * tolerance)
         start, acc = lo, 0
         for i, (child, w) in enumerate(weights):
             acc += w
             if i == len(weights) - 1:
                 end = hi
             else:
+                slack = int(span * min(w, weights[i + 1][1]) // total * tolerance)
                 ideal = lo + span * acc // total
                 room = hi - (len(weights) - i - 2)  # leave one ID for each later child
                 low = max(start + 1, min(ideal - slack, room))

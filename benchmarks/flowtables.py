@@ -1,0 +1,122 @@
+"""Flow-table sizes beside the paper's Fig. 17, for every variant and key distribution.
+
+Runs `metaflowctl plan` on the paper's two settings (fat-tree of 32-port
+switches with 2000 servers; the three-tier testbed with 200 servers) for each
+variant (paper, exact50, optimized), key distribution (uniform, skewed) and
+bootstrap (organic, preallocate), then writes results/flowtables.json, a
+Markdown table for the README, and a PNG plot. Usage:
+
+    python -m benchmarks.flowtables [--out results] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+from .plan import PlanConfig, run_plan
+
+# The paper's Fig. 17: mean MetaFlow entries per switch.
+PAPER_FIG17 = {
+    "fattree": {"edge": 360, "agg": 395, "core": 278},
+    "three-tier": {"edge": 615, "agg": 190, "core": 72},
+}
+SETTINGS = {
+    "fattree": dict(topology="fattree", k=32, servers=2000),
+    "three-tier": dict(topology="three-tier", core=1, agg=2, edges=10, servers_per_edge=20),
+}
+QUICK_SETTINGS = {
+    "fattree": dict(topology="fattree", k=8, servers=128),
+    "three-tier": dict(topology="three-tier", core=1, agg=2, edges=10, servers_per_edge=20),
+}
+VARIANTS = ("paper", "exact50", "optimized")
+DISTS = ("uniform", "skewed")
+BOOTSTRAPS = ("organic", "preallocate")
+LAYERS = ("edge", "agg", "core")
+
+
+def run_all(settings: dict, capacity: int) -> list[dict]:
+    runs = []
+    combos = list(itertools.product(settings, VARIANTS, DISTS, BOOTSTRAPS))
+    for i, (name, variant, dist, boot) in enumerate(combos, 1):
+        cfg = PlanConfig(**settings[name], capacity=capacity, variant=variant, keys_dist=dist,
+                         bootstrap=boot, progress=False)
+        start = time.perf_counter()
+        print(f"[{i}/{len(combos)}] {name} {variant} {dist} {boot} ...", end=" ", file=sys.stderr,
+              flush=True)
+        result = run_plan(cfg)
+        result["setting"] = name
+        print(f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        runs.append(result)
+    return runs
+
+
+def markdown(runs: list[dict]) -> str:
+    rows = ["| setting | variant | keys | bootstrap | edge mean/max | agg mean/max | core mean/max "
+            "| total entries | splits (out of bounds, refused) | verified |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for setting, paper in PAPER_FIG17.items():
+        cells = " | ".join(f"{paper[layer]}" for layer in LAYERS)
+        rows.append(f"| {setting} | **paper, Fig. 17** | | | {cells} | | | |")
+        for r in (r for r in runs if r["setting"] == setting):
+            layer_cells = " | ".join(
+                f"{r['layers'][layer]['mean']:.1f} / {r['layers'][layer]['max']}"
+                if layer in r["layers"] else "-" for layer in LAYERS)
+            rows.append(
+                f"| {setting} | {r['variant']} | {r['keys_dist']} | {r['bootstrap']} | {layer_cells} "
+                f"| {r['total_entries']:,} | {r['splits']} ({r['splits_out_of_bounds']}, "
+                f"{r['splits_refused']}) | {'yes' if r['verified'] else 'NO'} |")
+    return "\n".join(rows)
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8), sharey=False)
+    for row, setting in enumerate(PAPER_FIG17):
+        for col, dist in enumerate(DISTS):
+            ax = axes[row][col]
+            series = [("paper Fig. 17", [PAPER_FIG17[setting][l] for l in LAYERS])]
+            for r in runs:
+                if r["setting"] == setting and r["keys_dist"] == dist:
+                    series.append((f"{r['variant']}/{r['bootstrap']}",
+                                   [r["layers"].get(l, {}).get("mean", 0) for l in LAYERS]))
+            width = 0.8 / len(series)
+            for i, (label, values) in enumerate(series):
+                ax.bar([x + i * width for x in range(len(LAYERS))], [max(v, 0.5) for v in values],
+                       width, label=label)
+            ax.set_yscale("log")
+            ax.set_xticks([x + 0.4 - width / 2 for x in range(len(LAYERS))], LAYERS)
+            ax.set_title(f"{setting}, {dist} keys")
+            ax.set_ylabel("mean MetaFlow entries per switch")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("MetaFlow entries per switch (log scale) beside the paper's Fig. 17")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results")
+    parser.add_argument("--quick", action="store_true", help="small fat-tree (k=8), for a smoke run")
+    parser.add_argument("--capacity", type=int, default=1000)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = run_all(QUICK_SETTINGS if args.quick else SETTINGS, args.capacity)
+    (out / "flowtables.json").write_text(json.dumps(runs, indent=1))
+    table = markdown(runs)
+    (out / "flowtables.md").write_text(table + "\n")
+    plot(runs, out / "flowtables.png")
+    print(table)
+    return 0 if all(r["verified"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
