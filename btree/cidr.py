@@ -9,9 +9,8 @@ flow generation cheap; `ipaddress` is used only to parse and print.
 from __future__ import annotations
 
 import ipaddress
-from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Iterable, Sequence, TypeVar
+from typing import Sequence, TypeVar
 
 WIDTHS = (32, 128)
 
@@ -120,24 +119,3 @@ def lpm(table: Sequence[tuple[Block, T]] | dict[Block, T], addr: int) -> T | Non
         if block.contains(addr) and (best is None or block.plen > best[0]):
             best = (block.plen, value)
     return None if best is None else best[1]
-
-
-class PrefixIndex:
-    """Sorted, non-overlapping blocks with values: which block holds an address.
-
-    Used for owner lookups over a partition, where blocks never nest.
-    """
-
-    def __init__(self, items: Iterable[tuple[Block, T]]):
-        pairs = sorted(items, key=lambda item: item[0].first)
-        for (a, _), (b, _) in zip(pairs, pairs[1:]):
-            if a.last >= b.first:
-                raise ValueError(f"blocks {a} and {b} overlap")
-        self._firsts = [block.first for block, _ in pairs]
-        self._pairs = pairs
-
-    def find(self, addr: int) -> tuple[Block, T] | None:
-        i = bisect_right(self._firsts, addr) - 1
-        if i >= 0 and self._pairs[i][0].contains(addr):
-            return self._pairs[i]
-        return None

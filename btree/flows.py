@@ -133,17 +133,23 @@ class FlowPlanner:
 
     # -- group level ----------------------------------------------------------------
 
-    def _value(self, group: str, leaf: str | None) -> str:
+    def _outside(self, group: str) -> str | None:
+        """Where IDs that no leaf below `group` owns go: UP, or nowhere at the root
+        (before bootstrap, or with blocks unowned, the root simply has no entry)."""
+        return None if group == self.tree.root else UP
+
+    def _value(self, group: str, leaf: str | None) -> str | None:
         if leaf is None:
-            return UP
+            return self._outside(group)
         return self.tree.child_toward(group, leaf) or UP
 
     def rebuild(self) -> None:
         """Recompute every group's table from the tree."""
         for group in self._members:
             items = [(block, self._value(group, leaf)) for block, leaf in self.tree.group_blocks(group)]
-            default = None if group == self.tree.root else UP
-            self._tries[group] = LpmTrie.from_partition(self.space, items, UP, default, self.minimize)
+            outside = self._outside(group)
+            self._tries[group] = LpmTrie.from_partition(self.space, items, outside, outside,
+                                                        self.minimize)
 
     def group_entries(self, group: str) -> list[tuple[Block, str]]:
         """The group's table as (prefix, next hop), next hop a child id or UP."""
@@ -169,10 +175,13 @@ class FlowPlanner:
     def entry(self, switch: SwitchPorts, block: Block, value: str) -> FlowEntry:
         """One group entry on one member switch's ports."""
         priority = METAFLOW_BASE_PRIORITY + block.plen
+        if value is None:
+            raise ValueError(f"switch {switch.dpid}: {block} has no owner inside a block that has "
+                             f"one; the tree's blocks do not partition the space")
         if value == UP:
             if not switch.up:
-                raise ValueError(f"switch {switch.dpid} of root group {switch.group!r} has no owner "
-                                 f"for {block}: the blocks do not cover the space")
+                raise ValueError(f"switch {switch.dpid} of group {switch.group!r} has no uplink "
+                                 f"for {block}")
             return FlowEntry(priority, block, spread(switch.up, block, self.space))
         ports = switch.down.get(value)
         if not ports:

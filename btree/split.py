@@ -56,8 +56,9 @@ class SplitBounds:
         return cls(low, high)
 
     def kept_range(self, total: int) -> tuple[int, int]:
-        """Key counts the staying side may hold (rounded outwards to whole keys)."""
-        return math.floor(self.low * total), math.ceil(self.high * total)
+        """Whole key counts the staying side may hold; empty (low > high) when no whole
+        number of keys lies in the window, e.g. 40-60 % of 3 keys."""
+        return math.ceil(self.low * total - 1e-9), math.floor(self.high * total + 1e-9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +97,8 @@ class _Counter:
 def plan_split(tree: LogicalBTree, leaf: str, oracle: Oracle, bounds: SplitBounds = SplitBounds(),
                method: str = "traversal", cost: CostFn | None = None) -> SplitPlan:
     """Decide a split of `leaf`; nothing in the tree changes until `apply_split`."""
+    if method not in ("traversal", "aligned"):
+        raise ValueError(f"unknown split method {method!r} (traversal or aligned)")
     if tree.state(leaf) is not State.BUSY:
         return _refusal(leaf, f"{leaf!r} is {tree.state(leaf).value}, only busy leaves split")
     blocks = tree.blocks(leaf)
@@ -105,16 +108,14 @@ def plan_split(tree: LogicalBTree, leaf: str, oracle: Oracle, bounds: SplitBound
     if total < 2:
         return _refusal(leaf, f"{leaf!r} holds {total} keys; nothing to split", total)
     targets = tree.nearest_leaves(leaf, State.IDLE)
+    if not targets:
+        return _refusal(leaf, "no idle leaf anywhere in the tree; add servers", total)
     if method == "traversal":
         move, moved, within, steps, why = _traversal(blocks, per_block, total, count, bounds)
-        target = targets[0] if targets else None
-    elif method == "aligned":
+        target = targets[0]
+    else:
         move, moved, within, steps, why, target = _aligned(
             tree, leaf, blocks, per_block, total, count, bounds, targets, cost)
-    else:
-        raise ValueError(f"unknown split method {method!r} (traversal or aligned)")
-    if target is None:
-        why = "no idle leaf anywhere in the tree; add servers"
     return SplitPlan(leaf, target, tuple(move), total, moved, within, steps, why)
 
 
@@ -153,8 +154,7 @@ def _traversal(blocks: list[Block], per_block: list[int], total: int, count: _Co
             else:
                 queue.append((block, keys))
             if not lo_keys <= left_keys <= hi_keys:
-                reason = (f"ID {block.address()} alone holds {keys} of {total} keys; "
-                          f"no cut lands within {bounds.low:.0%}-{bounds.high:.0%}")
+                reason = _no_cut_reason(bounds, total, lo_keys, hi_keys, block.address(), keys)
             break
         low_half, high_half = block.halves()
         low_count = count(low_half.first, low_half.last)
@@ -207,7 +207,7 @@ def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list
     start, end = blocks[0].first + 1, blocks[-1].last
     p_low = first_point_with(max(lo, 1))
     p_high = first_point_with(hi + 1) - 1 if hi < total else end
-    within = p_low <= p_high
+    within = lo <= hi and p_low <= p_high
     if within:
         candidates = set(aligned_points(p_low, p_high, tree.space.width))
         candidates.update(b.first for b in blocks if p_low <= b.first <= p_high)
@@ -217,10 +217,10 @@ def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list
         # The window is empty: one ID is too heavy. Cut on whichever side of it is nearer half.
         heavy = p_low - 1
         candidates = {p for p in (heavy, heavy + 1) if start <= p <= end}
-        reason = (f"ID {tree.space.address(heavy)} alone holds too many keys; "
-                  f"no cut lands within {bounds.low:.0%}-{bounds.high:.0%}")
+        reason = _no_cut_reason(bounds, total, lo, hi, tree.space.address(heavy),
+                                keys_below(heavy + 1) - keys_below(heavy))
     cuts = [_Cut(p, keys_below(p)) for p in sorted(candidates) if start <= p <= end]
-    cuts = [c for c in cuts if 0 < c.left_keys < total] or cuts
+    cuts = [c for c in cuts if 0 < c.left_keys < total]
     if within:  # cheapest first: fewest new blocks, then nearest to an even split
         cuts.sort(key=lambda c: (_extra_blocks(blocks, c.point), abs(c.left_keys - total / 2)))
     else:
@@ -234,14 +234,14 @@ def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list
             sets.append(([prefix], keys))
             sets.append((_without(blocks, prefix), total - keys))
     representatives = _distinct_targets(tree, targets)
-    options = [(move, moved, target) for move, moved in sets if move and moved
-               for target in representatives or [None]]
+    options = [(move, moved, target) for move, moved in sets if move and 0 < moved < total
+               for target in representatives]
     if not options:
-        return [], 0, False, 0, "no cut separates the keys", None
+        return [], 0, False, count.calls, "every key sits on one ID; no cut separates them", None
 
     def score(option) -> tuple:
         move, moved, target = option
-        entries = cost([Move(b, leaf, target) for b in move]) if cost and target else 0
+        entries = cost([Move(b, leaf, target) for b in move]) if cost else 0
         return entries, abs(moved - total / 2), len(move)
 
     best = min(options, key=score)
@@ -292,6 +292,14 @@ def _without(blocks: list[Block], prefix: Block) -> list[Block]:
         else:
             out.append(block)
     return out
+
+
+def _no_cut_reason(bounds: SplitBounds, total: int, lo: int, hi: int, heavy: str,
+                   heavy_keys: int) -> str:
+    window = f"{bounds.low:.0%}-{bounds.high:.0%}"
+    if lo > hi:
+        return f"no whole number of the {total} keys lies within {window}"
+    return f"ID {heavy} alone holds {heavy_keys} of {total} keys; no cut lands within {window}"
 
 
 def _side(blocks: list[Block], point: int, below: bool) -> list[Block]:

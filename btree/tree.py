@@ -14,6 +14,7 @@ function (ID -> child or UP) is read without scanning the whole partition.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Sequence
 
@@ -67,15 +68,15 @@ class LogicalBTree:
         self._blocks: dict[str, SortedDict] = {}   # leaf -> first -> Block
         self._index: dict[str, SortedDict] = {}    # inner -> first -> (Block, leaf)
         self._add_inner(root, None)
-        stack = [root]
-        while stack:
-            node = stack.pop()
+        queue = deque([root])   # breadth first: leaves come out in tree order
+        while queue:
+            node = queue.popleft()
             for child in children.get(node, ()):
                 if child in self._parent:
                     raise TreeError(f"node {child!r} appears twice in the tree shape")
                 if child in children:
                     self._add_inner(child, node)
-                    stack.append(child)
+                    queue.append(child)
                 else:
                     self._add_leaf(child, node)
         unknown = set(children) - set(self._children)
@@ -257,6 +258,8 @@ class LogicalBTree:
             return [node] if count else []
         usable = [(c, len(self._usable_below(c))) for c in self._children[node]]
         total = sum(n for _, n in usable)
+        if not total:
+            return []
         share = {c: count * n // total for c, n in usable}
         by_remainder = sorted(usable, key=lambda cn: -(count * cn[1] % total))
         for c, _ in by_remainder[:count - sum(share.values())]:

@@ -28,6 +28,7 @@ import networkx as nx
 
 from btree.cidr import Block
 from btree.fabric import Fabric, SwitchPorts
+from btree.flows import UP
 from btree.tree import LogicalBTree
 
 ROOT = "root"
@@ -122,17 +123,7 @@ def classify(g: nx.Graph) -> Classification:
         raise TopologyError("no storage hosts: nothing to map onto B-tree leaves")
     edges = sorted({attach[h] for h in storage}, key=lambda s: g.nodes[s]["dpid"])
 
-    eccentricity = {s: 0 for s in switches}
-    for edge in edges:
-        dist = _distances(adjacency, [edge])
-        unreachable = [s for s in switches if s not in dist]
-        if unreachable:
-            raise TopologyError(f"the switch graph is disconnected: {sorted(unreachable)[:5]} "
-                                f"cannot reach storage edge switch {edge!r}")
-        for s in switches:
-            eccentricity[s] = max(eccentricity[s], dist[s])
-    best = min(eccentricity.values())
-    roots = [s for s in switches if eccentricity[s] == best]
+    roots = _root_layer(switches, adjacency, edges, set(attach.values()))
     level = _distances(adjacency, roots)
 
     edge_levels = {level[e] for e in edges}
@@ -173,6 +164,7 @@ def classify(g: nx.Graph) -> Classification:
             for s in members:
                 group_of[s] = gid
 
+    _check_ids(tuple(storage), groups)
     parent: dict[str, str] = {}
     for gid, members in groups.items():
         if gid == ROOT:
@@ -192,6 +184,41 @@ def classify(g: nx.Graph) -> Classification:
                          for c in nx.connected_components(lower)),
                         key=lambda c: g.nodes[c[0]]["dpid"]))
     return Classification(g, level, layer, bottom, groups, group_of, parent, pods, tuple(storage))
+
+
+def _root_layer(switches: list[str], adjacency: dict[str, list[str]], edges: list[str],
+                hosted: set[str]) -> list[str]:
+    """The switches with the smallest eccentricity toward the storage edges, lifted
+    while a layer of host-less switches sits uniformly one hop above all of them and
+    further from every host (the core above a single aggregation block that holds
+    all the servers: the center of the servers, but not of the tree)."""
+    dist: dict[str, dict[str, int]] = {}
+    for edge in edges:
+        dist[edge] = _distances(adjacency, [edge])
+        unreachable = [s for s in switches if s not in dist[edge]]
+        if unreachable:
+            raise TopologyError(f"the switch graph is disconnected: {sorted(unreachable)[:5]} "
+                                f"cannot reach storage edge switch {edge!r}")
+    eccentricity = {s: max(dist[e][s] for e in edges) for s in switches}
+    best = min(eccentricity.values())
+    roots = [s for s in switches if eccentricity[s] == best]
+    height = _distances(adjacency, hosted)
+    while True:
+        members = set(roots)
+        above = sorted({n for r in roots for n in adjacency[r] if n not in members and n not in hosted})
+        depth = {e: min(dist[e][r] for r in roots) for e in edges}
+        if not above or not all(height[u] > height[r] for u in above for r in roots) or \
+                not all(dist[e][u] == depth[e] + 1 for u in above for e in edges):
+            return roots
+        roots = above
+
+
+def _check_ids(storage: tuple[str, ...], groups: dict[str, tuple[str, ...]]) -> None:
+    """Storage hosts become leaf ids beside the generated group ids; refuse clashes."""
+    clash = [h for h in storage if h in groups or h == UP]   # UP: the next-hop sentinel
+    if clash:
+        raise TopologyError(f"storage host names {clash[:5]} clash with generated ids "
+                            f"('{ROOT}', '<layer>-<dpid>', '{UP}'); rename them")
 
 
 def _layer_name(lv: int, bottom: int) -> str:
