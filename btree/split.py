@@ -233,7 +233,7 @@ def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list
         for prefix, keys in _heavy_prefixes(blocks, per_block, count, total - hi, total - lo):
             sets.append(([prefix], keys))
             sets.append((_without(blocks, prefix), total - keys))
-    representatives = _distinct_targets(tree, targets)
+    representatives = _distinct_targets(tree, leaf, targets)
     options = [(move, moved, target) for move, moved in sets if move and 0 < moved < total
                for target in representatives]
     if not options:
@@ -320,14 +320,25 @@ def _extra_blocks(blocks: list[Block], point: int) -> int:
     return 0
 
 
-def _distinct_targets(tree: LogicalBTree, targets: list[str], limit: int = 4) -> list[str]:
-    """One idle leaf per distinct parent: leaves under the same parent cost the same
-    in every table but the parent's, where they differ only by port."""
+def _distinct_targets(tree: LogicalBTree, leaf: str, targets: list[str], limit: int = 6) -> list[str]:
+    """Idle leaves worth comparing: one per distinct parent (leaves under one parent
+    cost the same in every table but the parent's, where only ports differ), taken
+    round-robin over the subtrees below the common ancestor, so that a move across
+    pods weighs several pods and not just the first one in tree order."""
+    if not targets:
+        return []
+    below = tree.depth(tree.lca(leaf, targets[0])) + 1   # depth of the LCA's children
+    by_subtree: dict[str, list[str]] = {}
     seen: set[str | None] = set()
-    out = []
     for target in targets:
         parent = tree.parent(target)
-        if parent not in seen:
-            seen.add(parent)
-            out.append(target)
-    return out[:limit]
+        if parent in seen:
+            continue
+        seen.add(parent)
+        by_subtree.setdefault(tree.path(target)[below], []).append(target)
+    out: list[str] = []
+    while len(out) < limit and any(by_subtree.values()):
+        for group in by_subtree.values():
+            if group and len(out) < limit:
+                out.append(group.pop(0))
+    return out
