@@ -43,7 +43,7 @@ demo: setup
 plan: demo
 
 bench: setup
-	$(PY) -m benchmarks.flowtables --out results
+	$(PY) -m benchmarks.flowtables --out benchmarks/results
 
 clean:
-	rm -rf $(VENV) results .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis
