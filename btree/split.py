@@ -181,9 +181,10 @@ def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list
     for keys in per_block:
         prefix.append(prefix[-1] + keys)
     lo, hi = bounds.kept_range(total)
+    firsts = [b.first for b in blocks]
 
     def keys_below(point: int) -> int:
-        i = bisect_right([b.first for b in blocks], point - 1) - 1
+        i = bisect_right(firsts, point - 1) - 1
         if i < 0:
             return 0
         block = blocks[i]
@@ -230,14 +231,14 @@ def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list
         sets.append((_side(blocks, cut.point, below=False), total - cut.left_keys))
         sets.append((_side(blocks, cut.point, below=True), cut.left_keys))
     if within:
-        for prefix, keys in _heavy_prefixes(blocks, per_block, count, total - hi, total - lo):
-            sets.append(([prefix], keys))
-            sets.append((_without(blocks, prefix), total - keys))
+        for heavy, keys in _heavy_prefixes(blocks, per_block, count, total - hi, total - lo):
+            sets.append(([heavy], keys))
+            sets.append((_without(blocks, heavy), total - keys))
     representatives = _distinct_targets(tree, leaf, targets)
     options = [(move, moved, target) for move, moved in sets if move and 0 < moved < total
                for target in representatives]
     if not options:
-        return [], 0, False, count.calls, "every key sits on one ID; no cut separates them", None
+        return [], 0, False, count.calls, reason or "every key sits on one ID; no cut separates them", None
 
     def score(option) -> tuple:
         move, moved, target = option
