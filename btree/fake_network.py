@@ -53,7 +53,7 @@ class FakeNetwork:
         for dpid, switch in planner.fabric.switches.items():
             parts = [_Index([(e.priority, e.prefix, e) for e in uprules(switch, planner.space)])]
             if switch.group is not None:
-                make = partial(_group_entry, planner, switch)
+                make = partial(planner.entry, switch)
                 parts.insert(0, _Index(shared[switch.group], make))
             net._tables[dpid] = _Lookup(parts)
         return net
@@ -119,10 +119,6 @@ class FakeNetwork:
         else:
             self._partial[key] = result
         return result
-
-
-def _group_entry(planner: FlowPlanner, switch, block: Block, value: str) -> FlowEntry:
-    return planner.entry(switch, block, value)
 
 
 class _Index:
