@@ -97,6 +97,13 @@ def cover(first: int, last: int, width: int = 32) -> list[Block]:
     return out
 
 
+def subtract(block: Block, part: Block) -> list[Block]:
+    """`block` without `part` (a block inside it), as the minimal list of blocks."""
+    if not block.covers(part):
+        raise ValueError(f"{part} is not inside {block}")
+    return cover(block.first, part.first - 1, block.width) + cover(part.last + 1, block.last, block.width)
+
+
 def most_aligned(lo: int, hi: int, width: int = 32) -> int:
     """The point in [lo, hi] with the most trailing zero bits (a split point
     there costs the fewest prefixes)."""

@@ -43,30 +43,25 @@ class LpmTrie:
     """
 
     def __init__(self, space: Block, background: Value, default: Value | None,
-                 minimal: bool = True, order=repr):
+                 minimal: bool = True, order=repr, items: Sequence[tuple[Block, Value]] = ()):
+        """`items`: sorted, non-overlapping blocks with values; the rest takes `background`."""
         self.space, self.width = space, space.width
         self.default, self.minimal, self.order = default, minimal, order
-        self._leaf: dict[Key, Value] = {(space.first, space.plen): background}
+        self._leaf: dict[Key, Value] = {}
         self._inner: dict[Key, tuple[int, frozenset]] = {}
         self._entries: SortedDict = SortedDict()        # key -> value placed there
         self._inherited: dict[Key, object] = {}         # key -> value it inherited last placement
         self._dirty: set[Key] = set()
         self._gone: set[Key] = set()                    # nodes removed since the last refresh
+        firsts = [block.first for block, _ in items]
+        self._build(space.first, space.plen, items, firsts, 0, len(items), background)
         self.refresh()
 
     @classmethod
     def from_partition(cls, space: Block, items: Sequence[tuple[Block, Value]], background: Value,
                        default: Value | None, minimal: bool = True, order=repr) -> LpmTrie:
         """Build in one pass from sorted, non-overlapping blocks; gaps take `background`."""
-        trie = cls.__new__(cls)
-        trie.space, trie.width = space, space.width
-        trie.default, trie.minimal, trie.order = default, minimal, order
-        trie._leaf, trie._inner = {}, {}
-        trie._entries, trie._inherited, trie._dirty, trie._gone = SortedDict(), {}, set(), set()
-        firsts = [block.first for block, _ in items]
-        trie._build(space.first, space.plen, items, firsts, 0, len(items), background)
-        trie.refresh()
-        return trie
+        return cls(space, background, default, minimal, order, items)
 
     def _build(self, first: int, plen: int, items: Sequence[tuple[Block, Value]],
                firsts: list[int], lo: int, hi: int, background: Value) -> None:

@@ -25,7 +25,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .cidr import Block, cover, most_aligned
+from .cidr import Block, cover, most_aligned, subtract
 from .tree import LogicalBTree, Move, State
 
 Oracle = Callable[[str, int, int], int]
@@ -287,11 +287,7 @@ def _without(blocks: list[Block], prefix: Block) -> list[Block]:
     """The leaf's blocks with `prefix` (inside one of them) taken out."""
     out = []
     for block in blocks:
-        if block.covers(prefix):
-            out.extend(cover(block.first, prefix.first - 1, block.width))
-            out.extend(cover(prefix.last + 1, block.last, block.width))
-        else:
-            out.append(block)
+        out.extend(subtract(block, prefix) if block.covers(prefix) else [block])
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
-from .cidr import Block, cover, most_aligned
+from .cidr import Block, cover, most_aligned, subtract
 
 
 class State(enum.Enum):
@@ -197,8 +197,7 @@ class LogicalBTree:
             if source == target:
                 continue
             self._detach(held, source)
-            for rest in cover(held.first, block.first - 1, held.width) + \
-                    cover(block.last + 1, held.last, held.width):
+            for rest in subtract(held, block):
                 self._attach(rest, source)
             self._attach(block, target)
             moves.append(Move(block, source, target))
@@ -246,9 +245,7 @@ class LogicalBTree:
         return moves
 
     def _usable_below(self, node: str) -> list[str]:
-        if self.is_leaf(node):
-            return [node] if self._state[node] is State.IDLE else []
-        return [leaf for child in self._children[node] for leaf in self._usable_below(child)]
+        return [leaf for leaf in self._leaves_below(node) if self._state[leaf] is State.IDLE]
 
     def _spread_choice(self, node: str, count: int) -> list[str]:
         """Pick `count` usable leaves below node, each child's share in proportion to
@@ -327,11 +324,11 @@ class LogicalBTree:
         path = self._path[leaf]
         seen: set[str] = set()
         for ancestor in reversed(path[:-1]):
-            found = [x for x in self._leaves_below(ancestor)
-                     if x != leaf and x not in seen and self._state[x] is state]
+            below = self._leaves_below(ancestor)
+            found = [x for x in below if x != leaf and x not in seen and self._state[x] is state]
             if found:
                 return found
-            seen.update(self._leaves_below(ancestor))
+            seen.update(below)
         return []
 
     def fail(self, leaf: str) -> Takeover:

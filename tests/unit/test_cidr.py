@@ -196,12 +196,17 @@ def test_cover_minimal_inside_a_slash24(base, lo, span, width):
     assert len(result) == brute_min_cover(lo, hi)
 
 
+def draw_range(data, width: int) -> tuple[int, int]:
+    """Any non-empty range of a `width`-bit space."""
+    a = data.draw(st.integers(0, (1 << width) - 1))
+    b = data.draw(st.integers(0, (1 << width) - 1))
+    return min(a, b), max(a, b)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data(), st.sampled_from(WIDTHS))
 def test_cover_exact_on_large_ranges(data, width):
-    a = data.draw(st.integers(0, (1 << width) - 1))
-    b = data.draw(st.integers(0, (1 << width) - 1))
-    first, last = min(a, b), max(a, b)
+    first, last = draw_range(data, width)
     result = cover(first, last, width)
     assert_exact(result, first, last, width)
     assert len(result) <= 2 * width
@@ -249,9 +254,7 @@ def test_most_aligned_brute_force(base, lo, span):
 @settings(max_examples=300, deadline=None)
 @given(st.data(), st.sampled_from(WIDTHS))
 def test_most_aligned_large_ranges(data, width):
-    a = data.draw(st.integers(0, (1 << width) - 1))
-    b = data.draw(st.integers(0, (1 << width) - 1))
-    lo, hi = min(a, b), max(a, b)
+    lo, hi = draw_range(data, width)
     p = most_aligned(lo, hi, width)
     assert lo <= p <= hi
     t = tz(p, width)
