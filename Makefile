@@ -6,9 +6,11 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# Debian packages the current code needs (none yet for the pure core; later
-# issues add openvswitch-switch, mininet, redis-server here).
-APT_PACKAGES :=
+# Debian packages the code needs: the Redis store, iptables/conntrack and
+# libnetfilter-queue for the agent's rewrite, redis-cli as a debugging
+# client, and a C toolchain for NetfilterQueue's extension.
+APT_PACKAGES := redis-server redis-tools iptables conntrack iproute2 ethtool \
+                libnetfilter-queue-dev libnetfilter-queue1 build-essential
 
 .PHONY: setup apt test unit demo bench plan clean
 

@@ -1,0 +1,208 @@
+"""A redis-server process of our own: started in a directory, stopped by its PID.
+
+The agent's ``redis-server:DIR`` store and the tests need a real Redis
+without relying on a system service. This module starts one with every
+setting on the command line (no config file, so the host's
+``/etc/redis/redis.conf`` never leaks in), waits until it answers PING, and
+stops exactly the process it started: SIGTERM first, so Redis flushes its
+append-only file and removes its socket, SIGKILL if it does not exit in time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+__all__ = ["RedisServer", "RedisServerError"]
+
+# sun_path is 108 bytes on Linux, including the terminating NUL.
+_MAX_SOCKET_PATH = 107
+_LOG_NAME = "redis.log"
+_LOG_TAIL_LINES = 20
+
+
+class RedisServerError(RuntimeError):
+    """The server could not be started (the message carries its log tail)."""
+
+
+class RedisServer:
+    """One redis-server process with its data, log and socket in ``directory``.
+
+    ``unix_socket`` is a socket path to listen on; ``port`` a TCP port on
+    127.0.0.1, 0 meaning a free one chosen at start. At least one is needed.
+    Persistence is append-only (``appendonly yes``, RDB snapshots off), in
+    ``directory``.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        unix_socket: str | os.PathLike[str] | None = None,
+        port: int | None = None,
+        executable: str = "redis-server",
+        start_timeout: float = 10.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        if unix_socket is None and port is None:
+            raise ValueError("a redis-server needs a unix socket, a TCP port, or both")
+        # Absolute, because the server runs in `directory` and we do not.
+        self.unix_socket = None if unix_socket is None else Path(unix_socket).absolute()
+        if self.unix_socket is not None and len(bytes(self.unix_socket)) > _MAX_SOCKET_PATH:
+            raise ValueError(
+                f"unix socket path {str(self.unix_socket)!r} is longer than "
+                f"{_MAX_SOCKET_PATH} bytes; choose a shorter directory"
+            )
+        self.directory = Path(directory)
+        self.port = port
+        self.executable = executable
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._log_start = 0
+
+    @property
+    def pid(self) -> int | None:
+        """The PID of the running server, None when stopped."""
+        return None if self._process is None else self._process.pid
+
+    @property
+    def url(self) -> str:
+        """A ``redis://`` URL (TCP preferred) or a ``unix://`` one."""
+        if self.port:
+            return f"redis://127.0.0.1:{self.port}"
+        return f"unix://{self.unix_socket}"
+
+    def start(self) -> RedisServer:
+        """Start the server and return once it answers PING."""
+        if self._process is not None:
+            raise RedisServerError(f"redis-server {self.pid} is already running")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.unix_socket is not None and _answers_ping(self.unix_socket):
+            raise RedisServerError(f"a redis-server already listens on {self.unix_socket}")
+        if self.port == 0:
+            self.port = _free_port()
+        self._log = open(self.directory / _LOG_NAME, "ab")
+        self._log_start = self._log.tell()
+        try:
+            self._process = subprocess.Popen(
+                self._command(),
+                cwd=self.directory,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+            )
+        except OSError as exc:
+            self._close_log()
+            raise RedisServerError(f"cannot run {self.executable!r}: {exc}") from exc
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _command(self) -> list[str]:
+        command = [
+            self.executable,
+            "--dir", str(self.directory.resolve()),
+            "--daemonize", "no",
+            "--logfile", "",  # stdout, which is our log file
+            "--appendonly", "yes",
+            "--save", "",
+            "--port", str(self.port or 0),
+        ]
+        if self.port:
+            command += ["--bind", "127.0.0.1"]
+        if self.unix_socket is not None:
+            command += ["--unixsocket", str(self.unix_socket), "--unixsocketperm", "700"]
+        return command
+
+    def _wait_until_ready(self) -> None:
+        assert self._process is not None
+        address: Path | int = self.unix_socket if self.unix_socket is not None else self.port
+        deadline = time.monotonic() + self.start_timeout
+        while not _answers_ping(address):
+            if self._process.poll() is not None:
+                raise RedisServerError(
+                    f"redis-server exited with status {self._process.returncode} "
+                    f"during start-up; log tail:\n{self._log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise RedisServerError(
+                    f"redis-server {self._process.pid} did not answer PING within "
+                    f"{self.start_timeout} s; log tail:\n{self._log_tail()}"
+                )
+            time.sleep(0.02)
+
+    def _log_tail(self) -> str:
+        """The last lines this start wrote to the log (not earlier runs')."""
+        with open(self.directory / _LOG_NAME, "rb") as log:
+            log.seek(self._log_start)
+            lines = log.read().decode("utf-8", "replace").splitlines()
+        return "\n".join(lines[-_LOG_TAIL_LINES:]) or "(empty)"
+
+    def stop(self) -> None:
+        """Stop the server this object started (only that PID); idempotent."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process is not None and self.unix_socket is not None:
+            # A killed server leaves its socket behind; a clean one removed it.
+            self.unix_socket.unlink(missing_ok=True)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    """A TCP port nobody listens on right now (the kernel's choice for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _answers_ping(address: Path | int) -> bool:
+    """Whether a Redis at a unix socket path or 127.0.0.1 port answers PING.
+
+    A server still loading its append-only file answers ``-LOADING``, which
+    counts as not ready.
+    """
+    if isinstance(address, Path):
+        family, target = socket.AF_UNIX, str(address)
+    else:
+        family, target = socket.AF_INET, ("127.0.0.1", address)
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as conn:
+            conn.settimeout(1.0)
+            conn.connect(target)
+            conn.sendall(b"PING\r\n")
+            return conn.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False

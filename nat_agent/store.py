@@ -1,0 +1,302 @@
+"""The storage server's metadata store: one interface over LevelDB and Redis.
+
+A record is a file's metadata value under its normalized absolute path. Each
+path has one MetaDataID (``mdid``), computed by the caller with
+``client_lib.mdid``; the stores never hash anything, they only keep records
+ordered by ``(mdid, path bytes)``. That order is what the rest of the agent
+needs: the controller plans splits by asking how many keys fall between two
+IDs, and a migration streams an ID range to another server, so both stores
+count and scan any inclusive ID range ``[first, last]`` in O(log n + k).
+
+The shared encoding, used as the LevelDB key and as the Redis index member,
+is ``record_key = be(mdid) + path``: the mdid big-endian in ``width // 8``
+bytes (so byte order equals numeric order, for 32-bit and 128-bit spaces
+alike) followed by the path in UTF-8 with ``surrogateescape`` (the same bytes
+``client_lib.mdid`` hashes, so a name taken from ``os.fsdecode`` round-trips).
+
+The API is async so that the asyncio service treats both stores alike, even
+though the LevelDB store does its (fast, in-process) work synchronously.
+
+Contract relied on by both stores: a given path always comes with the same
+mdid. (The Redis store keys values by path alone.)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import ClassVar
+from urllib.parse import parse_qsl, urlsplit
+
+__all__ = [
+    "Record",
+    "KeyRange",
+    "Store",
+    "WIDTHS",
+    "check_batch",
+    "check_width",
+    "decode_mdid",
+    "decode_path",
+    "encode_mdid",
+    "encode_path",
+    "key_range",
+    "open_store",
+    "record_key",
+    "split_record_key",
+]
+
+Record = tuple[int, str, bytes]
+"""``(mdid, path, value)``: one metadata record as scans return it."""
+
+WIDTHS = (32, 128)
+"""Bits of an mdid: 32 for IPv4 MetaDataID spaces, 128 for IPv6 ones."""
+
+
+def check_width(width: int) -> int:
+    """Validate an mdid width; returns its size in bytes."""
+    if width not in WIDTHS:
+        raise ValueError(f"mdid width must be one of {WIDTHS}, not {width!r}")
+    return width // 8
+
+
+def _check_mdid(mdid: int, width: int) -> int:
+    size = check_width(width)
+    if not 0 <= mdid < 1 << width:
+        raise ValueError(f"mdid {mdid} is outside the {width}-bit space")
+    return size
+
+
+def encode_mdid(mdid: int, width: int) -> bytes:
+    """Big-endian, fixed-size encoding, so that byte order is numeric order."""
+    return mdid.to_bytes(_check_mdid(mdid, width), "big")
+
+
+def encode_path(path: str) -> bytes:
+    """The path's bytes as ``client_lib.mdid`` sees them (UTF-8, surrogateescape)."""
+    return path.encode("utf-8", "surrogateescape")
+
+
+def decode_path(raw: bytes) -> str:
+    """Inverse of `encode_path`; undecodable bytes come back as lone surrogates."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def record_key(mdid: int, path: str, width: int) -> bytes:
+    """``be(mdid) + path``: the key whose byte order is ``(mdid, path bytes)``."""
+    return encode_mdid(mdid, width) + encode_path(path)
+
+
+def decode_mdid(key: bytes, width: int) -> int:
+    """The mdid at the head of a record key (the rest is ignored)."""
+    return int.from_bytes(key[: check_width(width)], "big")
+
+
+def split_record_key(key: bytes, width: int) -> tuple[int, str]:
+    """Inverse of `record_key`: ``(mdid, path)``."""
+    return decode_mdid(key, width), decode_path(key[check_width(width) :])
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """The record keys of a non-empty inclusive mdid range ``[first, last]``.
+
+    ``start`` is inclusive and ``stop`` exclusive; ``stop`` is None when
+    ``last`` is the top of the space, because ``be(last + 1)`` would not fit in
+    the fixed width (Redis then uses ``+`` as its upper bound).
+    """
+
+    start: bytes
+    stop: bytes | None
+
+
+def key_range(first: int, last: int, width: int) -> KeyRange | None:
+    """The keys of ``[first, last]``, or None when ``first > last`` (an empty range).
+
+    Both ends must lie in the space; an ID outside it is a caller's bug, not
+    an empty answer.
+    """
+    start = encode_mdid(first, width)
+    _check_mdid(last, width)
+    if first > last:
+        return None
+    stop = None if last == (1 << width) - 1 else encode_mdid(last + 1, width)
+    return KeyRange(start, stop)
+
+
+class Store(ABC):
+    """Metadata records ordered by ``(mdid, path bytes)``, plus one state document.
+
+    Every mdid argument must lie in ``[0, 2**width - 1]`` (else ``ValueError``).
+    Ranges are inclusive; ``first > last`` is an empty range. The state
+    document (the agent's owned blocks) lives beside the records but is never
+    counted, scanned or deleted as one.
+    """
+
+    kind: ClassVar[str]
+    """``"leveldb"`` or ``"redis"``."""
+    width: int
+    """Bits of an mdid: 32 or 128."""
+
+    @abstractmethod
+    async def get(self, mdid: int, path: str) -> bytes | None:
+        """The value, or None if there is no such record."""
+
+    @abstractmethod
+    async def put(self, mdid: int, path: str, value: bytes) -> None:
+        """Create or overwrite a record; value and range index change atomically."""
+
+    @abstractmethod
+    async def delete(self, mdid: int, path: str) -> bool:
+        """Remove a record; True if it existed."""
+
+    @abstractmethod
+    async def exists(self, mdid: int, path: str) -> bool:
+        """Whether the record exists."""
+
+    @abstractmethod
+    async def count(self, first: int, last: int) -> int:
+        """How many records have ``first <= mdid <= last``, in O(log n)."""
+
+    @abstractmethod
+    def scan(self, first: int, last: int, batch: int = 1000) -> AsyncIterator[list[Record]]:
+        """The records of ``[first, last]`` in ``(mdid, path bytes)`` order.
+
+        Yields non-empty lists of at most ``batch`` records, so a migration can
+        stream a block without holding it in memory.
+        """
+
+    @abstractmethod
+    async def put_many(self, records: Sequence[Record]) -> None:
+        """Write records as one atomic batch; a later duplicate wins, as with `put`."""
+
+    @abstractmethod
+    async def delete_range(self, first: int, last: int) -> int:
+        """Remove every record of ``[first, last]``; returns how many were removed."""
+
+    @abstractmethod
+    async def total(self) -> int:
+        """How many records the store holds."""
+
+    @abstractmethod
+    async def load_state(self) -> dict | None:
+        """The state document last saved, or None if none was."""
+
+    @abstractmethod
+    async def save_state(self, state: dict) -> None:
+        """Replace the state document (small, JSON-serializable)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release the store (and stop a redis-server it started); idempotent."""
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def check_batch(batch: int) -> None:
+    """Shared by both `scan`s: a batch of zero records would never advance."""
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, not {batch}")
+
+
+_SPEC_HELP = (
+    "expected leveldb:PATH, redis://HOST[:PORT][/DB][?prefix=P], "
+    "unix:///SOCKET[?db=N&prefix=P] or redis-server:DIR"
+)
+
+
+def open_store(spec: str, width: int) -> Store:
+    """Open the store a spec names; ``ValueError`` for a spec that names none.
+
+    Specs:
+
+    * ``leveldb:PATH`` -- a LevelDB directory, created if missing.
+    * ``redis://HOST[:PORT][/DB][?prefix=P]`` -- an existing redis-server over
+      TCP (port 6379 and database 0 by default; ``[::1]`` for IPv6 hosts).
+    * ``unix:///path/to/sock[?db=N][&prefix=P]`` -- an existing redis-server
+      on a unix socket.
+    * ``redis-server:DIR`` -- start our own redis-server with its unix socket
+      ``DIR/redis.sock`` (no TCP port) and append-only persistence in DIR,
+      and stop it when the store is closed. This blocks until the server
+      answers, so call it before serving.
+
+    ``prefix`` (URL-encoded if it holds ``&``, ``#`` or ``%``) is prepended
+    to every Redis key the store uses, so several agents can share one
+    redis-server, e.g. ``redis://127.0.0.1:6379/0?prefix=agent1:``.
+
+    The Redis client connects lazily; open Redis stores inside the event loop
+    that will use them.
+    """
+    check_width(width)
+    scheme, sep, rest = spec.partition(":")
+    if not sep:
+        raise ValueError(f"store spec {spec!r} has no scheme; {_SPEC_HELP}")
+    if scheme == "leveldb":
+        if not rest:
+            raise ValueError(f"store spec {spec!r} names no directory; {_SPEC_HELP}")
+        # Imported here: the store modules import this one for `Store`.
+        from nat_agent.leveldb_store import LevelDBStore
+
+        return LevelDBStore(rest, width)
+    if scheme == "redis-server":
+        if not rest:
+            raise ValueError(f"store spec {spec!r} names no directory; {_SPEC_HELP}")
+        from nat_agent.redis_store import RedisStore
+
+        return RedisStore.with_own_server(Path(rest), width)
+    if scheme in ("redis", "unix"):
+        return _open_redis_url(spec, width)
+    raise ValueError(f"unknown store kind {scheme!r} in {spec!r}; {_SPEC_HELP}")
+
+
+def _open_redis_url(spec: str, width: int) -> Store:
+    """``redis://`` and ``unix://`` specs: a client of an existing redis-server."""
+    from nat_agent.redis_store import RedisStore
+
+    url = urlsplit(spec)
+    if url.fragment or url.username is not None or url.password is not None:
+        raise ValueError(f"store spec {spec!r}: credentials and fragments are not supported")
+    try:
+        pairs = parse_qsl(url.query, keep_blank_values=True, strict_parsing=bool(url.query))
+    except ValueError as exc:
+        raise ValueError(f"store spec {spec!r} has a malformed query: {exc}") from None
+    options = dict(pairs)
+    allowed = {"prefix"} if url.scheme == "redis" else {"prefix", "db"}
+    unknown = [name for name, _ in pairs if name not in allowed]
+    if unknown or len(options) != len(pairs):
+        raise ValueError(
+            f"store spec {spec!r}: options must be distinct and among {sorted(allowed)}"
+        )
+    prefix = encode_path(options.get("prefix", ""))
+
+    if url.scheme == "unix":
+        if url.netloc or not url.path:
+            raise ValueError(f"store spec {spec!r}: write unix:///absolute/path/to/socket")
+        db = _parse_db(options.get("db", "0"), spec)
+        return RedisStore.connect(width, unix_socket=url.path, db=db, prefix=prefix)
+
+    if not url.hostname:
+        raise ValueError(f"store spec {spec!r} names no host; {_SPEC_HELP}")
+    try:
+        port = 6379 if url.port is None else url.port
+    except ValueError:
+        raise ValueError(f"store spec {spec!r} has a bad port; {_SPEC_HELP}") from None
+    db = _parse_db(url.path.lstrip("/") or "0", spec)
+    return RedisStore.connect(width, host=url.hostname, port=port, db=db, prefix=prefix)
+
+
+def _parse_db(text: str, spec: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"store spec {spec!r}: database must be a number, not {text!r}")
+    return int(text)

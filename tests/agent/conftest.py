@@ -1,0 +1,43 @@
+"""Fixtures for the per-server agent's tests: real stores, no mocks.
+
+One redis-server (on a free TCP port) serves the whole session; each test gets
+its own key prefix on it, and the prefix's keys are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from nat_agent.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL (``redis://127.0.0.1:PORT``) of a redis-server shared by the session."""
+    with RedisServer(tmp_path_factory.mktemp("redis"), port=0) as server:
+        yield server.url
+
+
+@pytest.fixture
+def redis_prefix(redis_server: str) -> Iterator[str]:
+    """A key prefix no other test uses; its keys are deleted after the test.
+
+    The prefix is plain ``[0-9a-z:]``, so it is also a literal SCAN pattern.
+    """
+    prefix = f"t{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    with redis.Redis.from_url(redis_server) as client:
+        doomed = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if doomed:
+            client.delete(*doomed)
+
+
+@pytest.fixture
+def leveldb_path(tmp_path: Path) -> Path:
+    """A LevelDB directory path that does not exist yet."""
+    return tmp_path / "leveldb"

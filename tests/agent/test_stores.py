@@ -1,0 +1,560 @@
+"""The agent's stores (LevelDB and Redis) against a brute-force model, on real backends."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import os
+import socket
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nat_agent.leveldb_store import LevelDBStore
+from nat_agent.redis_server import RedisServer, RedisServerError
+from nat_agent.redis_store import RedisStore
+from nat_agent.store import Record, Store, encode_mdid, encode_path, open_store
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass
+class Backend:
+    """Opens stores of one kind and width; each name is a separate, empty store."""
+
+    kind: str
+    width: int
+    root: str  # a LevelDB parent directory, or a redis:// URL
+    prefix: str = ""  # Redis only: the test's own key prefix
+    _names: itertools.count = field(default_factory=itertools.count)
+
+    @property
+    def top(self) -> int:
+        return (1 << self.width) - 1
+
+    def spec(self, name: str | None = None) -> str:
+        name = name or f"s{next(self._names)}"
+        if self.kind == "leveldb":
+            return f"leveldb:{self.root}/{name}"
+        return f"{self.root}?prefix={quote(f'{self.prefix}{name}:')}"
+
+    def open(self, name: str | None = None) -> Store:
+        """A store; call inside the event loop that uses it (Redis binds to it)."""
+        return open_store(self.spec(name), self.width)
+
+
+@pytest.fixture(
+    params=[("leveldb", 32), ("leveldb", 128), ("redis", 32), ("redis", 128)],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
+def backend(request: pytest.FixtureRequest, leveldb_path: Path) -> Backend:
+    kind, width = request.param
+    if kind == "leveldb":
+        return Backend(kind, width, str(leveldb_path))
+    # Looked up lazily so that LevelDB-only runs never start a redis-server.
+    url = request.getfixturevalue("redis_server")
+    return Backend(kind, width, url, request.getfixturevalue("redis_prefix"))
+
+
+def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(body())
+
+
+async def scan_batches(store: Store, first: int, last: int, batch: int = 1000) -> list[list[Record]]:
+    return [chunk async for chunk in store.scan(first, last, batch)]
+
+
+async def scan_all(store: Store, first: int, last: int, batch: int = 1000) -> list[Record]:
+    return [record for chunk in await scan_batches(store, first, last, batch) for record in chunk]
+
+
+def ordered(records: list[Record]) -> list[Record]:
+    """The order every scan must produce: by mdid, then by the path's bytes."""
+    return sorted(records, key=lambda r: (r[0], encode_path(r[1])))
+
+
+# ---------------------------------------------------------------- single records
+
+
+def test_get_put_delete_exists(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.open() as store:
+            mdid = backend.top // 3
+            assert await store.get(mdid, "/a") is None
+            assert not await store.exists(mdid, "/a")
+            assert await store.delete(mdid, "/a") is False
+
+            await store.put(mdid, "/a", b"v1")
+            assert await store.get(mdid, "/a") == b"v1"
+            assert await store.exists(mdid, "/a")
+            await store.put(mdid, "/a", b"v2")  # overwrite: still one record
+            assert await store.get(mdid, "/a") == b"v2"
+            assert (await store.total(), await store.count(0, backend.top)) == (1, 1)
+
+            await store.put(mdid + 1, "/empty", b"")
+            assert await store.get(mdid + 1, "/empty") == b""  # empty, not missing
+            assert await store.exists(mdid + 1, "/empty")
+            await store.put(mdid + 2, "/nul", b"\x00a\x00\xff")
+            assert await store.get(mdid + 2, "/nul") == b"\x00a\x00\xff"
+
+            assert await store.delete(mdid, "/a") is True
+            assert await store.delete(mdid, "/a") is False
+            assert await store.get(mdid, "/a") is None
+            assert not await store.exists(mdid, "/a")
+            assert await store.total() == 2
+            assert await store.count(mdid, mdid) == 0
+            assert await scan_all(store, 0, backend.top) == [
+                (mdid + 1, "/empty", b""),
+                (mdid + 2, "/nul", b"\x00a\x00\xff"),
+            ]
+
+    run(body)
+
+
+def test_many_paths_share_one_mdid_in_byte_order(backend: Backend) -> None:
+    paths = [f"/d/{i}" for i in range(40)] + ["/Z", "/a", "/é", "/日本語/ファイル.txt", "/cafe\u0301"]
+    paths += ["/café", "/raw/\udcff\udcfe"]  # NFC vs NFD differ; undecodable bytes round-trip
+
+    async def body() -> None:
+        async with backend.open() as store:
+            mid = backend.top // 2
+            for path in paths:
+                await store.put(mid, path, path.encode("utf-8", "surrogateescape"))
+            await store.put(mid - 1, "/zz-before", b"")
+            await store.put(mid + 1, "/00-after", b"")
+
+            assert await store.count(mid, mid) == len(paths)
+            assert await store.count(mid - 1, mid + 1) == len(paths) + 2
+            records = await scan_all(store, mid, mid, batch=7)
+            expected = sorted(paths, key=encode_path)
+            assert [path for _, path, _ in records] == expected
+            assert all(value == encode_path(path) for _, path, value in records)
+            assert expected.index("/Z") < expected.index("/a") < expected.index("/é")
+
+    run(body)
+
+
+def test_edges_of_the_space(backend: Backend) -> None:
+    top = backend.top
+
+    async def body() -> None:
+        async with backend.open() as store:
+            for mdid in (0, 1, top - 1, top):
+                await store.put(mdid, f"/{mdid}", b"x")
+            await store.put(2, "", b"")  # the smallest key just past [1, 1]: be(2) alone
+            assert await store.count(1, 1) == 1
+            assert await store.delete_range(2, 2) == 1
+            assert await store.count(0, top) == 4
+            assert await store.count(top, top) == 1
+            assert await store.count(0, 0) == 1
+            assert await scan_all(store, top, top) == [(top, f"/{top}", b"x")]
+            assert await scan_all(store, 0, 0) == [(0, "/0", b"x")]
+            assert await store.delete_range(top, top) == 1
+            assert await store.count(top - 1, top) == 1
+            assert await store.delete_range(0, 0) == 1
+            assert [r[0] for r in await scan_all(store, 0, top)] == [1, top - 1]
+
+    run(body)
+
+
+def test_empty_and_invalid_ranges(backend: Backend) -> None:
+    top = backend.top
+
+    async def body() -> None:
+        async with backend.open() as store:
+            await store.put(5, "/five", b"5")
+            assert await store.count(6, 5) == 0
+            assert await scan_batches(store, 6, 5) == []
+            assert await store.delete_range(6, 4) == 0
+            assert await store.get(5, "/five") == b"5"
+
+            for first, last in ((-1, 0), (0, top + 1)):
+                with pytest.raises(ValueError, match="outside"):
+                    await store.count(first, last)
+                with pytest.raises(ValueError, match="outside"):
+                    await scan_batches(store, first, last)
+                with pytest.raises(ValueError, match="outside"):
+                    await store.delete_range(first, last)
+            for bad in (-1, top + 1):
+                with pytest.raises(ValueError, match="outside"):
+                    await store.put(bad, "/x", b"")
+                with pytest.raises(ValueError, match="outside"):
+                    await store.get(bad, "/x")
+            with pytest.raises(ValueError, match="batch"):
+                await scan_batches(store, 0, top, batch=0)
+            assert await store.total() == 1
+
+    run(body)
+
+
+# ---------------------------------------------------------------- batches
+
+
+def test_scan_batch_boundaries(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.open() as store:
+            step = backend.top // 10
+            records = [(i * step, f"/r{i}", bytes([i])) for i in range(10)]
+            await store.put_many(records)
+            for batch in (1, 3, 9, 10, 11, 1000):
+                batches = await scan_batches(store, 0, backend.top, batch)
+                assert all(1 <= len(chunk) <= batch for chunk in batches), batch
+                assert len(batches) == math.ceil(len(records) / batch), batch
+                assert [r for chunk in batches for r in chunk] == records
+            # A range that cuts the records in the middle, with a batch boundary inside.
+            assert await scan_all(store, step, 4 * step, batch=2) == records[1:5]
+
+    run(body)
+
+
+def test_put_many_is_one_batch(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.open() as store:
+            await store.put(7, "/old", b"old")
+            await store.put_many([(7, "/old", b"new"), (9, "/dup", b"1"), (9, "/dup", b"2")])
+            assert await store.get(7, "/old") == b"new"
+            assert await store.get(9, "/dup") == b"2"  # the later duplicate wins
+            assert await store.total() == 2
+            assert await store.count(0, 9) == 2
+
+            await store.put_many([])
+            with pytest.raises(ValueError):
+                await store.put_many([(11, "/good", b""), (backend.top + 1, "/bad", b"")])
+            assert not await store.exists(11, "/good")  # nothing of the bad batch landed
+            assert await store.total() == 2
+
+    run(body)
+
+
+def test_delete_range_leaves_the_rest(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.open() as store:
+            records = [(m, f"/p{m}/{i}", b"v") for m in (10, 20, 30, 40) for i in range(3)]
+            await store.put_many(records)
+            await store.save_state({"blocks": ["10.0.0.0/8"]})
+            assert await store.delete_range(20, 30) == 6
+            assert await store.delete_range(20, 30) == 0
+            assert await store.total() == 6
+            assert await store.count(0, backend.top) == 6
+            assert [r for r in await scan_all(store, 0, backend.top)] == [
+                r for r in records if r[0] in (10, 40)
+            ]
+            assert not await store.exists(20, "/p20/0")
+            assert await store.load_state() == {"blocks": ["10.0.0.0/8"]}
+
+    run(body)
+
+
+# ---------------------------------------------------------------- the model
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, width: int) -> tuple[dict[str, int], list[tuple], list[tuple[int, int, int]]]:
+    """Paths with their mdids, a sequence of writes, and ranges to check.
+
+    mdids cluster around a few centres and the ends of the space, so ranges
+    often start or stop exactly on, just before or just after a key.
+    """
+    top = (1 << width) - 1
+    centres = draw(st.lists(st.integers(0, top), min_size=1, max_size=3)) + [0, top]
+    near = st.builds(
+        lambda c, d: min(top, max(0, c + d)), st.sampled_from(centres), st.integers(-3, 3)
+    )
+    mdid_of = st.one_of(st.sampled_from(centres), near, st.integers(0, top))
+    names = st.text(st.characters(exclude_categories=("Cs",)), max_size=8)
+    paths = draw(st.lists(names.map(lambda s: "/" + s), min_size=1, max_size=25, unique=True))
+    ids = {path: draw(mdid_of) for path in paths}
+
+    path = st.sampled_from(paths)
+    value = st.binary(max_size=12)
+    op = st.one_of(
+        st.tuples(st.just("put"), path, value),
+        st.tuples(st.just("put_many"), st.lists(st.tuples(path, value), max_size=8)),
+        st.tuples(st.just("delete"), path),
+        st.tuples(st.just("delete_range"), mdid_of, mdid_of),
+    )
+    ops = draw(st.lists(op, min_size=1, max_size=15))
+
+    edges = sorted({min(top, max(0, m + d)) for m in [*ids.values(), 0, top] for d in (-1, 0, 1)})
+    end = st.one_of(st.sampled_from(edges), st.integers(0, top))
+    ranges = draw(st.lists(st.tuples(end, end, st.integers(1, 6)), min_size=1, max_size=6))
+    return ids, ops, ranges
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],  # stores are per example
+)
+@given(data=st.data())
+def test_matches_a_brute_force_model(backend: Backend, data: st.DataObject) -> None:
+    ids, ops, ranges = data.draw(scenarios(backend.width))
+    model: dict[str, bytes] = {}
+
+    def in_range(first: int, last: int) -> list[Record]:
+        return ordered([(ids[p], p, v) for p, v in model.items() if first <= ids[p] <= last])
+
+    async def body() -> None:
+        async with backend.open() as store:
+            for op in ops:
+                if op[0] == "put":
+                    _, path, value = op
+                    await store.put(ids[path], path, value)
+                    model[path] = value
+                elif op[0] == "put_many":
+                    await store.put_many([(ids[p], p, v) for p, v in op[1]])
+                    model.update(op[1])
+                elif op[0] == "delete":
+                    path = op[1]
+                    assert await store.delete(ids[path], path) is (model.pop(path, None) is not None)
+                else:
+                    first, last = sorted(op[1:])
+                    doomed = in_range(first, last)
+                    assert await store.delete_range(first, last) == len(doomed)
+                    for _, path, _ in doomed:
+                        del model[path]
+
+            assert await store.total() == len(model)
+            for path, mdid in ids.items():
+                assert await store.get(mdid, path) == model.get(path)
+                assert await store.exists(mdid, path) is (path in model)
+            for first, last, batch in ranges:
+                expected = in_range(first, last)
+                assert await store.count(first, last) == len(expected)
+                batches = await scan_batches(store, first, last, batch)
+                assert all(1 <= len(chunk) <= batch for chunk in batches)
+                assert [r for chunk in batches for r in chunk] == expected
+
+    run(body)
+
+
+# ---------------------------------------------------------------- state and reopening
+
+
+def test_state_is_beside_the_records_not_among_them(backend: Backend) -> None:
+    async def body() -> None:
+        async with backend.open("a") as store:
+            assert await store.load_state() is None
+            await store.save_state({"blocks": ["100.64.0.0/11"], "epoch": 3})
+            assert await store.load_state() == {"blocks": ["100.64.0.0/11"], "epoch": 3}
+            assert await store.total() == 0
+            assert await store.count(0, backend.top) == 0
+            assert await scan_batches(store, 0, backend.top) == []
+            assert await store.delete_range(0, backend.top) == 0
+            await store.save_state({"blocks": []})
+        async with backend.open("a") as store:
+            assert await store.load_state() == {"blocks": []}
+
+    run(body)
+
+
+def test_reopened_store_counts_what_is_on_disk(backend: Backend) -> None:
+    records = [(m, f"/f{m}/{i}", b"v") for m in (3, 4, 1000) for i in range(4)]
+
+    async def body() -> None:
+        async with backend.open("a") as store:
+            await store.put_many(records)
+            await store.delete(4, "/f4/0")
+        async with backend.open("a") as store:
+            assert await store.total() == 11
+            assert await store.count(3, 4) == 7
+            await store.put(3, "/f3/0", b"again")  # existing: not counted twice
+            assert await store.count(3, 3) == 4
+            assert await store.delete_range(4, 1000) == 7
+            assert await store.total() == 4
+        async with backend.open("b") as other:
+            assert await other.total() == 0  # another name is another store
+
+    run(body)
+
+
+def test_leveldb_refuses_another_width(leveldb_path: Path) -> None:
+    async def body() -> None:
+        async with LevelDBStore(leveldb_path, 32) as store:
+            await store.put(1, "/x", b"")
+        with pytest.raises(ValueError, match="32-bit"):
+            LevelDBStore(leveldb_path, 128)
+        async with LevelDBStore(leveldb_path, 32) as store:  # the failed open released the lock
+            assert await store.total() == 1
+
+    run(body)
+
+
+# ---------------------------------------------------------------- Redis layout
+
+
+def test_redis_layout_and_prefix_isolation(redis_server: str, redis_prefix: str) -> None:
+    mdid = 0x64400001
+
+    async def body() -> None:
+        async with (
+            aioredis.Redis.from_url(redis_server) as raw,
+            open_store(f"{redis_server}/0?prefix={redis_prefix}a:", 32) as a,
+            open_store(f"{redis_server}/0?prefix={redis_prefix}b:", 32) as b,
+        ):
+            await a.put(mdid, "/x", b"value")
+            await a.save_state({"k": 1})
+            assert await b.total() == 0
+            assert await b.get(mdid, "/x") is None
+            assert await b.load_state() is None
+
+            # A value that vanishes between reading the index and the values
+            # (here: removed behind the store's back) is skipped, and a page
+            # left empty is not yielded.
+            await b.put_many([(1, "/1", b"1"), (2, "/2", b"2"), (3, "/3", b"3")])
+            await raw.delete(f"{redis_prefix}b:k:/2")
+            assert await scan_batches(b, 0, 2**32 - 1, batch=1) == [[(1, "/1", b"1")], [(3, "/3", b"3")]]
+
+    run(body)
+    with redis.Redis.from_url(redis_server) as raw:
+        p = redis_prefix.encode()
+        assert raw.get(p + b"a:k:/x") == b"value"
+        assert raw.zrange(p + b"a:idx", 0, -1, withscores=True) == [
+            (encode_mdid(mdid, 32) + b"/x", 0.0)
+        ]
+        assert raw.get(p + b"a:state") == b'{"k": 1}'
+        assert sorted(raw.scan_iter(match=redis_prefix + "a:*")) == [
+            p + b"a:idx", p + b"a:k:/x", p + b"a:state"
+        ]
+
+
+# ---------------------------------------------------------------- open_store
+
+
+def test_open_store_tcp_spec_with_database_and_prefix(redis_server: str, redis_prefix: str) -> None:
+    port = int(redis_server.rsplit(":", 1)[1])
+
+    async def body() -> None:
+        store = open_store(f"redis://127.0.0.1:{port}/3?prefix={redis_prefix}", 128)
+        assert isinstance(store, RedisStore)
+        assert (store.kind, store.width, store.prefix) == ("redis", 128, redis_prefix.encode())
+        async with store:
+            await store.put(2**128 - 1, "/top", b"t")
+
+    run(body)
+    with redis.Redis(port=port, db=3) as raw:
+        assert raw.get(f"{redis_prefix}k:/top") == b"t"
+        raw.delete(f"{redis_prefix}k:/top", f"{redis_prefix}idx")
+
+
+def test_open_store_unix_spec(tmp_path: Path) -> None:
+    with RedisServer(tmp_path, unix_socket=tmp_path / "r.sock") as server:
+
+        async def body() -> None:
+            async with open_store(f"unix://{server.unix_socket}?db=2&prefix=u%26v:", 32) as store:
+                assert store.prefix == b"u&v:"
+                await store.put(9, "/nine", b"9")
+
+        run(body)
+        with redis.Redis(unix_socket_path=str(server.unix_socket), db=2) as raw:
+            assert raw.get("u&v:k:/nine") == b"9"
+
+
+def test_open_store_leveldb_creates_its_directory(leveldb_path: Path) -> None:
+    async def body() -> None:
+        async with open_store(f"leveldb:{leveldb_path}/x", 128) as store:
+            assert isinstance(store, LevelDBStore)
+            assert (store.kind, store.width) == ("leveldb", 128)
+        assert (leveldb_path / "x").is_dir()
+
+    run(body)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("", "no scheme"),
+        ("/var/lib/metaflow", "no scheme"),
+        ("leveldb:", "no directory"),
+        ("redis-server:", "no directory"),
+        ("memcached://127.0.0.1", "unknown store kind"),
+        ("redis://", "no host"),
+        ("redis://127.0.0.1:port", "bad port"),
+        ("redis://127.0.0.1:6379/zero", "database must be a number"),
+        ("redis://127.0.0.1:6379/0?bogus=1", "options"),
+        ("redis://127.0.0.1:6379/0?db=1", "options"),
+        ("redis://127.0.0.1/0?prefix=a&prefix=b", "options"),
+        ("redis://127.0.0.1/0?prefix", "malformed query"),
+        ("redis://user:secret@127.0.0.1:6379", "credentials"),
+        ("unix://", "unix:///"),
+        ("unix://host/tmp/r.sock", "unix:///"),
+        ("unix:///tmp/r.sock?db=two", "database must be a number"),
+    ],
+)
+def test_open_store_rejects_bad_specs(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        open_store(spec, 32)
+
+
+def test_open_store_rejects_bad_width(leveldb_path: Path) -> None:
+    with pytest.raises(ValueError, match="width"):
+        open_store(f"leveldb:{leveldb_path}", 64)
+    assert not leveldb_path.exists()
+
+
+# ---------------------------------------------------------------- our own redis-server
+
+
+def test_redis_server_spec_owns_its_server(tmp_path: Path) -> None:
+    directory = tmp_path / "rs"
+    sock = directory / "redis.sock"
+
+    async def first_life() -> int:
+        store = open_store(f"redis-server:{directory}", 32)
+        assert isinstance(store, RedisStore) and store.server is not None
+        pid = store.server.pid
+        assert pid is not None
+        os.kill(pid, 0)  # running
+        assert sock.is_socket()
+        await store.put(42, "/kept", b"across restarts")
+        await store.close()
+        await store.close()  # idempotent
+        return pid
+
+    pid = asyncio.run(first_life())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not sock.exists()
+    assert list((directory / "appendonlydir").iterdir())  # append-only files in DIR
+
+    async def second_life() -> None:
+        async with open_store(f"redis-server:{directory}", 32) as store:
+            assert await store.get(42, "/kept") == b"across restarts"
+            assert await store.count(0, 2**32 - 1) == 1
+
+    asyncio.run(second_life())
+
+
+def test_redis_server_start_failure_shows_the_log(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        server = RedisServer(tmp_path, port=squatter.getsockname()[1])
+        with pytest.raises(RedisServerError, match="(?s)exited.*log tail.*Address already in use"):
+            server.start()
+        assert server.pid is None
+
+
+def test_redis_server_will_not_share_a_socket(tmp_path: Path) -> None:
+    with RedisServer(tmp_path / "one", unix_socket=tmp_path / "r.sock") as first:
+        second = RedisServer(tmp_path / "two", unix_socket=tmp_path / "r.sock")
+        with pytest.raises(RedisServerError, match="already listens"):
+            second.start()
+        assert first.pid is not None
+        os.kill(first.pid, 0)  # the first one is untouched
+
+
+def test_redis_server_needs_an_address(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="socket"):
+        RedisServer(tmp_path)
+    with pytest.raises(ValueError, match="longer than"):
+        RedisServer(tmp_path, unix_socket=tmp_path / ("s" * 120))
