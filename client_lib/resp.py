@@ -1,0 +1,255 @@
+"""The RESP2 subset MetaFlow speaks on port 9000, shared by client and agent.
+
+Both sides use one sans-I/O parser so that the framing rules (and their
+limits) cannot drift apart. The parser is incremental: `feed` bytes as they
+arrive and pull complete messages; a half-sent frame simply yields nothing
+until the rest arrives, and the caller's read timeout decides when to give
+up. Limits are enforced while parsing, before the bytes are buffered, so a
+peer that announces a 4 GiB bulk string is rejected at its header.
+
+Only RESP2 is needed: `redis-cli` and every Redis client speak it, and the
+service never sends RESP3 types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CRLF = b"\r\n"
+
+# Default limits. The value limit is the agent's configurable one; these
+# bound what a frame may announce before the agent even looks at it.
+DEFAULT_MAX_BULK = 1 << 20
+DEFAULT_MAX_ARGS = 64
+DEFAULT_MAX_LINE = 64 * 1024
+_MAX_NESTING = 8
+
+
+class ProtocolError(ValueError):
+    """The peer sent bytes that are not RESP (or exceed a limit).
+
+    The connection cannot be resynchronized after this: the caller answers
+    once with the message and closes.
+    """
+
+
+class BulkTooLarge(ProtocolError):
+    """A bulk string header announced more bytes than allowed."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"bulk string of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """A `-` reply: the first word is the code (ERR, MOVED, TRYAGAIN, ...)."""
+
+    message: str
+
+    @property
+    def code(self) -> str:
+        return self.message.split(" ", 1)[0]
+
+    @property
+    def detail(self) -> str:
+        parts = self.message.split(" ", 1)
+        return parts[1] if len(parts) > 1 else ""
+
+
+@dataclass(frozen=True)
+class SimpleString:
+    """A `+` reply (distinct from a bulk string so that `+OK` stays visible)."""
+
+    value: str
+
+
+Reply = SimpleString | ErrorReply | int | bytes | None | list
+
+
+class _Incomplete(Exception):
+    """Internal: the buffer ends inside the message being parsed."""
+
+
+class RespParser:
+    """Incremental RESP2 parser for one connection direction."""
+
+    def __init__(
+        self,
+        max_bulk: int = DEFAULT_MAX_BULK,
+        max_args: int = DEFAULT_MAX_ARGS,
+        max_line: int = DEFAULT_MAX_LINE,
+    ) -> None:
+        self.max_bulk = max_bulk
+        self.max_args = max_args
+        self.max_line = max_line
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet consumed by a complete message."""
+        return len(self._buf)
+
+    def next_command(self) -> list[bytes] | None:
+        """The next complete command (array of bulk strings, or inline), or None."""
+        return self._parse_one(self._command)
+
+    def next_reply(self) -> tuple[bool, Reply]:
+        """(True, reply) for the next complete reply, else (False, None)."""
+        missing = object()
+        value = self._parse_one(lambda: self._value(0), missing)
+        return (False, None) if value is missing else (True, value)
+
+    # -- framing ---------------------------------------------------------
+
+    def _parse_one(self, parse, missing=None):
+        if not self._buf:
+            return missing
+        self._pos = 0
+        try:
+            value = parse()
+        except _Incomplete:
+            return missing
+        del self._buf[: self._pos]
+        return value
+
+    def _line(self) -> bytes:
+        end = self._buf.find(CRLF, self._pos)
+        if end < 0:
+            if len(self._buf) - self._pos > self.max_line:
+                raise ProtocolError(f"line longer than {self.max_line} bytes")
+            raise _Incomplete
+        if end - self._pos > self.max_line:
+            raise ProtocolError(f"line longer than {self.max_line} bytes")
+        line = bytes(self._buf[self._pos:end])
+        self._pos = end + 2
+        return line
+
+    def _length(self, header: bytes, what: str) -> int:
+        try:
+            return int(header)
+        except ValueError:
+            raise ProtocolError(f"invalid {what} length {header[:32]!r}") from None
+
+    def _bulk(self, header: bytes) -> bytes | None:
+        size = self._length(header, "bulk")
+        if size == -1:
+            return None
+        if size < 0:
+            raise ProtocolError(f"invalid bulk length {size}")
+        if size > self.max_bulk:
+            raise BulkTooLarge(size, self.max_bulk)
+        end = self._pos + size
+        if len(self._buf) < end + 2:
+            raise _Incomplete
+        if self._buf[end:end + 2] != CRLF:
+            raise ProtocolError("bulk string not terminated by CRLF")
+        data = bytes(self._buf[self._pos:end])
+        self._pos = end + 2
+        return data
+
+    def _count(self, header: bytes) -> int:
+        count = self._length(header, "array")
+        if count < -1:
+            raise ProtocolError(f"invalid array length {count}")
+        if count > self.max_args:
+            raise ProtocolError(f"array of {count} elements exceeds the limit of {self.max_args}")
+        return count
+
+    def _command(self) -> list[bytes]:
+        line = self._line()
+        if not line.startswith(b"*"):
+            return self._inline(line)
+        count = self._count(line[1:])
+        if count <= 0:
+            raise ProtocolError("empty command")
+        args = []
+        for _ in range(count):
+            header = self._line()
+            if not header.startswith(b"$"):
+                raise ProtocolError(f"expected a bulk string, got {header[:1]!r}")
+            arg = self._bulk(header[1:])
+            if arg is None:
+                raise ProtocolError("null bulk string in a command")
+            args.append(arg)
+        return args
+
+    def _inline(self, line: bytes) -> list[bytes]:
+        """Inline commands (`PING\\r\\n`), as typed into telnet or nc."""
+        args = line.split()
+        if not args:
+            raise ProtocolError("empty command")
+        if len(args) > self.max_args:
+            raise ProtocolError(f"inline command of {len(args)} words exceeds the limit of {self.max_args}")
+        return args
+
+    def _value(self, depth: int) -> Reply:
+        if depth > _MAX_NESTING:
+            raise ProtocolError("arrays nested too deep")
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return SimpleString(rest.decode("utf-8", "replace"))
+        if kind == b"-":
+            return ErrorReply(rest.decode("utf-8", "replace"))
+        if kind == b":":
+            return self._length(rest, "integer")
+        if kind == b"$":
+            return self._bulk(rest)
+        if kind == b"*":
+            count = self._count(rest)
+            if count == -1:
+                return None
+            return [self._value(depth + 1) for _ in range(count)]
+        raise ProtocolError(f"unknown reply type {kind!r}")
+
+
+# -- encoding --------------------------------------------------------------
+
+def _as_bytes(value: bytes | str | int) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return str(value).encode("ascii")
+
+
+def encode_command(*args: bytes | str | int) -> bytes:
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = _as_bytes(arg)
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+def _single_line(text: str) -> bytes:
+    """Simple strings and errors cannot contain CR or LF; flatten them."""
+    return text.replace("\r", " ").replace("\n", " ").encode("utf-8")
+
+
+def encode_reply(value: Reply) -> bytes:
+    if value is None:
+        return b"$-1\r\n"
+    if isinstance(value, SimpleString):
+        return b"+" + _single_line(value.value) + CRLF
+    if isinstance(value, ErrorReply):
+        return b"-" + _single_line(value.message) + CRLF
+    if isinstance(value, bool):
+        return b":%d\r\n" % int(value)
+    if isinstance(value, int):
+        return b":%d\r\n" % value
+    if isinstance(value, (bytes, bytearray, str)):
+        data = _as_bytes(bytes(value) if isinstance(value, bytearray) else value)
+        return b"$%d\r\n%s\r\n" % (len(data), data)
+    if isinstance(value, list):
+        return b"*%d\r\n" % len(value) + b"".join(encode_reply(v) for v in value)
+    raise TypeError(f"cannot encode {type(value).__name__} as RESP")
+
+
+OK = SimpleString("OK")
+PONG = SimpleString("PONG")

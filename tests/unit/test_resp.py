@@ -1,0 +1,137 @@
+"""The RESP parser both sides share: round trips, limits, and fuzzing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from client_lib.resp import (
+    BulkTooLarge, ErrorReply, ProtocolError, RespParser, SimpleString, encode_command, encode_reply,
+)
+
+args_st = st.lists(st.binary(max_size=200), min_size=1, max_size=10)
+reply_st = st.recursive(
+    st.none() | st.integers(-(2**63), 2**63 - 1) | st.binary(max_size=100)
+    | st.builds(SimpleString, st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=30))
+    | st.builds(ErrorReply, st.text(alphabet=st.characters(blacklist_characters="\r\n"), min_size=1, max_size=30)),
+    lambda children: st.lists(children, max_size=5), max_leaves=20)
+
+
+def _commands(stream: bytes, chunks: list[int]) -> list[list[bytes]]:
+    parser, out, pos = RespParser(), [], 0
+    for size in chunks + [len(stream)]:
+        parser.feed(stream[pos:pos + size])
+        pos += size
+        while (cmd := parser.next_command()) is not None:
+            out.append(cmd)
+    return out
+
+
+@given(st.lists(args_st, min_size=1, max_size=5), st.lists(st.integers(0, 50), max_size=30))
+def test_commands_survive_any_chunking(commands, chunks):
+    stream = b"".join(encode_command(*c) for c in commands)
+    assert _commands(stream, chunks) == commands
+
+
+@given(reply_st)
+def test_replies_round_trip(value):
+    parser = RespParser(max_args=1000)
+    data = encode_reply(value)
+    for i in range(len(data) - 1):  # every strict prefix is incomplete, not an error
+        partial = RespParser(max_args=1000)
+        partial.feed(data[:i])
+        assert partial.next_reply() == (False, None)
+    parser.feed(data)
+    assert parser.next_reply() == (True, value)
+    assert parser.pending == 0
+
+
+def test_inline_commands_as_typed_into_nc():
+    parser = RespParser()
+    parser.feed(b"PING\r\nGET /a/b\r\n")
+    assert parser.next_command() == [b"PING"]
+    assert parser.next_command() == [b"GET", b"/a/b"]
+    assert parser.next_command() is None
+
+
+@pytest.mark.parametrize("frame, message", [
+    (b"*1\r\n:5\r\n", "expected a bulk string"),
+    (b"*x\r\n", "invalid array length"),
+    (b"*1\r\n$abc\r\n", "invalid bulk length"),
+    (b"*1\r\n$3\r\nabcd\r\n", "not terminated by CRLF"),
+    (b"*1\r\n$-1\r\n", "null bulk string"),
+    (b"*0\r\n", "empty command"),
+    (b"*65\r\n", "exceeds the limit"),
+    (b"\r\n", "empty command"),
+])
+def test_malformed_commands_raise_protocol_error(frame, message):
+    parser = RespParser()
+    parser.feed(frame)
+    with pytest.raises(ProtocolError, match=message):
+        parser.next_command()
+
+
+def test_oversized_bulk_rejected_at_its_header():
+    parser = RespParser(max_bulk=100)
+    parser.feed(b"*3\r\n$3\r\nSET\r\n$2\r\n/a\r\n$4000000000\r\n")
+    with pytest.raises(BulkTooLarge) as err:
+        parser.next_command()
+    assert err.value.size == 4_000_000_000
+
+
+def test_endless_line_rejected():
+    parser = RespParser(max_line=1000)
+    parser.feed(b"x" * 999)
+    assert parser.next_command() is None
+    parser.feed(b"x" * 10)
+    with pytest.raises(ProtocolError, match="line longer"):
+        parser.next_command()
+
+
+def test_deep_nesting_rejected():
+    parser = RespParser()
+    parser.feed(b"*1\r\n" * 20 + b":1\r\n")
+    with pytest.raises(ProtocolError, match="nested"):
+        parser.next_reply()
+
+
+@settings(max_examples=2000)
+@given(st.binary(max_size=300))
+def test_fuzz_command_parser_never_fails_otherwise(data):
+    """Any bytes either parse, wait for more, or raise ProtocolError: never
+    another exception, and never an unbounded buffer."""
+    parser = RespParser(max_bulk=64, max_line=128)
+    parser.feed(data)
+    try:
+        while parser.next_command() is not None:
+            pass
+    except ProtocolError:
+        return
+    assert parser.pending <= len(data)
+
+
+@settings(max_examples=1000)
+@given(st.binary(max_size=300))
+def test_fuzz_reply_parser_never_fails_otherwise(data):
+    parser = RespParser(max_bulk=64, max_line=128)
+    parser.feed(data)
+    try:
+        while parser.next_reply()[0]:
+            pass
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=500)
+@given(args_st, st.integers(0, 10**6), st.binary(min_size=1, max_size=20))
+def test_fuzz_mutated_frames(command, where, junk):
+    """A valid frame with bytes spliced in: still only ProtocolError or a parse."""
+    frame = encode_command(*command)
+    at = where % (len(frame) + 1)
+    parser = RespParser()
+    parser.feed(frame[:at] + junk + frame[at:])
+    try:
+        while parser.next_command() is not None:
+            pass
+    except ProtocolError:
+        pass
