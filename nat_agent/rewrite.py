@@ -1,0 +1,84 @@
+"""The agent's MetaDataID rewrite: rules plus, in nfqueue mode, the queue worker.
+
+    with Rewriter("kernel", DEFAULT_SPACE, "10.0.0.3", tag="metaflow-agent:s3"):
+        ...  # requests to any mdid on :9000 reach 10.0.0.3:9000
+
+`start` replaces whatever rules carry our tag (a previous run may have been
+killed and left them), so restarting never duplicates rules; `stop` removes
+exactly the rules with our tag, and is safe to call twice. Mode ``none``
+touches nothing, so it works without root or iptables.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from client_lib.mdid import MetaDataSpace
+from nat_agent import iptables
+from nat_agent.nfqueue import NfqueueWorker
+from nat_agent.rules import DEFAULT_PORT, DEFAULT_QUEUE_NUM, DEFAULT_TAG, rewrite_rules
+
+
+class Rewriter:
+    """Installs the rewrite for `mode` and removes it again.
+
+    Arguments are checked here, before anything is touched. In nfqueue mode
+    the worker binds the queue before our rules exist, so no request is
+    queued while nobody reads the queue.
+    """
+
+    def __init__(self, mode: str, space: MetaDataSpace, own_ip: str | None,
+                 port: int = DEFAULT_PORT, queue_num: int = DEFAULT_QUEUE_NUM,
+                 tag: str = DEFAULT_TAG) -> None:
+        self.mode = mode
+        self.rules = rewrite_rules(mode, space, own_ip, port, queue_num, tag)
+        self.tag = tag
+        self._worker = (NfqueueWorker(space, own_ip, port, queue_num)
+                        if mode == "nfqueue" else None)
+        self._installed = False
+
+    def start(self) -> None:
+        """Install the rewrite (replacing rules left with our tag); call once.
+        On failure nothing of ours is left installed or running."""
+        if self.mode == "none":
+            return
+        # A killed predecessor's rules would feed the queue before our worker
+        # has configured it; install() below would replace them anyway.
+        iptables.remove(self.tag)
+        if self._worker is not None:
+            self._worker.start()
+        try:
+            iptables.install(self.rules, self.tag)
+        except BaseException:
+            if self._worker is not None:
+                self._worker.stop()
+            raise
+        self._installed = True
+
+    def stop(self) -> None:
+        """Remove our rules first (nothing new is queued), then stop the worker."""
+        if self.mode == "none":
+            return
+        try:
+            iptables.remove(self.tag)
+            self._installed = False
+        finally:
+            if self._worker is not None:
+                self._worker.stop()
+
+    def stats(self) -> dict[str, object]:
+        """Mode, installed rule count and, in nfqueue mode, the worker's
+        counters (`nat_agent.nfqueue.COUNTERS`, `alive`, `us_per_packet`)."""
+        stats: dict[str, object] = {"mode": self.mode,
+                                    "rules": len(self.rules) if self._installed else 0}
+        if self._worker is not None:
+            stats.update(self._worker.stats())
+        return stats
+
+    def __enter__(self) -> Rewriter:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
