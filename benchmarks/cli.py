@@ -1,7 +1,7 @@
 """`metaflowctl`: the operator's command-line tool (Open vSwitch style naming).
 
 Subcommands live next to what they drive; this module only parses arguments.
-Later issues add get/put/stat, status, bench and demo here.
+Later issues add status, bench and demo here.
 """
 
 from __future__ import annotations
@@ -65,10 +65,25 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0 if report["verified"] else 1
 
 
+def _key_parsers(sub: argparse._SubParsersAction) -> None:
+    from client_lib.ctl import add_common, add_put_options, run
+
+    for name, text in (("get", "print the value stored for a path"),
+                       ("put", "store metadata (or --value) for a path"),
+                       ("del", "delete a path's metadata"),
+                       ("stat", "print a path's metadata as fields")):
+        p = sub.add_parser(name, help=text, description=text)
+        add_common(p)
+        if name == "put":
+            add_put_options(p)
+        p.set_defaults(func=run)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="metaflowctl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _plan_parser(sub)
+    _key_parsers(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

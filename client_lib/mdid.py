@@ -57,6 +57,7 @@ __all__ = [
     "MetaDataSpace",
     "mdid",
     "mdid_address",
+    "mdid_of_key",
     "normalize_path",
 ]
 
@@ -165,7 +166,16 @@ DEFAULT_SPACE = MetaDataSpace.parse("100.64.0.0/10")
 
 def mdid(path: str | bytes, space: MetaDataSpace = DEFAULT_SPACE) -> int:
     """The MetaDataID of ``path`` in ``space`` (rule 3 above)."""
-    digest = hashlib.blake2b(normalize_path(path), digest_size=space.digest_size).digest()
+    return mdid_of_key(normalize_path(path), space)
+
+
+def mdid_of_key(key: bytes, space: MetaDataSpace = DEFAULT_SPACE) -> int:
+    """The MetaDataID of a key that is already ``normalize_path``'s output.
+
+    For hot paths that normalize once and need both the key and its ID (the
+    agent checks every request); anything else should call ``mdid``.
+    """
+    digest = hashlib.blake2b(key, digest_size=space.digest_size).digest()
     return space.first + int.from_bytes(digest, "big") % space.size
 
 

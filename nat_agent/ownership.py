@@ -45,6 +45,7 @@ class Ownership:
     def __init__(self, width: int = 32, owned: Iterable[Block] = ()) -> None:
         self.width = width
         self._owned: list[Block] = []
+        self._firsts: list[int] = []  # _owned's first IDs, for bisect on every request
         self._frozen: list[Block] = []
         self._moved: OrderedDict[Block, str] = OrderedDict()
         self.own(owned)
@@ -58,7 +59,7 @@ class Ownership:
         return list(self._frozen)
 
     def _owner_block(self, mdid: int) -> Block | None:
-        i = bisect.bisect_right(self._owned, mdid, key=lambda b: b.first) - 1
+        i = bisect.bisect_right(self._firsts, mdid) - 1
         if i >= 0 and self._owned[i].contains(mdid):
             return self._owned[i]
         return None
@@ -98,9 +99,8 @@ class Ownership:
             self._check(block)
             if self._covering(block) is not None:
                 continue  # already ours: owning is idempotent
-            for b in [b for b in self._owned if block.covers(b)]:
-                self._owned.remove(b)
-            bisect.insort(self._owned, block, key=lambda b: b.first)
+            self._owned = sorted([b for b in self._owned if not block.covers(b)] + [block])
+            self._firsts = [b.first for b in self._owned]
             self._moved.pop(block, None)
             added.append(block)
         return added
@@ -116,9 +116,8 @@ class Ownership:
                 if any(b.first <= block.last and block.first <= b.last for b in self._owned):
                     raise OwnershipError(f"{block} is only partly owned")
                 continue  # not ours already: disowning is idempotent
-            self._owned.remove(owner)
-            for rest in subtract(owner, block):
-                bisect.insort(self._owned, rest, key=lambda b: b.first)
+            self._owned = sorted([b for b in self._owned if b != owner] + subtract(owner, block))
+            self._firsts = [b.first for b in self._owned]
             self._frozen = [f for f in self._frozen if not block.covers(f)]
             if moved_to is not None:
                 self._moved[block] = moved_to

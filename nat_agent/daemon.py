@@ -1,0 +1,170 @@
+"""`metaflow-agent`: one per storage server.
+
+Starts, in order, the store, the metadata service on :9000, the address
+rewrite, the admin API, and (with --controller) registration; stops them in
+reverse on SIGTERM or SIGINT, removing its iptables rules. A start that
+fails halfway undoes what it had done, so a bad flag never leaves rules
+behind. Standalone, on one machine:
+
+    metaflow-agent --store leveldb:/tmp/md --listen 127.0.0.1:9000 \\
+        --admin 127.0.0.1:9001 --rewrite none --own 100.64.0.0/10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+
+from btree.cidr import Block
+from client_lib.mdid import DEFAULT_SPACE, MetaDataSpace
+from nat_agent import netinfo
+from nat_agent.admin import AdminApi
+from nat_agent.agent import Agent, Identity
+from nat_agent.migration import Migrator
+from nat_agent.registration import Registrar
+from nat_agent.rewrite import Rewriter
+from nat_agent.service import MetadataService, ServiceLimits
+from nat_agent.store import open_store
+
+log = logging.getLogger("metaflow.agent")
+
+
+def _hostport(text: str, default_port: int) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return text, default_port
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad address {text!r}: want HOST:PORT") from None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="metaflow-agent",
+        description="MetaFlow storage-server agent: MetaDataID rewrite, metadata service "
+                    "(RESP on :9000), admin API (HTTP+JSON on :9001), migrations.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--name", default=None,
+                   help="agent name used with the controller (default: hostname-<data port>)")
+    p.add_argument("--store", default="leveldb:./metaflow-data",
+                   help="leveldb:DIR (embedded), redis://HOST:PORT[/DB][?prefix=P], "
+                        "unix:///SOCK[?db=N], or redis-server:DIR (start our own redis-server)")
+    p.add_argument("--listen", default="0.0.0.0:9000", help="metadata service address HOST:PORT")
+    p.add_argument("--admin", default="127.0.0.1:9001",
+                   help="admin API address HOST:PORT (the management network)")
+    p.add_argument("--rewrite", choices=("kernel", "nfqueue", "none"), default="kernel",
+                   help="MetaDataID rewrite: iptables DNAT, the paper's user-space NFQUEUE agent, "
+                        "or none (clients connect to --listen directly)")
+    p.add_argument("--data-ip", default=None,
+                   help="this server's data-plane address (DNAT target; reported to the controller). "
+                        "Default: the --listen host, else the first non-loopback IPv4")
+    p.add_argument("--space", default=str(DEFAULT_SPACE), help="the MetaDataID space (CIDR)")
+    p.add_argument("--own", action="append", default=None, metavar="CIDR",
+                   help="serve this block (repeatable); without it, the blocks owned before a "
+                        "restart, else none (idle, waiting for the controller)")
+    p.add_argument("--capacity", type=int, default=1_000_000,
+                   help="keys this server should hold before the controller splits it")
+    p.add_argument("--max-value", type=int, default=1 << 20, help="largest value in bytes")
+    p.add_argument("--read-timeout", type=float, default=5.0,
+                   help="seconds a started request may take to arrive in full")
+    p.add_argument("--idle-timeout", type=float, default=300.0,
+                   help="seconds an idle client connection is kept open")
+    p.add_argument("--max-clients", type=int, default=4096, help="open client connections")
+    p.add_argument("--queue-num", type=int, default=9000, help="NFQUEUE number (nfqueue mode)")
+    p.add_argument("--controller", default=None,
+                   help="controller base URL (e.g. http://10.255.0.1:8080); register and heartbeat")
+    p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop")
+    p.add_argument("--log-level", default="INFO",
+                   choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level")
+    args = p.parse_args(argv)
+    try:
+        args.space = MetaDataSpace.parse(args.space)
+        args.own = None if args.own is None else [Block.parse(b) for b in args.own]
+    except ValueError as exc:
+        p.error(str(exc))
+    args.listen = _hostport(args.listen, 9000)
+    args.admin = _hostport(args.admin, 9001)
+    return args
+
+
+def _data_address(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The data-plane IP and MAC; an IP is required when we rewrite to it."""
+    ip = args.data_ip
+    if ip is None and args.listen[0] not in ("", "0.0.0.0", "::"):
+        ip = args.listen[0]
+    if ip is None:
+        ip = netinfo.first_global_ipv4()
+    if ip is None and args.rewrite != "none":
+        raise SystemExit("metaflow-agent: no data-plane address found; pass --data-ip")
+    found = netinfo.interface_of(ip) if ip else None
+    return ip, found[1] if found else None
+
+
+async def run(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    data_ip, data_mac = _data_address(args)
+    name = args.name or f"{socket.gethostname()}-{args.listen[1]}"
+    async with contextlib.AsyncExitStack() as undo:
+        store = open_store(args.store, args.space.width)
+        undo.push_async_callback(store.close)
+        admin_host, admin_port = args.admin
+        identity = Identity(name, data_ip, data_mac, args.listen[1],
+                            f"http://{admin_host}:{admin_port}", args.capacity)
+        agent = Agent(identity, store, args.space)
+        await agent.load(args.own)
+        service = MetadataService(agent, ServiceLimits(args.max_value, args.read_timeout,
+                                                       args.idle_timeout, args.max_clients))
+        await service.start(*args.listen)
+        undo.push_async_callback(service.stop)
+        migrator = Migrator(agent)
+        undo.push_async_callback(migrator.close)
+        rewriter = Rewriter(args.rewrite, args.space, data_ip, port=args.listen[1],
+                            queue_num=args.queue_num, tag=f"metaflow-agent:{name}")
+        await loop.run_in_executor(None, rewriter.start)
+        undo.callback(rewriter.stop)
+        # The admin API comes up last: once /health answers, everything is in place.
+        admin = AdminApi(agent, migrator, lambda: {"service": dict(service.stats),
+                                                   "rewrite": rewriter.stats()})
+        await admin.start(admin_host, admin_port)
+        undo.push_async_callback(admin.stop)
+        if args.controller:
+            registrar = Registrar(agent, args.controller, args.heartbeat)
+            registrar.start()
+            undo.push_async_callback(registrar.stop)
+        log.info("agent %s serving %s on %s:%d (rewrite %s, data %s/%s), admin on %s:%d, owning %s",
+                 name, store.kind, *args.listen, args.rewrite, data_ip, data_mac, admin_host,
+                 admin_port, ", ".join(map(str, agent.ownership.owned)) or "nothing (idle)")
+        await stop.wait()
+        log.info("stopping")
+    log.info("stopped; rules removed, store closed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.loop == "uvloop":
+        import uvloop
+        runner = uvloop.run
+    else:
+        runner = asyncio.run
+    try:
+        runner(run(args))
+    except (OSError, ValueError) as exc:
+        log.error("cannot run: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""The real daemon on loopback: commands, redis-cli, bad input, shutdown, registration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from agentproc import AgentProcess
+from btree.cidr import Block
+from client_lib.client import (
+    AsyncMetaFlowClient, InvalidPath, MetaFlowClient, RetryPolicy, ServerError, Unavailable,
+)
+from client_lib.mdid import MetaDataSpace, mdid
+from client_lib.metadata import FileMetadata
+
+SPACE = "100.64.0.0/10"
+NOW = 1_795_000_000_000
+
+
+@pytest.fixture(params=["leveldb", "redis"])
+def store_spec(request, tmp_path):
+    if request.param == "leveldb":
+        return f"leveldb:{tmp_path / 'db'}"
+    url = request.getfixturevalue("redis_server")
+    return f"{url}/0?prefix={request.getfixturevalue('redis_prefix')}"
+
+
+@pytest.fixture
+def agent(store_spec, tmp_path):
+    with AgentProcess(store_spec, "--read-timeout", "0.5", "--max-value", "4096", own=[SPACE],
+                      log_path=tmp_path / "agent.log") as proc:
+        yield proc
+
+
+def client_for(proc: AgentProcess, **kw) -> MetaFlowClient:
+    return MetaFlowClient(space=SPACE, route=lambda _a: (proc.host, proc.port), **kw)
+
+
+def raw(proc: AgentProcess, data: bytes, wait: float = 2.0) -> bytes:
+    """Send bytes on a fresh connection and read until the server closes or goes quiet."""
+    with socket.create_connection((proc.host, proc.port), timeout=wait) as sock:
+        sock.sendall(data)
+        out = b""
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except socket.timeout:
+            pass
+        return out
+
+
+def test_put_get_stat_delete_round_trip(agent):
+    with client_for(agent) as c:
+        meta = FileMetadata.new_file("/user/a/data.csv", 1 << 30, NOW)
+        assert c.get("/user/a/data.csv") is None and not c.exists("/user/a/data.csv")
+        c.put("/user/a/data.csv", meta)
+        c.put("/user/a", FileMetadata.new_dir("/user/a", NOW, children=1))
+        assert c.stat("/user//a/./data.csv") == meta  # normalized on both sides
+        assert c.stat("/user/a").is_dir
+        assert c.exists("/user/a/data.csv")
+        assert c.delete("/user/a/data.csv") and not c.delete("/user/a/data.csv")
+        assert c.stat("/user/a/data.csv") is None
+        assert c.stats.connects == 2  # one connection per MetaDataID, reused
+    status, body = agent.call("GET", "/blocks")
+    assert status == 200 and body["total"] == 1 and body["blocks"][0]["block"] == SPACE
+
+
+def test_async_client_has_the_same_surface(agent):
+    async def main():
+        async with AsyncMetaFlowClient(space=SPACE, route=lambda _a: (agent.host, agent.port)) as c:
+            await asyncio.gather(*(c.put(f"/async/{i}", b"v%d" % i) for i in range(50)))
+            values = await asyncio.gather(*(c.get(f"/async/{i}") for i in range(50)))
+            assert values == [b"v%d" % i for i in range(50)]
+            assert await c.exists("/async/7") and await c.delete("/async/7")
+            assert await c.stat("/async/7") is None
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is installed by make setup")
+def test_redis_cli_is_a_debugging_client(agent):
+    def cli(*args):
+        return subprocess.run(["redis-cli", "-h", agent.host, "-p", str(agent.port), *args],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    assert cli("PING") == "PONG"
+    assert cli("SET", "/a/b", "hello") == "OK"
+    assert cli("GET", "/a/b") == "hello"
+    assert cli("EXISTS", "/a/b", "/a/c") == "1"
+    stat = cli("STAT", "/a/b").splitlines()
+    assert stat[stat.index("mdid") + 1] == MetaDataSpace.parse(SPACE).address(mdid("/a/b", MetaDataSpace.parse(SPACE)))
+    assert stat[stat.index("state") + 1] == "owned"
+    assert "keys:1" in cli("INFO")
+    assert cli("DEL", "/a/b") == "1"
+    assert "unknown command" in cli("FLUSHALL")
+
+
+def test_wrong_owner_gets_moved_and_the_client_gives_up_with_the_reason(store_spec, tmp_path):
+    with AgentProcess(store_spec, own=["100.64.0.0/11"], log_path=tmp_path / "a.log") as proc:
+        space = MetaDataSpace.parse(SPACE)
+        path = next(f"/p{i}" for i in range(1000) if mdid(f"/p{i}", space) >= space.first + space.size // 2)
+        reply = raw(proc, b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(path), path.encode()), wait=0.5)
+        assert reply.startswith(b"-MOVED " + MetaDataSpace.parse(SPACE).address(mdid(path, space)).encode())
+        with client_for(proc, retry=RetryPolicy(3, 0.001, 0.01)) as c:
+            with pytest.raises(Unavailable, match="MOVED"):
+                c.get(path)
+            assert c.stats.moved == 3
+
+
+@pytest.mark.parametrize("frame, expect, closes", [
+    (b"*1\r\n$4\r\nPONG\r\n", b"-ERR unknown command 'PONG'", False),
+    (b"*2\r\n$3\r\nGET\r\n$3\r\na/b\r\n", b"-ERR invalid path: path must be absolute", False),
+    (b"*2\r\n$3\r\nGET\r\n$2\r\n/\xff\r\n", b"-ERR invalid path: not valid UTF-8", False),
+    (b"*3\r\n$3\r\nGET\r\n$2\r\n/a\r\n$2\r\n/b\r\n", b"-ERR wrong number of arguments for 'get'", False),
+    (b"*3\r\n$3\r\nSET\r\n$2\r\n/a\r\n$5000\r\n", b"-ERR value too large", True),
+    (b"*3\r\n$3\r\nSET\r\n$2\r\n/a\r\n$3000\r\n" + b"x" * 3000 + b"\r\n", b"+OK", False),
+    (b"*1\r\n:12\r\n", b"-ERR protocol error: expected a bulk string", True),
+    (b"$$$\r\n", b"-ERR unknown command", False),
+    (b"*2\r\n$3\r\nGET\r\n$2\r\n/a", b"-ERR timeout: request incomplete", True),
+])
+def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(agent, frame, expect, closes):
+    reply = raw(agent, frame + (b"" if closes else b"*1\r\n$4\r\nPING\r\n"), wait=2.0)
+    assert reply.startswith(expect), reply[:200]
+    if not closes:
+        assert reply.endswith(b"+PONG\r\n")  # same connection still served
+    with client_for(agent) as c:
+        c.put("/still/serving", b"yes")
+        assert c.get("/still/serving") == b"yes"
+
+
+def test_value_limit_is_a_typed_error_for_the_client(agent):
+    with client_for(agent) as c:
+        with pytest.raises(ServerError, match="exceeds the limit of 4096"):
+            c.put("/big", b"x" * 4097)
+        with pytest.raises(InvalidPath):
+            c.get("relative")
+
+
+def test_vanishing_and_flooding_clients_do_not_disturb_others(tmp_path):
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--max-clients", "40", own=[SPACE],
+                      log_path=tmp_path / "agent.log") as agent:
+        _vanish_and_flood(agent)
+
+
+def _vanish_and_flood(agent: AgentProcess) -> None:
+    for _ in range(20):  # half a request, then gone
+        with socket.create_connection((agent.host, agent.port)) as s:
+            s.sendall(b"*3\r\n$3\r\nSET\r\n$2\r\n/v\r\n$100\r\nabc")
+    flood = [socket.create_connection((agent.host, agent.port)) for _ in range(45)]
+    try:
+        time.sleep(0.3)
+        refused = 0
+        for s in flood[-5:]:
+            s.settimeout(2)
+            if s.recv(100).startswith(b"-TRYAGAIN max number of clients"):
+                refused += 1
+        assert refused >= 4  # the limit is 40 (a vanished client may still be counted)
+    finally:
+        for s in flood:
+            s.close()
+    time.sleep(0.3)
+    with client_for(agent) as c:
+        assert c.get("/v") is None  # the half-sent SET stored nothing
+        c.put("/after/flood", b"ok")
+        assert c.get("/after/flood") == b"ok"
+    _, stats = agent.call("GET", "/stats")
+    assert stats["service"]["refused_connections"] >= 4
+    assert "refusing" in agent.log() and "closed mid-request" in agent.log()
+
+
+def test_ownership_survives_a_restart_and_sigterm_is_clean(tmp_path):
+    spec = f"leveldb:{tmp_path / 'db'}"
+    with AgentProcess(spec, own=["100.64.0.0/11"]) as proc:
+        with client_for(proc) as c:
+            half = Block.parse("100.64.0.0/11")
+            path = next(f"/k{i}" for i in range(1000) if half.contains(mdid(f"/k{i}", MetaDataSpace.parse(SPACE))))
+            c.put(path, b"kept")
+    with AgentProcess(spec) as proc:  # no --own: restored from the store
+        status, health = proc.call("GET", "/health")
+        assert health["owned"] == ["100.64.0.0/11"]
+        with client_for(proc) as c:
+            assert c.get(path) == b"kept"
+
+
+def test_admin_api_counts_owns_and_rejects_bad_requests(agent):
+    with client_for(agent) as c:
+        for i in range(200):
+            c.put(f"/count/{i}", b"x")
+    space = MetaDataSpace.parse(SPACE)
+    ids = sorted(mdid(f"/count/{i}", space) for i in range(200))
+    status, body = agent.call("GET", f"/count?first={ids[10]}&last={ids[59]}")
+    assert status == 200 and body["keys"] == 50
+    status, body = agent.call("POST", "/count", {"ranges": [[space.address(ids[0]), space.address(ids[99])],
+                                                            [ids[100], ids[199]]]})
+    assert body["counts"] == [100, 100]
+    assert agent.call("GET", "/count?block=100.64.0.0/10")[1]["keys"] == 200
+    assert agent.call("GET", "/count?first=1&last=2")[0] == 409  # outside the space
+    assert agent.call("POST", "/own", {"blocks": ["10.0.0.0/8"]})[0] == 409
+    assert agent.call("POST", "/own", {"blocks": "100.64.0.0/10"})[0] == 400
+    assert agent.call("POST", "/own", {"blocks": ["100.64.0.1/10"]})[0] == 400
+    assert agent.call("POST", "/migrations/nope/commit")[0] == 404
+    status, body = agent.call("POST", "/disown", {"blocks": ["100.96.0.0/11"], "delete": True})
+    assert status == 200 and body["owned"] == ["100.64.0.0/11"]
+    assert agent.call("GET", "/blocks")[1]["total"] == sum(1 for i in ids if i < space.first + space.size // 2)
+
+
+def test_registration_and_heartbeats_reach_the_controller(tmp_path):
+    seen: list[tuple[str, dict]] = []
+    forget = threading.Event()
+
+    class Controller(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            if self.path.endswith("/heartbeat") and forget.is_set():
+                forget.clear()
+                self.send_response(404)
+            else:
+                self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Controller)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--controller", url, "--heartbeat", "0.2",
+                          "--data-ip", "127.0.0.1", "--capacity", "1234", own=["100.64.0.0/12"]) as proc:
+            time.sleep(1.0)
+            forget.set()  # the controller restarted: the agent must register again
+            time.sleep(1.0)
+        registrations = [b for p, b in seen if p == "/metaflow/agents"]
+        beats = [b for p, b in seen if p == f"/metaflow/agents/{proc.name}/heartbeat"]
+        assert len(registrations) == 2 and len(beats) >= 5
+        first = registrations[0]
+        assert first["admin_url"] == proc.admin_url and first["capacity"] == 1234
+        assert first["owned"] == ["100.64.0.0/12"] and first["data_ip"] == "127.0.0.1"
+        assert first["data_mac"] is not None and first["store"] == "leveldb"
+        assert beats[-1]["keys"] == 0
+    finally:
+        server.shutdown()
