@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 APT_PACKAGES := redis-server redis-tools iptables conntrack iproute2 ethtool \
                 libnetfilter-queue-dev libnetfilter-queue1 build-essential
 
-.PHONY: setup apt test unit demo bench plan clean
+.PHONY: setup apt test unit demo bench bench-agent plan clean
 
 setup: apt $(STAMP)
 
@@ -46,6 +46,11 @@ plan: demo
 
 bench: setup
 	$(PY) -m benchmarks.flowtables --out benchmarks/results
+	$(PY) -m benchmarks.agent_bench --out benchmarks/results
+
+# The agent's costs alone (rewrite modes, service vs raw redis): a few minutes.
+bench-agent: setup
+	$(PY) -m benchmarks.agent_bench --out benchmarks/results
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

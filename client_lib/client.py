@@ -192,6 +192,17 @@ class _Surface:
     def _stat(self, path):
         return self._op(_metadata, "GET", path)
 
+    def _failure(self, exc: OSError | ProtocolError, address: str) -> Exception:
+        """What a broken exchange means: bytes that are not RESP are the peer's
+        fault (no retry); a timeout (socket's or asyncio's, both TimeoutError)
+        or a lost connection may pass, so it is retried."""
+        if isinstance(exc, ProtocolError):
+            return BadReply(f"{address}: {exc}")
+        if isinstance(exc, TimeoutError):
+            self.stats.timeouts += 1
+            return _Retry(f"timeout after {self.timeout:g} s talking to {address}")
+        return _Retry(f"{address}: {exc}")
+
     def _check(self, reply: Reply) -> Reply:
         if isinstance(reply, ErrorReply):
             if reply.code == "MOVED":
@@ -292,16 +303,9 @@ class MetaFlowClient(_Surface):
                 if not data:
                     raise ConnectionResetError("server closed the connection")
                 parser.feed(data)
-        except socket.timeout:
+        except (OSError, ProtocolError) as exc:
             sock.close()
-            self.stats.timeouts += 1
-            raise _Retry(f"timeout after {self.timeout:g} s talking to {op.address}") from None
-        except OSError as exc:
-            sock.close()
-            raise _Retry(f"{op.address}: {exc}") from None
-        except ProtocolError as exc:
-            sock.close()
-            raise BadReply(f"{op.address}: {exc}") from None
+            raise self._failure(exc, op.address) from None
         if _redirected(reply):
             sock.close()
         else:
@@ -390,16 +394,9 @@ class AsyncMetaFlowClient(_Surface):
                 if not data:
                     raise ConnectionResetError("server closed the connection")
                 parser.feed(data)
-        except asyncio.TimeoutError:
+        except (OSError, ProtocolError) as exc:
             writer.close()
-            self.stats.timeouts += 1
-            raise _Retry(f"timeout after {self.timeout:g} s talking to {op.address}") from None
-        except OSError as exc:
-            writer.close()
-            raise _Retry(f"{op.address}: {exc}") from None
-        except ProtocolError as exc:
-            writer.close()
-            raise BadReply(f"{op.address}: {exc}") from None
+            raise self._failure(exc, op.address) from None
         if self.reuse and not _redirected(reply):
             self._pool.give(op.address, (reader, writer))
         else:

@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "(RESP on :9000), admin API (HTTP+JSON on :9001), migrations.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--name", default=None,
-                   help="agent name used with the controller (default: hostname-<data port>)")
+                   help="agent name used with the controller; hostname-<data port> if not given")
     p.add_argument("--store", default="leveldb:./metaflow-data",
                    help="leveldb:DIR (embedded), redis://HOST:PORT[/DB][?prefix=P], "
                         "unix:///SOCK[?db=N], or redis-server:DIR (start our own redis-server)")
@@ -62,8 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="MetaDataID rewrite: iptables DNAT, the paper's user-space NFQUEUE agent, "
                         "or none (clients connect to --listen directly)")
     p.add_argument("--data-ip", default=None,
-                   help="this server's data-plane address (DNAT target; reported to the controller). "
-                        "Default: the --listen host, else the first non-loopback IPv4")
+                   help="this server's data-plane address (DNAT target; reported to the controller); "
+                        "if not given, the --listen host, else the first non-loopback IPv4")
     p.add_argument("--space", default=str(DEFAULT_SPACE), help="the MetaDataID space (CIDR)")
     p.add_argument("--own", action="append", default=None, metavar="CIDR",
                    help="serve this block (repeatable); without it, the blocks owned before a "

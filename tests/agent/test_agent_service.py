@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agentproc import AgentProcess
+from nat_agent.process import AgentProcess
 from btree.cidr import Block
 from client_lib.client import (
     AsyncMetaFlowClient, InvalidPath, MetaFlowClient, RetryPolicy, ServerError, Unavailable,

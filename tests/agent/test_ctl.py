@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from agentproc import ROOT, AgentProcess
+from nat_agent.process import ROOT, AgentProcess
 
 
 def ctl(proc: AgentProcess, *args: str) -> subprocess.CompletedProcess:

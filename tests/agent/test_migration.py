@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from agentproc import AgentProcess
+from nat_agent.process import AgentProcess
 from btree.cidr import Block
 from client_lib.client import MetaFlowClient, RetryPolicy
 from client_lib.mdid import MetaDataSpace, mdid

@@ -1,8 +1,10 @@
-"""Run the real `metaflow-agent` daemon as a subprocess for tests.
+"""Run the real `metaflow-agent` daemon as a subprocess.
 
-Tests talk to the daemon exactly as the controller and clients will: RESP on
-its data port, HTTP on its admin port. Stopping it sends SIGTERM and checks
-that it exits 0 (a clean shutdown is part of what is tested).
+Tests, benchmarks and scenarios talk to the daemon exactly as the controller
+and clients will: RESP on its data port, HTTP on its admin port. Stopping it
+sends SIGTERM and returns the exit code, and the context manager insists on
+0, because a clean shutdown (rules removed, store closed) is part of what is
+being checked.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -40,7 +42,7 @@ def http(method: str, url: str, body: dict | None = None, timeout: float = 30.0)
 
 
 _HTTP_IN_NETNS = (
-    "import json, sys; sys.path.insert(0, 'tests/agent'); from agentproc import http; "
+    "import json, sys; from nat_agent.process import http; "
     "print(json.dumps(http(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), timeout=2)))"
 )
 
