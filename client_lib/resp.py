@@ -72,6 +72,9 @@ class _Incomplete(Exception):
     """Internal: the buffer ends inside the message being parsed."""
 
 
+_OPENED = object()  # internal: an array header was read; its elements follow
+
+
 class RespParser:
     """Incremental RESP2 parser for one connection direction."""
 
@@ -86,6 +89,11 @@ class RespParser:
         self.max_line = max_line
         self._buf = bytearray()
         self._pos = 0
+        # Bytes the buffer must hold before a new attempt can get further:
+        # without it, a large value arriving in many chunks would be
+        # re-parsed from its start once per chunk.
+        self._wanted = 0
+        self._arrays: list[tuple[list, int]] = []  # replies: arrays being filled
 
     def feed(self, data: bytes) -> None:
         self._buf += data
@@ -96,33 +104,92 @@ class RespParser:
         return len(self._buf)
 
     def next_command(self) -> list[bytes] | None:
-        """The next complete command (array of bulk strings, or inline), or None."""
-        return self._parse_one(self._command)
+        """The next complete command (array of bulk strings, or inline), or None.
 
-    def next_reply(self) -> tuple[bool, Reply]:
-        """(True, reply) for the next complete reply, else (False, None)."""
-        missing = object()
-        value = self._parse_one(lambda: self._value(0), missing)
-        return (False, None) if value is missing else (True, value)
-
-    # -- framing ---------------------------------------------------------
-
-    def _parse_one(self, parse, missing=None):
-        if not self._buf:
-            return missing
+        Commands are small (a key and one value at most), so an incomplete one
+        is parsed again from its start when more bytes arrive; `_wanted`
+        keeps that to once per missing piece rather than once per chunk.
+        """
+        if not self._buf or len(self._buf) < self._wanted:
+            return None
         self._pos = 0
         try:
-            value = parse()
+            command = self._command()
         except _Incomplete:
-            return missing
+            return None
         del self._buf[: self._pos]
-        return value
+        self._wanted = 0
+        return command
+
+    def next_reply(self) -> tuple[bool, Reply]:
+        """(True, reply) for the next complete reply, else (False, None).
+
+        Replies can be large arrays (a store's MGET of a thousand values), so
+        this parse resumes where the last attempt stopped: finished elements
+        stay on `_arrays` and their bytes are not looked at again.
+        """
+        if len(self._buf) < self._wanted:
+            return False, None
+        while True:
+            start = self._pos
+            try:
+                value = self._scalar_or_open_array()
+            except _Incomplete:
+                self._pos = start
+                self._compact()
+                return False, None
+            if value is _OPENED:
+                continue
+            while self._arrays:
+                items, expected = self._arrays[-1]
+                items.append(value)
+                if len(items) < expected:
+                    break
+                self._arrays.pop()
+                value = items
+            else:
+                del self._buf[: self._pos]
+                self._pos = self._wanted = 0
+                return True, value
+
+    def _scalar_or_open_array(self) -> Reply | object:
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return SimpleString(rest.decode("utf-8", "replace"))
+        if kind == b"-":
+            return ErrorReply(rest.decode("utf-8", "replace"))
+        if kind == b":":
+            return self._length(rest, "integer")
+        if kind == b"$":
+            return self._bulk(rest)
+        if kind == b"*":
+            count = self._count(rest)
+            if count == -1:
+                return None
+            if count == 0:
+                return []
+            if len(self._arrays) >= _MAX_NESTING:
+                raise ProtocolError("arrays nested too deep")
+            self._arrays.append(([], count))
+            return _OPENED
+        raise ProtocolError(f"unknown reply type {kind!r}")
+
+    def _compact(self) -> None:
+        """Drop the bytes of finished array elements once they are most of the buffer."""
+        if self._pos > 65536 and self._pos * 2 > len(self._buf):
+            del self._buf[: self._pos]
+            self._wanted = max(0, self._wanted - self._pos)
+            self._pos = 0
+
+    # -- framing ---------------------------------------------------------
 
     def _line(self) -> bytes:
         end = self._buf.find(CRLF, self._pos)
         if end < 0:
             if len(self._buf) - self._pos > self.max_line:
                 raise ProtocolError(f"line longer than {self.max_line} bytes")
+            self._wanted = len(self._buf) + 1
             raise _Incomplete
         if end - self._pos > self.max_line:
             raise ProtocolError(f"line longer than {self.max_line} bytes")
@@ -146,6 +213,7 @@ class RespParser:
             raise BulkTooLarge(size, self.max_bulk)
         end = self._pos + size
         if len(self._buf) < end + 2:
+            self._wanted = end + 2
             raise _Incomplete
         if self._buf[end:end + 2] != CRLF:
             raise ProtocolError("bulk string not terminated by CRLF")
@@ -187,26 +255,6 @@ class RespParser:
         if len(args) > self.max_args:
             raise ProtocolError(f"inline command of {len(args)} words exceeds the limit of {self.max_args}")
         return args
-
-    def _value(self, depth: int) -> Reply:
-        if depth > _MAX_NESTING:
-            raise ProtocolError("arrays nested too deep")
-        line = self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return SimpleString(rest.decode("utf-8", "replace"))
-        if kind == b"-":
-            return ErrorReply(rest.decode("utf-8", "replace"))
-        if kind == b":":
-            return self._length(rest, "integer")
-        if kind == b"$":
-            return self._bulk(rest)
-        if kind == b"*":
-            count = self._count(rest)
-            if count == -1:
-                return None
-            return [self._value(depth + 1) for _ in range(count)]
-        raise ProtocolError(f"unknown reply type {kind!r}")
 
 
 # -- encoding --------------------------------------------------------------

@@ -13,17 +13,22 @@ Layout, every key under the store's ``prefix``:
 Writes change a value and its index member in one MULTI/EXEC transaction,
 so the two never disagree. Because a path always has the same mdid, the
 member of a value key is known without reading anything.
+
+Every command goes through one pipelining `RedisConnection`, shared by all
+of the service's coroutines: the store is on the hot path of every client
+request, and that connection costs little more than the round trip.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import cast
 
-import redis.asyncio as aioredis
-
+from nat_agent.redis_conn import RedisConnection
 from nat_agent.redis_server import RedisServer
 from nat_agent.store import (
     KeyRange,
@@ -43,9 +48,8 @@ _SOCKET_NAME = "redis.sock"
 _DELETE_BATCH = 1000
 """Records removed per transaction by `RedisStore.delete_range`."""
 
-
 class RedisStore(Store):
-    """Records in a redis-server reached through ``client``.
+    """Records in a redis-server reached through ``conn``.
 
     ``server``, if given, is a redis-server this store owns and stops on close.
     """
@@ -54,7 +58,7 @@ class RedisStore(Store):
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        conn: RedisConnection,
         width: int,
         *,
         prefix: bytes = b"",
@@ -64,7 +68,7 @@ class RedisStore(Store):
         self.width = width
         self.prefix = prefix
         self.server = server
-        self._client = client
+        self._conn = conn
         self._index = prefix + b"idx"
         self._state = prefix + b"state"
         self._values = prefix + b"k:"
@@ -87,13 +91,8 @@ class RedisStore(Store):
         The connection is made lazily, by the first command, in the running
         event loop.
         """
-        if (host is None) == (unix_socket is None):
-            raise ValueError("give either host (and port) or unix_socket")
-        if unix_socket is not None:
-            client = aioredis.Redis(unix_socket_path=unix_socket, db=db, decode_responses=False)
-        else:
-            client = aioredis.Redis(host=host, port=port, db=db, decode_responses=False)
-        return cls(client, width, prefix=prefix, server=server)
+        conn = RedisConnection(host=host, port=port, unix_socket=unix_socket, db=db)
+        return cls(conn, width, prefix=prefix, server=server)
 
     @classmethod
     def with_own_server(cls, directory: Path, width: int) -> RedisStore:
@@ -115,32 +114,30 @@ class RedisStore(Store):
 
     async def get(self, mdid: int, path: str) -> bytes | None:
         value_key, _ = self._keys(mdid, path)
-        return await self._client.get(value_key)
+        return cast(bytes | None, await self._conn.call(b"GET", value_key))
 
     async def put(self, mdid: int, path: str, value: bytes) -> None:
         value_key, member = self._keys(mdid, path)
-        async with self._client.pipeline(transaction=True) as tx:
-            tx.set(value_key, value)
-            tx.zadd(self._index, {member: 0})
-            await tx.execute()
+        await self._conn.transaction(
+            [(b"SET", value_key, value), (b"ZADD", self._index, 0, member)]
+        )
 
     async def delete(self, mdid: int, path: str) -> bool:
         value_key, member = self._keys(mdid, path)
-        async with self._client.pipeline(transaction=True) as tx:
-            tx.delete(value_key)
-            tx.zrem(self._index, member)
-            deleted, _ = await tx.execute()
+        deleted, _ = await self._conn.transaction(
+            [(b"DEL", value_key), (b"ZREM", self._index, member)]
+        )
         return deleted == 1
 
     async def exists(self, mdid: int, path: str) -> bool:
         value_key, _ = self._keys(mdid, path)
-        return await self._client.exists(value_key) == 1
+        return await self._conn.call(b"EXISTS", value_key) == 1
 
     async def count(self, first: int, last: int) -> int:
         bounds = key_range(first, last, self.width)
         if bounds is None:
             return 0
-        return await self._client.zlexcount(self._index, *_lex_bounds(bounds))
+        return cast(int, await self._conn.call(b"ZLEXCOUNT", self._index, *_lex_bounds(bounds)))
 
     async def _member_pages(self, bounds: KeyRange, batch: int) -> AsyncIterator[list[bytes]]:
         """Index members of ``bounds`` in pages of at most ``batch``.
@@ -151,7 +148,10 @@ class RedisStore(Store):
         """
         low, high = _lex_bounds(bounds)
         while True:
-            page = await self._client.zrangebylex(self._index, low, high, start=0, num=batch)
+            page = cast(
+                list[bytes],
+                await self._conn.call(b"ZRANGEBYLEX", self._index, low, high, b"LIMIT", 0, batch),
+            )
             if page:
                 yield page
             if len(page) < batch:
@@ -170,7 +170,8 @@ class RedisStore(Store):
             return
         size = self.width // 8
         async for members in self._member_pages(bounds, batch):
-            values = await self._client.mget([self._value_key(m[size:]) for m in members])
+            keys = [self._value_key(m[size:]) for m in members]
+            values = cast(list[bytes | None], await self._conn.call(b"MGET", *keys))
             chunk = [
                 (*split_record_key(member, self.width), value)
                 for member, value in zip(members, values)
@@ -180,19 +181,19 @@ class RedisStore(Store):
                 yield chunk
 
     async def put_many(self, records: Sequence[Record]) -> None:
-        # Dicts keep the last of duplicates, as a sequence of puts would.
+        # A dict keeps the last of duplicates, as a sequence of puts would.
         values: dict[bytes, bytes] = {}
-        members: dict[bytes, int] = {}
+        members: list[bytes | int] = []
         for mdid, path, value in records:
             value_key, member = self._keys(mdid, path)
             values[value_key] = value
-            members[member] = 0
+            members += (0, member)  # a duplicate member is harmless: ZADD sets it twice
         if not values:
             return
-        async with self._client.pipeline(transaction=True) as tx:
-            tx.mset(values)
-            tx.zadd(self._index, members)
-            await tx.execute()
+        await self._conn.transaction([
+            (b"MSET", *itertools.chain.from_iterable(values.items())),
+            (b"ZADD", self._index, *members),
+        ])
 
     async def delete_range(self, first: int, last: int) -> int:
         """Remove the range in transactions of up to 1000 records.
@@ -208,28 +209,28 @@ class RedisStore(Store):
         size = self.width // 8
         removed = 0
         async for members in self._member_pages(bounds, _DELETE_BATCH):
-            async with self._client.pipeline(transaction=True) as tx:
-                tx.delete(*(self._value_key(m[size:]) for m in members))
-                tx.zrem(self._index, *members)
-                _, gone = await tx.execute()
-            removed += gone
+            _, gone = await self._conn.transaction([
+                (b"DEL", *[self._value_key(m[size:]) for m in members]),
+                (b"ZREM", self._index, *members),
+            ])
+            removed += cast(int, gone)
         return removed
 
     async def total(self) -> int:
-        return await self._client.zcard(self._index)
+        return cast(int, await self._conn.call(b"ZCARD", self._index))
 
     async def load_state(self) -> dict | None:
-        raw = await self._client.get(self._state)
+        raw = cast(bytes | None, await self._conn.call(b"GET", self._state))
         return None if raw is None else json.loads(raw)
 
     async def save_state(self, state: dict) -> None:
-        await self._client.set(self._state, json.dumps(state, sort_keys=True).encode())
+        await self._conn.call(b"SET", self._state, json.dumps(state, sort_keys=True).encode())
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        await self._client.aclose()
+        await self._conn.close()
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
 

@@ -135,3 +135,16 @@ def test_fuzz_mutated_frames(command, where, junk):
             pass
     except ProtocolError:
         pass
+
+
+@given(st.lists(reply_st, min_size=1, max_size=4), st.lists(st.integers(1, 40), max_size=60))
+def test_replies_survive_any_chunking(values, chunks):
+    """One parser fed in arbitrary pieces resumes mid-array and mid-bulk."""
+    stream = b"".join(encode_reply(v) for v in values)
+    parser, got, pos = RespParser(max_args=1000), [], 0
+    for size in chunks + [len(stream)]:
+        parser.feed(stream[pos:pos + size])
+        pos += size
+        while (reply := parser.next_reply())[0]:
+            got.append(reply[1])
+    assert got == values and parser.pending == 0
