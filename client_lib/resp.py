@@ -277,7 +277,7 @@ def encode_command(*args: bytes | str | int) -> bytes:
 
 def _single_line(text: str) -> bytes:
     """Simple strings and errors cannot contain CR or LF; flatten them."""
-    return text.replace("\r", " ").replace("\n", " ").encode("utf-8")
+    return text.replace("\r", " ").replace("\n", " ").encode("utf-8", "replace")
 
 
 def encode_reply(value: Reply) -> bytes:

@@ -12,8 +12,8 @@ from client_lib.resp import (
 args_st = st.lists(st.binary(max_size=200), min_size=1, max_size=10)
 reply_st = st.recursive(
     st.none() | st.integers(-(2**63), 2**63 - 1) | st.binary(max_size=100)
-    | st.builds(SimpleString, st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=30))
-    | st.builds(ErrorReply, st.text(alphabet=st.characters(blacklist_characters="\r\n"), min_size=1, max_size=30)),
+    | st.builds(SimpleString, st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=30))
+    | st.builds(ErrorReply, st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), min_size=1, max_size=30)),
     lambda children: st.lists(children, max_size=5), max_leaves=20)
 
 
