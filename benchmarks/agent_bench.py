@@ -143,13 +143,50 @@ def _throughput(target: tuple[str, int], clients: int, seconds: float) -> float:
     return round(total / seconds, 1)
 
 
+def _python_floor(ready: multiprocessing.Queue) -> None:
+    """The cheapest RESP server Python can be: uvloop protocol callbacks that
+    answer every request without parsing, storing or checking anything. Its
+    latency is what any Python service pays before doing its job."""
+    import asyncio
+
+    import uvloop
+
+    class Floor(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport = transport
+
+        def data_received(self, data):
+            self.transport.write(b"+OK\r\n" if b"SET" in data[:16] else b"$250\r\n" + b"m" * 250 + b"\r\n")
+
+    async def serve():
+        server = await asyncio.get_running_loop().create_server(Floor, "127.0.0.1", 0)
+        ready.put(server.sockets[0].getsockname()[1])
+        await asyncio.Event().wait()
+
+    uvloop.run(serve())
+
+
 def bench_service(rounds: int, ops: int, concurrency: list[int], seconds: float,
                   workdir: Path, progress: tqdm) -> dict:
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Queue()
+    floor = ctx.Process(target=_python_floor, args=(ready,), daemon=True)
+    floor.start()
+    try:
+        return _bench_service(rounds, ops, concurrency, seconds, workdir, progress,
+                              ("127.0.0.1", ready.get(timeout=30)))
+    finally:
+        floor.kill()
+        floor.join()
+
+
+def _bench_service(rounds: int, ops: int, concurrency: list[int], seconds: float,
+                   workdir: Path, progress: tqdm, floor: tuple[str, int]) -> dict:
     with RedisServer(workdir / "raw", port=0) as raw, RedisServer(workdir / "backing", port=0) as backing, \
             AgentProcess(f"leveldb:{workdir / 'svc-leveldb'}", own=[SPACE]) as ldb, \
             AgentProcess(f"{backing.url}/0?prefix=bench:", own=[SPACE]) as rds:
-        targets = {"raw redis": ("127.0.0.1", raw.port), "agent leveldb": (ldb.host, ldb.port),
-                   "agent redis": (rds.host, rds.port)}
+        targets = {"raw redis": ("127.0.0.1", raw.port), "python floor": floor,
+                   "agent leveldb": (ldb.host, ldb.port), "agent redis": (rds.host, rds.port)}
         samples: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
         for r in range(rounds):
             order = list(targets) if r % 2 == 0 else list(reversed(targets))
@@ -165,7 +202,7 @@ def bench_service(rounds: int, ops: int, concurrency: list[int], seconds: float,
                     samples[name].setdefault(f"ops_per_s_{c}", []).append(_throughput(targets[name], c, seconds))
                     progress.update(1)
     table = {name: {k: _median(v) for k, v in cols.items()} for name, cols in samples.items()}
-    for name in ("agent leveldb", "agent redis"):
+    for name in ("python floor", "agent leveldb", "agent redis"):
         for key in ("get_reused_p50_us", "set_reused_p50_us", "get_fresh_p50_us", "set_fresh_p50_us"):
             table[name][key.replace("_p50_us", "_ratio")] = round(table[name][key] / table["raw redis"][key], 3)
     return table
@@ -204,6 +241,11 @@ def format_report(results: dict) -> str:
         worst = max(svc[name]["get_reused_ratio"], svc[name]["set_reused_ratio"])
         lines.append(f"\nTarget: {name} latency at most {SERVICE_TARGET}x raw redis: measured {worst}x "
                      f"({'met' if worst <= SERVICE_TARGET else 'MISSED'}).")
+    floor = max(svc["python floor"]["get_reused_ratio"], svc["python floor"]["set_reused_ratio"])
+    lines.append(f"\nFor scale: a Python server that only answers (no parsing, no store, `python floor`) "
+                 f"is already {floor}x raw redis; the agent over LevelDB is "
+                 f"{round(svc['agent leveldb']['get_reused_p50_us'] / svc['python floor']['get_reused_p50_us'], 2)}x "
+                 f"(GET) that floor.")
     lines += ["", f"{results['rounds']} interleaved rounds, {results['ops']} sequential requests per "
               f"latency sample, {results['seconds']} s per throughput sample; medians over rounds. "
               f"Machine: {multiprocessing.cpu_count()} cores, clients and servers on the same cores."]
@@ -245,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rounds, ops, seconds = (1, 1000, 1.0) if args.quick else (3, 3000, 3.0)
     concurrency = [1, 4, 16]
-    steps = rounds * 3 * 2 + rounds * 3 * (2 + len(concurrency))
+    steps = rounds * 3 * 2 + rounds * 4 * (2 + len(concurrency))
     with tempfile.TemporaryDirectory(prefix="mfbench") as tmp, \
             tqdm(total=steps, desc="agent bench", disable=not sys.stderr.isatty()) as progress:
         workdir = Path(tmp)
