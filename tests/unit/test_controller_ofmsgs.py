@@ -1,0 +1,109 @@
+"""Abstract entries -> OF1.0 messages, routes and ARP answers: no switch needed."""
+
+from __future__ import annotations
+
+import ipaddress
+from types import SimpleNamespace
+
+import pytest
+from os_ken.lib.packet import arp, ethernet, packet
+from os_ken.ofproto import ofproto_v1_0 as ofp
+from os_ken.ofproto import ofproto_v1_0_parser as parser
+
+from btree.cidr import Block
+from btree.flows import UPRULE_PRIORITY, FlowEntry, SwitchDiff
+from controller import arp as arp_answers
+from controller.ofmsgs import base_messages, diff_messages, route_messages
+from controller.routing import host_routes
+from topology.builders import fat_tree, storage_hosts, client_hosts
+
+DP = SimpleNamespace(ofproto=ofp, ofproto_parser=parser, id=7)
+
+
+def _wire(msg) -> bytes:
+    msg.set_xid(1)
+    msg.serialize()
+    return bytes(msg.buf)
+
+
+def test_an_entry_becomes_one_flow_mod_per_protocol_with_its_prefix_and_priority():
+    entry = FlowEntry(2014, Block.parse("100.92.0.0/14"), 3, "00:00:00:00:00:09")
+    mods = diff_messages(DP, SwitchDiff(add=[entry]))
+    assert [m.match.nw_proto for m in mods] == [6, 17]
+    for mod in mods:
+        assert mod.command == ofp.OFPFC_ADD and mod.priority == 2014
+        assert mod.match.tp_dst == 9000 and mod.match.dl_type == 0x0800
+        assert mod.match.nw_dst == int(ipaddress.IPv4Address("100.92.0.0"))
+        wildcards = mod.match.wildcards
+        assert (wildcards & ofp.OFPFW_NW_DST_MASK) >> ofp.OFPFW_NW_DST_SHIFT == 32 - 14
+        assert not wildcards & (ofp.OFPFW_TP_DST | ofp.OFPFW_NW_PROTO | ofp.OFPFW_DL_TYPE)
+        set_dst, output = mod.actions
+        assert set_dst.dl_addr == bytes.fromhex("000000000009") and output.port == 3
+        assert len(_wire(mod)) == 72 + 8 + 16  # header+match+body, output, set-dl-dst
+
+
+def test_uprules_have_no_destination_and_diffs_are_ordered_add_modify_delete():
+    up = FlowEntry(UPRULE_PRIORITY, Block.parse("0.0.0.0/0"), 5)
+    a = FlowEntry(2011, Block.parse("100.64.0.0/11"), 1)
+    b = FlowEntry(2012, Block.parse("100.96.0.0/12"), 2)
+    mods = diff_messages(DP, SwitchDiff(add=[up], modify=[a], delete=[b]))
+    assert [m.command for m in mods] == [ofp.OFPFC_ADD] * 2 + [ofp.OFPFC_MODIFY_STRICT] * 2 + [ofp.OFPFC_DELETE_STRICT] * 2
+    assert mods[0].match.wildcards & ofp.OFPFW_NW_DST_ALL == ofp.OFPFW_NW_DST_ALL
+    assert mods[-1].actions == [] and mods[-1].priority == 2012
+
+
+def test_base_flows_never_flood():
+    wipe, lldp, arp_rule, miss = base_messages(DP)
+    assert wipe.command == ofp.OFPFC_DELETE
+    assert arp_rule.match.dl_type == 0x0806 and arp_rule.actions[0].port == ofp.OFPP_CONTROLLER
+    assert lldp.match.dl_type == 0x88CC
+    assert miss.priority == 0 and miss.actions == []
+    for mod in (lldp, arp_rule, miss):
+        assert all(getattr(a, "port", None) != ofp.OFPP_FLOOD for a in mod.actions)
+
+
+def test_host_routes_are_loop_free_shortest_paths_spread_over_equal_cost_uplinks():
+    g = fat_tree(4, servers=8)
+    routes = host_routes(g)
+    by_dpid = {d["dpid"]: n for n, d in g.nodes(data=True) if d["kind"] == "switch"}
+    hosts = storage_hosts(g) + client_hosts(g)
+    uplinks_used = set()
+    for host in hosts:
+        ip = g.nodes[host]["ip"]
+        for start in by_dpid:
+            node, hops = by_dpid[start], 0
+            while g.nodes[node]["kind"] == "switch":
+                out = routes[g.nodes[node]["dpid"]][ip]
+                nxt = next(n for n in g.neighbors(node) if g.edges[node, n]["ports"][node] == out)
+                if g.nodes[node].get("layer") == "edge" and g.nodes[nxt]["kind"] == "switch":
+                    uplinks_used.add((node, nxt))
+                node, hops = nxt, hops + 1
+                assert hops <= 5, "routing loop"
+            assert node == host
+    assert len(uplinks_used) == 2 * 8  # every edge switch uses both its uplinks for some host
+    mods = route_messages(DP, {"10.0.0.5": 4}, delete=["10.0.0.6"])
+    assert mods[0].priority == 1000 and mods[0].actions[0].port == 4
+    assert mods[1].command == ofp.OFPFC_DELETE_STRICT
+
+
+def _arp_request(sender_ip, sender_mac, target_ip) -> bytes:
+    pkt = packet.Packet()
+    pkt.add_protocol(ethernet.ethernet(dst="ff:ff:ff:ff:ff:ff", src=sender_mac, ethertype=0x0806))
+    pkt.add_protocol(arp.arp(opcode=arp.ARP_REQUEST, src_mac=sender_mac, src_ip=sender_ip,
+                             dst_mac="00:00:00:00:00:00", dst_ip=target_ip))
+    pkt.serialize()
+    return bytes(pkt.data)
+
+
+@pytest.mark.parametrize("target, mac", [("10.255.255.254", arp_answers.GATEWAY_MAC),
+                                         ("10.0.0.3", "00:00:00:00:00:03"), ("10.0.0.99", None)])
+def test_arp_answers_the_gateway_and_known_hosts_only(target, mac):
+    frame = _arp_request("10.0.0.9", "00:00:00:00:00:09", target)
+    request, reply = arp_answers.answer(frame, {"10.0.0.3": "00:00:00:00:00:03"}, "10.255.255.254")
+    assert request.sender_ip == "10.0.0.9"
+    if mac is None:
+        assert reply is None
+        return
+    answer = packet.Packet(reply).get_protocol(arp.arp)
+    assert answer.opcode == arp.ARP_REPLY and answer.src_mac == mac and answer.src_ip == target
+    assert answer.dst_ip == "10.0.0.9" and answer.dst_mac == "00:00:00:00:00:09"
