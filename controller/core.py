@@ -8,8 +8,8 @@ fake fabric (faucet's valve/shim split):
   until the switches confirm with a barrier (the os-ken app implements it);
 - `AgentApi` is one storage server's admin API (`agents.HttpAgent`).
 
-Calls are synchronous: the os-ken app runs this under eventlet, whose green
-threads make the blocking HTTP of `HttpAgent` cooperative.
+Calls are synchronous and not thread-safe: the os-ken app runs every call
+on one worker thread.
 
 Order of a split (ARCHITECTURE.md, "Migration without loss"): plan with the
 agent's own counts as the oracle, freeze and copy to the target, apply the
