@@ -42,11 +42,11 @@ Datapath = Any  # os_ken.controller.controller.Datapath, or any object with ofpr
 
 
 def metaflow_matches(dp: Datapath, entry: FlowEntry) -> list:
+    """Up-rules match too: each one is a slice of the space (spread over the
+    uplinks), and port 9000 traffic to addresses outside the space (a client
+    talking to a server's own address) must fall through to host routes."""
     parser = dp.ofproto_parser
     prefix = entry.prefix
-    if entry.is_uprule:  # the default route of the space: no nw_dst at all
-        return [parser.OFPMatch(dl_type=ETH_TYPE_IP, nw_proto=proto, tp_dst=METAFLOW_PORT)
-                for proto in PROTOCOLS]
     return [parser.OFPMatch(dl_type=ETH_TYPE_IP, nw_proto=proto, tp_dst=METAFLOW_PORT,
                             nw_dst=prefix.first, nw_dst_mask=prefix.plen)
             for proto in PROTOCOLS]

@@ -25,6 +25,8 @@ import os
 import subprocess
 from types import TracebackType
 
+from mininet_scenarios.syscmd import ip as _ip
+
 _counter = itertools.count()
 
 
@@ -154,9 +156,3 @@ class NetnsPair:
                 failures.append(exc)
         if failures:
             raise failures[0]
-
-
-def _ip(*argv: str) -> None:
-    proc = subprocess.run(["ip", *argv], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(argv)}: {proc.stderr.strip()}")

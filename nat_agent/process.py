@@ -48,16 +48,21 @@ _HTTP_IN_NETNS = (
 
 
 class AgentProcess:
-    """One daemon on loopback (or inside a namespace via `prefix`)."""
+    """One daemon on loopback (or inside a namespace via `netns`)."""
 
     def __init__(self, store: str, *extra: str, own: list[str] | None = None, name: str | None = None,
                  rewrite: str = "none", host: str = "127.0.0.1", admin_host: str = "127.0.0.1",
-                 port: int | None = None, netns=None, log_path: Path | None = None) -> None:
-        """`netns` (a `mininet_scenarios.netns_pair.Namespace`) runs the agent,
-        and every admin call, inside that network namespace."""
+                 port: int | None = None, admin_port: int | None = None, netns=None,
+                 admin_from_here: bool = False, log_path: Path | None = None) -> None:
+        """`netns` (anything with ``command(*argv)`` and ``run(*argv, ...)``,
+        like `mininet_scenarios.netns_pair.Namespace`) runs the agent inside
+        that network namespace, and every admin call too unless
+        `admin_from_here`: then `admin_host` is reachable from this process
+        (a management network) and is called directly, as a controller would."""
         self.netns = netns
+        self.admin_from_here = admin_from_here
         self.port = port or free_port()
-        self.admin_port = free_port()
+        self.admin_port = admin_port or free_port()
         self.host = host
         self.admin_url = f"http://{admin_host}:{self.admin_port}"
         self.name = name or f"agent{self.port}"
@@ -67,11 +72,22 @@ class AgentProcess:
                      "--listen", f"{host}:{self.port}", "--admin", f"{admin_host}:{self.admin_port}",
                      *[arg for block in own or [] for arg in ("--own", block)], *extra]
         self.proc: subprocess.Popen | None = None
+        self._terminated = False
         self._log = None
 
     def start(self, timeout: float = 20.0) -> AgentProcess:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> AgentProcess:
+        """Start the process without waiting for it: several agents then
+        start in parallel, each followed by `wait_ready`."""
         self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=self._log, stderr=self._log)
+        self._terminated = False
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> AgentProcess:
+        """Wait until /health answers 200; kill the agent and raise if it exits or times out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -90,7 +106,7 @@ class AgentProcess:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        if self.netns is None:
+        if self.netns is None or self.admin_from_here:
             return http(method, self.admin_url + path, body)
         out = self.netns.run(sys.executable, "-c", _HTTP_IN_NETNS, method, self.admin_url + path,
                              json.dumps(body), check=False, cwd=ROOT)
@@ -99,11 +115,19 @@ class AgentProcess:
         status, reply = json.loads(out.stdout)
         return status, reply
 
+    def terminate(self) -> None:
+        """Send SIGTERM once, without waiting: stop several agents in parallel,
+        then `stop` each. Only once, because a second SIGTERM that arrives
+        after the event loop has closed would kill the agent mid-shutdown."""
+        if self.proc is not None and not self._terminated and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM and wait; returns the exit code (0 for a clean shutdown)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
+        if self.proc is None:
+            return 0
+        self.terminate()
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

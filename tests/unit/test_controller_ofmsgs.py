@@ -42,13 +42,14 @@ def test_an_entry_becomes_one_flow_mod_per_protocol_with_its_prefix_and_priority
         assert len(_wire(mod)) == 72 + 8 + 16  # header+match+body, output, set-dl-dst
 
 
-def test_uprules_have_no_destination_and_diffs_are_ordered_add_modify_delete():
-    up = FlowEntry(UPRULE_PRIORITY, Block.parse("0.0.0.0/0"), 5)
+def test_uprules_match_their_slice_and_diffs_are_ordered_add_modify_delete():
+    up = FlowEntry(UPRULE_PRIORITY, Block.parse("100.96.0.0/11"), 5)
     a = FlowEntry(2011, Block.parse("100.64.0.0/11"), 1)
     b = FlowEntry(2012, Block.parse("100.96.0.0/12"), 2)
     mods = diff_messages(DP, SwitchDiff(add=[up], modify=[a], delete=[b]))
     assert [m.command for m in mods] == [ofp.OFPFC_ADD] * 2 + [ofp.OFPFC_MODIFY_STRICT] * 2 + [ofp.OFPFC_DELETE_STRICT] * 2
-    assert mods[0].match.wildcards & ofp.OFPFW_NW_DST_ALL == ofp.OFPFW_NW_DST_ALL
+    assert (mods[0].match.wildcards & ofp.OFPFW_NW_DST_MASK) >> ofp.OFPFW_NW_DST_SHIFT == 32 - 11
+    assert mods[0].match.nw_dst == int(ipaddress.IPv4Address("100.96.0.0"))
     assert mods[-1].actions == [] and mods[-1].priority == 2012
 
 

@@ -1,0 +1,180 @@
+"""MetaFlow for real: controller + Mininet scenario + agents, ready for clients.
+
+`MetaFlowNet` starts `metaflow-controller` through the scenario's hook
+(OpenFlow on loopback, REST on the management bridge), brings the scenario
+up, has every host announce itself with one ARP (hosts are otherwise
+silent, and the controller learns attachments from ARP packet-ins), and
+waits until the controller has built the B-tree and programmed the switches.
+
+    with MetaFlowNet(builders.fat_tree(4, servers=8), capacity=2000) as mf:
+        mf.rest("/metaflow/tree")
+        mf.flow_counts()       # MetaFlow entries per switch, read from OVS itself
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+import networkx as nx
+
+from btree.cidr import Block
+from btree.fake_network import FakeNetwork
+from mininet_scenarios import ofdump
+from mininet_scenarios.scenario import Scenario
+from nat_agent.process import free_port
+from topology.classify import discovered_graph, map_topology
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ControllerProcess:
+    """`metaflow-controller` as a subprocess, stopped with SIGTERM."""
+
+    def __init__(self, of_port: int, rest_host: str, rest_port: int, log_path: Path,
+                 extra: Sequence[str] = ()) -> None:
+        self.argv = [sys.executable, "-m", "controller.launcher", "--of-host", "127.0.0.1",
+                     "--of-port", str(of_port), "--rest-host", rest_host, "--rest-port", str(rest_port),
+                     *extra]
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> ControllerProcess:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=log, stderr=log)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+class MetaFlowNet:
+    def __init__(self, graph: nx.Graph, *, capacity: int | None = None, store: str = "leveldb",
+                 controller_args: Sequence[str] = (), build_timeout: float = 60.0,
+                 workdir: Path | None = None) -> None:
+        self.graph = graph
+        self.capacity = capacity
+        self.store = store
+        self.controller_args = list(controller_args)
+        self.build_timeout = build_timeout
+        self.of_port = free_port()
+        self.rest_port = free_port()
+        self.logdir = workdir or Path("/tmp")
+        self.controller: ControllerProcess | None = None
+        self.scenario: Scenario | None = None
+        self.timings: dict[str, float] = {}
+
+    # -- bring-up -------------------------------------------------------------
+
+    def _start_controller(self, scenario: Scenario):
+        extra = [*self.controller_args, "--gateway", scenario.gateway, "--space", scenario.space]
+        if self.capacity:
+            extra += ["--capacity", str(self.capacity)]
+        self.controller = ControllerProcess(self.of_port, scenario.mgmt.root_ip, self.rest_port,
+                                            self.logdir / f"controller-{self.rest_port}.log", extra).start()
+        return self.controller.stop
+
+    def __enter__(self) -> MetaFlowNet:
+        started = time.monotonic()
+        self.scenario = Scenario(self.graph, controller=("127.0.0.1", self.of_port),
+                                 rest_port=self.rest_port, store=self.store,
+                                 start_controller=self._start_controller,
+                                 agent_args=["--heartbeat", "1"])
+        self.scenario.__enter__()
+        try:
+            self.timings["scenario_up_s"] = round(time.monotonic() - started, 2)
+            self.announce()
+            self.wait_built()
+            self.timings["network_built_s"] = round(time.monotonic() - started, 2)
+        except BaseException:
+            self.scenario.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.scenario is not None:
+            self.scenario.__exit__(*exc)
+
+    def announce(self) -> None:
+        """One ARP per host (a ping of the gateway, which the controller answers)."""
+        for node in self.hosts():
+            self.scenario.host(node).cmd(f"ping -c1 -W1 {self.scenario.gateway} >/dev/null 2>&1 &")
+
+    def wait_built(self) -> None:
+        deadline = time.monotonic() + self.build_timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.rest("/metaflow/tree").get("built"):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+            if int(time.monotonic() * 2) % 6 == 0:
+                self.announce()  # a host whose first ARP raced the switches' connection
+        raise TimeoutError(f"controller did not build the network in {self.build_timeout} s; "
+                           f"topology: {self.rest('/metaflow/topology')}")
+
+    # -- use ---------------------------------------------------------------------
+
+    def hosts(self, role: str | None = None) -> list[str]:
+        return [n for n, d in self.graph.nodes(data=True)
+                if d.get("kind") == "host" and (role is None or d.get("role") == role)]
+
+    def rest(self, path: str, body: dict | None = None) -> dict:
+        url = f"http://{self.scenario.mgmt.root_ip}:{self.rest_port}{path}"
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.loads(response.read())
+
+    def dump_flows(self, switch: str) -> str:
+        """What one OVS bridge really holds (`ovs-ofctl -O OpenFlow10 dump-flows`)."""
+        return ofdump.dump(self.scenario.topo.names[switch])
+
+    def real_network(self) -> tuple[FakeNetwork, dict[str, list[Block]], list[str]]:
+        """A fake network of the entries the switches really hold, on the fabric
+        as the controller sees it; with each storage server's blocks (from the
+        controller) and the client host ids to send from."""
+        topo = self.rest("/metaflow/topology")
+        servers = self.rest("/metaflow/servers")
+        storage = {s["data_ip"]: name for name, s in servers.items()}
+        hosts = [(storage.get(h["ip"], f"h{h['ip']}"), h["dpid"], h["port"], h["mac"], h["ip"],
+                  "storage" if h["ip"] in storage else "client") for h in topo["hosts"]]
+        graph = discovered_graph([s["dpid"] for s in topo["switches"]], [tuple(l) for l in topo["links"]], hosts)
+        _, _, fabric = map_topology(graph, Block.parse(self.scenario.space))
+        tables = {}
+        for node, data in self.graph.nodes(data=True):
+            if data.get("kind") == "switch":
+                tables[data["dpid"]] = ofdump.parse_dump(self.dump_flows(node))
+        blocks = {name: [Block.parse(b) for b in s["blocks"]] for name, s in servers.items()}
+        clients = [h[0] for h in hosts if h[5] == "client"]
+        return FakeNetwork(fabric, tables), blocks, clients
+
+    def flow_counts(self) -> dict[str, dict[str, int]]:
+        """Per switch: MetaFlow prefix entries (priority >= 2000, one per prefix,
+        not per protocol), up-rules, and host routes, as OVS reports them."""
+        out = {}
+        for node, data in self.graph.nodes(data=True):
+            if data.get("kind") != "switch":
+                continue
+            text = self.dump_flows(node)
+            prio = [int(p) for p in re.findall(r"priority=(\d+)", text)]
+            out[node] = {"metaflow": sum(p >= 2000 for p in prio) // 2,
+                         "uprules": sum(p == 1999 for p in prio) // 2,
+                         "routes": sum(p == 1000 for p in prio), "layer": data.get("layer")}
+        return out

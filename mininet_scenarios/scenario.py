@@ -1,0 +1,317 @@
+"""A MetaFlow network in Mininet, up and down as one context manager.
+
+    with Scenario(builders.fat_tree(4, servers=8), controller=("127.0.0.1", 6653),
+                  rest_port=8080, start_controller=my_hook) as sc:
+        sc.ns("p3e1h1").run("redis-cli", "-h", "100.93.7.41", "-p", "9000", "PING")
+
+Bring-up, in order (each phase's seconds end up in `timings`):
+
+1. ``mgmt``: the out-of-band management bridge in the root namespace
+   (`mgmt.ManagementNetwork`), so the controller can bind its REST API to
+   `mgmt.root_ip` before anything else starts.
+2. ``controller``: the optional `start_controller(scenario)` hook; it may
+   return a callable that stops what it started (called at teardown).
+3. ``build``: Mininet with the builder graph's dpids, ports, IPs and MACs
+   (`topos.GraphTopo`); OVS in the userspace datapath (this kernel has no
+   openvswitch module), OpenFlow 1.0, `fail_mode` "secure" (only the
+   controller forwards) or "standalone" (a learning switch, for tests
+   without a controller); `autoSetMacs` off. Every host then gets checksum
+   offload off on its data interface (without it TCP through the userspace
+   datapath hangs), IPv6 off (no stray router solicitations for the
+   controller to see), and its ``-mgmt`` interface.
+4. ``switches``: the bridges start; with a controller, wait until every
+   switch has connected to it.
+5. ``routes``: each client routes the MetaDataID `space` via `gateway`, a
+   virtual address in the hosts' subnet whose ARP only the controller
+   answers (default 10.255.255.254, which the builders never hand out).
+6. ``agents``: one ``metaflow-agent`` per storage host, inside the host
+   (data-plane address = the host's, admin API on its management address
+   port 9001, service on 0.0.0.0:9000, kernel rewrite, store under the
+   scenario's temporary directory), all started at once, then awaited
+   until /health answers over the management network from the root
+   namespace, as the controller will call them.
+
+Teardown (`close`, also on an exception in ``with``, Ctrl-C or SIGTERM)
+undoes exactly that: agents get SIGTERM and must exit 0, the controller
+hook's stopper runs, Mininet stops (links, bridges, host shells), the
+management bridge and veths go, anything else named with the prefix is
+swept away, and the temporary directory is deleted. `leaks()` lists what
+is left with the prefix (nothing, after a clean teardown).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from functools import partial
+from pathlib import Path
+from types import TracebackType
+
+import networkx as nx
+from mininet.net import Mininet
+from mininet.node import Host, OVSSwitch, RemoteController
+
+from client_lib.mdid import DEFAULT_SPACE
+from mininet_scenarios.hostns import HostNamespace
+from mininet_scenarios.interrupts import SignalsHeld, SigtermAsInterrupt
+from mininet_scenarios.leaks import leaks, netns_inode, sweep, unique_prefix
+from mininet_scenarios.mgmt import DEFAULT_SUBNET, ManagementNetwork
+from mininet_scenarios.syscmd import vsctl
+from mininet_scenarios.topos import HOST_NETWORK, GraphTopo, host_number
+from nat_agent.process import AgentProcess
+from topology import builders
+
+log = logging.getLogger("metaflow.scenario")
+
+OPENFLOW_PORT = 6653
+SERVICE_PORT = 9000
+ADMIN_PORT = 9001
+DEFAULT_GATEWAY = str(HOST_NETWORK.broadcast_address - 1)  # 10.255.255.254
+STORES = {"leveldb": "leveldb:{dir}", "redis": "redis-server:{dir}"}  # redis: the agent's own redis-server
+
+# start_controller(scenario) -> a stopper, or None if nothing needs stopping
+ControllerHook = Callable[["Scenario"], Callable[[], object] | None]
+
+
+class TeardownError(RuntimeError):
+    """Something could not be undone cleanly; the message lists every failed step."""
+
+
+class Scenario:
+    """Mininet + management network + agents for one builder graph.
+
+    After ``__enter__``: `net` (the Mininet), `topo` (`GraphTopo`), `mgmt`
+    (`ManagementNetwork`; the controller is reachable at `mgmt.root_ip`),
+    `agents` (builder host name -> `AgentProcess`, storage hosts only),
+    `mgmt_ips` (builder host name -> management address), `workdir`,
+    `timings` (phase -> seconds; ``teardown`` after `close`). Nodes are
+    addressed by their builder names throughout: `host`, `ns`.
+    """
+
+    def __init__(self, graph: nx.Graph, *, controller: tuple[str, int] | None = ("127.0.0.1", OPENFLOW_PORT),
+                 fail_mode: str = "secure", start_controller: ControllerHook | None = None,
+                 rest_port: int | None = None, store: str = "leveldb", rewrite: str = "kernel",
+                 space: str = str(DEFAULT_SPACE), gateway: str = DEFAULT_GATEWAY,
+                 mgmt_subnet: str = DEFAULT_SUBNET, prefix: str | None = None,
+                 agent_args: Sequence[str] = (), connect_timeout: float = 30.0,
+                 agent_timeout: float = 30.0) -> None:
+        """`controller` is the OpenFlow controller's address as seen from the
+        root namespace (OVS runs there), None for no controller (then
+        `fail_mode` must be "standalone"). `rest_port`: the controller's REST
+        port on `mgmt.root_ip`; agents register there when given.
+        `agent_args` are appended to every agent's command line."""
+        if fail_mode not in ("secure", "standalone"):
+            raise ValueError(f"fail_mode must be 'secure' or 'standalone', got {fail_mode!r}")
+        if controller is None and fail_mode == "secure":
+            raise ValueError("without a controller, switches in fail_mode 'secure' forward nothing")
+        if store not in STORES:
+            raise ValueError(f"store must be one of {sorted(STORES)}, got {store!r}")
+        if ipaddress.IPv4Address(gateway) not in HOST_NETWORK:
+            raise ValueError(f"gateway {gateway} is not in the hosts' subnet {HOST_NETWORK}")
+        if gateway in {graph.nodes[h]["ip"] for h in builders.hosts(graph)}:
+            raise ValueError(f"gateway {gateway} is a host's address")
+        self.graph = graph
+        self.prefix = prefix or unique_prefix()
+        self.topo = GraphTopo(graph, prefix=self.prefix)
+        self.mgmt = ManagementNetwork(self.prefix, mgmt_subnet)
+        self.controller = controller
+        self.fail_mode = fail_mode
+        self.start_controller = start_controller
+        self.rest_port = rest_port
+        self.store = store
+        self.rewrite = rewrite
+        self.space = space
+        self.gateway = gateway
+        self.agent_args = tuple(agent_args)
+        self.connect_timeout = connect_timeout
+        self.agent_timeout = agent_timeout
+        self.net: Mininet | None = None
+        self.workdir: Path | None = None
+        self.agents: dict[str, AgentProcess] = {}
+        self.mgmt_ips: dict[str, str] = {}
+        self.netns_inodes: list[int] = []
+        self.timings: dict[str, float] = {}
+        self._stop_controller: Callable[[], object] | None = None
+        self._signals = ExitStack()
+        self._closed = False
+
+    # -- addressing nodes by their builder names -------------------------------------
+
+    def host(self, node: str) -> Host:
+        """The Mininet host for builder host `node`."""
+        return self.net[self.topo.names[node]]
+
+    def ns(self, node: str) -> HostNamespace:
+        """Run commands inside builder host `node` (with exit codes, unlike ``host.cmd``)."""
+        host = self.host(node)
+        return HostNamespace(host.name, host.pid)
+
+    def leaks(self) -> dict[str, list[str]]:
+        """Everything still there with this scenario's prefix, by kind (see `leaks.leaks`)."""
+        return leaks(self.prefix, self.netns_inodes)
+
+    # -- bring-up --------------------------------------------------------------------
+
+    def __enter__(self) -> Scenario:
+        self._signals.enter_context(SigtermAsInterrupt())
+        try:
+            self._bring_up()
+        except BaseException as exc:
+            self._teardown(exc)
+            raise
+        return self
+
+    def _bring_up(self) -> None:
+        _preflight()
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-"))
+        with self._timed("mgmt"):
+            self.mgmt.up()
+        if self.start_controller is not None:
+            with self._timed("controller"):
+                self._stop_controller = self.start_controller(self)
+        with self._timed("build"):
+            self._build()
+        with self._timed("switches"):
+            self.net.start()
+            if self.controller is not None and not self.net.waitConnected(self.connect_timeout):
+                stray = [s.name for s in self.net.switches if not s.connected()]
+                raise RuntimeError(f"switches {stray} did not connect to the controller at "
+                                   f"{self.controller[0]}:{self.controller[1]} in {self.connect_timeout} s")
+        with self._timed("routes"):
+            for node in builders.client_hosts(self.graph):
+                self.ns(node).run("ip", "route", "add", self.space, "via", self.gateway,
+                                  "dev", self.host(node).defaultIntf().name)
+        with self._timed("agents"):
+            self._start_agents()
+
+    def _build(self) -> None:
+        switch = partial(OVSSwitch, datapath="user", protocols="OpenFlow10", failMode=self.fail_mode)
+        self.net = Mininet(topo=self.topo, switch=switch, host=Host, controller=None, build=False,
+                           autoSetMacs=False, autoStaticArp=False, cleanup=False)
+        if self.controller is not None:
+            ip, port = self.controller
+            self.net.addController(f"{self.prefix}c", controller=RemoteController, ip=ip, port=port)
+        self.net.build()
+        for node in builders.hosts(self.graph):
+            host, ns = self.host(node), self.ns(node)
+            self.netns_inodes.append(netns_inode(host.pid))
+            ns.run("ethtool", "-K", host.defaultIntf().name, "tx", "off")
+            ns.run("sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
+                   "net.ipv6.conf.default.disable_ipv6=1")
+            self.mgmt_ips[node] = self.mgmt.attach(ns, host_number(self.graph, node))
+
+    def _start_agents(self) -> None:
+        controller = ["--controller", f"http://{self.mgmt.root_ip}:{self.rest_port}"] if self.rest_port else []
+        for node in builders.storage_hosts(self.graph):
+            name = self.topo.names[node]
+            store = STORES[self.store].format(dir=self.workdir / name)
+            self.agents[node] = AgentProcess(
+                store, "--data-ip", self.graph.nodes[node]["ip"], "--space", self.space, *controller,
+                *self.agent_args, name=name, rewrite=self.rewrite, host="0.0.0.0", port=SERVICE_PORT,
+                admin_host=self.mgmt_ips[node], admin_port=ADMIN_PORT, netns=self.ns(node),
+                admin_from_here=True, log_path=self.workdir / f"{name}.log")
+            self.agents[node].launch()
+        deadline = time.monotonic() + self.agent_timeout
+        for agent in self.agents.values():
+            agent.wait_ready(max(deadline - time.monotonic(), 0.1))
+
+    # -- teardown --------------------------------------------------------------------
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._teardown(exc)
+
+    def close(self) -> None:
+        """Tear everything down (idempotent); raises TeardownError if a step failed."""
+        self._teardown(None)
+
+    def _teardown(self, in_flight: BaseException | None) -> None:
+        """Run every step even if one fails; report failures by raising, or by
+        logging them when an exception (`in_flight`) is already propagating."""
+        if self._closed:
+            return
+        self._closed = True
+        failures: list[str] = []
+        with SignalsHeld() as held, self._timed("teardown"):
+            steps: list[tuple[str, Callable[[], object]]] = [("stop agents", lambda: self._stop_agents(failures))]
+            if self._stop_controller is not None:
+                steps.append(("stop controller", self._stop_controller))
+            if self.net is not None:
+                steps.append(("stop Mininet", self._stop_mininet))
+            steps += [("remove management network", self.mgmt.close),
+                      ("sweep", self._sweep)]
+            if self.workdir is not None:
+                steps.append(("remove workdir", partial(shutil.rmtree, self.workdir, ignore_errors=True)))
+            for what, step in steps:
+                try:
+                    step()
+                except Exception as exc:  # keep going: the other steps still free their part
+                    failures.append(f"{what}: {type(exc).__name__}: {exc}")
+        self._signals.close()
+        if in_flight is not None:
+            for failure in failures:
+                log.error("teardown of %s after %r: %s", self.prefix, in_flight, failure)
+        elif failures:
+            raise TeardownError("; ".join(failures))
+        elif held.received:
+            raise KeyboardInterrupt(f"signal {held.received[0]} during teardown")
+
+    def _stop_agents(self, failures: list[str]) -> None:
+        """SIGTERM to all at once, then wait for each: a clean exit is 0."""
+        for agent in self.agents.values():
+            agent.terminate()
+        for node, agent in self.agents.items():
+            try:
+                code = agent.stop()
+            except subprocess.TimeoutExpired:
+                code = "timeout (killed)"
+            if code != 0:
+                failures.append(f"agent {agent.name} ({node}) exited with {code}: {agent.log()[-1000:]}")
+
+    def _stop_mininet(self) -> None:
+        """`Mininet.stop`, then every node's shell by its PID, whatever `stop` did.
+
+        The RemoteController node's `stop` is a no-op, so Mininet would leave
+        its bash running; and after an interrupt in the middle of a node's
+        ``cmd`` that node's shell refuses further commands, so `stop` fails
+        halfway. `terminate` only signals (idempotent); `sweep` then removes
+        bridges and links `stop` did not get to.
+        """
+        try:
+            self.net.stop()
+        finally:
+            for node in (*self.net.hosts, *self.net.switches, *self.net.controllers):
+                node.terminate()
+
+    def _sweep(self) -> None:
+        removed = sweep(self.prefix)
+        if removed:
+            log.warning("teardown of %s: swept leftovers %s", self.prefix, removed)
+
+    @contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[phase] = round(time.monotonic() - start, 3)
+
+
+def _preflight() -> None:
+    """Fail with a hint before Mininet does (its OVS check calls exit())."""
+    if os.geteuid() != 0:
+        raise PermissionError("Mininet needs root")
+    if shutil.which("mnexec") is None:
+        raise FileNotFoundError("mnexec not found: install Debian's mininet package (make setup)")
+    try:
+        vsctl("show")
+    except RuntimeError as exc:
+        raise RuntimeError(f"Open vSwitch is not answering ({exc}); start it with "
+                           "/usr/share/openvswitch/scripts/ovs-ctl start --system-id=random") from None
