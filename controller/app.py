@@ -74,6 +74,7 @@ class MetaFlowApp(app_manager.OSKenApp):
         self.settings = SETTINGS
         self.datapaths: dict[int, object] = {}
         self.barriers: dict[tuple[int, int], hub.Event] = {}
+        self.stats_replies: dict[tuple[int, int], tuple[hub.Event, list]] = {}
         self.work: queue.Queue[tuple[object, Future]] = queue.Queue()
         self.last_change = time.monotonic()
         self.core = MetaFlowCore(self.settings.space, self, HttpAgent, self.settings.bounds,
@@ -157,12 +158,25 @@ class MetaFlowApp(app_manager.OSKenApp):
                     for dpid, change in diff.items() if dpid in self.datapaths})
 
     def sync(self, dpid: int, entries: list[FlowEntry], routes: dict[str, int]) -> None:
+        """Read what the switch holds and send only the differences: after a
+        controller restart or a reconnect, flowing traffic is not disturbed."""
         dp = self.datapaths.get(dpid)
         if dp is None:
             return
-        messages = (ofmsgs.base_messages(dp) + ofmsgs.table_messages(dp, entries)
-                    + ofmsgs.route_messages(dp, routes))
-        self._wait({dpid: self._send(dpid, messages)})
+        have, have_routes = ofmsgs.installed(self._flow_stats(dp))
+        self._wait({dpid: self._send(dpid, ofmsgs.resync_messages(dp, have, have_routes, entries, routes))})
+
+    def _flow_stats(self, dp) -> list:
+        parser, ofp = dp.ofproto_parser, dp.ofproto
+        request = parser.OFPFlowStatsRequest(dp, 0, parser.OFPMatch(), 0xFF, ofp.OFPP_NONE)
+        dp.set_xid(request)
+        done, parts = hub.Event(), []
+        self.stats_replies[(dp.id, request.xid)] = (done, parts)
+        dp.send_msg(request)
+        if not done.wait(self.settings.barrier_timeout):
+            self.stats_replies.pop((dp.id, request.xid), None)
+            raise BarrierTimeout(f"no flow stats from switch {dp.id}")
+        return parts
 
     def routes(self, dpid: int, changed: dict[str, int], deleted: list[str]) -> None:
         dp = self.datapaths.get(dpid)
@@ -197,6 +211,18 @@ class MetaFlowApp(app_manager.OSKenApp):
         if done is not None:
             done.set()
 
+    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
+    def _flow_stats_reply(self, ev) -> None:
+        msg = ev.msg
+        waiting = self.stats_replies.get((msg.datapath.id, msg.xid))
+        if waiting is None:
+            return
+        done, parts = waiting
+        parts.extend(msg.body)
+        if not msg.flags & msg.datapath.ofproto.OFPSF_REPLY_MORE:
+            del self.stats_replies[(msg.datapath.id, msg.xid)]
+            done.set()
+
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
     def _port_status(self, ev) -> None:
         msg = ev.msg
@@ -226,9 +252,11 @@ class MetaFlowApp(app_manager.OSKenApp):
         sender = arp.parse_sender(msg.data)
         if sender is None:
             return  # LLDP is os-ken's topology service's; nothing else is sent to us
-        self.submit(lambda: self.core.host_seen(sender.sender_ip, sender.sender_mac, dp.id, msg.in_port))
-        if self.core.tree is None:
-            self.last_change = time.monotonic()
+        known_host = self.core.hosts.get(sender.sender_ip)
+        if known_host is None or (known_host.mac, known_host.dpid, known_host.port) != (
+                sender.sender_mac, dp.id, msg.in_port):
+            self.last_change = time.monotonic()  # news, not a host re-announcing itself
+            self.submit(lambda: self.core.host_seen(sender.sender_ip, sender.sender_mac, dp.id, msg.in_port))
         known = {ip: h.mac for ip, h in list(self.core.hosts.items())}
         known.setdefault(sender.sender_ip, sender.sender_mac)
         _, reply = arp.answer(msg.data, known, self.settings.gateway_ip)

@@ -24,7 +24,11 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from btree.flows import METAFLOW_PORT, FlowEntry, SwitchDiff
+from os_ken.ofproto import ofproto_v1_0
+
+from btree.cidr import Block
+from btree.flows import METAFLOW_PORT, FlowEntry, SwitchDiff, Table, diff_tables
+from controller.routing import diff_routes
 
 ETH_TYPE_IP = 0x0800
 ETH_TYPE_ARP = 0x0806
@@ -84,11 +88,6 @@ def diff_messages(dp: Datapath, diff: SwitchDiff) -> list:
     return out
 
 
-def table_messages(dp: Datapath, entries: list[FlowEntry]) -> list:
-    """A whole MetaFlow table as adds (for a switch that (re)connects)."""
-    return diff_messages(dp, SwitchDiff(add=list(entries)))
-
-
 def route_messages(dp: Datapath, routes: dict[str, int], delete: list[str] = ()) -> list:
     """Unicast routes for physical addresses: host /32 -> output port."""
     parser, ofp = dp.ofproto_parser, dp.ofproto
@@ -104,16 +103,48 @@ def route_messages(dp: Datapath, routes: dict[str, int], delete: list[str] = ())
 
 
 def base_messages(dp: Datapath) -> list:
-    """What every switch holds from the start: a clean table, LLDP and ARP to
-    the controller (discovery and address answers), and drop for the rest.
-    The wipe makes a reconnecting switch's table exactly ours again."""
+    """What every switch holds from the start: LLDP and ARP to the controller
+    (discovery and address answers), and drop for the rest. No wipe: a
+    switch that reconnects, or a restarted controller, must not interrupt
+    the traffic its entries carry; `resync_messages` fixes differences."""
     parser, ofp = dp.ofproto_parser, dp.ofproto
     to_controller = [parser.OFPActionOutput(ofp.OFPP_CONTROLLER, 0xFFFF)]
-    wipe = parser.OFPFlowMod(datapath=dp, match=parser.OFPMatch(), cookie=0,
-                             command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_NONE)
     lldp = _flow_mod(dp, parser.OFPMatch(dl_type=ETH_TYPE_LLDP), ofp.OFPFC_ADD, LLDP_PRIORITY,
                      to_controller, COOKIE_BASE)
     arp = _flow_mod(dp, parser.OFPMatch(dl_type=ETH_TYPE_ARP), ofp.OFPFC_ADD, ARP_PRIORITY,
                     to_controller, COOKIE_BASE)
     miss = _flow_mod(dp, parser.OFPMatch(), ofp.OFPFC_ADD, TABLE_MISS_PRIORITY, [], COOKIE_BASE)
-    return [wipe, lldp, arp, miss]
+    return [lldp, arp, miss]
+
+
+def _output(actions: list) -> int | None:
+    return next((a.port for a in actions if hasattr(a, "port")), None)
+
+
+def installed(stats: list) -> tuple[Table, dict[str, int]]:
+    """Our MetaFlow entries and host routes among one switch's flow stats
+    (recognized by cookie; the tcp half of each MetaFlow pair is enough)."""
+    table: Table = {}
+    routes: dict[str, int] = {}
+    for stat in stats:
+        match, ofp = stat.match, ofproto_v1_0
+        if stat.cookie == COOKIE_METAFLOW and match.nw_proto == PROTOCOLS[0]:
+            wild = (match.wildcards & ofp.OFPFW_NW_DST_MASK) >> ofp.OFPFW_NW_DST_SHIFT
+            plen = max(0, 32 - wild)
+            first = match.nw_dst & (((1 << plen) - 1) << (32 - plen)) if plen else 0
+            dl_dst = next((":".join(f"{b:02x}" for b in a.dl_addr) for a in stat.actions
+                           if hasattr(a, "dl_addr")), None)
+            entry = FlowEntry(stat.priority, Block(first, plen), _output(stat.actions), dl_dst)
+            table[entry.match] = entry
+        elif stat.cookie == COOKIE_ROUTE:
+            routes[str(ipaddress.IPv4Address(match.nw_dst))] = _output(stat.actions)
+    return table, routes
+
+
+def resync_messages(dp: Datapath, have: Table, have_routes: dict[str, int],
+                    want: list[FlowEntry], want_routes: dict[str, int]) -> list:
+    """Bring a switch from what it holds to what it should hold, touching
+    only the entries that differ."""
+    changed, deleted = diff_routes(have_routes, want_routes)
+    return (base_messages(dp) + diff_messages(dp, diff_tables(have, {e.match: e for e in want}))
+            + route_messages(dp, changed, deleted))

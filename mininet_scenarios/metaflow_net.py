@@ -86,7 +86,7 @@ class MetaFlowNet:
             extra += ["--capacity", str(self.capacity)]
         self.controller = ControllerProcess(self.of_port, scenario.mgmt.root_ip, self.rest_port,
                                             self.logdir / f"controller-{self.rest_port}.log", extra).start()
-        return self.controller.stop
+        return lambda: self.controller.stop()  # whichever controller runs at teardown
 
     def __enter__(self) -> MetaFlowNet:
         started = time.monotonic()
@@ -110,9 +110,26 @@ class MetaFlowNet:
             self.scenario.__exit__(*exc)
 
     def announce(self) -> None:
-        """One ARP per host (a ping of the gateway, which the controller answers)."""
+        """One ARP per host: forget the gateway's address and ping it (the
+        controller answers). Real hosts re-ARP on their own within a minute;
+        emulated ones are otherwise silent."""
         for node in self.hosts():
-            self.scenario.host(node).cmd(f"ping -c1 -W1 {self.scenario.gateway} >/dev/null 2>&1 &")
+            self.scenario.host(node).cmd(f"ip neigh del {self.scenario.gateway} dev "
+                                         f"{self.scenario.host(node).defaultIntf()} 2>/dev/null; "
+                                         f"ping -c1 -W1 {self.scenario.gateway} >/dev/null 2>&1 &")
+
+    def restart_controller(self) -> float:
+        """Stop the controller and start a new one on the same ports; returns
+        seconds until the new one has rebuilt the network from the agents."""
+        started = time.monotonic()
+        old = self.controller
+        old.stop()
+        self.controller = ControllerProcess(self.of_port, self.scenario.mgmt.root_ip, self.rest_port,
+                                            old.log_path, old.argv[old.argv.index("--rest-port") + 2:]).start()
+        time.sleep(1.0)
+        self.announce()
+        self.wait_built()
+        return time.monotonic() - started
 
     def wait_built(self) -> None:
         deadline = time.monotonic() + self.build_timeout

@@ -13,7 +13,7 @@ from os_ken.ofproto import ofproto_v1_0_parser as parser
 from btree.cidr import Block
 from btree.flows import UPRULE_PRIORITY, FlowEntry, SwitchDiff
 from controller import arp as arp_answers
-from controller.ofmsgs import base_messages, diff_messages, route_messages
+from controller.ofmsgs import base_messages, diff_messages, installed, resync_messages, route_messages
 from controller.routing import host_routes
 from topology.builders import fat_tree, storage_hosts, client_hosts
 
@@ -53,9 +53,9 @@ def test_uprules_match_their_slice_and_diffs_are_ordered_add_modify_delete():
     assert mods[-1].actions == [] and mods[-1].priority == 2012
 
 
-def test_base_flows_never_flood():
-    wipe, lldp, arp_rule, miss = base_messages(DP)
-    assert wipe.command == ofp.OFPFC_DELETE
+def test_base_flows_never_flood_and_never_wipe():
+    lldp, arp_rule, miss = base_messages(DP)
+    assert all(m.command == ofp.OFPFC_ADD for m in (lldp, arp_rule, miss))
     assert arp_rule.match.dl_type == 0x0806 and arp_rule.actions[0].port == ofp.OFPP_CONTROLLER
     assert lldp.match.dl_type == 0x88CC
     assert miss.priority == 0 and miss.actions == []
@@ -108,3 +108,25 @@ def test_arp_answers_the_gateway_and_known_hosts_only(target, mac):
     answer = packet.Packet(reply).get_protocol(arp.arp)
     assert answer.opcode == arp.ARP_REPLY and answer.src_mac == mac and answer.src_ip == target
     assert answer.dst_ip == "10.0.0.9" and answer.dst_mac == "00:00:00:00:00:09"
+
+
+def _as_stats(mods) -> list:
+    """What a switch reports back for the flow mods it was sent."""
+    return [SimpleNamespace(match=m.match, priority=m.priority, cookie=m.cookie, actions=m.actions)
+            for m in mods if m.command == ofp.OFPFC_ADD]
+
+
+def test_reading_back_a_switch_and_resyncing_touches_only_differences():
+    entries = [FlowEntry(2012, Block.parse("100.96.0.0/12"), 2, "00:00:00:00:00:02"),
+               FlowEntry(2011, Block.parse("100.64.0.0/11"), 1),
+               FlowEntry(UPRULE_PRIORITY, Block.parse("100.64.0.0/10"), 3)]
+    routes = {"10.0.0.1": 1, "10.0.0.2": 4}
+    sent = base_messages(DP) + diff_messages(DP, SwitchDiff(add=entries)) + route_messages(DP, routes)
+    table, have_routes = installed(_as_stats(sent))
+    assert table == {e.match: e for e in entries} and have_routes == routes
+    assert len(resync_messages(DP, table, have_routes, entries, routes)) == 3  # just the base flows
+    moved = [FlowEntry(2012, Block.parse("100.96.0.0/12"), 5, "00:00:00:00:00:05"), entries[2]]
+    mods = resync_messages(DP, table, have_routes, moved, {"10.0.0.1": 1})[3:]
+    assert [(m.command, m.priority) for m in mods] == [
+        (ofp.OFPFC_MODIFY_STRICT, 2012)] * 2 + [(ofp.OFPFC_DELETE_STRICT, 2011)] * 2 + [
+        (ofp.OFPFC_DELETE_STRICT, 1000)]
