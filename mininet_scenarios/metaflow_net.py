@@ -183,15 +183,15 @@ class MetaFlowNet:
         return FakeNetwork(fabric, tables), blocks, clients
 
     def flow_counts(self) -> dict[str, dict[str, int]]:
-        """Per switch: MetaFlow prefix entries (priority >= 2000, one per prefix,
-        not per protocol), up-rules, and host routes, as OVS reports them."""
+        """Per switch, as OVS reports them: MetaFlow prefix entries (priority
+        >= 2000; one per prefix, not per protocol), up-rules, host routes."""
         out = {}
         for node, data in self.graph.nodes(data=True):
             if data.get("kind") != "switch":
                 continue
             text = self.dump_flows(node)
-            prio = [int(p) for p in re.findall(r"priority=(\d+)", text)]
-            out[node] = {"metaflow": sum(p >= 2000 for p in prio) // 2,
-                         "uprules": sum(p == 1999 for p in prio) // 2,
-                         "routes": sum(p == 1000 for p in prio), "layer": data.get("layer")}
+            table = ofdump.parse_dump(text)
+            out[node] = {"metaflow": sum(not e.is_uprule for e in table.values()),
+                         "uprules": sum(e.is_uprule for e in table.values()),
+                         "routes": len(re.findall(r"priority=1000,", text)), "layer": data.get("layer")}
         return out
