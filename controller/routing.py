@@ -14,11 +14,10 @@ makes every route loop-free by construction.
 from __future__ import annotations
 
 import hashlib
-from collections import deque
-
 import networkx as nx
 
 from topology.builders import port
+from topology.classify import hop_distances
 
 Routes = dict[int, dict[str, int]]  # dpid -> {host ip: output port}
 
@@ -38,14 +37,7 @@ def host_routes(g: nx.Graph) -> Routes:
             continue
         (edge,) = [n for n in g.neighbors(host) if g.nodes[n].get("kind") == "switch"]
         routes[g.nodes[edge]["dpid"]][data["ip"]] = port(g, edge, host)
-        distance = {edge: 0}
-        queue = deque([edge])
-        while queue:
-            node = queue.popleft()
-            for nxt in adjacency[node]:
-                if nxt not in distance:
-                    distance[nxt] = distance[node] + 1
-                    queue.append(nxt)
+        distance = hop_distances(adjacency, [edge])
         for switch, dist in distance.items():
             if switch == edge:
                 continue

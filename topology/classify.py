@@ -103,7 +103,8 @@ def _validated_parts(g: nx.Graph) -> tuple[list[str], dict[str, list[str]], dict
     return switches, adjacency, attach
 
 
-def _distances(adjacency: dict[str, list[str]], sources: Iterable[str]) -> dict[str, int]:
+def hop_distances(adjacency: dict[str, list[str]], sources: Iterable[str]) -> dict[str, int]:
+    """Hops from the nearest of `sources` to every reachable node (breadth-first)."""
     dist = {s: 0 for s in sources}
     queue = deque(dist)
     while queue:
@@ -124,7 +125,7 @@ def classify(g: nx.Graph) -> Classification:
     edges = sorted({attach[h] for h in storage}, key=lambda s: g.nodes[s]["dpid"])
 
     roots = _root_layer(switches, adjacency, edges, set(attach.values()))
-    level = _distances(adjacency, roots)
+    level = hop_distances(adjacency, roots)
 
     edge_levels = {level[e] for e in edges}
     if len(edge_levels) != 1:
@@ -194,7 +195,7 @@ def _root_layer(switches: list[str], adjacency: dict[str, list[str]], edges: lis
     all the servers: the center of the servers, but not of the tree)."""
     dist: dict[str, dict[str, int]] = {}
     for edge in edges:
-        dist[edge] = _distances(adjacency, [edge])
+        dist[edge] = hop_distances(adjacency, [edge])
         unreachable = [s for s in switches if s not in dist[edge]]
         if unreachable:
             raise TopologyError(f"the switch graph is disconnected: {sorted(unreachable)[:5]} "
@@ -202,7 +203,7 @@ def _root_layer(switches: list[str], adjacency: dict[str, list[str]], edges: lis
     eccentricity = {s: max(dist[e][s] for e in edges) for s in switches}
     best = min(eccentricity.values())
     roots = [s for s in switches if eccentricity[s] == best]
-    height = _distances(adjacency, hosted)
+    height = hop_distances(adjacency, hosted)
     while True:
         members = set(roots)
         above = sorted({n for r in roots for n in adjacency[r] if n not in members and n not in hosted})

@@ -107,6 +107,16 @@ def world():
     return g, core, switches, agents, clock
 
 
+@pytest.fixture
+def built(world):
+    """The world after discovery, registration and the first build."""
+    g, core = world[0], world[1]
+    register_all(g, core)
+    discover(g, core)
+    assert core.build()
+    return world
+
+
 def discover(g, core) -> None:
     for node, data in g.nodes(data=True):
         if data["kind"] == "switch":
@@ -153,11 +163,8 @@ def test_build_waits_for_every_server_then_programs_every_switch(world):
     assert switches.host_routes == host_routes(core.graph)
 
 
-def test_split_moves_keys_and_entries_together(world):
-    g, core, switches, agents, _ = world
-    register_all(g, core)
-    discover(g, core)
-    core.build()
+def test_split_moves_keys_and_entries_together(built):
+    g, core, switches, agents, _ = built
     name = core.tree.leaves_in(State.BUSY)[0]
     agent = agents[f"http://{name}"]
     rng = random.Random(2)
@@ -178,11 +185,8 @@ def test_split_moves_keys_and_entries_together(world):
     assert record["switches"] >= 1 and core.splits == [record]
 
 
-def test_a_failed_flow_push_aborts_the_migration_and_restores_entries(world):
-    g, core, switches, agents, _ = world
-    register_all(g, core)
-    discover(g, core)
-    core.build()
+def test_a_failed_flow_push_aborts_the_migration_and_restores_entries(built):
+    g, core, switches, agents, _ = built
     name = core.tree.leaves_in(State.BUSY)[0]
     agent = agents[f"http://{name}"]
     for i in range(120):
@@ -196,11 +200,8 @@ def test_a_failed_flow_push_aborts_the_migration_and_restores_entries(world):
     check_routing(core, switches)
 
 
-def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(world):
-    g, core, switches, agents, clock = world
-    register_all(g, core)
-    discover(g, core)
-    core.build()
+def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(built):
+    g, core, switches, agents, clock = built
     victim = core.tree.leaves_in(State.BUSY)[0]
     blocks = core.tree.blocks(victim)
     clock[0] = 3.0
@@ -218,11 +219,8 @@ def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(w
     check_routing(core, switches)
 
 
-def test_edge_port_down_fails_the_server_behind_it(world):
-    g, core, switches, agents, _ = world
-    register_all(g, core)
-    discover(g, core)
-    core.build()
+def test_edge_port_down_fails_the_server_behind_it(built):
+    g, core, switches, agents, _ = built
     victim = core.tree.leaves_in(State.BUSY)[1]
     host = core.hosts[core.servers[victim].data_ip]
     core.port_down(host.dpid, host.port)
@@ -230,11 +228,8 @@ def test_edge_port_down_fails_the_server_behind_it(world):
     check_routing(core, switches)
 
 
-def test_reconnecting_switch_gets_its_table_back_unchanged(world):
-    g, core, switches, agents, _ = world
-    register_all(g, core)
-    discover(g, core)
-    core.build()
+def test_reconnecting_switch_gets_its_table_back_unchanged(built):
+    g, core, switches, agents, _ = built
     dpid = next(iter(switches.tables))
     table = dict(switches.tables[dpid])
     partition = core.tree.partition()
@@ -244,11 +239,8 @@ def test_reconnecting_switch_gets_its_table_back_unchanged(world):
     assert switches.tables[dpid] == table and core.tree.partition() == partition
 
 
-def test_restarted_controller_rebuilds_ownership_from_the_agents(world):
-    g, core, switches, agents, clock = world
-    register_all(g, core)
-    discover(g, core)
-    core.build()
+def test_restarted_controller_rebuilds_ownership_from_the_agents(built):
+    g, core, switches, agents, clock = built
     partition = sorted(core.tree.partition())
     fresh = MetaFlowCore(SPACE, FakeSwitches(), agents.__getitem__, capacity=100, clock=lambda: clock[0])
     for host in storage_hosts(g):
