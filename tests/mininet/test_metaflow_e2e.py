@@ -83,15 +83,15 @@ def verify(mf: MetaFlowNet, workdir, lost: list[Block]) -> dict:
 @pytest.mark.timeout(600)
 def test_fat_tree_end_to_end(tmp_path):
     graph = builders.fat_tree(4, servers=8)
-    with MetaFlowNet(graph, capacity=250, workdir=tmp_path,
+    with MetaFlowNet(graph, capacity=1000, workdir=tmp_path,
                      controller_args=["--bootstrap", "preallocate:2", "--heartbeat-timeout", "3"]) as mf:
         assert mf.scenario.net.pingAll(timeout=1) == 0
-        results = run_clients(mf, 250, tmp_path)
-        assert all(r["errors"] == 0 and r["read_back"] == r["written"] == 250 for r in results), results
+        results = run_clients(mf, 1000, tmp_path)
+        assert all(r["errors"] == 0 and r["read_back"] == r["written"] == 1000 for r in results), results
         wait_for(lambda: len(mf.rest("/metaflow/splits")) >= 2)
         check_routes(mf)
         result = verify(mf, tmp_path, [])
-        assert result["missing"] == result["wrong"] == 0 and result["checked"] == 8 * 250
+        assert result["missing"] == result["wrong"] == 0 and result["checked"] == 8 * 1000
 
         servers = mf.rest("/metaflow/servers")
         victim = max((n for n, s in servers.items() if s["state"] == "busy"), key=lambda n: servers[n]["keys"])
@@ -110,11 +110,11 @@ def test_fat_tree_end_to_end(tmp_path):
 def test_three_tier_end_to_end(tmp_path):
     graph = builders.three_tier(core=2, agg=2, edges=3, servers_per_edge=2, edge_uplinks=2,
                                 clients_per_edge=1)
-    with MetaFlowNet(graph, capacity=200, workdir=tmp_path,
+    with MetaFlowNet(graph, capacity=800, workdir=tmp_path,
                      controller_args=["--bootstrap", "preallocate:2"]) as mf:
         assert mf.scenario.net.pingAll(timeout=1) == 0
-        results = run_clients(mf, 200, tmp_path)
-        assert all(r["errors"] == 0 and r["read_back"] == 200 for r in results), results
+        results = run_clients(mf, 1000, tmp_path)
+        assert all(r["errors"] == 0 and r["read_back"] == 1000 for r in results), results
         wait_for(lambda: mf.rest("/metaflow/splits"))
         check_routes(mf)
         result = verify(mf, tmp_path, [])
