@@ -120,6 +120,18 @@ def test_three_tier_end_to_end(tmp_path):
         result = verify(mf, tmp_path, [])
         assert result["missing"] == result["wrong"] == 0
 
+        # A server's edge link goes down: the port status alone triggers the take-over.
+        servers = mf.rest("/metaflow/servers")
+        victim = next(n for n, s in servers.items() if s["state"] == "busy")
+        host = mf.scenario.topo.graph_names[victim]
+        (edge,) = list(graph.neighbors(host))
+        mf.scenario.net.configLinkStatus(mf.scenario.topo.names[host], mf.scenario.topo.names[edge], "down")
+        event = wait_for(lambda: next((e for e in mf.rest("/metaflow/events")
+                                       if e["event"] == "takeover" and e["server"] == victim), None), 10)
+        assert mf.rest("/metaflow/servers")[victim]["failed"].startswith("edge port")
+        assert event["seconds"] < 5
+        check_routes(mf)
+
 
 @pytest.mark.timeout(600)
 def test_controller_restart_rebuilds_from_the_agents_without_disturbing_clients(tmp_path):
