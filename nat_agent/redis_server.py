@@ -10,6 +10,7 @@ append-only file and removes its socket, SIGKILL if it does not exit in time.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -98,6 +99,7 @@ class RedisServer:
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             self._close_log()
@@ -206,3 +208,13 @@ def _answers_ping(address: Path | int) -> bool:
             return conn.recv(64).startswith(b"+PONG")
     except OSError:
         return False
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the process that started us
+    dies. An agent killed with SIGKILL cannot stop its redis-server itself;
+    the kernel does it, so nothing outlives the agent."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
