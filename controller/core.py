@@ -303,7 +303,10 @@ class MetaFlowCore:
     # -- failures ----------------------------------------------------------------
 
     def fail(self, name: str, reason: str) -> dict:
-        """An idle server takes over a failed one's blocks. Its data is gone
+        """An idle server takes over a failed one's blocks. If the failed
+        server's agent still answers over the management network (its edge
+        link died, not the server), the blocks' keys are copied over first,
+        exactly as in a split, and nothing is lost. Otherwise its data is gone
         (there is no replication yet): that is said loudly, never silently."""
         server = self.servers[name]
         if server.failed:
@@ -317,19 +320,43 @@ class MetaFlowCore:
         except TreeError as exc:
             return self._event("takeover-impossible", logging.CRITICAL, server=name, reason=str(exc))
         blocks = [str(m.block) for m in takeover.moves]
+        salvaged = False
         if takeover.successor is not None:
             successor = self.servers[takeover.successor]
-            self.agent(successor.admin_url).own(blocks)
-            successor.owned = [str(b) for b in self.tree.blocks(successor.name)]
+            migration = self._salvage(server, successor, blocks) if blocks else None
+            if migration is None:
+                self.agent(successor.admin_url).own(blocks)
             self.switches.apply(self.planner.update(list(takeover.moves)))
-        if blocks:
+            if migration is not None:
+                salvaged = self._commit_salvage(server, migration)
+                if not salvaged:
+                    self.agent(successor.admin_url).own(blocks)
+            successor.owned = [str(b) for b in self.tree.blocks(successor.name)]
+        if blocks and not salvaged:
             lost = {"server": name, "blocks": blocks, "keys_lost_at_most": server.keys, "reason": reason}
             self.lost.append(lost)
             self._event("DATA-LOST", logging.ERROR, **lost,
                         note="no replication: metadata in these blocks is gone until rewritten")
         return self._event("takeover", logging.WARNING, server=name, successor=takeover.successor,
-                           blocks=len(blocks), same_parent=takeover.same_parent,
+                           blocks=len(blocks), same_parent=takeover.same_parent, salvaged=salvaged,
                            why=takeover.reason, seconds=round(self.clock() - started, 4))
+
+    def _salvage(self, server: Server, successor: Server, blocks: list[str]) -> dict | None:
+        """Copy a failed server's blocks to its successor over the management
+        network, if its agent still answers; None when it does not."""
+        try:
+            return self.agent(server.admin_url).migrate(blocks, successor.admin_url)
+        except Exception as exc:  # unreachable or refusing: the data cannot be saved
+            self._event("salvage-impossible", logging.WARNING, server=server.name, reason=str(exc))
+            return None
+
+    def _commit_salvage(self, server: Server, migration: dict) -> bool:
+        try:
+            self.agent(server.admin_url).commit(migration["id"])
+            return True
+        except Exception as exc:
+            self._event("salvage-failed", logging.ERROR, server=server.name, reason=str(exc))
+            return False
 
     def port_down(self, dpid: int, port: int) -> None:
         for server in self.servers.values():

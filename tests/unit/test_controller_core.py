@@ -60,6 +60,7 @@ class FakeAgent:
         self.owned: list[Block] = []
         self.migrations: dict[str, tuple[list[Block], str]] = {}
         self.peers: dict[str, FakeAgent] = {}
+        self.alive = True
 
     def health(self) -> dict:
         return {"keys": len(self.keys)}
@@ -72,6 +73,8 @@ class FakeAgent:
         return {}
 
     def migrate(self, blocks, target) -> dict:
+        if not self.alive:
+            raise ConnectionError(f"{self.name} does not answer")
         ident = f"m{len(self.migrations)}"
         self.migrations[ident] = ([Block.parse(b) for b in blocks], target)
         moving = [k for k in self.keys if any(b.contains(k) for b in self.migrations[ident][0])]
@@ -204,6 +207,7 @@ def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(b
     g, core, switches, agents, clock = built
     victim = core.tree.leaves_in(State.BUSY)[0]
     blocks = core.tree.blocks(victim)
+    agents[f"http://{victim}"].alive = False  # the whole server died, agent included
     clock[0] = 3.0
     for name in core.servers:
         if name != victim:
@@ -219,12 +223,17 @@ def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(b
     check_routing(core, switches)
 
 
-def test_edge_port_down_fails_the_server_behind_it(built):
+def test_edge_port_down_moves_the_data_of_a_still_reachable_server(built):
     g, core, switches, agents, _ = built
     victim = core.tree.leaves_in(State.BUSY)[1]
+    agent = agents[f"http://{victim}"]
+    for i in range(50):
+        agent.keys[core.tree.blocks(victim)[0].first + i * 7919] = b"v"
     host = core.hosts[core.servers[victim].data_ip]
     core.port_down(host.dpid, host.port)
     assert core.servers[victim].failed and core.tree.state(victim) is State.FAILED
+    assert agent.keys == {} and sum(len(a.keys) for a in agents.values()) == 50
+    assert not core.lost and any(e["event"] == "takeover" and e["salvaged"] for e in core.events)
     check_routing(core, switches)
 
 
