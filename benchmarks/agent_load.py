@@ -25,7 +25,7 @@ from collections import defaultdict
 
 from client_lib.client import MetaFlowClient, MetaFlowError
 from client_lib.mdid import MetaDataSpace
-from nat_agent.packet import parse
+from nat_agent.packet import TCP_ACK, TCP_SYN, parse
 
 ETH_P_IP = 0x0800
 ETH_HEADER = 14
@@ -39,6 +39,7 @@ class SourceAudit:
         self.port = port
         self.inside = 0
         self.outside: list[str] = []
+        self.outside_handshakes = 0  # SYN-ACKs among them
         self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_IP))
         self._sock.bind((interface, 0))
         self._sock.settimeout(0.2)
@@ -69,11 +70,13 @@ class SourceAudit:
             if self.space.contains(info.src):
                 self.inside += 1
             else:
-                self.outside.append(socket.inet_ntoa(info.src.to_bytes(4, "big")))
+                self.outside.append(f"{socket.inet_ntoa(info.src.to_bytes(4, 'big'))} "
+                                    f"port {info.dport} flags {info.tcp_flags:#04x}")
+                self.outside_handshakes += info.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK
 
     def report(self) -> dict:
         return {"replies_from_mdid": self.inside, "replies_from_elsewhere": len(self.outside),
-                "elsewhere_sample": sorted(set(self.outside))[:5]}
+                "elsewhere_syn_acks": self.outside_handshakes, "elsewhere_sample": self.outside[:5]}
 
 
 def _summary(samples: list[float]) -> dict:
