@@ -233,33 +233,30 @@ class MetaFlowApp(app_manager.OSKenApp):
 
     @set_ev_cls(topo_event.EventLinkAdd)
     def _link_add(self, ev) -> None:
-        link = ev.link
-        self.last_change = time.monotonic()
-        self.submit(lambda: self.core.link_up(link.src.dpid, link.src.port_no,
-                                              link.dst.dpid, link.dst.port_no))
+        self._link_changed(ev.link, self.core.link_up)
 
     @set_ev_cls(topo_event.EventLinkDelete)
     def _link_delete(self, ev) -> None:
-        link = ev.link
+        self._link_changed(ev.link, self.core.link_down)
+
+    def _link_changed(self, link, change) -> None:
         self.last_change = time.monotonic()
-        self.submit(lambda: self.core.link_down(link.src.dpid, link.src.port_no,
-                                                link.dst.dpid, link.dst.port_no))
+        self.submit(lambda: change(link.src.dpid, link.src.port_no, link.dst.dpid, link.dst.port_no))
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def _packet_in(self, ev) -> None:
         msg = ev.msg
         dp = msg.datapath
-        sender = arp.parse_sender(msg.data)
-        if sender is None:
+        message = arp.parse(msg.data)
+        if message is None:
             return  # LLDP is os-ken's topology service's; nothing else is sent to us
-        known_host = self.core.hosts.get(sender.sender_ip)
-        if known_host is None or (known_host.mac, known_host.dpid, known_host.port) != (
-                sender.sender_mac, dp.id, msg.in_port):
+        ip, mac = message.sender_ip, message.sender_mac
+        if not self.core.knows(ip, mac, dp.id, msg.in_port):
             self.last_change = time.monotonic()  # news, not a host re-announcing itself
-            self.submit(lambda: self.core.host_seen(sender.sender_ip, sender.sender_mac, dp.id, msg.in_port))
-        known = {ip: h.mac for ip, h in list(self.core.hosts.items())}
-        known.setdefault(sender.sender_ip, sender.sender_mac)
-        _, reply = arp.answer(msg.data, known, self.settings.gateway_ip)
+            self.submit(lambda: self.core.host_seen(ip, mac, dp.id, msg.in_port))
+        # The sender may not be recorded yet (that is queued): answer for it anyway.
+        reply = arp.answer(message, lambda target: mac if target == ip else self.core.mac_of(target),
+                           self.settings.gateway_ip)
         if reply is not None:
             parser, ofp = dp.ofproto_parser, dp.ofproto
             dp.send_msg(parser.OFPPacketOut(datapath=dp, buffer_id=ofp.OFP_NO_BUFFER,

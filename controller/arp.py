@@ -10,6 +10,7 @@ it to the owning server's MAC. The gateway exists nowhere else.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from os_ken.lib.packet import arp, ethernet, packet
 from os_ken.lib.packet.ether_types import ETH_TYPE_ARP
@@ -18,33 +19,25 @@ GATEWAY_MAC = "02:4d:46:00:00:01"   # locally administered, "MF"
 
 
 @dataclass(frozen=True)
-class ArpRequest:
-    """Who asked (learned as a host location by the caller) and for what."""
+class ArpMessage:
+    """Who sent an ARP frame (a host location for the caller to learn), and
+    for what address; only requests get an answer."""
 
     sender_ip: str
     sender_mac: str
     target_ip: str
+    is_request: bool
 
 
-def parse_request(data: bytes) -> ArpRequest | None:
-    """The ARP request in a frame, or None for anything else (replies included)."""
-    pkt = packet.Packet(data)
-    req = pkt.get_protocol(arp.arp)
-    if req is None or req.opcode != arp.ARP_REQUEST:
-        return None
-    return ArpRequest(req.src_ip, req.src_mac, req.dst_ip)
-
-
-def parse_sender(data: bytes) -> ArpRequest | None:
-    """Sender of any ARP frame (requests, replies, gratuitous): host discovery."""
-    pkt = packet.Packet(data)
-    msg = pkt.get_protocol(arp.arp)
+def parse(data: bytes) -> ArpMessage | None:
+    """The ARP message in a frame (request, reply or gratuitous), else None."""
+    msg = packet.Packet(data).get_protocol(arp.arp)
     if msg is None:
         return None
-    return ArpRequest(msg.src_ip, msg.src_mac, msg.dst_ip)
+    return ArpMessage(msg.src_ip, msg.src_mac, msg.dst_ip, msg.opcode == arp.ARP_REQUEST)
 
 
-def reply(request: ArpRequest, mac: str) -> bytes:
+def reply(request: ArpMessage, mac: str) -> bytes:
     """The ARP reply telling `request`'s sender that its target is at `mac`."""
     pkt = packet.Packet()
     pkt.add_protocol(ethernet.ethernet(dst=request.sender_mac, src=mac, ethertype=ETH_TYPE_ARP))
@@ -54,15 +47,14 @@ def reply(request: ArpRequest, mac: str) -> bytes:
     return bytes(pkt.data)
 
 
-def answer(data: bytes, known: dict[str, str], gateway_ip: str | None) -> tuple[ArpRequest | None, bytes | None]:
-    """(the request, the reply to send back) for a frame; the reply is None
-    when the frame is not a request or the target is unknown (then we stay
-    silent: an unknown target is not reachable anyway, and flooding is not
-    an option)."""
-    request = parse_request(data)
-    if request is None:
-        return None, None
-    if request.target_ip == gateway_ip:
-        return request, reply(request, GATEWAY_MAC)
-    mac = known.get(request.target_ip)
-    return request, reply(request, mac) if mac else None
+def answer(message: ArpMessage, mac_of: Callable[[str], str | None],
+           gateway_ip: str | None) -> bytes | None:
+    """The reply to send back, or None when the message is not a request or
+    the target is unknown (then we stay silent: an unknown target is not
+    reachable anyway, and flooding is not an option)."""
+    if not message.is_request:
+        return None
+    if message.target_ip == gateway_ip:
+        return reply(message, GATEWAY_MAC)
+    mac = mac_of(message.target_ip)
+    return reply(message, mac) if mac else None

@@ -142,13 +142,20 @@ class MetaFlowCore:
         Returns True when this is news (a new host or a move)."""
         if any((dpid, port) in ((a, pa), (b, pb)) for a, pa, b, pb in self.links):
             return False
-        known = self.hosts.get(ip)
-        if known == Host(ip, mac, dpid, port):
+        if self.knows(ip, mac, dpid, port):
             return False
         self.hosts[ip] = Host(ip, mac, dpid, port)
         if self.graph is not None:
             self._refresh_routes()
         return True
+
+    def knows(self, ip: str, mac: str, dpid: int, port: int) -> bool:
+        """Whether a host is already known exactly there (a re-announcement)."""
+        return self.hosts.get(ip) == Host(ip, mac, dpid, port)
+
+    def mac_of(self, ip: str) -> str | None:
+        host = self.hosts.get(ip)
+        return host.mac if host else None
 
     def register(self, doc: dict) -> Server:
         for key in ("name", "data_ip", "data_mac", "admin_url"):

@@ -100,11 +100,14 @@ def _arp_request(sender_ip, sender_mac, target_ip) -> bytes:
                                          ("10.0.0.3", "00:00:00:00:00:03"), ("10.0.0.99", None)])
 def test_arp_answers_the_gateway_and_known_hosts_only(target, mac):
     frame = _arp_request("10.0.0.9", "00:00:00:00:00:09", target)
-    request, reply = arp_answers.answer(frame, {"10.0.0.3": "00:00:00:00:00:03"}, "10.255.255.254")
-    assert request.sender_ip == "10.0.0.9"
+    request = arp_answers.parse(frame)
+    assert request.sender_ip == "10.0.0.9" and request.is_request
+    reply = arp_answers.answer(request, {"10.0.0.3": "00:00:00:00:00:03"}.get, "10.255.255.254")
     if mac is None:
         assert reply is None
         return
+    answered = arp_answers.parse(reply)  # a reply is learned from, never answered
+    assert not answered.is_request and arp_answers.answer(answered, {}.get, target) is None
     answer = packet.Packet(reply).get_protocol(arp.arp)
     assert answer.opcode == arp.ARP_REPLY and answer.src_mac == mac and answer.src_ip == target
     assert answer.dst_ip == "10.0.0.9" and answer.dst_mac == "00:00:00:00:00:09"
