@@ -32,7 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
 
-from client_lib.mdid import DEFAULT_SPACE, MetaDataSpace, mdid, normalize_path
+from client_lib.mdid import DEFAULT_SPACE, MetaDataSpace, mdid_of_key, normalize_path
 from client_lib.metadata import FileMetadata
 from client_lib.resp import ErrorReply, ProtocolError, Reply, RespParser, SimpleString, encode_command
 
@@ -156,7 +156,7 @@ class _Surface:
             self.space = MetaDataSpace.parse(self.space)
 
     def mdid(self, path: str | bytes) -> int:
-        return mdid(self._key(path), self.space)
+        return mdid_of_key(self._key(path), self.space)
 
     def address(self, path: str | bytes) -> str:
         return self.space.address(self.mdid(path))
@@ -173,7 +173,7 @@ class _Surface:
 
     def _op(self, decode: Callable[[Reply], T], command: str, path: str | bytes, *rest: bytes) -> _Op[T]:
         key = self._key(path)
-        return _Op(key.decode("utf-8", "replace"), self.space.address(mdid(key, self.space)),
+        return _Op(key.decode("utf-8", "replace"), self.space.address(mdid_of_key(key, self.space)),
                    encode_command(command, key, *rest), decode)
 
     def _get(self, path):
