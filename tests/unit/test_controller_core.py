@@ -139,6 +139,12 @@ def register_all(g, core) -> None:
                        "admin_url": f"http://{host}", "capacity": 100})
 
 
+def fill(agent: FakeAgent, block: Block, count: int, stride: int) -> None:
+    """`count` keys spread over `block` at IDs `stride` apart."""
+    for i in range(count):
+        agent.keys[block.first + i * stride] = b"v"
+
+
 def check_routing(core, switches, samples: int = 300) -> None:
     """Every sampled ID, from every client, reaches its owner through what the switches hold."""
     net = FakeNetwork(core.planner.fabric, switches.tables)
@@ -192,8 +198,7 @@ def test_a_failed_flow_push_aborts_the_migration_and_restores_entries(built):
     g, core, switches, agents, _ = built
     name = core.tree.leaves_in(State.BUSY)[0]
     agent = agents[f"http://{name}"]
-    for i in range(120):
-        agent.keys[core.tree.blocks(name)[0].first + i * 977] = b"v"
+    fill(agent, core.tree.blocks(name)[0], 120, 977)
     before = {d: dict(t) for d, t in switches.tables.items()}
     switches.fail_next_apply = True
     result = core.split(name)
@@ -227,8 +232,7 @@ def test_edge_port_down_moves_the_data_of_a_still_reachable_server(built):
     g, core, switches, agents, _ = built
     victim = core.tree.leaves_in(State.BUSY)[1]
     agent = agents[f"http://{victim}"]
-    for i in range(50):
-        agent.keys[core.tree.blocks(victim)[0].first + i * 7919] = b"v"
+    fill(agent, core.tree.blocks(victim)[0], 50, 7919)
     host = core.hosts[core.servers[victim].data_ip]
     core.port_down(host.dpid, host.port)
     assert core.servers[victim].failed and core.tree.state(victim) is State.FAILED
