@@ -19,43 +19,18 @@ times, and a summary; leaves nothing behind.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from btree.cidr import Block
-from mininet_scenarios.metaflow_net import ROOT, MetaFlowNet
-
+from mininet_scenarios.metaflow_net import MetaFlowNet
 from topology import builders
 
 
 def _say(text: str) -> None:
     print(text, flush=True)
-
-
-def _run_clients(mf: MetaFlowNet, files: int, start: int, workdir: Path, read_back: bool) -> list[dict]:
-    """All clients at once, each in its own host; returns their summaries."""
-    clients = mf.hosts("client")
-    share = files // len(clients)
-    procs = []
-    for node in clients:
-        argv = [sys.executable, "-m", "mininet_scenarios.workload", "--client", node,
-                "--files", str(share), "--start", str(start), "--acked", str(workdir / f"{node}.jsonl"),
-                "--space", mf.scenario.space]
-        if not read_back:
-            argv.append("--no-read-back")
-        procs.append(subprocess.Popen(mf.scenario.ns(node).command(*argv), cwd=ROOT,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    out = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=600)
-        if proc.returncode:
-            raise RuntimeError(f"client failed: {stderr[-2000:]}")
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
-    return out
 
 
 def _print_flows(mf: MetaFlowNet, title: str) -> dict:
@@ -67,24 +42,6 @@ def _print_flows(mf: MetaFlowNet, title: str) -> dict:
     for layer in ("core", "agg", "edge"):
         _say(f"  {layer:5s} {'  '.join(by_layer.get(layer, []))}")
     return counts
-
-
-def _verify(mf: MetaFlowNet, workdir: Path, lost_blocks: list[Block]) -> dict:
-    """Read back every acknowledged write from one client host."""
-    acked: dict[str, dict] = {}
-    for path in workdir.glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            acked[record["path"]] = record
-    expected_lost = {p for p, r in acked.items() if any(b.contains(r["mdid"]) for b in lost_blocks)}
-    check = workdir / "check.json"
-    check.write_text(json.dumps({p: r["digest"] for p, r in acked.items() if p not in expected_lost}))
-    client = mf.hosts("client")[0]
-    out = mf.scenario.ns(client).run(sys.executable, "-m", "mininet_scenarios.verify", str(check),
-                                     "--space", mf.scenario.space, timeout=600)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    result.update(acked=len(acked), lost_with_killed_server=len(expected_lost))
-    return result
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         first_request = time.monotonic()
         _print_flows(mf, "after bootstrap")
         _say(f"\nphase 1: clients write {args.files} files (splits happen as servers fill up), then read them back")
-        phase1 = _run_clients(mf, args.files, 0, workdir, read_back=True)
+        share = args.files // len(mf.hosts("client"))
+        phase1 = mf.run_clients(share, workdir)
         splits = mf.rest("/metaflow/splits")
         for s in splits:
             _say(f"  split {s['server']} -> {s['target']}: {s['keys_moved']} of {s['keys_total']} keys, "
@@ -114,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         # that this agent did not exit cleanly.
         mf.scenario.agents.pop(mf.scenario.topo.graph_names[victim]).kill()
         kill_time = time.monotonic()
-        phase2 = _run_clients(mf, args.files // 4, args.files, workdir, read_back=False)
+        phase2 = mf.run_clients(share // 4, workdir, start=args.files, read_back=False)
         takeover = next((e for e in mf.rest("/metaflow/events") if e["event"] == "takeover"), None)
         lost = [e for e in mf.rest("/metaflow/events") if e["event"] == "DATA-LOST"]
         if takeover:
@@ -126,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                  f"of {event['server']}, up to {event['keys_lost_at_most']} keys")
         lost_blocks = [Block.parse(b) for e in lost for b in e["blocks"]]
         _say("\nphase 3: checking every acknowledged write")
-        check = _verify(mf, workdir, lost_blocks)
+        check = mf.verify_acked(workdir, lost_blocks)
         final = _print_flows(mf, "at the end")
         ops = sum(c["written"] + c["read_back"] for c in phase1) + sum(c["written"] for c in phase2)
         _say("\nsummary")

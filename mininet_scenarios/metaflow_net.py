@@ -159,6 +159,56 @@ class MetaFlowNet:
         with urllib.request.urlopen(request, timeout=120) as response:
             return json.loads(response.read())
 
+    def start_clients(self, files_each: int, workdir: Path, start: int = 0, read_back: bool = True,
+                      concurrency: int = 8) -> list[subprocess.Popen]:
+        """Every client host runs `mininet_scenarios.workload` on its own share
+        of paths, appending acknowledged writes to `workdir/<client>.jsonl`."""
+        procs = []
+        for node in self.hosts("client"):
+            argv = [sys.executable, "-m", "mininet_scenarios.workload", "--client", node,
+                    "--files", str(files_each), "--start", str(start), "--concurrency", str(concurrency),
+                    "--acked", str(workdir / f"{node}.jsonl"), "--space", self.scenario.space]
+            if not read_back:
+                argv.append("--no-read-back")
+            procs.append(subprocess.Popen(self.scenario.ns(node).command(*argv), cwd=ROOT,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        return procs
+
+    @staticmethod
+    def collect(procs: list[subprocess.Popen], timeout: float = 600) -> list[dict]:
+        """The clients' JSON summaries; a client that failed raises with its stderr."""
+        out = []
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=timeout)
+            if proc.returncode:
+                raise RuntimeError(f"client failed: {stderr[-2000:]}")
+            out.append(json.loads(stdout.strip().splitlines()[-1]))
+        return out
+
+    def run_clients(self, files_each: int, workdir: Path, start: int = 0,
+                    read_back: bool = True) -> list[dict]:
+        return self.collect(self.start_clients(files_each, workdir, start, read_back))
+
+    def verify_acked(self, workdir: Path, lost: list[Block]) -> dict:
+        """Read back, from one client host, every acknowledged write in
+        `workdir/*.jsonl` except those whose ID lies in a `lost` block.
+        Returns `mininet_scenarios.verify`'s counts plus `acked` and
+        `lost_with_killed_server`."""
+        acked: dict[str, dict] = {}
+        for path in workdir.glob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                acked[record["path"]] = record
+        gone = {p for p, r in acked.items() if any(b.contains(r["mdid"]) for b in lost)}
+        check = workdir / "check.json"
+        check.write_text(json.dumps({p: r["digest"] for p, r in acked.items() if p not in gone}))
+        out = self.scenario.ns(self.hosts("client")[0]).run(
+            sys.executable, "-m", "mininet_scenarios.verify", str(check), "--space", self.scenario.space,
+            cwd=ROOT, check=False, timeout=600)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        result.update(acked=len(acked), lost_with_killed_server=len(gone))
+        return result
+
     def dump_flows(self, switch: str) -> str:
         """What one OVS bridge really holds (`ovs-ofctl -O OpenFlow10 dump-flows`)."""
         return ofdump.dump(self.scenario.topo.names[switch])

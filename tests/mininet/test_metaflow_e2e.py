@@ -10,36 +10,18 @@ routes to a live owner.
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 import time
 import warnings
 
 import pytest
 
 from btree.cidr import Block
-from mininet_scenarios.metaflow_net import ROOT, MetaFlowNet
+from mininet_scenarios.metaflow_net import MetaFlowNet
 from topology import builders
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 SPACE = Block.parse("100.64.0.0/10")
-
-
-def run_clients(mf: MetaFlowNet, files_each: int, workdir, start: int = 0) -> list[dict]:
-    procs = []
-    for node in mf.hosts("client"):
-        argv = [sys.executable, "-m", "mininet_scenarios.workload", "--client", node, "--files",
-                str(files_each), "--start", str(start), "--acked", str(workdir / f"{node}.jsonl")]
-        procs.append(subprocess.Popen(mf.scenario.ns(node).command(*argv), cwd=ROOT,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
 
 
 def wait_for(probe, seconds: float = 20.0):
@@ -64,33 +46,17 @@ def check_routes(mf: MetaFlowNet, samples: int = 150) -> dict[str, list[Block]]:
     return blocks
 
 
-def verify(mf: MetaFlowNet, workdir, lost: list[Block]) -> dict:
-    expected = {}
-    for path in workdir.glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if not any(b.contains(record["mdid"]) for b in lost):
-                expected[record["path"]] = record["digest"]
-    check = workdir / "check.json"
-    check.write_text(json.dumps(expected))
-    out = mf.scenario.ns(mf.hosts("client")[0]).run(sys.executable, "-m", "mininet_scenarios.verify",
-                                                    str(check), cwd=ROOT, check=False, timeout=300)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    result["expected"] = len(expected)
-    return result
-
-
 @pytest.mark.timeout(600)
 def test_fat_tree_end_to_end(tmp_path):
     graph = builders.fat_tree(4, servers=8)
     with MetaFlowNet(graph, capacity=1000, workdir=tmp_path,
                      controller_args=["--bootstrap", "preallocate:2", "--heartbeat-timeout", "3"]) as mf:
         assert mf.scenario.net.pingAll(timeout=1) == 0
-        results = run_clients(mf, 1000, tmp_path)
+        results = mf.run_clients(1000, tmp_path)
         assert all(r["errors"] == 0 and r["read_back"] == r["written"] == 1000 for r in results), results
         wait_for(lambda: len(mf.rest("/metaflow/splits")) >= 2)
         check_routes(mf)
-        result = verify(mf, tmp_path, [])
+        result = mf.verify_acked(tmp_path, [])
         assert result["missing"] == result["wrong"] == 0 and result["checked"] == 8 * 1000
 
         servers = mf.rest("/metaflow/servers")
@@ -102,7 +68,7 @@ def test_fat_tree_end_to_end(tmp_path):
         assert lost, "the controller must say that the killed server's data is gone"
         blocks = check_routes(mf)
         assert blocks[victim] == [] and mf.rest("/metaflow/servers")[victim]["failed"]
-        result = verify(mf, tmp_path, lost)
+        result = mf.verify_acked(tmp_path, lost)
         assert result["missing"] == result["wrong"] == 0, result
 
 
@@ -113,11 +79,11 @@ def test_three_tier_end_to_end(tmp_path):
     with MetaFlowNet(graph, capacity=800, workdir=tmp_path,
                      controller_args=["--bootstrap", "preallocate:2"]) as mf:
         assert mf.scenario.net.pingAll(timeout=1) == 0
-        results = run_clients(mf, 1000, tmp_path)
+        results = mf.run_clients(1000, tmp_path)
         assert all(r["errors"] == 0 and r["read_back"] == 1000 for r in results), results
         wait_for(lambda: mf.rest("/metaflow/splits"))
         check_routes(mf)
-        result = verify(mf, tmp_path, [])
+        result = mf.verify_acked(tmp_path, [])
         assert result["missing"] == result["wrong"] == 0
 
         # A server's edge link goes down: the port status alone triggers the
@@ -134,7 +100,7 @@ def test_three_tier_end_to_end(tmp_path):
         assert event["salvaged"] and event["seconds"] < 10
         assert not any(e["event"] == "DATA-LOST" for e in mf.rest("/metaflow/events"))
         check_routes(mf)
-        result = verify(mf, tmp_path, [])
+        result = mf.verify_acked(tmp_path, [])
         assert result["missing"] == result["wrong"] == 0, result
 
 
@@ -143,20 +109,15 @@ def test_controller_restart_rebuilds_from_the_agents_without_disturbing_clients(
     graph = builders.fat_tree(4, servers=8)
     with MetaFlowNet(graph, capacity=10_000, workdir=tmp_path) as mf:
         before = mf.rest("/metaflow/tree")["leaves"]
-        procs = []
-        for node in mf.hosts("client"):
-            argv = [sys.executable, "-m", "mininet_scenarios.workload", "--client", node, "--files", "600",
-                    "--concurrency", "2", "--acked", str(tmp_path / f"{node}.jsonl")]
-            procs.append(subprocess.Popen(mf.scenario.ns(node).command(*argv), cwd=ROOT,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs = mf.start_clients(600, tmp_path, concurrency=2)
         time.sleep(2)
         rebuilt = mf.restart_controller()
-        results = [json.loads(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in procs]
+        results = mf.collect(procs, timeout=300)
         assert all(r["errors"] == 0 and r["written"] == 600 for r in results), results
         after = mf.rest("/metaflow/tree")["leaves"]
         assert {n: l["blocks"] for n, l in after.items()} == {n: l["blocks"] for n, l in before.items()}
         assert any(e["event"] == "network-built" and e["restored"] for e in mf.rest("/metaflow/events"))
         check_routes(mf)
-        result = verify(mf, tmp_path, [])
+        result = mf.verify_acked(tmp_path, [])
         assert result["missing"] == result["wrong"] == 0, result
         assert rebuilt < 60
