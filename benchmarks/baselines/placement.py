@@ -17,7 +17,10 @@ import bisect
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Self, Sequence
+
+from btree.cidr import Block
+from client_lib.mdid import MetaDataSpace, mdid_of_key
 
 RING_BITS = 32
 
@@ -59,21 +62,47 @@ class HashMapping:
 
 
 class Ring:
-    """Consistent hashing: a key belongs to the first server at or after its ID."""
+    """Consistent hashing: a key belongs to the first point at or after its
+    position. By default servers sit where their names hash and keys where
+    theirs do; `over_partition` instead puts one point at the end of every
+    range a MetaFlow partition gives a server, so the baselines place every
+    key exactly where MetaFlow does and differ only in how it is found."""
 
-    def __init__(self, servers: Sequence[str], bits: int = RING_BITS) -> None:
+    def __init__(self, servers: Sequence[str] = (), bits: int = RING_BITS, *,
+                 points: Sequence[tuple[int, str]] | None = None,
+                 position: Callable[[bytes], int] | None = None) -> None:
         self.bits = bits
-        self.ids = sorted((ring_id(s.encode(), bits), s) for s in servers)
+        self.ids = sorted(points if points is not None else [(ring_id(s.encode(), bits), s) for s in servers])
+        if not self.ids:
+            raise ValueError("a ring needs at least one server")
         if len({i for i, _ in self.ids}) != len(self.ids):
             raise ValueError("two servers hash to the same ring position; rename one")
         self.positions = [i for i, _ in self.ids]
+        self.names = dict(self.ids)
+        self.servers = sorted(set(self.names.values()))
+        self.position = position or (lambda key: ring_id(key, bits))
+
+    @classmethod
+    def over_partition(cls, blocks: Mapping[str, Iterable[Block]], space: MetaDataSpace, **kw) -> Self:
+        """The ring of a MetaFlow partition: each maximal run of consecutive
+        blocks with one owner is a (virtual) node at the run's last ID; a
+        key's position is its MetaDataID's offset in the space."""
+        runs: list[tuple[int, int, str]] = sorted(
+            (b.first - space.first, b.last - space.first, name) for name, bs in blocks.items() for b in bs)
+        if not runs or runs[0][0] != 0 or runs[-1][1] != space.size - 1 or any(
+                a[1] + 1 != b[0] for a, b in zip(runs, runs[1:])):
+            raise ValueError("the blocks do not tile the space exactly")
+        points = [(last, name) for (_, last, name), nxt in zip(runs, [*runs[1:], None])
+                  if nxt is None or nxt[2] != name]
+        return cls(bits=space.size.bit_length() - 1, points=points,
+                   position=lambda key: mdid_of_key(key, space) - space.first, **kw)
 
     def successor(self, point: int) -> tuple[int, str]:
         i = bisect.bisect_left(self.positions, point % (1 << self.bits))
         return self.ids[i % len(self.ids)]
 
     def owner(self, key: bytes) -> str:
-        return self.successor(ring_id(key, self.bits))[1]
+        return self.successor(self.position(key))[1]
 
 
 class CentralCoordinator(Ring):
@@ -81,9 +110,9 @@ class CentralCoordinator(Ring):
 
     name = "central"
 
-    def __init__(self, servers: Sequence[str], coordinator: str) -> None:
-        super().__init__(servers)
-        self.coordinator = coordinator
+    def __init__(self, servers: Sequence[str] = (), coordinator: str = "", **kw) -> None:
+        super().__init__(servers, **kw)
+        self.coordinator = coordinator or self.servers[0]
 
     def lookup(self, key: bytes, rng: random.Random) -> Lookup:
         return Lookup(self.owner(key), (self.coordinator,))
@@ -95,24 +124,30 @@ class OneHop(Ring):
     name = "onehop"
 
     def lookup(self, key: bytes, rng: random.Random) -> Lookup:
-        return Lookup(self.owner(key), (rng.choice(self.ids)[1],))
+        return Lookup(self.owner(key), (rng.choice(self.servers),))
 
 
 class Chord(Ring):
-    """Stoica et al.'s lookup: each server knows its successor and the
-    successors of n + 2^i; a lookup starts at a random server and jumps to
-    the closest preceding finger until the key falls between a server and
-    its successor: O(log N) hops."""
+    """Stoica et al.'s lookup: each node knows its successor and the
+    successors of n + 2^i; a lookup jumps to the closest preceding finger
+    until the key falls between a node and its successor: O(log N) hops.
+
+    Over a partition a server holds several nodes (virtual nodes); a hop
+    between two nodes of one server is local, so only hops to another server
+    are RPCs. Finger tables are computed from the whole membership at start
+    (a static cluster: no stabilisation protocol to run)."""
 
     name = "chord"
 
-    def __init__(self, servers: Sequence[str], bits: int = RING_BITS) -> None:
-        super().__init__(servers, bits)
-        size = 1 << bits
-        self.fingers = {node: [self.successor((node + (1 << i)) % size)[0] for i in range(bits)]
-                        for node, _ in self.ids}
-        self.names = dict(self.ids)
-        self.successor_of = {node: self.successor((node + 1) % size)[0] for node, _ in self.ids}
+    def __init__(self, servers: Sequence[str] = (), bits: int = RING_BITS, **kw) -> None:
+        super().__init__(servers, bits, **kw)
+        size = 1 << self.bits
+        self.fingers = {node: [self.successor((node + (1 << i)) % size)[0] for i in range(self.bits)]
+                        for node in self.positions}
+        self.successor_of = {node: self.successor((node + 1) % size)[0] for node in self.positions}
+        self.nodes_of: dict[str, list[int]] = {}
+        for node, name in self.ids:
+            self.nodes_of.setdefault(name, []).append(node)
 
     @staticmethod
     def _after(x: int, a: int, b: int) -> bool:
@@ -130,14 +165,34 @@ class Chord(Ring):
                 return finger
         return node
 
+    def entry(self, server: str, key: int) -> int:
+        """Where a lookup arriving at `server` starts: its own node that
+        precedes the key most closely (any of them is correct; this one
+        saves hops). A server that holds no node (it owns no data) starts
+        at a fixed node it knows, its name's successor, as a Chord client
+        would start at its bootstrap node."""
+        nodes = self.nodes_of.get(server) or [self.successor(ring_id(server.encode(), self.bits))[0]]
+        return min(nodes, key=lambda node: (key - node) % (1 << self.bits))
+
+    def step(self, node: int, key: int) -> tuple[str | None, int]:
+        """One node's decision: (owner, node) if its successor owns the key,
+        else (None, the next node to ask)."""
+        succ = self.successor_of[node]
+        if self._after(key, node, succ):
+            return self.names[succ], node
+        nxt = self._closest_preceding(node, key)
+        return None, succ if nxt == node else nxt
+
+    def route(self, server: str, key: int) -> Lookup:
+        """The servers a lookup for ring position `key` visits, starting at `server`."""
+        node = self.entry(server, key)
+        visited = [server]
+        while True:
+            if self.names[node] != visited[-1]:
+                visited.append(self.names[node])
+            owner, node = self.step(node, key)
+            if owner is not None:
+                return Lookup(owner, tuple(visited))
+
     def lookup(self, key_bytes: bytes, rng: random.Random) -> Lookup:
-        key = ring_id(key_bytes, self.bits)
-        node = rng.choice(self.ids)[0]
-        visited = [self.names[node]]
-        while not self._after(key, node, self.successor_of[node]):
-            nxt = self._closest_preceding(node, key)
-            if nxt == node:
-                nxt = self.successor_of[node]
-            node = nxt
-            visited.append(self.names[node])
-        return Lookup(self.names[self.successor_of[node]], tuple(visited))
+        return self.route(rng.choice(self.servers), self.position(key_bytes))
