@@ -30,6 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks.agent_load import run as run_load
+from benchmarks.cpu import cpu_seconds
 from client_lib.client import MetaFlowClient
 from mininet_scenarios.netns_pair import NetnsPair
 from nat_agent.process import ROOT, AgentProcess
@@ -38,11 +39,6 @@ from nat_agent.redis_server import RedisServer
 SPACE = "100.64.0.0/10"
 REWRITE_TARGET = 1.05   # kernel rewrite at most 5 % over no rewrite
 SERVICE_TARGET = 1.3    # service latency at most 1.3x raw redis
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks of 10 ms
 
 
 def _median(values: list[float]) -> float:
@@ -61,10 +57,10 @@ def rewrite_round(mode: str, ops: int, workdir: Path, progress: tqdm) -> dict:
         with agent:
             via = ["--via", f"{net.server_ip}:9000"] if mode == "none" else []
             result: dict = {"mode": mode}
-            cpu_before = {"agent": _cpu_seconds(agent.proc.pid)}
+            cpu_before = {"agent": cpu_seconds(agent.proc.pid)}
             worker = agent.call("GET", "/stats")[1]["rewrite"].get("pid")
             if worker:
-                cpu_before["worker"] = _cpu_seconds(worker)
+                cpu_before["worker"] = cpu_seconds(worker)
             for workload in ("get", "set"):
                 out = net.client.run(sys.executable, "-m", "benchmarks.agent_load", "--ops", str(ops),
                                      "--workload", workload, "--space", SPACE, *via,
@@ -73,9 +69,9 @@ def rewrite_round(mode: str, ops: int, workdir: Path, progress: tqdm) -> dict:
                 result[workload] = report["latency"][workload]
                 progress.update(1)
             stats = agent.call("GET", "/stats")[1]["rewrite"]
-            agent_cpu = _cpu_seconds(agent.proc.pid) - cpu_before["agent"]
+            agent_cpu = cpu_seconds(agent.proc.pid) - cpu_before["agent"]
             if worker:
-                worker_cpu = _cpu_seconds(worker) - cpu_before["worker"]
+                worker_cpu = cpu_seconds(worker) - cpu_before["worker"]
                 result["nat_cpu_share"] = round(worker_cpu / (worker_cpu + agent_cpu), 3)
                 result["us_per_packet_python"] = round(stats["us_translate_per_packet"], 1)
                 result["us_per_packet_callback"] = round(stats["us_callback_per_packet"], 1)

@@ -105,6 +105,7 @@ def run(client: MetaFlowClient, workload: str, ops: int, prefix: str, value_size
         for key in keys:
             client.put(key, value)
     done = 0
+    cpu_started = time.process_time()
     started = time.perf_counter()
     while done < ops:
         if workload == "cycle":  # put, get, delete of one new path: 3 round trips
@@ -124,6 +125,7 @@ def run(client: MetaFlowClient, workload: str, ops: int, prefix: str, value_size
             done += 1
     seconds = time.perf_counter() - started
     return {"ops": done, "seconds": round(seconds, 3), "ops_per_s": round(done / seconds, 1),
+            "cpu_s": round(time.process_time() - cpu_started, 4),
             "latency": {kind: _summary(v) for kind, v in lat.items()}, "wrong": wrong[:10],
             "wrong_count": len(wrong)}
 

@@ -1,0 +1,82 @@
+"""What the kernel-mode NAT agent costs in CPU per operation, measured A/B.
+
+In kernel mode the rewrite is an iptables DNAT rule, so no process of ours
+does the NAT: the kernel does it in the packet path and charges the time
+to whichever process was running (the client's send on a veth, the agent's
+reply). So the cost is measured as a difference: the same agent, the same
+client and the same requests (a connection per request, as in the main
+benchmark), once sent to MetaDataIDs through the DNAT rule (`kernel`) and
+once to the server's own address with no rule at all (`none`); CPU of the
+agent (from /proc) plus the client's own CPU during the run, per operation.
+A third mode, `conntrack`, sends to the server's address with a NAT rule
+loaded that never matches: the kernel then tracks every connection, as it
+does for our DNAT, so kernel - conntrack is the rule's own cost and
+conntrack - none is connection tracking's (which any server with a
+stateful firewall pays already). Rounds rotate the modes; medians are
+reported.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.cpu import cpu_seconds
+from mininet_scenarios.netns_pair import NetnsPair
+from nat_agent.process import ROOT, AgentProcess
+
+SPACE = "100.64.0.0/10"
+
+
+MODES = ("none", "conntrack", "kernel")
+# A DNAT rule for a documentation address nobody sends to: loads the nat
+# table (and so connection tracking) without touching our traffic.
+IDLE_NAT_RULE = ("iptables", "-t", "nat", "-A", "PREROUTING", "-d", "192.0.2.1/32", "-p", "tcp",
+                 "-j", "DNAT", "--to-destination", "192.0.2.2")
+
+
+def nat_round(mode: str, ops: int, workdir: Path) -> dict:
+    with NetnsPair(prefix="mfbn") as net:
+        if mode == "conntrack":
+            net.server.run(*IDLE_NAT_RULE)   # goes with the namespace
+        agent = AgentProcess(f"leveldb:{workdir / f'nat-{mode}'}", own=[SPACE],
+                             rewrite="kernel" if mode == "kernel" else "none",
+                             host="0.0.0.0", port=9000, netns=net.server,
+                             log_path=workdir / f"nat-{mode}.log")
+        agent.argv += ["--data-ip", net.server_ip]
+        with agent:
+            via = [] if mode == "kernel" else ["--via", f"{net.server_ip}:9000"]
+            before = cpu_seconds(agent.proc.pid)
+            out = net.client.run(sys.executable, "-m", "benchmarks.agent_load", "--ops", str(ops),
+                                 "--workload", "set", "--fresh", "--space", SPACE, *via, cwd=ROOT, timeout=600)
+            service = cpu_seconds(agent.proc.pid) - before
+    report = json.loads(out.stdout)
+    return {"mode": mode, "service_us_per_op": service * 1e6 / ops,
+            "total_us_per_op": (service + report["cpu_s"]) * 1e6 / ops,
+            "p50_us": report["latency"]["set"]["p50_us"]}
+
+
+def measure(rounds: int, ops: int, workdir: Path, progress=None) -> dict:
+    """Rotating rounds of every mode; the NAT's CPU per op is the median
+    total (client + agent) difference between `kernel` and `none`, compared
+    with the service's own CPU per op (the agent without NAT)."""
+    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    for r in range(rounds):
+        for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
+            runs[mode].append(nat_round(mode, ops, workdir))
+            if progress is not None:
+                progress.update(1)
+    med = {mode: {k: statistics.median(run[k] for run in rs)
+                  for k in ("service_us_per_op", "total_us_per_op", "p50_us")} for mode, rs in runs.items()}
+    total = {mode: m["total_us_per_op"] for mode, m in med.items()}
+    nat = total["kernel"] - total["none"]
+    service = med["none"]["service_us_per_op"]
+    return {"rounds": rounds, "ops_per_round": ops, "nat_cpu_us_per_op": round(nat, 2),
+            "rule_cpu_us_per_op": round(total["kernel"] - total["conntrack"], 2),
+            "conntrack_cpu_us_per_op": round(total["conntrack"] - total["none"], 2),
+            "service_cpu_us_per_op": round(service, 1), "nat_share_of_service": round(nat / service, 4),
+            "modes": {m: {k: round(v, 1) for k, v in d.items()} for m, d in med.items()},
+            "per_round_diff_us": [round(k["total_us_per_op"] - n["total_us_per_op"], 1)
+                                  for k, n in zip(runs["kernel"], runs["none"])]}
