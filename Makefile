@@ -21,7 +21,7 @@ APT_PACKAGES := redis-server redis-tools iptables conntrack iproute2 ethtool \
 MININET_SRC  := /usr/lib/python3/dist-packages/mininet
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
-.PHONY: setup apt mininet-link ovs test unit demo bench bench-agent plan clean
+.PHONY: setup apt mininet-link ovs test unit demo bench bench-quick bench-flowtables bench-agent plan clean
 
 setup: apt $(STAMP) mininet-link ovs
 
@@ -66,9 +66,20 @@ demo: setup
 plan: setup
 	$(VENV)/bin/metaflowctl plan --topology fattree --k 32 --servers 2000
 
+# MetaFlow against hash mapping, a central coordinator, One-Hop, Chord and
+# G-HBA in one Mininet run (about 8 minutes), then the simulator at the
+# paper's scale, calibrated from that run. bench-quick: the same in under 2
+# minutes (results in bench-quick*, apart from the full run's).
 bench: setup
+	$(VENV)/bin/metaflowctl bench --out benchmarks/results $(BENCH_ARGS)
+	$(PY) -m benchmarks.simulator --calibration benchmarks/results/bench.json --out benchmarks/results --window 64 --shared-cpu-cores 2 --rtt-us 50
+
+bench-quick: setup
+	$(VENV)/bin/metaflowctl bench --quick --out benchmarks/results $(BENCH_ARGS)
+
+# Flow-table sizes beside the paper's Fig. 17 (24 plans, about 20 minutes).
+bench-flowtables: setup
 	$(PY) -m benchmarks.flowtables --out benchmarks/results
-	$(PY) -m benchmarks.agent_bench --out benchmarks/results
 
 # The agent's costs alone (rewrite modes, service vs raw redis): a few minutes.
 bench-agent: setup

@@ -1,7 +1,6 @@
 """`metaflowctl`: the operator's command-line tool (Open vSwitch style naming).
 
 Subcommands live next to what they drive; this module only parses arguments.
-Later issues add status, bench and demo here.
 """
 
 from __future__ import annotations
@@ -65,6 +64,64 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0 if report["verified"] else 1
 
 
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench", help="MetaFlow vs hash, central, One-Hop, Chord and G-HBA in one Mininet run (root)",
+        description="Bring up a k=4 fat-tree in Mininet with the controller, agents and lookup servers, "
+                    "load a namespace, then run every scheme in turn at rising concurrency with "
+                    "interleaved repetitions; print a table, write JSON and plots.")
+    p.add_argument("--quick", action="store_true", help="a smaller run, under 2 minutes")
+    p.add_argument("--json", metavar="FILE", default=None, help="write the full report here")
+    p.add_argument("--out", default="benchmarks/results", help="directory for bench.json and the PNGs")
+    p.add_argument("--no-plots", dest="plots", action="store_false")
+    p.add_argument("--schemes", default=None, help="comma-separated subset of " + ",".join(_schemes()))
+    p.add_argument("--store", choices=("leveldb", "redis"), default=None)
+    p.add_argument("--entries", type=int, default=None, help="namespace entries loaded before the runs")
+    p.add_argument("--seconds", type=float, default=None, help="length of one run")
+    p.add_argument("--reps", type=int, default=None, help="repetitions per scheme and level")
+    p.add_argument("--levels", default=None, help="requests in flight per client host, e.g. 1,2,4,8,16")
+    p.add_argument("--get-fraction", type=float, default=None, help="share of gets (default 0.2)")
+    p.add_argument("--zipf", type=float, default=None, help="key popularity exponent (0 uniform)")
+    p.add_argument("--mdtest-files", type=int, default=None, help="files per client in create/stat/remove")
+    p.add_argument("--reuse", action="store_true", default=None,
+                   help="reuse request connections (default: one per request, as in the paper)")
+    p.add_argument("--nat-rounds", type=int, default=None, help="A/B rounds of the NAT cost (0: skip)")
+    p.set_defaults(func=_run_bench)
+
+
+def _schemes() -> tuple[str, ...]:
+    from .bench_client import SCHEMES
+    return SCHEMES
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .bench import BenchConfig, run_bench, with_overrides
+    from .bench_report import format_report, plot
+
+    base = BenchConfig.quick() if args.quick else BenchConfig()
+    schemes = tuple(args.schemes.split(",")) if args.schemes else None
+    if schemes and not set(schemes) <= set(_schemes()):
+        raise ValueError(f"unknown schemes {sorted(set(schemes) - set(_schemes()))}")
+    levels = tuple(int(v) for v in args.levels.split(",")) if args.levels else None
+    cfg = with_overrides(base, schemes=schemes, store=args.store, entries=args.entries, seconds=args.seconds,
+                         reps=args.reps, levels=levels, get_fraction=args.get_fraction, zipf=args.zipf,
+                         mdtest_files=args.mdtest_files, reuse=args.reuse, nat_rounds=args.nat_rounds)
+    report = run_bench(cfg, show_progress=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "bench-quick" if args.quick else "bench"
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    print(format_report(report))
+    if args.plots:
+        for path in plot(report, out, prefix=name):
+            print(f"wrote {path}")
+    return 0
+
+
 def _key_parsers(sub: argparse._SubParsersAction) -> None:
     from client_lib.ctl import add_common, add_put_options, run
 
@@ -83,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="metaflowctl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _plan_parser(sub)
+    _bench_parser(sub)
     _key_parsers(sub)
     args = parser.parse_args(argv)
     try:

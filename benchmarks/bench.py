@@ -1,0 +1,407 @@
+"""`metaflowctl bench`: MetaFlow against hash mapping, a central coordinator,
+One-Hop, Chord and G-HBA, side by side in one Mininet run.
+
+One network (a k=4 fat-tree: 8 storage servers, 8 client hosts, the
+controller, kernel-mode NAT agents), one namespace loaded once, and every
+scheme in turn on it. Every scheme stores each key on the same server (the
+MetaFlow partition), the same agent serves it from the same store; what
+differs is how a client finds the server: MetaFlow sends to the MetaDataID
+and the switches route; hash mapping computes the server; the others ask
+`metaflow-lookupd` on the storage servers, where the lookup competes with
+the store for the CPU, as in the paper.
+
+The sweep: for each level of requests in flight (spread over the client
+hosts), `reps` rounds, and in
+each round every scheme once (the order rotates), so slow drift on a shared
+machine hits all schemes alike; a scheme stops climbing once a level gains
+less than `growth` over its best. Each run is timed by the clients, and CPU
+comes from /proc for the process groups (agents, lookup servers, clients,
+ovs-vswitchd) between snapshots around it. The kernel NAT's CPU, which no
+process of ours owns, comes from an A/B measurement first
+(`benchmarks.nat_cost`).
+
+Headline numbers per scheme: ops/s at its best level (the paper's
+"maximum number of operations"), latency at the lowest level (the paper's
+"average time to complete an operation", unloaded), CPU per op at the best
+level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from benchmarks import nat_cost
+from benchmarks.baselines.ghba import group_size_for
+from benchmarks.baselines.lookupd import LOOKUP_PORT, Membership
+from benchmarks.baselines.rpc import RpcPool
+from benchmarks.bench_client import SCHEMES
+from benchmarks.cpu import CpuMeter
+from benchmarks.mix import entries
+from mininet_scenarios.metaflow_net import MetaFlowNet
+from nat_agent.process import ROOT
+from topology import builders
+
+OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
+TARGETS = {"latency_vs_hash": 1.1, "throughput_vs_hash": 0.9, "throughput_vs_chord": 3.0, "nat_share": 0.02}
+
+
+@dataclass
+class BenchConfig:
+    k: int = 4
+    servers: int = 8
+    entries: int = 20000
+    seconds: float = 3.0
+    reps: int = 3
+    levels: tuple[int, ...] = (1, 8, 32, 128, 256)   # requests in flight, all client hosts together
+    growth: float = 1.05
+    get_fraction: float = 0.2
+    zipf: float = 0.9
+    mdtest_files: int = 200
+    reuse: bool = False
+    store: str = "leveldb"
+    seed: int = 1
+    nat_rounds: int = 4
+    nat_ops: int = 3000
+    schemes: tuple[str, ...] = SCHEMES
+
+    @classmethod
+    def quick(cls) -> BenchConfig:
+        return cls(entries=4000, seconds=1.5, reps=1, levels=(1, 16, 128), mdtest_files=0,
+                   nat_rounds=2, nat_ops=1500)
+
+
+@dataclass
+class Run:
+    """One scheme at one level for `seconds`, all clients at once."""
+
+    scheme: str
+    level: int
+    rep: int
+    ops: int
+    ops_per_s: float
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    lookup_rpcs_per_op: float
+    cpu_us_per_op: dict[str, float]
+    errors: int
+    moved: int
+    error_sample: list[str] = field(default_factory=list)
+
+
+class ClientFleet:
+    """One long-lived `bench_client` per client host, fed JSON lines."""
+
+    def __init__(self, mf: MetaFlowNet, membership: Path, cfg: BenchConfig) -> None:
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logdir = membership.parent
+        for index, node in enumerate(mf.hosts("client")):
+            argv = [sys.executable, "-m", "benchmarks.bench_client", "--client", node, "--index", str(index),
+                    "--membership", str(membership), "--entries", str(cfg.entries), "--seed", str(cfg.seed),
+                    "--get-fraction", str(cfg.get_fraction), "--zipf", str(cfg.zipf),
+                    "--mdtest-files", str(cfg.mdtest_files), *(["--reuse"] if cfg.reuse else [])]
+            self.procs[node] = subprocess.Popen(mf.scenario.ns(node).command(*argv), cwd=ROOT, text=True,
+                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                stderr=open(self.logdir / f"{node}.err", "w"))
+        for node in self.procs:
+            self._read(node)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values()]
+
+    def _read(self, node: str) -> dict:
+        line = self.procs[node].stdout.readline()
+        if not line:
+            raise RuntimeError(f"bench client {node} died: {(self.logdir / f'{node}.err').read_text()[-2000:]}")
+        return json.loads(line)
+
+    def run(self, command: dict, shares: bool = False) -> list[dict]:
+        """Start a command on every client at once, its `concurrency` spread
+        over them (so 1 is one request in flight in the whole network); wait
+        for all. `shares` splits the namespace for loading."""
+        n = len(self.procs)
+        for i, proc in enumerate(self.procs.values()):
+            cmd = dict(command, concurrency=command["concurrency"] // n + (i < command["concurrency"] % n))
+            if shares:
+                cmd["share"] = [i, n]
+            proc.stdin.write(json.dumps(cmd) + "\n")
+            proc.stdin.flush()
+        return [self._read(node) for node in self.procs]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.stdin.close()
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class LookupFleet:
+    """`metaflow-lookupd` on every storage host."""
+
+    def __init__(self, mf: MetaFlowNet, membership: Path, names: dict[str, str]) -> None:
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.mgmt = {}
+        for node, name in names.items():
+            argv = [sys.executable, "-m", "benchmarks.baselines.lookupd", "--name", name,
+                    "--membership", str(membership), "--listen", f"0.0.0.0:{LOOKUP_PORT}"]
+            self.procs[name] = subprocess.Popen(mf.scenario.ns(node).command(*argv), cwd=ROOT, text=True,
+                                                stdout=subprocess.PIPE,
+                                                stderr=open(membership.parent / f"lookupd-{name}.err", "w"))
+            self.mgmt[name] = f"{mf.scenario.mgmt_ips[node]}:{LOOKUP_PORT}"
+        for name, proc in self.procs.items():
+            if not proc.stdout.readline().startswith("ready"):
+                raise RuntimeError(f"lookupd {name} did not start (exit {proc.poll()})")
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values()]
+
+    def call_all(self, calls: dict[str, list[tuple]]) -> dict[str, list]:
+        """Run RPCs against each lookupd over the management network, in order per server."""
+        async def go() -> dict[str, list]:
+            pool = RpcPool(timeout=60)
+            try:
+                async def one(name: str, todo: list[tuple]) -> list:
+                    return [await pool.call(self.mgmt[name], *args) for args in todo]
+                answers = await asyncio.gather(*(one(n, c) for n, c in calls.items()))
+            finally:
+                pool.close()
+            return dict(zip(calls, answers))
+        return asyncio.run(go())
+
+    def stop(self) -> list[str]:
+        failures = []
+        for proc in self.procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for name, proc in self.procs.items():
+            try:
+                if proc.wait(10):
+                    failures.append(f"lookupd {name} exited with {proc.returncode}")
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                failures.append(f"lookupd {name} ignored SIGTERM")
+        return failures
+
+
+def write_membership(mf: MetaFlowNet, path: Path) -> tuple[Membership, dict[str, str]]:
+    """The partition as the controller built it, plus where each lookupd
+    listens; returns it and storage host node -> server name."""
+    servers = mf.rest("/metaflow/servers")
+    names = {node: mf.scenario.topo.names[node] for node in mf.hosts("storage")}
+    ordered = sorted(servers)
+    data = {"space": mf.scenario.space, "coordinator": ordered[0], "group_size": group_size_for(len(ordered)),
+            "servers": {name: {"data_ip": s["data_ip"], "lookup": f"{s['data_ip']}:{LOOKUP_PORT}",
+                               "blocks": s["blocks"]} for name, s in servers.items()}}
+    path.write_text(json.dumps(data, indent=1))
+    return Membership.load(data), names
+
+
+def load_ghba_filters(lookups: LookupFleet, members: Membership, cfg: BenchConfig) -> None:
+    """Each server's filter gets the keys it stores, then every server
+    fetches the replicas it holds (G-HBA's replica update)."""
+    ring = members.chord()
+    own: dict[str, list[bytes]] = {name: [] for name in members.data_ip}
+    for entry in entries(cfg.entries, cfg.seed):
+        own[ring.owner(entry.key)].append(entry.key)
+    lookups.call_all({name: [("GADD", b"\0".join(keys))]
+                      for name, keys in own.items()})
+    lookups.call_all({name: [("GSYNC",)] for name in members.data_ip})
+
+
+def aggregate(scheme: str, level: int, rep: int, results: list[dict], cpu: dict[str, float]) -> Run:
+    lat = np.concatenate([np.asarray(r["latency_us"], dtype=float) for r in results]) / 1000
+    results = [r for r in results if r["ops"]]   # idle clients (fewer requests in flight than clients)
+    ops = sum(r["ops"] for r in results)
+    per_op = {name: round(seconds * 1e6 / max(ops, 1), 1) for name, seconds in cpu.items()}
+    return Run(scheme, level, rep, ops, round(sum(r["ops"] / r["seconds"] for r in results), 1),
+               round(float(lat.mean()), 3) if ops else 0.0,
+               round(float(np.percentile(lat, 50)), 3) if ops else 0.0,
+               round(float(np.percentile(lat, 99)), 3) if ops else 0.0,
+               round(sum(r.get("lookup_rpcs", 0) for r in results) / max(ops, 1), 3), per_op,
+               sum(r["errors"] for r in results), sum(r.get("moved", 0) for r in results),
+               [e for r in results for e in r["error_sample"]][:3])
+
+
+class Sweep:
+    """Interleaved runs at rising concurrency until throughput stops growing."""
+
+    def __init__(self, clients: ClientFleet, meter: CpuMeter, cfg: BenchConfig, progress: tqdm) -> None:
+        self.clients, self.meter, self.cfg, self.progress = clients, meter, cfg, progress
+        self.runs: list[Run] = []
+
+    def one(self, scheme: str, level: int, rep: int, phase: str = "mixed") -> Run:
+        self.progress.set_description(f"{phase} {scheme} x{level}")
+        before = self.meter.snapshot()
+        # the mixed phase runs for `seconds`; the mdtest phases until their files are done
+        seconds = self.cfg.seconds if phase == "mixed" else 600
+        results = self.clients.run({"phase": phase, "scheme": scheme, "concurrency": level, "seconds": seconds})
+        run = aggregate(scheme, level, rep, results, CpuMeter.delta(before, self.meter.snapshot()))
+        self.progress.update(1)
+        return run
+
+    def best(self, scheme: str, below: int | None = None) -> float:
+        levels = {r.level for r in self.runs if r.scheme == scheme and (below is None or r.level < below)}
+        return max((self.median(scheme, level, "ops_per_s") for level in levels), default=0.0)
+
+    def median(self, scheme: str, level: int, attr: str) -> float:
+        return statistics.median(getattr(r, attr) for r in self.runs if r.scheme == scheme and r.level == level)
+
+    def sweep(self) -> None:
+        climbing = list(self.cfg.schemes)
+        for i, level in enumerate(self.cfg.levels):
+            for rep in range(self.cfg.reps):
+                shift = (i * self.cfg.reps + rep) % len(climbing)
+                for scheme in climbing[shift:] + climbing[:shift]:
+                    self.runs.append(self.one(scheme, level, rep))
+            if i:
+                climbing = [s for s in climbing
+                            if self.median(s, level, "ops_per_s") >= self.cfg.growth * self.best(s, below=level)]
+            if not climbing:
+                break
+
+
+def summarize(sweep: Sweep, nat: dict) -> dict[str, dict]:
+    out = {}
+    for scheme in sweep.cfg.schemes:
+        runs = [r for r in sweep.runs if r.scheme == scheme]
+        levels = sorted({r.level for r in runs})
+        peak = max(levels, key=lambda lv: sweep.median(scheme, lv, "ops_per_s"))
+        at_peak = [r for r in runs if r.level == peak]
+        cpu = {g: statistics.median(r.cpu_us_per_op[g] for r in at_peak) for g in at_peak[0].cpu_us_per_op}
+        nat_us = nat.get("nat_cpu_us_per_op", 0.0) if scheme == "metaflow" else 0.0
+        out[scheme] = {
+            "ops_per_s": round(sweep.median(scheme, peak, "ops_per_s"), 1),
+            "peak_concurrency": peak,
+            "p50_ms": sweep.median(scheme, levels[0], "p50_ms"),
+            "p99_ms": sweep.median(scheme, levels[0], "p99_ms"),
+            "mean_ms": sweep.median(scheme, levels[0], "mean_ms"),
+            "p50_ms_at_peak": sweep.median(scheme, peak, "p50_ms"),
+            "p99_ms_at_peak": sweep.median(scheme, peak, "p99_ms"),
+            "lookup_rpcs_per_op": sweep.median(scheme, peak, "lookup_rpcs_per_op"),
+            "server_cpu_us_per_op": round(cpu["storage"] + cpu["lookup"], 1),
+            "storage_cpu_us_per_op": cpu["storage"], "lookup_cpu_us_per_op": cpu["lookup"],
+            "ovs_cpu_us_per_op": cpu["ovs"], "client_cpu_us_per_op": cpu["client"],
+            "machine_cpu_us_per_op": cpu["machine"], "nat_cpu_us_per_op": nat_us,
+            "errors": sum(r.errors for r in runs), "moved": sum(r.moved for r in runs),
+            "sweep": [{"concurrency": lv, **{a: sweep.median(scheme, lv, a) for a in
+                                                        ("ops_per_s", "mean_ms", "p50_ms", "p99_ms")}}
+                      for lv in levels],
+        }
+    return out
+
+
+def targets(schemes: dict[str, dict], nat: dict) -> dict[str, dict]:
+    mf, hash_, chord = schemes.get("metaflow"), schemes.get("hash"), schemes.get("chord")
+    out = {}
+
+    def check(name: str, value: float, limit: float, at_most: bool) -> None:
+        out[name] = {"value": round(value, 3), "target": limit,
+                     "met": value <= limit if at_most else value >= limit}
+
+    if mf and hash_:
+        check("latency_vs_hash", mf["p50_ms"] / hash_["p50_ms"], TARGETS["latency_vs_hash"], True)
+        check("throughput_vs_hash", mf["ops_per_s"] / hash_["ops_per_s"], TARGETS["throughput_vs_hash"], False)
+    if mf and chord:
+        check("throughput_vs_chord", mf["ops_per_s"] / chord["ops_per_s"], TARGETS["throughput_vs_chord"], False)
+    if nat:
+        check("nat_share", nat["nat_share_of_service"], TARGETS["nat_share"], True)
+    return out
+
+
+def mdtest(sweep: Sweep, lookups: LookupFleet, members: Membership, cfg: BenchConfig) -> dict:
+    """create, stat, remove of fresh files per client, each scheme in turn;
+    G-HBA's replicas are refreshed between phases, as its periodic update would."""
+    out: dict[str, dict] = {}
+    level = cfg.levels[min(1, len(cfg.levels) - 1)]
+    for scheme in cfg.schemes:
+        for phase in ("create", "stat", "remove"):
+            run = sweep.one(scheme, level, 0, phase)
+            out.setdefault(scheme, {})[phase] = {"ops_per_s": run.ops_per_s, "p50_ms": run.p50_ms,
+                                                 "lookup_rpcs_per_op": run.lookup_rpcs_per_op,
+                                                 "errors": run.errors}
+            if scheme == "ghba":
+                lookups.call_all({name: [("GSYNC",)] for name in members.data_ip})
+    return out
+
+
+def run_bench(cfg: BenchConfig, show_progress: bool = True, keep: Path | None = None) -> dict:
+    """The whole benchmark; `keep` is a directory to leave the daemons' logs in
+    (default: a temporary one, deleted)."""
+    started = time.monotonic()
+    planned = len(nat_cost.MODES) * cfg.nat_rounds + len(cfg.schemes) * (len(cfg.levels) * cfg.reps + 3 * bool(cfg.mdtest_files))
+    progress = tqdm(total=planned, disable=not show_progress, file=sys.stderr, unit="run")
+    with tempfile.TemporaryDirectory(prefix="mfbench-") as tmp:
+        workdir = keep or Path(tmp)
+        progress.set_description("NAT A/B")
+        nat = nat_cost.measure(cfg.nat_rounds, cfg.nat_ops, workdir, progress) if cfg.nat_rounds else {}
+        progress.set_description("network up")
+        graph = builders.fat_tree(cfg.k, servers=cfg.servers)
+        # every server owns a share from the start (the controller's default gives
+        # half of them blocks and the rest wait for splits)
+        with MetaFlowNet(graph, store=cfg.store, workdir=workdir,
+                         controller_args=["--bootstrap", f"preallocate:{cfg.servers}"]) as mf:
+            members, names = write_membership(mf, workdir / "membership.json")
+            lookups = LookupFleet(mf, workdir / "membership.json", names)
+            failures: list[str] = []
+            try:
+                clients = ClientFleet(mf, workdir / "membership.json", cfg)
+                try:
+                    progress.set_description("loading namespace")
+                    loaded = clients.run({"phase": "load", "scheme": "hash", "concurrency": 64}, shares=True)
+                    if sum(r["errors"] for r in loaded):
+                        raise RuntimeError(f"loading failed: {[r['error_sample'] for r in loaded]}")
+                    load_ghba_filters(lookups, members, cfg)
+                    ovs = [int(OVS_PIDFILE.read_text())] if OVS_PIDFILE.exists() else []
+                    meter = CpuMeter({"storage": [a.proc.pid for a in mf.scenario.agents.values()],
+                                      "lookup": lookups.pids, "client": clients.pids, "ovs": ovs})
+                    sweep = Sweep(clients, meter, cfg, progress)
+                    sweep.sweep()
+                    ghba_levels = _ghba_levels(lookups)   # of the mixed workload, before mdtest's creates
+                    phases = mdtest(sweep, lookups, members, cfg) if cfg.mdtest_files else {}
+                finally:
+                    clients.close()
+                flows = mf.flow_counts()
+            finally:
+                failures += lookups.stop()
+            timings = dict(mf.timings)
+    progress.close()
+    if failures:
+        raise RuntimeError("; ".join(failures))
+    schemes = summarize(sweep, nat)
+    if "ghba" in schemes:
+        schemes["ghba"].update(levels=ghba_levels, group_size=members.group_size)
+    return {"config": {**asdict(cfg), "servers": len(members.data_ip), "clients": len(clients.procs),
+                       "topology": f"fat-tree k={cfg.k}"},
+            "schemes": schemes, "targets": targets(schemes, nat), "nat": nat, "mdtest": phases,
+            "flows": flows, "runs": [asdict(r) for r in sweep.runs],
+            "timings": {**timings, "total_s": round(time.monotonic() - started, 1)}}
+
+
+def _ghba_levels(lookups: LookupFleet) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for answers in lookups.call_all({name: [("STATS",)] for name in lookups.procs}).values():
+        for key, value in json.loads(answers[0]).items():
+            if key.startswith("level_"):
+                totals[key[6:]] = totals.get(key[6:], 0) + value
+    return totals
+
+
+def with_overrides(cfg: BenchConfig, **changes) -> BenchConfig:
+    return replace(cfg, **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,90 @@
+"""The benchmark's pure parts: the workload mix, run aggregation, targets, report."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from benchmarks.bench import TARGETS, aggregate, targets
+from benchmarks.bench_report import format_report
+from benchmarks.mix import MixedOps, entries, mdtest_entries
+from client_lib.mdid import normalize_path
+
+
+def test_namespace_entries_are_keys_with_paper_sized_values():
+    population = entries(3000, seed=5)
+    assert len(population) == 3000 and len({e.key for e in population}) == 3000
+    assert all(normalize_path(e.key) == e.key for e in population)
+    sizes = [len(e.value) for e in population]
+    assert 150 < sum(sizes) / len(sizes) < 350     # the paper's 250 (file) and 290 (directory) bytes
+    assert entries(3000, seed=5) == population      # every client builds the same list
+    mine = mdtest_entries("c1", 250)
+    assert len({e.key for e in mine}) == 250 and all(e.key.startswith(b"/mdtest/c1/") for e in mine)
+
+
+@pytest.mark.parametrize("zipf", [0.0, 0.9, 1.2])
+def test_mixed_ops_have_the_asked_get_share_and_popularity(zipf):
+    ops = MixedOps(5000, get_fraction=0.2, zipf=zipf, seed=3)
+    drawn = [next(ops) for _ in range(40000)]
+    gets = sum(g for g, _ in drawn) / len(drawn)
+    assert 0.18 < gets < 0.22
+    counts = collections.Counter(i for _, i in drawn)
+    top = counts.most_common(1)[0][1] / len(drawn)
+    if zipf == 0.0:
+        assert top < 0.002                          # uniform over 5000
+    else:
+        assert top > 0.05                           # the most popular entry stands out
+    assert all(0 <= i < 5000 for _, i in drawn)
+
+
+def test_mixed_ops_reject_nonsense():
+    with pytest.raises(ValueError):
+        MixedOps(0, 0.2, 0.9, 1)
+    with pytest.raises(ValueError):
+        MixedOps(10, 1.5, 0.9, 1)
+
+
+def _client(ops: int, seconds: float, lat_ms: list[float], rpcs: int = 0) -> dict:
+    return {"ops": ops, "seconds": seconds, "latency_us": [int(v * 1000) for v in lat_ms], "errors": 0,
+            "error_sample": [], "lookup_rpcs": rpcs, "moved": 0}
+
+
+def test_aggregate_sums_clients_and_ignores_idle_ones():
+    results = [_client(100, 2.0, [1.0] * 99 + [9.0], rpcs=200), _client(50, 1.0, [3.0] * 50, rpcs=100),
+               _client(0, 0.0, [])]
+    run = aggregate("chord", 8, 0, results, {"storage": 0.3, "lookup": 0.15})
+    assert run.ops == 150 and run.ops_per_s == 100.0
+    assert run.p50_ms == 1.0 and run.lookup_rpcs_per_op == 2.0
+    assert run.cpu_us_per_op == {"storage": 2000.0, "lookup": 1000.0}
+
+
+def _scheme(ops: float, p50: float) -> dict:
+    return {"ops_per_s": ops, "p50_ms": p50}
+
+
+def test_targets_compare_as_the_issue_sets_them():
+    schemes = {"metaflow": _scheme(950, 1.05), "hash": _scheme(1000, 1.0), "chord": _scheme(400, 3.0)}
+    got = targets(schemes, {"nat_share_of_service": 0.05})
+    assert got["latency_vs_hash"] == {"value": 1.05, "target": TARGETS["latency_vs_hash"], "met": True}
+    assert got["throughput_vs_hash"]["met"] and got["throughput_vs_hash"]["value"] == 0.95
+    assert not got["throughput_vs_chord"]["met"] and got["throughput_vs_chord"]["value"] == 2.375
+    assert not got["nat_share"]["met"]
+    assert set(targets({"hash": _scheme(1, 1)}, {})) == set()
+
+
+def test_the_report_shows_every_scheme_and_every_target():
+    row = {"ops_per_s": 1000.0, "peak_concurrency": 32, "p50_ms": 2.0, "p99_ms": 5.0, "lookup_rpcs_per_op": 0.0,
+           "server_cpu_us_per_op": 300.0, "lookup_cpu_us_per_op": 0.0, "nat_cpu_us_per_op": 0.0,
+           "ovs_cpu_us_per_op": 500.0, "client_cpu_us_per_op": 400.0}
+    schemes = {"metaflow": dict(row, nat_cpu_us_per_op=20.0), "hash": row,
+               "chord": dict(row, ops_per_s=300.0, p50_ms=6.0, lookup_rpcs_per_op=2.1)}
+    report = {"config": {"topology": "fat-tree k=4", "servers": 8, "clients": 8, "store": "leveldb",
+                         "entries": 100, "get_fraction": 0.2, "zipf": 0.9, "reuse": False, "reps": 1,
+                         "seconds": 1.0},
+              "timings": {"total_s": 10.0}, "schemes": schemes, "targets": targets(schemes, {}), "nat": {},
+              "mdtest": {}, "flows": {"c0": {"metaflow": 2, "layer": "core"}}}
+    text = format_report(report)
+    for needle in ("metaflow", "hash", "chord", "target throughput_vs_chord: 3.333", "met", "c0 2"):
+        assert needle in text
+    assert text.index("metaflow") < text.index("\nhash") < text.index("\nchord")
