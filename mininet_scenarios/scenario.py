@@ -55,6 +55,7 @@ from pathlib import Path
 from types import TracebackType
 
 import networkx as nx
+from mininet.link import OVSLink
 from mininet.net import Mininet
 from mininet.node import Host, OVSSwitch, RemoteController
 
@@ -193,7 +194,7 @@ class Scenario:
 
     def _build(self) -> None:
         switch = partial(OVSSwitch, datapath="user", protocols="OpenFlow10", failMode=self.fail_mode)
-        self.net = Mininet(topo=self.topo, switch=switch, host=Host, controller=None, build=False,
+        self.net = Mininet(topo=self.topo, switch=switch, host=Host, link=OVSLink, controller=None, build=False,
                            autoSetMacs=False, autoStaticArp=False, cleanup=False)
         if self.controller is not None:
             ip, port = self.controller
