@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from benchmarks.bench import TARGETS, aggregate, targets
+from benchmarks.bench import TARGETS, aggregate, paired_ratio, targets
 from benchmarks.bench_report import format_report
 from benchmarks.mix import MixedOps, entries, mdtest_entries
 from client_lib.mdid import normalize_path
@@ -59,18 +59,27 @@ def test_aggregate_sums_clients_and_ignores_idle_ones():
     assert run.cpu_us_per_op == {"storage": 2000.0, "lookup": 1000.0}
 
 
-def _scheme(ops: float, p50: float) -> dict:
-    return {"ops_per_s": ops, "p50_ms": p50}
+def _run(scheme: str, level: int, rep: int, ops: float, p50: float) -> dict:
+    return {"scheme": scheme, "level": level, "rep": rep, "ops_per_s": ops, "p50_ms": p50}
 
 
-def test_targets_compare_as_the_issue_sets_them():
-    schemes = {"metaflow": _scheme(950, 1.05), "hash": _scheme(1000, 1.0), "chord": _scheme(400, 3.0)}
-    got = targets(schemes, {"nat_share_of_service": 0.05})
+def test_targets_are_paired_ratios_within_rounds():
+    # round 1 ran on a slower machine for every scheme: a ratio of medians would
+    # compare metaflow's slow round with hash's fast one, the paired ratio does not
+    runs = [_run("metaflow", 1, 0, 100, 1.05), _run("hash", 1, 0, 100, 1.0), _run("chord", 1, 0, 40, 3.0),
+            _run("metaflow", 1, 1, 50, 2.1), _run("hash", 1, 1, 50, 2.0), _run("chord", 1, 1, 20, 6.0),
+            _run("metaflow", 1, 2, 95, 1.05), _run("hash", 1, 2, 100, 1.0), _run("chord", 1, 2, 40, 3.0),
+            _run("metaflow", 8, 0, 950, 3.0), _run("hash", 8, 0, 1000, 3.0), _run("chord", 8, 0, 400, 9.0),
+            _run("metaflow", 8, 1, 475, 6.0), _run("hash", 8, 1, 500, 6.0), _run("chord", 8, 1, 200, 18.0)]
+    schemes = {name: {"peak_concurrency": 8} for name in ("metaflow", "hash", "chord")}
+    assert paired_ratio(runs, "metaflow", "hash", "p50_ms", 1, 1) == pytest.approx(1.05)
+    got = targets(schemes, {"nat_share_of_service": 0.05}, runs)
     assert got["latency_vs_hash"] == {"value": 1.05, "target": TARGETS["latency_vs_hash"], "met": True}
     assert got["throughput_vs_hash"]["met"] and got["throughput_vs_hash"]["value"] == 0.95
     assert not got["throughput_vs_chord"]["met"] and got["throughput_vs_chord"]["value"] == 2.375
     assert not got["nat_share"]["met"]
-    assert set(targets({"hash": _scheme(1, 1)}, {})) == set()
+    assert paired_ratio(runs, "metaflow", "ghba", "p50_ms", 1, 1) is None
+    assert set(targets({"hash": {"peak_concurrency": 1}}, {}, runs)) == set()
 
 
 def test_the_report_shows_every_scheme_and_every_target():
@@ -78,13 +87,14 @@ def test_the_report_shows_every_scheme_and_every_target():
            "server_cpu_us_per_op": 300.0, "lookup_cpu_us_per_op": 0.0, "nat_cpu_us_per_op": 0.0,
            "ovs_cpu_us_per_op": 500.0, "client_cpu_us_per_op": 400.0}
     schemes = {"metaflow": dict(row, nat_cpu_us_per_op=20.0), "hash": row,
-               "chord": dict(row, ops_per_s=300.0, p50_ms=6.0, lookup_rpcs_per_op=2.1)}
+               "chord": dict(row, ops_per_s=300.0, p50_ms=6.0, lookup_rpcs_per_op=2.1, throughput_vs_hash=0.3)}
+    runs = [_run(name, 32, 0, s["ops_per_s"], s["p50_ms"]) for name, s in schemes.items()]
     report = {"config": {"topology": "fat-tree k=4", "servers": 8, "clients": 8, "store": "leveldb",
                          "entries": 100, "get_fraction": 0.2, "zipf": 0.9, "reuse": False, "reps": 1,
                          "seconds": 1.0},
-              "timings": {"total_s": 10.0}, "schemes": schemes, "targets": targets(schemes, {}), "nat": {},
+              "timings": {"total_s": 10.0}, "schemes": schemes, "targets": targets(schemes, {}, runs), "nat": {},
               "mdtest": {}, "flows": {"c0": {"metaflow": 2, "layer": "core"}}}
     text = format_report(report)
-    for needle in ("metaflow", "hash", "chord", "target throughput_vs_chord: 3.333", "met", "c0 2"):
+    for needle in ("metaflow", "hash", "chord", "target throughput_vs_chord: 3.333", "met", "c0 2", "  0.30 "):
         assert needle in text
     assert text.index("metaflow") < text.index("\nhash") < text.index("\nchord")
