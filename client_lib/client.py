@@ -416,5 +416,9 @@ class AsyncMetaFlowClient(_Surface):
             raise _Retry(f"connect to {address} timed out") from None
         except OSError as exc:
             raise _Retry(f"connect to {address}: {exc}") from None
-        conn[1].get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            conn[1].get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as exc:  # the peer closed it already (a refusal, a reset): the transport let go
+            conn[1].close()
+            raise _Retry(f"connection to {address} closed at once: {exc}") from None
         return conn

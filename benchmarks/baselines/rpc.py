@@ -10,6 +10,7 @@ or reused, the same way for every scheme.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 from client_lib.resp import ErrorReply, Reply, RespParser, encode_command
@@ -38,7 +39,8 @@ async def exchange(conn: Conn, frame: bytes, timeout: float) -> Reply:
 
 async def connect(host: str, port: int, timeout: float) -> Conn:
     conn = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    conn[1].get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with contextlib.suppress(OSError):  # closed by the peer already: the exchange will say so
+        conn[1].get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return conn
 
 
