@@ -336,6 +336,23 @@ class MetaFlowClient(_Surface):
             self._pool.give(address, sock)
 
 
+async def exchange_async(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frame: bytes,
+                         timeout: float) -> Reply:
+    """Send one request frame and read its one reply, each read within
+    `timeout`; a peer that closes first raises ConnectionResetError. Shared
+    with the benchmark's lookup RPCs, which talk RESP over the same streams."""
+    writer.write(frame)
+    parser = RespParser(max_bulk=1 << 30)
+    while True:
+        done, reply = parser.next_reply()
+        if done:
+            return reply
+        data = await asyncio.wait_for(reader.read(65536), timeout)
+        if not data:
+            raise ConnectionResetError("server closed the connection")
+        parser.feed(data)
+
+
 class AsyncMetaFlowClient(_Surface):
     """The asyncio twin of `MetaFlowClient`, for one event loop."""
 
@@ -384,16 +401,7 @@ class AsyncMetaFlowClient(_Surface):
     async def _exchange(self, op: _Op) -> Reply:
         reader, writer = await self._checkout(op.address)
         try:
-            writer.write(op.frame)
-            parser = RespParser(max_bulk=1 << 30)
-            while True:
-                done, reply = parser.next_reply()
-                if done:
-                    break
-                data = await asyncio.wait_for(reader.read(65536), self.timeout)
-                if not data:
-                    raise ConnectionResetError("server closed the connection")
-                parser.feed(data)
+            reply = await exchange_async(reader, writer, op.frame, self.timeout)
         except (OSError, ProtocolError) as exc:
             writer.close()
             raise self._failure(exc, op.address) from None

@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import socket
 
-from client_lib.resp import ErrorReply, Reply, RespParser, encode_command
+from client_lib.client import exchange_async
+from client_lib.resp import ErrorReply, Reply, encode_command
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -24,17 +25,7 @@ class RpcError(Exception):
 
 async def exchange(conn: Conn, frame: bytes, timeout: float) -> Reply:
     """Send one request frame and read one reply."""
-    reader, writer = conn
-    writer.write(frame)
-    parser = RespParser(max_bulk=1 << 30)
-    while True:
-        done, reply = parser.next_reply()
-        if done:
-            return reply
-        data = await asyncio.wait_for(reader.read(65536), timeout)
-        if not data:
-            raise ConnectionResetError("peer closed the connection")
-        parser.feed(data)
+    return await exchange_async(*conn, frame, timeout)
 
 
 async def connect(host: str, port: int, timeout: float) -> Conn:
