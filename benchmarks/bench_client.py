@@ -50,11 +50,8 @@ class Router:
         self.rng = random.Random(seed)
         self.lookups = RpcPool()
 
-    def position(self, key: bytes) -> int:
-        return mdid_of_key(key, self.members.space) - self.members.space.first
-
     def placed(self, key: bytes) -> str:
-        return self.members.data_ip[self.ring.successor(self.position(key))[1]]
+        return self.members.data_ip[self.ring.owner(key)]
 
     async def locate(self, scheme: str, key: bytes, bad: tuple[str, ...]) -> tuple[str, int]:
         """(address to send the request to, lookup RPCs spent)."""
@@ -67,7 +64,7 @@ class Router:
             return (ip.decode() if ip else self.placed(key)), 1 + forwards
         server = self.members.coordinator if scheme == "central" else self.rng.choice(self.servers)
         command = "WHO" if scheme in ("central", "onehop") else "CHORD"
-        ip, forwards, _level = await self.lookups.call(self.members.lookup[server], command, self.position(key))
+        ip, forwards, _level = await self.lookups.call(self.members.lookup[server], command, self.ring.position(key))
         return ip.decode(), 1 + forwards
 
     def server_of(self, ip: str) -> str:
