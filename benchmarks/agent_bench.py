@@ -31,12 +31,11 @@ from tqdm import tqdm
 
 from benchmarks.agent_load import run as run_load
 from benchmarks.cpu import cpu_seconds
+from benchmarks.nat_cost import SPACE, agent_in_pair
 from client_lib.client import MetaFlowClient
-from mininet_scenarios.netns_pair import NetnsPair
 from nat_agent.process import ROOT, AgentProcess
 from nat_agent.redis_server import RedisServer
 
-SPACE = "100.64.0.0/10"
 REWRITE_TARGET = 1.05   # kernel rewrite at most 5 % over no rewrite
 SERVICE_TARGET = 1.3    # service latency at most 1.3x raw redis
 
@@ -49,33 +48,27 @@ def _median(values: list[float]) -> float:
 
 def rewrite_round(mode: str, ops: int, workdir: Path, progress: tqdm) -> dict:
     """One daemon in one mode; GET and SET latency from the client namespace."""
-    with NetnsPair(prefix="mfbr") as net:
-        agent = AgentProcess(f"leveldb:{workdir / mode}", own=[SPACE],
-                             rewrite="none" if mode == "none" else mode, host="0.0.0.0", port=9000,
-                             netns=net.server, log_path=workdir / f"{mode}.log")
-        agent.argv += ["--data-ip", net.server_ip]
-        with agent:
-            via = ["--via", f"{net.server_ip}:9000"] if mode == "none" else []
-            result: dict = {"mode": mode}
-            cpu_before = {"agent": cpu_seconds(agent.proc.pid)}
-            worker = agent.call("GET", "/stats")[1]["rewrite"].get("pid")
-            if worker:
-                cpu_before["worker"] = cpu_seconds(worker)
-            for workload in ("get", "set"):
-                out = net.client.run(sys.executable, "-m", "benchmarks.agent_load", "--ops", str(ops),
-                                     "--workload", workload, "--space", SPACE, *via,
-                                     cwd=ROOT, timeout=600)
-                report = json.loads(out.stdout)
-                result[workload] = report["latency"][workload]
-                progress.update(1)
-            stats = agent.call("GET", "/stats")[1]["rewrite"]
-            agent_cpu = cpu_seconds(agent.proc.pid) - cpu_before["agent"]
-            if worker:
-                worker_cpu = cpu_seconds(worker) - cpu_before["worker"]
-                result["nat_cpu_share"] = round(worker_cpu / (worker_cpu + agent_cpu), 3)
-                result["us_per_packet_python"] = round(stats["us_translate_per_packet"], 1)
-                result["us_per_packet_callback"] = round(stats["us_callback_per_packet"], 1)
-                result["nat_cpu_us_per_op"] = round(worker_cpu * 1e6 / (2 * ops), 1)
+    with agent_in_pair(mode, workdir, mode, "mfbr") as (net, agent, via):
+        result: dict = {"mode": mode}
+        cpu_before = {"agent": cpu_seconds(agent.proc.pid)}
+        worker = agent.call("GET", "/stats")[1]["rewrite"].get("pid")
+        if worker:
+            cpu_before["worker"] = cpu_seconds(worker)
+        for workload in ("get", "set"):
+            out = net.client.run(sys.executable, "-m", "benchmarks.agent_load", "--ops", str(ops),
+                                 "--workload", workload, "--space", SPACE, *via,
+                                 cwd=ROOT, timeout=600)
+            report = json.loads(out.stdout)
+            result[workload] = report["latency"][workload]
+            progress.update(1)
+        stats = agent.call("GET", "/stats")[1]["rewrite"]
+        agent_cpu = cpu_seconds(agent.proc.pid) - cpu_before["agent"]
+        if worker:
+            worker_cpu = cpu_seconds(worker) - cpu_before["worker"]
+            result["nat_cpu_share"] = round(worker_cpu / (worker_cpu + agent_cpu), 3)
+            result["us_per_packet_python"] = round(stats["us_translate_per_packet"], 1)
+            result["us_per_packet_callback"] = round(stats["us_callback_per_packet"], 1)
+            result["nat_cpu_us_per_op"] = round(worker_cpu * 1e6 / (2 * ops), 1)
     return result
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.cpu import cpu_seconds
@@ -37,21 +39,28 @@ IDLE_NAT_RULE = ("iptables", "-t", "nat", "-A", "PREROUTING", "-d", "192.0.2.1/3
                  "-j", "DNAT", "--to-destination", "192.0.2.2")
 
 
-def nat_round(mode: str, ops: int, workdir: Path) -> dict:
-    with NetnsPair(prefix="mfbn") as net:
-        if mode == "conntrack":
-            net.server.run(*IDLE_NAT_RULE)   # goes with the namespace
-        agent = AgentProcess(f"leveldb:{workdir / f'nat-{mode}'}", own=[SPACE],
-                             rewrite="kernel" if mode == "kernel" else "none",
-                             host="0.0.0.0", port=9000, netns=net.server,
-                             log_path=workdir / f"nat-{mode}.log")
+@contextmanager
+def agent_in_pair(rewrite: str, workdir: Path, name: str, prefix: str) -> Iterator[tuple[NetnsPair, AgentProcess,
+                                                                                         list[str]]]:
+    """An agent (LevelDB, owning the whole space) in the server namespace of a
+    fresh pair, and the `agent_load` arguments that reach it: its MetaDataIDs
+    through the rewrite, or the server's own address when there is none."""
+    with NetnsPair(prefix=prefix) as net:
+        agent = AgentProcess(f"leveldb:{workdir / name}", own=[SPACE], rewrite=rewrite, host="0.0.0.0",
+                             port=9000, netns=net.server, log_path=workdir / f"{name}.log")
         agent.argv += ["--data-ip", net.server_ip]
         with agent:
-            via = [] if mode == "kernel" else ["--via", f"{net.server_ip}:9000"]
-            before = cpu_seconds(agent.proc.pid)
-            out = net.client.run(sys.executable, "-m", "benchmarks.agent_load", "--ops", str(ops),
-                                 "--workload", "set", "--fresh", "--space", SPACE, *via, cwd=ROOT, timeout=600)
-            service = cpu_seconds(agent.proc.pid) - before
+            yield net, agent, ["--via", f"{net.server_ip}:9000"] if rewrite == "none" else []
+
+
+def nat_round(mode: str, ops: int, workdir: Path) -> dict:
+    with agent_in_pair("kernel" if mode == "kernel" else "none", workdir, f"nat-{mode}", "mfbn") as (net, agent, via):
+        if mode == "conntrack":
+            net.server.run(*IDLE_NAT_RULE)   # goes with the namespace
+        before = cpu_seconds(agent.proc.pid)
+        out = net.client.run(sys.executable, "-m", "benchmarks.agent_load", "--ops", str(ops),
+                             "--workload", "set", "--fresh", "--space", SPACE, *via, cwd=ROOT, timeout=600)
+        service = cpu_seconds(agent.proc.pid) - before
     report = json.loads(out.stdout)
     return {"mode": mode, "service_us_per_op": service * 1e6 / ops,
             "total_us_per_op": (service + report["cpu_s"]) * 1e6 / ops,
