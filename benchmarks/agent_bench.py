@@ -33,7 +33,7 @@ from benchmarks.agent_load import run as run_load
 from benchmarks.cpu import cpu_seconds
 from benchmarks.nat_cost import SPACE, agent_in_pair
 from client_lib.client import MetaFlowClient
-from nat_agent.process import ROOT, AgentProcess
+from mininet_scenarios.daemons import ROOT, AgentProcess
 from nat_agent.redis_server import RedisServer
 
 REWRITE_TARGET = 1.05   # kernel rewrite at most 5 % over no rewrite

@@ -23,8 +23,9 @@ import threading
 import time
 from collections import defaultdict
 
+from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, MetaFlowError
-from client_lib.mdid import MetaDataSpace
+from client_lib.constants import DEFAULT_SPACE_CIDR
 from nat_agent.packet import TCP_ACK, TCP_SYN, parse
 
 ETH_P_IP = 0x0800
@@ -34,7 +35,7 @@ ETH_HEADER = 14
 class SourceAudit:
     """Counts packets from the service port by whether their source is a MetaDataID."""
 
-    def __init__(self, interface: str, space: MetaDataSpace, port: int) -> None:
+    def __init__(self, interface: str, space: Block, port: int) -> None:
         self.space = space
         self.port = port
         self.inside = 0
@@ -132,7 +133,7 @@ def run(client: MetaFlowClient, workload: str, ops: int, prefix: str, value_size
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--space", default="100.64.0.0/10")
+    p.add_argument("--space", default=DEFAULT_SPACE_CIDR)
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--via", default=None, metavar="HOST[:PORT]",
                    help="send to one address instead of the MetaDataIDs (the no-rewrite baseline)")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--audit", default=None, metavar="IFACE",
                    help="capture replies on IFACE and check their source addresses")
     args = p.parse_args(argv)
-    space = MetaDataSpace.parse(args.space)
+    space = Block.parse(args.space)
     route = None
     if args.via:
         host, _, port = args.via.partition(":")

@@ -49,8 +49,8 @@ from benchmarks.baselines.rpc import RpcPool
 from benchmarks.bench_client import SCHEMES
 from benchmarks.cpu import CpuMeter
 from benchmarks.mix import entries
+from mininet_scenarios.daemons import ROOT
 from mininet_scenarios.metaflow_net import MetaFlowNet
-from nat_agent.process import ROOT
 from topology import builders
 
 OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")

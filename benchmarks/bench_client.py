@@ -32,11 +32,11 @@ from pathlib import Path
 from benchmarks.baselines.lookupd import Membership
 from benchmarks.baselines.rpc import RpcError, RpcPool, connect, exchange
 from benchmarks.mix import Entry, MixedOps, entries, mdtest_entries
+from client_lib.constants import METAFLOW_PORT
 from client_lib.mdid import mdid_of_key
 from client_lib.resp import ErrorReply, encode_command
 
 SCHEMES = ("metaflow", "hash", "central", "onehop", "chord", "ghba")
-SERVICE_PORT = 9000
 
 
 class Router:
@@ -80,8 +80,8 @@ class Requests:
 
     async def send(self, address: str, frame: bytes):
         if self.pool is not None:
-            return await self.pool.call_frame(f"{address}:{SERVICE_PORT}", frame)
-        conn = await connect(address, SERVICE_PORT, self.timeout)
+            return await self.pool.call_frame(f"{address}:{METAFLOW_PORT}", frame)
+        conn = await connect(address, METAFLOW_PORT, self.timeout)
         try:
             return await exchange(conn, frame, self.timeout)
         finally:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from btree.cidr import Block
-from client_lib.mdid import MetaDataSpace, mdid
+from client_lib.cidr import Block
+from client_lib.mdid import mdid
 
 from .namespace import generate_paths
 
@@ -22,7 +22,7 @@ DISTRIBUTIONS = ("uniform", "skewed")
 def uniform_ids(n: int, space: Block, seed: int = 0,
                 progress: Callable[[int], None] | None = None) -> list[int]:
     """IDs of n generated file-system paths, hashed exactly as clients hash them."""
-    md_space = MetaDataSpace.parse(str(space))
+    md_space = Block.parse(str(space))
     out = []
     for i, path in enumerate(generate_paths(n, seed)):
         out.append(mdid(path, md_space))

@@ -26,10 +26,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.cpu import cpu_seconds
+from client_lib.constants import DEFAULT_SPACE_CIDR
+from mininet_scenarios.daemons import ROOT, AgentProcess
 from mininet_scenarios.netns_pair import NetnsPair
-from nat_agent.process import ROOT, AgentProcess
 
-SPACE = "100.64.0.0/10"
+SPACE = DEFAULT_SPACE_CIDR
 
 
 MODES = ("none", "conntrack", "kernel")

@@ -20,11 +20,11 @@ from typing import Iterator
 from sortedcontainers import SortedList
 from tqdm import tqdm
 
-from btree.cidr import Block
 from btree.fake_network import FakeNetwork, expected_intervals
 from btree.flows import FlowPlanner
 from btree.split import SplitBounds, apply_split, plan_split
 from btree.tree import LogicalBTree, State
+from client_lib.cidr import Block
 from topology.builders import fat_tree, three_tier, two_tier
 from topology.classify import map_topology
 

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Mapping
 
-from .cidr import Block
+from client_lib.cidr import Block
+from client_lib.constants import METAFLOW_BASE_PRIORITY, METAFLOW_PORT
+
 from .fabric import Fabric
-from .flows import METAFLOW_BASE_PRIORITY, METAFLOW_PORT, FlowEntry, FlowPlanner, Table, uprules
+from .flows import FlowEntry, FlowPlanner, Table, uprules
 
 Interval = tuple[int, int, object]
 """(first, last, where): where is a host id, or None for a drop / no MetaFlow match."""

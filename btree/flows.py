@@ -23,14 +23,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .cidr import Block
+from client_lib.cidr import Block
+from client_lib.constants import METAFLOW_BASE_PRIORITY, UPRULE_PRIORITY
+
 from .fabric import Fabric, SwitchPorts
 from .ortc import LpmTrie
 from .tree import LogicalBTree, Move
 
-METAFLOW_PORT = 9000
-METAFLOW_BASE_PRIORITY = 2000
-UPRULE_PRIORITY = 1999
 UP = "^up"   # the next hop "toward the root"; not a valid node id (ids come from the mapper)
 
 

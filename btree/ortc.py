@@ -28,7 +28,7 @@ from typing import Hashable, Iterator, Sequence
 
 from sortedcontainers import SortedDict
 
-from .cidr import Block
+from client_lib.cidr import Block
 
 Value = Hashable
 Key = tuple[int, int]

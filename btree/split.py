@@ -25,7 +25,8 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .cidr import Block, cover, most_aligned, subtract
+from client_lib.cidr import Block, cover, most_aligned, subtract
+
 from .tree import LogicalBTree, Move, State
 
 Oracle = Callable[[str, int, int], int]

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
-from .cidr import Block, cover, most_aligned, subtract
+from client_lib.cidr import Block, cover, most_aligned, subtract
 
 
 class State(enum.Enum):

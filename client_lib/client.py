@@ -32,9 +32,17 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
 
-from client_lib.mdid import DEFAULT_SPACE, MetaDataSpace, mdid_of_key, normalize_path
+from client_lib.cidr import Block
+from client_lib.mdid import DEFAULT_SPACE, mdid_of_key, normalize_path
 from client_lib.metadata import FileMetadata
-from client_lib.resp import ErrorReply, ProtocolError, Reply, RespParser, SimpleString, encode_command
+from client_lib.resp import (
+    ErrorReply,
+    ProtocolError,
+    Reply,
+    RespParser,
+    SimpleString,
+    encode_command,
+)
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -142,7 +150,7 @@ class _IdlePool(Generic[C]):
 class _Surface:
     """The shared part of both clients: ID math and request preparation."""
 
-    space: MetaDataSpace | str = DEFAULT_SPACE
+    space: Block | str = DEFAULT_SPACE
     port: int = 9000
     timeout: float = 2.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -153,7 +161,7 @@ class _Surface:
 
     def __post_init__(self) -> None:
         if isinstance(self.space, str):
-            self.space = MetaDataSpace.parse(self.space)
+            self.space = Block.parse(self.space)
 
     def mdid(self, path: str | bytes) -> int:
         return mdid_of_key(self._key(path), self.space)

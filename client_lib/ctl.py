@@ -14,12 +14,13 @@ import sys
 import time
 
 from client_lib.client import MetaFlowClient, MetaFlowError
+from client_lib.constants import DEFAULT_SPACE_CIDR
 from client_lib.metadata import FileMetadata, MetadataFormatError
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="absolute path of the file or directory")
-    p.add_argument("--space", default="100.64.0.0/10", help="MetaDataID space (CIDR)")
+    p.add_argument("--space", default=DEFAULT_SPACE_CIDR, help="MetaDataID space (CIDR)")
     p.add_argument("--port", type=int, default=9000, help="metadata service port")
     p.add_argument("--via", default=None, metavar="HOST[:PORT]",
                    help="send to this agent instead of the MetaDataID address")

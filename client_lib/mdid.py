@@ -27,8 +27,8 @@ The rule
    * The normalized key may be at most ``max_length`` bytes (default 4096,
      Linux ``PATH_MAX``); longer keys raise ``ValueError``.
 
-2. The space is a CIDR block: ``first`` (its network address as an integer),
-   ``size = 2 ** (width - prefixlen)`` where ``width`` is 32 (IPv4) or 128 (IPv6).
+2. The space is a CIDR block (`client_lib.cidr.Block`): ``first`` (its network
+   address as an integer), ``size = 2 ** (width - plen)`` where ``width`` is 32 (IPv4) or 128 (IPv6).
 
 3. ``mdid = first + int.from_bytes(H, "big") % size`` where
    ``H = hashlib.blake2b(key, digest_size=D).digest()`` (no key, salt or
@@ -48,20 +48,21 @@ client host needs a single route for all MetaDataIDs; the paper's whole
 from __future__ import annotations
 
 import hashlib
-import ipaddress
-from dataclasses import dataclass
+
+from client_lib.cidr import Block
+from client_lib.constants import DEFAULT_SPACE_CIDR, MAX_KEY
 
 __all__ = [
     "DEFAULT_SPACE",
     "PATH_MAX",
-    "MetaDataSpace",
+    "digest_size",
     "mdid",
     "mdid_address",
     "mdid_of_key",
     "normalize_path",
 ]
 
-PATH_MAX = 4096
+PATH_MAX = MAX_KEY
 """Default upper bound, in bytes, on a normalized key (Linux ``PATH_MAX``)."""
 
 
@@ -99,86 +100,29 @@ def normalize_path(path: str | bytes, *, max_length: int = PATH_MAX) -> bytes:
     return raw
 
 
-@dataclass(frozen=True)
-class MetaDataSpace:
-    """A CIDR block of MetaDataIDs, IPv4 (``width`` 32) or IPv6 (``width`` 128)."""
-
-    first: int
-    prefixlen: int
-    width: int
-
-    def __post_init__(self) -> None:
-        if self.width not in (32, 128):
-            raise ValueError(f"width must be 32 or 128, not {self.width}")
-        if not 0 <= self.prefixlen <= self.width:
-            raise ValueError(f"prefix length {self.prefixlen} outside 0..{self.width}")
-        if not 0 <= self.first < 1 << self.width:
-            raise ValueError(f"first address {self.first} outside a {self.width}-bit space")
-        if self.first % self.size:
-            raise ValueError(f"host bits set in {self.first}/{self.prefixlen}")
-
-    @classmethod
-    def parse(cls, cidr: str) -> MetaDataSpace:
-        """Build a space from CIDR text such as ``"100.64.0.0/10"`` or ``"fd00::/64"``.
-
-        Host bits set in the CIDR (``"10.0.0.1/8"``) raise ``ValueError``.
-        """
-        network = ipaddress.ip_network(cidr, strict=True)
-        return cls(
-            first=int(network.network_address),
-            prefixlen=network.prefixlen,
-            width=network.max_prefixlen,
-        )
-
-    @property
-    def size(self) -> int:
-        """Number of IDs in the space."""
-        return 1 << (self.width - self.prefixlen)
-
-    @property
-    def last(self) -> int:
-        """Highest ID in the space."""
-        return self.first + self.size - 1
-
-    @property
-    def digest_size(self) -> int:
-        """BLAKE2b digest size in bytes that ``mdid`` uses for this space (rule 3)."""
-        return 8 if self.width == 32 else 16
-
-    def contains(self, id: int) -> bool:
-        """Whether ``id`` is a MetaDataID of this space."""
-        return self.first <= id <= self.last
-
-    def address(self, id: int) -> str:
-        """The IP address text (dotted IPv4 or IPv6) of an ID of this space."""
-        if not self.contains(id):
-            raise ValueError(f"ID {id} outside {self}")
-        if self.width == 32:
-            return str(ipaddress.IPv4Address(id))
-        return str(ipaddress.IPv6Address(id))
-
-    def __str__(self) -> str:
-        return f"{self.address(self.first)}/{self.prefixlen}"
+def digest_size(space: Block) -> int:
+    """BLAKE2b digest size in bytes that ``mdid`` uses for ``space`` (rule 3)."""
+    return 8 if space.width == 32 else 16
 
 
-DEFAULT_SPACE = MetaDataSpace.parse("100.64.0.0/10")
+DEFAULT_SPACE = Block.parse(DEFAULT_SPACE_CIDR)
 
 
-def mdid(path: str | bytes, space: MetaDataSpace = DEFAULT_SPACE) -> int:
+def mdid(path: str | bytes, space: Block = DEFAULT_SPACE) -> int:
     """The MetaDataID of ``path`` in ``space`` (rule 3 above)."""
     return mdid_of_key(normalize_path(path), space)
 
 
-def mdid_of_key(key: bytes, space: MetaDataSpace = DEFAULT_SPACE) -> int:
+def mdid_of_key(key: bytes, space: Block = DEFAULT_SPACE) -> int:
     """The MetaDataID of a key that is already ``normalize_path``'s output.
 
     For hot paths that normalize once and need both the key and its ID (the
     agent checks every request); anything else should call ``mdid``.
     """
-    digest = hashlib.blake2b(key, digest_size=space.digest_size).digest()
+    digest = hashlib.blake2b(key, digest_size=digest_size(space)).digest()
     return space.first + int.from_bytes(digest, "big") % space.size
 
 
-def mdid_address(path: str | bytes, space: MetaDataSpace = DEFAULT_SPACE) -> str:
+def mdid_address(path: str | bytes, space: Block = DEFAULT_SPACE) -> str:
     """The MetaDataID of ``path`` as IP address text: where a request for it is sent."""
     return space.address(mdid(path, space))

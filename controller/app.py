@@ -28,14 +28,19 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
-from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+from os_ken.controller.handler import (
+    CONFIG_DISPATCHER,
+    DEAD_DISPATCHER,
+    MAIN_DISPATCHER,
+    set_ev_cls,
+)
 from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_0
 from os_ken.topology import event as topo_event
 
-from btree.cidr import Block
 from btree.flows import FlowDiff, FlowEntry
 from btree.split import SplitBounds
+from client_lib.cidr import Block
 from controller import arp, ofmsgs
 from controller.agents import HttpAgent
 from controller.core import MetaFlowCore

@@ -28,12 +28,17 @@ from typing import Callable, Protocol
 
 import networkx as nx
 
-from btree.cidr import Block
 from btree.flows import FlowDiff, FlowEntry, FlowPlanner
 from btree.split import SplitBounds, apply_split, plan_split
 from btree.tree import LogicalBTree, Move, State, TreeError
+from client_lib.cidr import Block
 from controller.routing import Routes, diff_routes, host_routes
-from topology.classify import Classification, TopologyError, discovered_graph, map_topology
+from topology.classify import (
+    Classification,
+    TopologyError,
+    discovered_graph,
+    map_topology,
+)
 
 log = logging.getLogger("metaflow.controller")
 

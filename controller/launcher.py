@@ -20,8 +20,9 @@ from os_ken import cfg
 from os_ken.base import app_manager
 from os_ken.lib import hub
 
-from btree.cidr import Block
 from btree.split import SplitBounds
+from client_lib.cidr import Block
+from client_lib.constants import DEFAULT_SPACE_CIDR
 from controller import app
 
 
@@ -32,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--of-port", type=int, default=6653, help="OpenFlow listen port")
     p.add_argument("--rest-host", default="0.0.0.0", help="REST API address (agents register here)")
     p.add_argument("--rest-port", type=int, default=8080, help="REST API port")
-    p.add_argument("--space", default="100.64.0.0/10", help="the MetaDataID space")
+    p.add_argument("--space", default=DEFAULT_SPACE_CIDR, help="the MetaDataID space")
     p.add_argument("--gateway", default="10.255.255.254",
                    help="virtual gateway address clients route the space to (ARP answered here)")
     p.add_argument("--split", type=SplitBounds.parse, default=SplitBounds(),

@@ -26,21 +26,24 @@ from typing import Any
 
 from os_ken.ofproto import ofproto_v1_0
 
-from btree.cidr import Block
-from btree.flows import METAFLOW_PORT, FlowEntry, SwitchDiff, Table, diff_tables
+from btree.flows import FlowEntry, SwitchDiff, Table, diff_tables
+from client_lib.cidr import Block
+from client_lib.constants import (
+    ARP_PRIORITY,
+    COOKIE_BASE,
+    COOKIE_METAFLOW,
+    COOKIE_ROUTE,
+    HOST_ROUTE_PRIORITY,
+    LLDP_PRIORITY,
+    METAFLOW_PORT,
+    TABLE_MISS_PRIORITY,
+)
 from controller.routing import diff_routes
 
 ETH_TYPE_IP = 0x0800
 ETH_TYPE_ARP = 0x0806
 ETH_TYPE_LLDP = 0x88CC
-LLDP_PRIORITY = 0xFFFF
 PROTOCOLS = (6, 17)        # tcp, udp
-HOST_ROUTE_PRIORITY = 1000
-ARP_PRIORITY = 900
-TABLE_MISS_PRIORITY = 0
-COOKIE_METAFLOW = 0x4D46   # "MF": lets dump-flows tell our entries from others'
-COOKIE_ROUTE = 0x4D52      # "MR"
-COOKIE_BASE = 0x4D42       # "MB"
 
 Datapath = Any  # os_ken.controller.controller.Datapath, or any object with ofproto/ofproto_parser
 

@@ -14,6 +14,7 @@ makes every route loop-free by construction.
 from __future__ import annotations
 
 import hashlib
+
 import networkx as nx
 
 from topology.builders import port

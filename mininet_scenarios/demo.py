@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from btree.cidr import Block
+from client_lib.cidr import Block
 from mininet_scenarios.metaflow_net import MetaFlowNet
 from topology import builders
 

@@ -5,7 +5,7 @@ returns only the output, so a failed ``ip route add`` would pass unnoticed.
 `HostNamespace` runs each command as its own process attached to the host's
 namespaces with ``mnexec -a <pid>`` (what ``host.popen`` does too), and has
 the ``command``/``run`` interface of `netns_pair.Namespace`, so
-`nat_agent.process.AgentProcess` can launch an agent inside a Mininet host.
+`mininet_scenarios.daemons.AgentProcess` can launch an agent inside a Mininet host.
 
 ``-d`` (setsid) puts every process in its own session: neither a Ctrl-C in
 the terminal nor Mininet's SIGHUP to the host's shell group reaches an

@@ -25,11 +25,11 @@ from typing import Sequence
 
 import networkx as nx
 
-from btree.cidr import Block
 from btree.fake_network import FakeNetwork
+from client_lib.cidr import Block
 from mininet_scenarios import ofdump
+from mininet_scenarios.daemons import free_port
 from mininet_scenarios.scenario import Scenario
-from nat_agent.process import free_port
 from topology.classify import discovered_graph, map_topology
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,6 +25,7 @@ import os
 import subprocess
 from types import TracebackType
 
+from client_lib.constants import DEFAULT_SPACE_CIDR
 from mininet_scenarios.syscmd import ip as _ip
 
 _counter = itertools.count()
@@ -91,7 +92,7 @@ class NetnsPair:
     crashed run can be found (``ip netns list | grep <prefix>``).
     """
 
-    def __init__(self, space: str = "100.64.0.0/10", subnet: str = "10.199.0.0/24",
+    def __init__(self, space: str = DEFAULT_SPACE_CIDR, subnet: str = "10.199.0.0/24",
                  mtu: int = 1500, prefix: str = "mfns") -> None:
         if not 1 <= len(prefix) <= 4 or not prefix.isalnum():
             raise ValueError(f"prefix {prefix!r}: want 1-4 letters or digits")

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 import subprocess
 
-from btree.cidr import Block
-from btree.flows import METAFLOW_BASE_PRIORITY, UPRULE_PRIORITY, FlowEntry, Table
+from btree.flows import FlowEntry, Table
+from client_lib.cidr import Block
+from client_lib.constants import METAFLOW_BASE_PRIORITY, METAFLOW_PORT, UPRULE_PRIORITY
 
 _PRIORITY = re.compile(r"priority=(\d+)")
 _NW_DST = re.compile(r"nw_dst=([\d.]+)(?:/(\d+))?")
@@ -25,7 +26,7 @@ def parse_dump(text: str) -> Table:
     table: Table = {}
     for line in text.splitlines():
         match = _PRIORITY.search(line)
-        if match is None or ",tcp" not in line or "tp_dst=9000" not in line:
+        if match is None or ",tcp" not in line or f"tp_dst={METAFLOW_PORT}" not in line:
             continue
         priority = int(match.group(1))
         if priority < UPRULE_PRIORITY:

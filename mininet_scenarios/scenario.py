@@ -59,22 +59,24 @@ from mininet.link import OVSLink
 from mininet.net import Mininet
 from mininet.node import Host, OVSSwitch, RemoteController
 
+from client_lib.constants import (
+    ADMIN_PORT,
+    DEFAULT_GATEWAY,
+    METAFLOW_PORT,
+    OPENFLOW_PORT,
+)
 from client_lib.mdid import DEFAULT_SPACE
+from mininet_scenarios.daemons import AgentProcess
 from mininet_scenarios.hostns import HostNamespace
 from mininet_scenarios.interrupts import SignalsHeld, SigtermAsInterrupt
 from mininet_scenarios.leaks import leaks, netns_inode, sweep, unique_prefix
 from mininet_scenarios.mgmt import DEFAULT_SUBNET, ManagementNetwork
 from mininet_scenarios.syscmd import vsctl
 from mininet_scenarios.topos import HOST_NETWORK, GraphTopo, host_number
-from nat_agent.process import AgentProcess
 from topology import builders
 
 log = logging.getLogger("metaflow.scenario")
 
-OPENFLOW_PORT = 6653
-SERVICE_PORT = 9000
-ADMIN_PORT = 9001
-DEFAULT_GATEWAY = str(HOST_NETWORK.broadcast_address - 1)  # 10.255.255.254
 STORES = {"leveldb": "leveldb:{dir}", "redis": "redis-server:{dir}"}  # redis: the agent's own redis-server
 
 # start_controller(scenario) -> a stopper, or None if nothing needs stopping
@@ -215,7 +217,7 @@ class Scenario:
             store = STORES[self.store].format(dir=self.workdir / name)
             self.agents[node] = AgentProcess(
                 store, "--data-ip", self.graph.nodes[node]["ip"], "--space", self.space, *controller,
-                *self.agent_args, name=name, rewrite=self.rewrite, host="0.0.0.0", port=SERVICE_PORT,
+                *self.agent_args, name=name, rewrite=self.rewrite, host="0.0.0.0", port=METAFLOW_PORT,
                 admin_host=self.mgmt_ips[node], admin_port=ADMIN_PORT, netns=self.ns(node),
                 admin_from_here=True, log_path=self.workdir / f"{name}.log")
             self.agents[node].launch()

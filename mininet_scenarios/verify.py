@@ -13,6 +13,7 @@ import json
 import sys
 
 from client_lib.client import AsyncMetaFlowClient, MetaFlowError, RetryPolicy
+from client_lib.constants import DEFAULT_SPACE_CIDR
 from mininet_scenarios.workload import digest
 
 
@@ -40,7 +41,7 @@ async def check(expected: dict[str, str], space: str, concurrency: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("expected", help="JSON file {path: digest}")
-    p.add_argument("--space", default="100.64.0.0/10")
+    p.add_argument("--space", default=DEFAULT_SPACE_CIDR)
     p.add_argument("--concurrency", type=int, default=16)
     args = p.parse_args(argv)
     with open(args.expected) as f:

@@ -19,6 +19,7 @@ import sys
 import time
 
 from client_lib.client import AsyncMetaFlowClient, MetaFlowError, RetryPolicy
+from client_lib.constants import DEFAULT_SPACE_CIDR
 from client_lib.metadata import FileMetadata
 
 
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client", required=True, help="name used in the paths")
     p.add_argument("--files", type=int, default=2500)
     p.add_argument("--start", type=int, default=0, help="first file number")
-    p.add_argument("--space", default="100.64.0.0/10")
+    p.add_argument("--space", default=DEFAULT_SPACE_CIDR)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--acked", required=True, help="append acknowledged writes here (JSON lines)")
     p.add_argument("--no-read-back", dest="read_back", action="store_false")

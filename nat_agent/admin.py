@@ -29,7 +29,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from btree.cidr import Block
+from client_lib.cidr import Block
 from nat_agent.agent import Agent
 from nat_agent.migration import MigrationError, Migrator, decode_records
 from nat_agent.ownership import OwnershipError

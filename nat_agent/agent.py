@@ -14,8 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from btree.cidr import Block
-from client_lib.mdid import MetaDataSpace
+from client_lib.cidr import Block
 from nat_agent.ownership import Ownership
 from nat_agent.store import Record, Store
 
@@ -82,7 +81,7 @@ class InFlight:
 
 
 class Agent:
-    def __init__(self, identity: Identity, store: Store, space: MetaDataSpace) -> None:
+    def __init__(self, identity: Identity, store: Store, space: Block) -> None:
         self.identity = identity
         self.store = store
         self.space = space

@@ -21,7 +21,14 @@ import logging
 import time
 from typing import Any, Awaitable, Coroutine, Protocol
 
-from client_lib.resp import OK, BulkTooLarge, ErrorReply, ProtocolError, RespParser, encode_reply
+from client_lib.resp import (
+    OK,
+    BulkTooLarge,
+    ErrorReply,
+    ProtocolError,
+    RespParser,
+    encode_reply,
+)
 
 log = logging.getLogger("metaflow.agent.service")
 

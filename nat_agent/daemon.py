@@ -20,8 +20,8 @@ import signal
 import socket
 import sys
 
-from btree.cidr import Block
-from client_lib.mdid import DEFAULT_SPACE, MetaDataSpace
+from client_lib.cidr import Block
+from client_lib.mdid import DEFAULT_SPACE
 from nat_agent import netinfo
 from nat_agent.admin import AdminApi
 from nat_agent.agent import Agent, Identity
@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level")
     args = p.parse_args(argv)
     try:
-        args.space = MetaDataSpace.parse(args.space)
+        args.space = Block.parse(args.space)
         args.own = None if args.own is None else [Block.parse(b) for b in args.own]
     except ValueError as exc:
         p.error(str(exc))

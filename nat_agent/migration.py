@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from btree.cidr import Block
+from client_lib.cidr import Block
 from nat_agent.agent import Agent
 
 log = logging.getLogger("metaflow.agent.migration")

@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 
 from netfilterqueue import NetfilterQueue, Packet
 
-from client_lib.mdid import MetaDataSpace
+from client_lib.cidr import Block
 from nat_agent.flowtable import FlowTable
 from nat_agent.packet import parse, replace_destination, replace_source
 
@@ -65,7 +65,7 @@ class Translator:
     counting into `counters` (indexed by the constants above).
     """
 
-    def __init__(self, space: MetaDataSpace, own_ip: str, port: int, flows: FlowTable,
+    def __init__(self, space: Block, own_ip: str, port: int, flows: FlowTable,
                  counters: MutableSequence[int]) -> None:
         self._first = space.first
         self._last = space.last
@@ -112,7 +112,7 @@ class NfqueueWorker:
     dies, even by SIGKILL, so a restarted agent can bind the queue again.
     """
 
-    def __init__(self, space: MetaDataSpace, own_ip: str, port: int, queue_num: int,
+    def __init__(self, space: Block, own_ip: str, port: int, queue_num: int,
                  idle_timeout: float = 300.0, closing_timeout: float = 10.0) -> None:
         self._ctx = multiprocessing.get_context("spawn")
         self.queue_num = queue_num
@@ -174,7 +174,7 @@ def _terminate(process: multiprocessing.process.BaseProcess) -> None:
         process.join()
 
 
-def _serve(space: MetaDataSpace, own_ip: str, port: int, queue_num: int, idle_timeout: float,
+def _serve(space: Block, own_ip: str, port: int, queue_num: int, idle_timeout: float,
            closing_timeout: float, counters: MutableSequence[int], ready: Connection) -> None:
     """Child process: bind the queue, report readiness, translate until the
     parent goes away or SIGTERM (default action) ends us."""

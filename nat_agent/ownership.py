@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
 
-from btree.cidr import Block, subtract
+from client_lib.cidr import Block, subtract
 
 # How many recent hand-offs to remember for MOVED hints.
 _MOVED_HINTS = 1024

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from client_lib.mdid import MetaDataSpace
+from client_lib.cidr import Block
+from client_lib.constants import METAFLOW_PORT
 from nat_agent import iptables
 from nat_agent.nfqueue import NfqueueWorker
-from nat_agent.rules import DEFAULT_PORT, DEFAULT_QUEUE_NUM, DEFAULT_TAG, rewrite_rules
+from nat_agent.rules import DEFAULT_QUEUE_NUM, DEFAULT_TAG, rewrite_rules
 
 
 class Rewriter:
@@ -27,8 +28,8 @@ class Rewriter:
     queued while nobody reads the queue.
     """
 
-    def __init__(self, mode: str, space: MetaDataSpace, own_ip: str | None,
-                 port: int = DEFAULT_PORT, queue_num: int = DEFAULT_QUEUE_NUM,
+    def __init__(self, mode: str, space: Block, own_ip: str | None,
+                 port: int = METAFLOW_PORT, queue_num: int = DEFAULT_QUEUE_NUM,
                  tag: str = DEFAULT_TAG) -> None:
         self.mode = mode
         self.rules = rewrite_rules(mode, space, own_ip, port, queue_num, tag)

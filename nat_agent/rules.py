@@ -35,13 +35,14 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from client_lib.mdid import MetaDataSpace
+from client_lib.cidr import Block
+from client_lib.constants import METAFLOW_PORT
 
 Mode = Literal["kernel", "nfqueue", "none"]
 MODES: tuple[str, ...] = get_args(Mode)
 
-DEFAULT_PORT = 9000
-DEFAULT_QUEUE_NUM = 9000
+
+DEFAULT_QUEUE_NUM = METAFLOW_PORT
 DEFAULT_TAG = "metaflow-agent:default"
 TRANSPORTS = ("tcp", "udp")
 
@@ -66,8 +67,8 @@ def check_tag(tag: str) -> str:
     return tag
 
 
-def rewrite_rules(mode: str, space: MetaDataSpace, own_ip: str | None,
-                  port: int = DEFAULT_PORT, queue_num: int = DEFAULT_QUEUE_NUM,
+def rewrite_rules(mode: str, space: Block, own_ip: str | None,
+                  port: int = METAFLOW_PORT, queue_num: int = DEFAULT_QUEUE_NUM,
                   tag: str = DEFAULT_TAG) -> list[Rule]:
     """The rules that make requests to `space`:`port` reach `own_ip`:`port`
     and replies leave from the requested mdid, in the given mode.

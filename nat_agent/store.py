@@ -31,11 +31,12 @@ from types import TracebackType
 from typing import ClassVar
 from urllib.parse import parse_qsl, urlsplit
 
+from client_lib.cidr import WIDTHS
+
 __all__ = [
     "Record",
     "KeyRange",
     "Store",
-    "WIDTHS",
     "check_batch",
     "check_width",
     "decode_mdid",
@@ -50,10 +51,6 @@ __all__ = [
 
 Record = tuple[int, str, bytes]
 """``(mdid, path, value)``: one metadata record as scans return it."""
-
-WIDTHS = (32, 128)
-"""Bits of an mdid: 32 for IPv4 MetaDataID spaces, 128 for IPv6 ones."""
-
 
 def check_width(width: int) -> int:
     """Validate an mdid width; returns its size in bytes."""

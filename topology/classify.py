@@ -26,10 +26,10 @@ from typing import Iterable
 
 import networkx as nx
 
-from btree.cidr import Block
 from btree.fabric import Fabric, SwitchPorts
 from btree.flows import UP
 from btree.tree import LogicalBTree
+from client_lib.cidr import Block
 
 ROOT = "root"
 

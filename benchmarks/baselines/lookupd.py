@@ -42,8 +42,7 @@ from pathlib import Path
 from benchmarks.baselines.ghba import BloomFilter, GhbaLayout, GhbaNode, Probe, resolve
 from benchmarks.baselines.placement import Chord
 from benchmarks.baselines.rpc import RpcError, RpcPool
-from btree.cidr import Block
-from client_lib.mdid import MetaDataSpace
+from client_lib.cidr import Block
 from client_lib.resp import ErrorReply, Reply, encode_reply
 from nat_agent.connection import Connection
 
@@ -55,7 +54,7 @@ LOOKUP_PORT = 9100
 class Membership:
     """The static cluster every lookup server starts from."""
 
-    space: MetaDataSpace
+    space: Block
     data_ip: dict[str, str]          # server -> data-plane address (agent on :9000)
     lookup: dict[str, str]           # server -> "ip:port" of its lookupd
     blocks: dict[str, list[Block]]   # server -> MetaFlow partition blocks
@@ -65,7 +64,7 @@ class Membership:
     @classmethod
     def load(cls, data: dict) -> Membership:
         servers = data["servers"]
-        return cls(space=MetaDataSpace.parse(data["space"]),
+        return cls(space=Block.parse(data["space"]),
                    data_ip={n: s["data_ip"] for n, s in servers.items()},
                    lookup={n: s["lookup"] for n, s in servers.items()},
                    blocks={n: [Block.parse(b) for b in s["blocks"]] for n, s in servers.items()},

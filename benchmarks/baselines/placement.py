@@ -19,8 +19,8 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol, Self, Sequence
 
-from btree.cidr import Block
-from client_lib.mdid import MetaDataSpace, mdid_of_key
+from client_lib.cidr import Block
+from client_lib.mdid import mdid_of_key
 
 RING_BITS = 32
 
@@ -83,7 +83,7 @@ class Ring:
         self.position = position or (lambda key: ring_id(key, bits))
 
     @classmethod
-    def over_partition(cls, blocks: Mapping[str, Iterable[Block]], space: MetaDataSpace, **kw) -> Self:
+    def over_partition(cls, blocks: Mapping[str, Iterable[Block]], space: Block, **kw) -> Self:
         """The ring of a MetaFlow partition: each maximal run of consecutive
         blocks with one owner is a (virtual) node at the run's last ID; a
         key's position is its MetaDataID's offset in the space."""

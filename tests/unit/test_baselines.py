@@ -7,11 +7,18 @@ import random
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from benchmarks.baselines.placement import CentralCoordinator, Chord, HashMapping, OneHop, Ring
-from btree.cidr import Block
-from client_lib.mdid import MetaDataSpace, mdid_of_key
+from benchmarks.baselines.placement import (
+    CentralCoordinator,
+    Chord,
+    HashMapping,
+    OneHop,
+    Ring,
+)
+from client_lib.cidr import Block
+from client_lib.mdid import mdid_of_key
 
 SERVERS = [f"server{i}" for i in range(64)]
 KEYS = [f"/user/{i // 10}/file{i}".encode() for i in range(3000)]
@@ -53,11 +60,11 @@ def test_hash_and_ring_spread_keys_over_every_server():
         assert len(load) > 0.9 * len(SERVERS)
 
 
-def _partition(servers: int, pieces: int, seed: int, space: MetaDataSpace) -> dict[str, list[Block]]:
+def _partition(servers: int, pieces: int, seed: int, space: Block) -> dict[str, list[Block]]:
     """`pieces` equal blocks of the space dealt to servers at random (so a
     server owns several runs, as after MetaFlow's splits)."""
     rng = random.Random(seed)
-    plen = space.prefixlen + pieces.bit_length() - 1
+    plen = space.plen + pieces.bit_length() - 1
     blocks = [Block(space.first + i * (space.size // pieces), plen) for i in range(pieces)]
     owners = [f"s{i % servers}" for i in range(pieces)]
     rng.shuffle(owners)
@@ -70,7 +77,7 @@ def _partition(servers: int, pieces: int, seed: int, space: MetaDataSpace) -> di
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 12), st.sampled_from([1, 2, 4, 16, 64]), st.integers(0, 1000))
 def test_partition_ring_places_keys_where_metaflow_does(servers, pieces, seed):
-    space = MetaDataSpace.parse("100.64.0.0/10")
+    space = Block.parse("100.64.0.0/10")
     servers = min(servers, pieces)
     blocks = _partition(servers, pieces, seed, space)
     block_owner = {b: name for name, bs in blocks.items() for b in bs}
@@ -91,7 +98,7 @@ def test_partition_ring_places_keys_where_metaflow_does(servers, pieces, seed):
 
 
 def test_partition_must_tile_the_space():
-    space = MetaDataSpace.parse("100.64.0.0/10")
+    space = Block.parse("100.64.0.0/10")
     blocks = _partition(2, 4, 0, space)
     blocks["s0"].pop()
     with pytest.raises(ValueError, match="tile"):

@@ -13,9 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from btree.cidr import Block, cover, lpm, most_aligned
-
-WIDTHS = (32, 128)
+from client_lib.cidr import WIDTHS, Block, cover, lpm, most_aligned
 
 
 def tz(x: int, width: int) -> int:

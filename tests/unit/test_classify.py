@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from btree.cidr import Block
 from btree.fake_network import FakeNetwork, expected_intervals
 from btree.flows import FlowPlanner
+from client_lib.cidr import Block
 from topology.builders import (
     LAYERS,
     attach_app_cluster,

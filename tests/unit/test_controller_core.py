@@ -11,11 +11,11 @@ import random
 
 import pytest
 
-from btree.cidr import Block
 from btree.fake_network import FakeNetwork
 from btree.flows import FlowEntry
 from btree.split import SplitBounds
 from btree.tree import State
+from client_lib.cidr import Block
 from controller.core import MetaFlowCore
 from controller.routing import host_routes
 from topology.builders import client_hosts, fat_tree, storage_hosts

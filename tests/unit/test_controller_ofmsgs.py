@@ -10,12 +10,19 @@ from os_ken.lib.packet import arp, ethernet, packet
 from os_ken.ofproto import ofproto_v1_0 as ofp
 from os_ken.ofproto import ofproto_v1_0_parser as parser
 
-from btree.cidr import Block
-from btree.flows import UPRULE_PRIORITY, FlowEntry, SwitchDiff
+from btree.flows import FlowEntry, SwitchDiff
+from client_lib.cidr import Block
+from client_lib.constants import UPRULE_PRIORITY
 from controller import arp as arp_answers
-from controller.ofmsgs import base_messages, diff_messages, installed, resync_messages, route_messages
+from controller.ofmsgs import (
+    base_messages,
+    diff_messages,
+    installed,
+    resync_messages,
+    route_messages,
+)
 from controller.routing import host_routes
-from topology.builders import fat_tree, storage_hosts, client_hosts
+from topology.builders import client_hosts, fat_tree, storage_hosts
 
 DP = SimpleNamespace(ofproto=ofp, ofproto_parser=parser, id=7)
 

@@ -27,12 +27,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sortedcontainers import SortedList
 
-from btree.cidr import Block, cover
 from btree.fake_network import FakeNetwork, expected_intervals
 from btree.flows import (
-    METAFLOW_BASE_PRIORITY,
     UP,
-    UPRULE_PRIORITY,
     FlowEntry,
     FlowPlanner,
     diff_networks,
@@ -42,6 +39,8 @@ from btree.flows import (
 )
 from btree.split import SplitBounds, apply_split, plan_split
 from btree.tree import LogicalBTree, State, TreeError
+from client_lib.cidr import Block, cover
+from client_lib.constants import METAFLOW_BASE_PRIORITY, UPRULE_PRIORITY
 from topology.builders import attach_app_cluster, fat_tree, three_tier, two_tier
 from topology.classify import build_fabric, build_tree, classify
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from benchmarks.baselines.ghba import (BloomFilter, Ghba, GhbaLayout, GhbaNode, Probe, Resolution,
-                                       group_size_for, resolve)
+from benchmarks.baselines.ghba import (
+    BloomFilter,
+    Ghba,
+    GhbaLayout,
+    GhbaNode,
+    Probe,
+    Resolution,
+    group_size_for,
+    resolve,
+)
 from benchmarks.baselines.placement import HashMapping, Lookup
 
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client_lib import DEFAULT_SPACE, MetaDataSpace, mdid, normalize_path
+from client_lib import DEFAULT_SPACE, mdid, normalize_path
+from client_lib.cidr import Block
 from client_lib.mdid import PATH_MAX, mdid_address
 
 # (path, space, expected ID). Computed once when the rule was fixed; a change
@@ -50,7 +51,7 @@ def _reference(key: bytes, cidr: str) -> int:
 
 @pytest.mark.parametrize(("path", "cidr", "expected"), PINNED)
 def test_pinned_vectors(path: str | bytes, cidr: str, expected: int) -> None:
-    assert mdid(path, MetaDataSpace.parse(cidr)) == expected
+    assert mdid(path, Block.parse(cidr)) == expected
 
 
 @pytest.mark.parametrize(
@@ -67,7 +68,7 @@ def test_pinned_vectors(path: str | bytes, cidr: str, expected: int) -> None:
     ],
 )
 def test_matches_independent_computation(key: bytes, cidr: str) -> None:
-    assert mdid(key, MetaDataSpace.parse(cidr)) == _reference(key, cidr)
+    assert mdid(key, Block.parse(cidr)) == _reference(key, cidr)
 
 
 def test_pinned_vectors_agree_with_reference() -> None:
@@ -79,7 +80,7 @@ def test_default_space_and_address() -> None:
     assert str(DEFAULT_SPACE) == "100.64.0.0/10"
     assert mdid("/home/alice/notes.txt") == 1685889107
     assert mdid_address("/home/alice/notes.txt") == "100.124.160.83"
-    space = MetaDataSpace.parse("fd00:1234:5678:9abc::/64")
+    space = Block.parse("fd00:1234:5678:9abc::/64")
     assert mdid_address("/home/alice/notes.txt", space) == "fd00:1234:5678:9abc:f2c1:44cb:4a7f:3f81"
 
 
@@ -163,43 +164,43 @@ def test_normalize_rejects_other_types() -> None:
     ],
 )
 def test_space_parse(cidr: str, first: int, prefixlen: int, width: int, last: int) -> None:
-    space = MetaDataSpace.parse(cidr)
-    assert (space.first, space.prefixlen, space.width) == (first, prefixlen, width)
+    space = Block.parse(cidr)
+    assert (space.first, space.plen, space.width) == (first, prefixlen, width)
     assert space.last == last
     assert space.size == 2 ** (width - prefixlen)
     assert str(space) == cidr
     assert space.contains(first) and space.contains(last)
     assert not space.contains(first - 1) and not space.contains(last + 1)
-    assert MetaDataSpace.parse(str(space)) == space
+    assert Block.parse(str(space)) == space
 
 
 @pytest.mark.parametrize("cidr", ["10.0.0.1/8", "100.64.0.0/33", "fd00::1/64", "not a cidr"])
 def test_space_parse_rejects(cidr: str) -> None:
     with pytest.raises(ValueError):
-        MetaDataSpace.parse(cidr)
+        Block.parse(cidr)
 
 
 def test_space_constructor_validates() -> None:
     with pytest.raises(ValueError):
-        MetaDataSpace(first=1, prefixlen=24, width=32)
+        Block(first=1, plen=24, width=32)
     with pytest.raises(ValueError):
-        MetaDataSpace(first=0, prefixlen=8, width=64)
+        Block(first=0, plen=8, width=64)
     with pytest.raises(ValueError):
-        MetaDataSpace(first=2**32, prefixlen=8, width=32)
+        Block(first=2**32, plen=8, width=32)
 
 
 def test_space_address() -> None:
     assert DEFAULT_SPACE.address(0x64400001) == "100.64.0.1"
     # Small IDs of an IPv6 space are still IPv6 addresses.
-    assert MetaDataSpace.parse("::/0").address(1) == "::1"
+    assert Block.parse("::/0").address(1) == "::1"
     with pytest.raises(ValueError):
         DEFAULT_SPACE.address(0)
 
 
 def test_space_is_frozen_and_hashable() -> None:
     with pytest.raises(AttributeError):
-        DEFAULT_SPACE.prefixlen = 8  # type: ignore[misc]
-    assert {DEFAULT_SPACE: 1}[MetaDataSpace.parse("100.64.0.0/10")] == 1
+        DEFAULT_SPACE.plen = 8  # type: ignore[misc]
+    assert {DEFAULT_SPACE: 1}[Block.parse("100.64.0.0/10")] == 1
 
 
 _segment = st.sampled_from(["", ".", "..", "a", "bc", "é", "x y", "...", ".h", "日本"])
@@ -228,18 +229,18 @@ def test_normalize_properties_raw_bytes(tail: bytes) -> None:
 
 
 @st.composite
-def _spaces(draw: st.DrawFn) -> MetaDataSpace:
+def _spaces(draw: st.DrawFn) -> Block:
     width = draw(st.sampled_from([32, 128]))
     prefixlen = draw(st.integers(0, width))
     host_bits = width - prefixlen
     first = draw(st.integers(0, 2**width - 1)) >> host_bits << host_bits
-    return MetaDataSpace(first=first, prefixlen=prefixlen, width=width)
+    return Block(first=first, plen=prefixlen, width=width)
 
 
 @given(_spaces(), _paths)
-def test_mdid_inside_space(space: MetaDataSpace, path: str) -> None:
+def test_mdid_inside_space(space: Block, path: str) -> None:
     value = mdid(path, space)
     assert space.contains(value)
-    assert MetaDataSpace.parse(str(space)) == space
+    assert Block.parse(str(space)) == space
     assert ipaddress.ip_address(space.address(value)) in ipaddress.ip_network(str(space))
     assert value == _reference(normalize_path(path), str(space))

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from btree.cidr import Block, cover, lpm
 from btree.ortc import LpmTrie
+from client_lib.cidr import Block, cover, lpm
 
 UP = "^up"
 VALUES = ("a", "b", "c", UP)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from btree.cidr import Block
+from client_lib.cidr import Block
 from nat_agent.ownership import Ownership, OwnershipError, Verdict
 
 SPACE = Block.parse("100.64.0.0/10")

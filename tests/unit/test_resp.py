@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from client_lib.resp import (
-    BulkTooLarge, ErrorReply, ProtocolError, RespParser, SimpleString, encode_command, encode_reply,
+    BulkTooLarge,
+    ErrorReply,
+    ProtocolError,
+    RespParser,
+    SimpleString,
+    encode_command,
+    encode_reply,
 )
 
 args_st = st.lists(st.binary(max_size=200), min_size=1, max_size=10)

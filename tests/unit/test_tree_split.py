@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sortedcontainers import SortedList
 
-from btree.cidr import Block
 from btree.flows import FlowPlanner
 from btree.split import SplitBounds, apply_split, plan_split
 from btree.tree import LogicalBTree, Move, State, TreeError
+from client_lib.cidr import Block
 from topology.builders import fat_tree, switches, three_tier, two_tier
 from topology.classify import build_fabric, build_tree, classify, map_topology
 

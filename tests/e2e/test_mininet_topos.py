@@ -19,7 +19,12 @@ pytest.importorskip("mininet.topo", reason="Debian's mininet is not importable (
 from mininet.util import buildTopo  # noqa: E402
 
 from mininet_scenarios.topos import (  # noqa: E402
-    IFNAME_MAX, FatTreeTopo, GraphTopo, builder_graph, discovered)
+    IFNAME_MAX,
+    FatTreeTopo,
+    GraphTopo,
+    builder_graph,
+    discovered,
+)
 from topology import builders  # noqa: E402
 from topology.classify import discovered_graph  # noqa: E402
 

@@ -42,7 +42,7 @@ def http(method: str, url: str, body: dict | None = None, timeout: float = 30.0)
 
 
 _HTTP_IN_NETNS = (
-    "import json, sys; from nat_agent.process import http; "
+    "import json, sys; from mininet_scenarios.daemons import http; "
     "print(json.dumps(http(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), timeout=2)))"
 )
 

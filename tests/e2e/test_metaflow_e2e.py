@@ -16,7 +16,7 @@ import warnings
 
 import pytest
 
-from btree.cidr import Block
+from client_lib.cidr import Block
 from mininet_scenarios.metaflow_net import MetaFlowNet
 from topology import builders
 

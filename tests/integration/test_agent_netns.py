@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from nat_agent.process import ROOT, AgentProcess
+from mininet_scenarios.daemons import ROOT, AgentProcess
 from mininet_scenarios.netns_pair import NetnsPair
 
 ROUND_TRIPS = 10_000

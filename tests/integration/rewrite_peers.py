@@ -23,14 +23,14 @@ import sys
 import threading
 import time
 
-from client_lib.mdid import MetaDataSpace
+from client_lib.cidr import Block
 from nat_agent.rewrite import Rewriter
 
 
 def run_rewriter(mode: str, space: str, own_ip: str, tag: str) -> None:
     terminated = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: terminated.set())
-    rewriter = Rewriter(mode, MetaDataSpace.parse(space), own_ip, tag=tag)
+    rewriter = Rewriter(mode, Block.parse(space), own_ip, tag=tag)
     rewriter.start()
     print(json.dumps(rewriter.stats()), flush=True)
     terminated.wait()

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from nat_agent.flowtable import FlowTable
-from nat_agent.packet import IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN
+from nat_agent.packet import (
+    IPPROTO_TCP,
+    IPPROTO_UDP,
+    TCP_ACK,
+    TCP_FIN,
+    TCP_RST,
+    TCP_SYN,
+)
 
 CLIENT = (IPPROTO_TCP, 0x0A000001, 40000)
 OTHER = (IPPROTO_TCP, 0x0A000001, 40001)

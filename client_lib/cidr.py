@@ -1,7 +1,10 @@
-"""CIDR prefix algebra over plain integers of width 32 (IPv4) or 128 (IPv6).
+"""The one CIDR type of MetaFlow, and prefix algebra over plain integers of
+width 32 (IPv4) or 128 (IPv6).
 
-MetaDataIDs are integers and the switches only understand prefixes, so every
-partition value of the B-tree ends up as a set of prefixes. Keeping the algebra
+`Block` is both the MetaDataID space (clients, agents and the controller
+agree on one) and every block of the partition: MetaDataIDs are integers and
+the switches only understand prefixes, so every partition value of the
+B-tree ends up as a set of prefixes. Keeping the algebra
 on integers (not `ipaddress` objects) keeps the hot paths of planning and
 flow generation cheap; `ipaddress` is used only to parse and print.
 """
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence, TypeVar
 
 WIDTHS = (32, 128)
+"""Bits of an address: 32 for IPv4 spaces, 128 for IPv6 ones."""
 
 T = TypeVar("T")
 
@@ -69,8 +73,12 @@ class Block:
         return Block(self.first & mask, plen, self.width)
 
     def address(self, addr: int | None = None) -> str:
-        """Text form of `addr` (default: the network address) in this width."""
+        """Text form of `addr`, an address of this block (default: the network
+        address): dotted IPv4 or IPv6 by the block's width, even for small IDs
+        of an IPv6 space."""
         value = self.first if addr is None else addr
+        if not self.contains(value):
+            raise ValueError(f"{value:#x} is not an address of {self}")
         return str(ipaddress.IPv4Address(value) if self.width == 32 else ipaddress.IPv6Address(value))
 
     def __str__(self) -> str:

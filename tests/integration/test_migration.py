@@ -16,13 +16,13 @@ import threading
 
 import pytest
 
-from nat_agent.process import AgentProcess
-from btree.cidr import Block
+from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, RetryPolicy
-from client_lib.mdid import MetaDataSpace, mdid
+from client_lib.mdid import mdid
+from mininet_scenarios.daemons import AgentProcess
 
-SPACE = MetaDataSpace.parse("100.64.0.0/10")
-ROOT = Block(SPACE.first, SPACE.prefixlen)
+SPACE = Block.parse("100.64.0.0/10")
+ROOT = Block(SPACE.first, SPACE.plen)
 MIGRATIONS = 50
 WRITERS = 4
 

@@ -39,10 +39,11 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:distutils Version classes are deprecated:DeprecationWarning"),
 ]
 
+from client_lib.constants import DEFAULT_GATEWAY  # noqa: E402
+from mininet_scenarios.daemons import free_port, http  # noqa: E402
 from mininet_scenarios.leaks import leaks  # noqa: E402
 from mininet_scenarios.mgmt import ManagementNetwork  # noqa: E402
-from mininet_scenarios.scenario import DEFAULT_GATEWAY, Scenario  # noqa: E402
-from nat_agent.process import free_port, http  # noqa: E402
+from mininet_scenarios.scenario import Scenario  # noqa: E402
 from topology import builders  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

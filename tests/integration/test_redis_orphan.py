@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from nat_agent.process import AgentProcess
+from mininet_scenarios.daemons import AgentProcess
 
 
 def test_killed_agent_takes_its_redis_server_along(tmp_path):

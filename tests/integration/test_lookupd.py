@@ -18,11 +18,11 @@ import pytest
 
 from benchmarks.baselines.lookupd import Membership
 from benchmarks.baselines.rpc import RpcError, RpcPool
-from btree.cidr import Block
-from client_lib.mdid import MetaDataSpace, mdid_of_key
-from nat_agent.process import ROOT, free_port
+from client_lib.cidr import Block
+from client_lib.mdid import mdid_of_key
+from mininet_scenarios.daemons import ROOT, free_port
 
-SPACE = MetaDataSpace.parse("100.64.0.0/10")
+SPACE = Block.parse("100.64.0.0/10")
 SERVERS = [f"s{i}" for i in range(5)]
 
 
@@ -35,7 +35,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     rng.shuffle(owners)
     blocks: dict[str, list[str]] = {s: [] for s in SERVERS}
     for i, owner in enumerate(owners):
-        blocks[owner].append(str(Block(SPACE.first + i * (SPACE.size // 16), SPACE.prefixlen + 4)))
+        blocks[owner].append(str(Block(SPACE.first + i * (SPACE.size // 16), SPACE.plen + 4)))
     ports = {s: free_port() for s in SERVERS}
     data = {"space": str(SPACE), "coordinator": "s0", "group_size": 2,
             "servers": {s: {"data_ip": f"10.9.0.{i + 1}", "lookup": f"127.0.0.1:{ports[s]}", "blocks": blocks[s]}

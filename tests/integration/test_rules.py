@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from client_lib.mdid import DEFAULT_SPACE, MetaDataSpace
+from client_lib.cidr import Block
+from client_lib.mdid import DEFAULT_SPACE
 from nat_agent.rules import MODES, Rule, check_tag, rewrite_rules
 
 TAG = "metaflow-agent:s1"
@@ -22,7 +23,7 @@ def test_kernel_mode_is_one_dnat_per_transport() -> None:
 
 
 def test_nfqueue_mode_queues_requests_before_conntrack_and_replies_after() -> None:
-    space = MetaDataSpace.parse("0.0.0.0/0")
+    space = Block.parse("0.0.0.0/0")
     rules = rewrite_rules("nfqueue", space, "10.0.0.3", port=9100, queue_num=7, tag=TAG)
     queue = ("-j", "NFQUEUE", "--queue-num", "7", "--queue-bypass")
     expected = []
@@ -50,7 +51,7 @@ def test_every_rule_carries_the_tag_once(mode: str) -> None:
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"mode": "dnat"}, "unknown rewrite mode"),
-    ({"space": MetaDataSpace.parse("fd00::/64")}, "IPv4 only"),
+    ({"space": Block.parse("fd00::/64")}, "IPv4 only"),
     ({"own_ip": "10.0.0.300"}, "not an IPv4 address"),
     ({"own_ip": "fd00::1"}, "not an IPv4 address"),
     ({"port": 0}, "port"),

@@ -13,13 +13,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from nat_agent.process import AgentProcess
-from btree.cidr import Block
+from client_lib.cidr import Block
 from client_lib.client import (
-    AsyncMetaFlowClient, InvalidPath, MetaFlowClient, RetryPolicy, ServerError, Unavailable,
+    AsyncMetaFlowClient,
+    InvalidPath,
+    MetaFlowClient,
+    RetryPolicy,
+    ServerError,
+    Unavailable,
 )
-from client_lib.mdid import MetaDataSpace, mdid
+from client_lib.mdid import mdid
 from client_lib.metadata import FileMetadata
+from mininet_scenarios.daemons import AgentProcess
 
 SPACE = "100.64.0.0/10"
 NOW = 1_795_000_000_000
@@ -94,7 +99,7 @@ def test_redis_cli_is_a_debugging_client(agent):
     assert cli("GET", "/a/b") == "hello"
     assert cli("EXISTS", "/a/b", "/a/c") == "1"
     stat = cli("STAT", "/a/b").splitlines()
-    assert stat[stat.index("mdid") + 1] == MetaDataSpace.parse(SPACE).address(mdid("/a/b", MetaDataSpace.parse(SPACE)))
+    assert stat[stat.index("mdid") + 1] == Block.parse(SPACE).address(mdid("/a/b", Block.parse(SPACE)))
     assert stat[stat.index("state") + 1] == "owned"
     assert "keys:1" in cli("INFO")
     assert cli("DEL", "/a/b") == "1"
@@ -103,10 +108,10 @@ def test_redis_cli_is_a_debugging_client(agent):
 
 def test_wrong_owner_gets_moved_and_the_client_gives_up_with_the_reason(store_spec, tmp_path):
     with AgentProcess(store_spec, own=["100.64.0.0/11"], log_path=tmp_path / "a.log") as proc:
-        space = MetaDataSpace.parse(SPACE)
+        space = Block.parse(SPACE)
         path = next(f"/p{i}" for i in range(1000) if mdid(f"/p{i}", space) >= space.first + space.size // 2)
         reply = raw(proc, b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(path), path.encode()), wait=0.5)
-        assert reply.startswith(b"-MOVED " + MetaDataSpace.parse(SPACE).address(mdid(path, space)).encode())
+        assert reply.startswith(b"-MOVED " + Block.parse(SPACE).address(mdid(path, space)).encode())
         with client_for(proc, retry=RetryPolicy(3, 0.001, 0.01)) as c:
             with pytest.raises(Unavailable, match="MOVED"):
                 c.get(path)
@@ -179,7 +184,7 @@ def test_ownership_survives_a_restart_and_sigterm_is_clean(tmp_path):
     with AgentProcess(spec, own=["100.64.0.0/11"]) as proc:
         with client_for(proc) as c:
             half = Block.parse("100.64.0.0/11")
-            path = next(f"/k{i}" for i in range(1000) if half.contains(mdid(f"/k{i}", MetaDataSpace.parse(SPACE))))
+            path = next(f"/k{i}" for i in range(1000) if half.contains(mdid(f"/k{i}", Block.parse(SPACE))))
             c.put(path, b"kept")
     with AgentProcess(spec) as proc:  # no --own: restored from the store
         status, health = proc.call("GET", "/health")
@@ -192,7 +197,7 @@ def test_admin_api_counts_owns_and_rejects_bad_requests(agent):
     with client_for(agent) as c:
         for i in range(200):
             c.put(f"/count/{i}", b"x")
-    space = MetaDataSpace.parse(SPACE)
+    space = Block.parse(SPACE)
     ids = sorted(mdid(f"/count/{i}", space) for i in range(200))
     status, body = agent.call("GET", f"/count?first={ids[10]}&last={ids[59]}")
     assert status == 200 and body["keys"] == 50

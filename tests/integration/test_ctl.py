@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from nat_agent.process import ROOT, AgentProcess
+from mininet_scenarios.daemons import ROOT, AgentProcess
 
 
 def ctl(proc: AgentProcess, *args: str) -> subprocess.CompletedProcess:

@@ -8,7 +8,13 @@ import threading
 
 import pytest
 
-from client_lib.client import AsyncMetaFlowClient, BadReply, MetaFlowClient, RetryPolicy, Unavailable
+from client_lib.client import (
+    AsyncMetaFlowClient,
+    BadReply,
+    MetaFlowClient,
+    RetryPolicy,
+    Unavailable,
+)
 
 FAST = RetryPolicy(attempts=3, base=0.001, cap=0.01)
 

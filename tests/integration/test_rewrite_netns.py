@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from mininet_scenarios.netns_pair import Namespace, NetnsPair
 
 pytestmark = [

@@ -11,8 +11,8 @@ import json
 import sys
 import time
 
+from mininet_scenarios.daemons import http
 from mininet_scenarios.scenario import Scenario
-from nat_agent.process import http
 from topology import builders
 
 

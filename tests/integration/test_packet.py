@@ -10,8 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scapy.all import IP, TCP, UDP, IPOption, Raw, fragment
 
-from nat_agent.packet import (IPPROTO_TCP, IPPROTO_UDP, TCP_FIN, TCP_SYN, parse,
-                              replace_destination, replace_source)
+from nat_agent.packet import (
+    IPPROTO_TCP,
+    IPPROTO_UDP,
+    TCP_FIN,
+    TCP_SYN,
+    parse,
+    replace_destination,
+    replace_source,
+)
 
 addresses = st.integers(0, 2**32 - 1)
 ports = st.integers(0, 65535)

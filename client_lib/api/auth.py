@@ -1,0 +1,173 @@
+"""Who may change a MetaFlow cluster: HMAC-SHA256 over every request and response.
+
+The controller, every agent and the operator's `metaflowctl` share one
+secret, read from a file (`--secret-file`; `metaflowctl secret` makes one).
+A request carries::
+
+    Authorization: MetaFlow-HMAC-SHA256 ts=<unix seconds>,nonce=<hex>,sig=<hex>
+
+where ``sig`` is HMAC-SHA256(secret, method, path, query, ts, nonce,
+SHA-256 of the body). The server refuses (401, changing nothing) a request
+without it, with a bad signature, a timestamp outside its window, or a
+nonce it has already seen within that window (a replay). Its response
+carries ``X-MetaFlow-Signature: sig=<hex>`` over the request's nonce, the
+status and the body, so the caller also knows it reached a holder of the
+secret and not whatever answers at that address: an agent that streams
+records to a migration target checks this before sending the first one.
+
+Why HMAC and not TLS: the control plane is a handful of processes on a
+management network, every message is small JSON, and the standard library
+does all of it, so the client package stays dependency-free. What it does
+not give: confidentiality (the management network carries metadata in the
+clear during migrations) and per-agent identities (any holder of the
+secret can act as any agent). `ARCHITECTURE.md` says what remains open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from client_lib.errors import AuthError, InvalidArgument
+
+SCHEME = "MetaFlow-HMAC-SHA256"
+AUTH_HEADER = "Authorization"
+SIGNATURE_HEADER = "X-MetaFlow-Signature"
+MIN_SECRET_BYTES = 16
+WINDOW_S = 60.0
+"""How far a request's timestamp may be from the server's clock (and so how
+long a nonce is remembered)."""
+
+Clock = Callable[[], float]
+
+
+def load_secret(path: str | os.PathLike[str]) -> bytes:
+    """The secret in `path` (surrounding whitespace dropped). Refused, with the
+    fix in the message, when it is too short or readable by group or others."""
+    file = Path(path)
+    try:
+        mode = file.stat().st_mode
+        secret = file.read_bytes().strip()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the secret file {file}: {exc.strerror or exc}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise InvalidArgument(f"secret file {file} is accessible by group or others; chmod 600 {file}")
+    if len(secret) < MIN_SECRET_BYTES:
+        raise InvalidArgument(f"secret file {file} holds {len(secret)} bytes; at least "
+                              f"{MIN_SECRET_BYTES} are needed (metaflowctl secret > FILE)")
+    return secret
+
+
+def new_secret() -> str:
+    """A fresh secret as text: 32 random bytes, URL-safe base64."""
+    return secrets.token_urlsafe(32)
+
+
+def write_secret(path: str | os.PathLike[str], secret: str | None = None) -> Path:
+    """Create `path` with mode 0600 holding `secret` (a new one by default)."""
+    file = Path(path)
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write((secret or new_secret()) + "\n")
+    os.chmod(file, 0o600)
+    return file
+
+
+def _digest(secret: bytes, *parts: str | bytes) -> str:
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        mac.update(len(data).to_bytes(4, "big") + data)  # length-prefixed: no ambiguous joins
+    return mac.hexdigest()
+
+
+def _body_hash(body: bytes) -> bytes:
+    return hashlib.sha256(body).digest()
+
+
+def _fields(value: str, scheme: str | None) -> dict[str, str]:
+    if scheme is not None:
+        name, _, value = value.strip().partition(" ")
+        if name != scheme:
+            return {}
+    out = {}
+    for item in value.split(","):
+        key, sep, val = item.strip().partition("=")
+        if sep:
+            out[key] = val
+    return out
+
+
+class Signer:
+    """The calling side: signs requests and checks the signed responses."""
+
+    def __init__(self, secret: bytes, clock: Clock = time.time) -> None:
+        self._secret = secret
+        self._clock = clock
+
+    def sign(self, method: str, path: str, query: str, body: bytes) -> tuple[dict[str, str], str]:
+        """Headers to send, and the nonce to check the response against."""
+        ts = str(int(self._clock()))
+        nonce = secrets.token_hex(16)
+        sig = _digest(self._secret, "request", method, path, query, ts, nonce, _body_hash(body))
+        return {AUTH_HEADER: f"{SCHEME} ts={ts},nonce={nonce},sig={sig}"}, nonce
+
+    def check_response(self, nonce: str, status: int, body: bytes, headers: Mapping[str, str],
+                       where: str) -> None:
+        got = _fields(_header(headers, SIGNATURE_HEADER), None).get("sig", "")
+        want = _digest(self._secret, "response", nonce, str(status), _body_hash(body))
+        if not hmac.compare_digest(got, want):
+            raise AuthError(f"{where}: the response is not signed with the cluster's secret "
+                            "(wrong address, or a different secret)", status)
+
+
+class Verifier:
+    """The serving side: checks requests and signs responses."""
+
+    def __init__(self, secret: bytes, window: float = WINDOW_S, clock: Clock = time.time) -> None:
+        self._secret = secret
+        self._window = window
+        self._clock = clock
+        self._seen: dict[str, float] = {}   # nonce -> when it may be forgotten
+
+    def check(self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes) -> str:
+        """The request's nonce if it is signed, fresh and not a replay; else AuthError (401)."""
+        fields = _fields(_header(headers, AUTH_HEADER), SCHEME)
+        ts, nonce, sig = fields.get("ts", ""), fields.get("nonce", ""), fields.get("sig", "")
+        if not (ts.isdigit() and nonce and sig):
+            raise AuthError(f"{method} {path}: not signed; send {AUTH_HEADER}: {SCHEME} "
+                            "with the cluster's secret (--secret-file)", 401)
+        want = _digest(self._secret, "request", method, path, query, ts, nonce, _body_hash(body))
+        if not hmac.compare_digest(sig, want):
+            raise AuthError(f"{method} {path}: bad signature (a different secret?)", 401)
+        now = self._clock()
+        if abs(now - int(ts)) > self._window:
+            raise AuthError(f"{method} {path}: timestamp {ts} is more than {self._window:g} s "
+                            "from this server's clock", 401)
+        self._forget(now)
+        if nonce in self._seen:
+            raise AuthError(f"{method} {path}: nonce already used (a replayed request)", 401)
+        self._seen[nonce] = now + 2 * self._window
+        return nonce
+
+    def response_headers(self, nonce: str, status: int, body: bytes) -> dict[str, str]:
+        sig = _digest(self._secret, "response", nonce, str(status), _body_hash(body))
+        return {SIGNATURE_HEADER: f"sig={sig}"}
+
+    def _forget(self, now: float) -> None:
+        if len(self._seen) > 4096:
+            self._seen = {n: t for n, t in self._seen.items() if t > now}
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    value = headers.get(name)
+    if value is None:
+        lower = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == lower), "")
+    return value

@@ -1,0 +1,215 @@
+"""The controller's REST API (HTTP+JSON, port 8080 on the management address), declared once.
+
+Agents register and send heartbeats here; operators (`metaflowctl status`)
+and tests read the views and ask for splits and fail-overs. The controller
+serves exactly these routes (`controller.rest`). Every route needs the
+cluster's signature; the views may be opened to unsigned readers with the
+controller's ``--open-reads``.
+
+Registration binds a name to its data address, MAC and admin URL: another
+registration under the same name with different ones is refused (409)
+while the first is alive, so no one can take over a server's name and
+redirect its migrations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from client_lib.api.route import Route
+from client_lib.cidr import Block
+
+# -- agents ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What the controller needs to route to and manage one storage server."""
+
+    name: str
+    data_ip: str
+    data_mac: str
+    data_port: int
+    admin_url: str
+    store: str
+    capacity: int
+    space: Block
+    owned: list[Block]
+
+
+@dataclass(frozen=True)
+class Registered:
+    name: str
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    keys: int
+    owned: list[Block]
+    frozen: list[Block]
+
+
+@dataclass(frozen=True)
+class Ack:
+    ok: bool
+
+
+# -- views -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SwitchInfo:
+    dpid: int
+    layer: str | None
+    group: str | None
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    ip: str
+    mac: str
+    dpid: int
+    port: int
+
+
+@dataclass(frozen=True)
+class TopologyView:
+    switches: list[SwitchInfo]
+    links: list[tuple[int, int, int, int]]
+    hosts: list[HostInfo]
+    pods: list[list[str]]
+    missing_servers: list[str]
+
+
+@dataclass(frozen=True)
+class LeafInfo:
+    state: str
+    blocks: list[Block]
+    parent: str | None
+
+
+@dataclass(frozen=True)
+class TreeView:
+    built: bool
+    missing_servers: list[str]
+    root: str | None = None
+    inner: dict[str, list[str]] = field(default_factory=dict)
+    leaves: dict[str, LeafInfo] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FlowInfo:
+    priority: int
+    prefix: Block
+    out_port: int
+    set_dl_dst: str | None
+
+
+@dataclass(frozen=True)
+class FlowsView:
+    """MetaFlow entries per switch, by dpid (as text: JSON keys are strings)."""
+
+    switches: dict[str, list[FlowInfo]]
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    data_ip: str
+    admin_url: str
+    keys: int
+    capacity: int
+    failed: str | None
+    state: str | None
+    blocks: list[Block]
+    operation: str | None
+    """The operation under way on this server (a split, a fail-over), if any."""
+
+
+@dataclass(frozen=True)
+class ServersView:
+    servers: dict[str, ServerInfo]
+
+
+@dataclass(frozen=True)
+class EventsView:
+    """Recent events, oldest first: each has ``t``, ``event`` and its details."""
+
+    events: list[dict[str, object]]
+
+
+@dataclass(frozen=True)
+class SplitsView:
+    """Every finished split with its timings."""
+
+    splits: list[dict[str, object]]
+
+
+@dataclass(frozen=True)
+class OperationInfo:
+    id: str
+    kind: str
+    server: str
+    step: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class OperationsView:
+    """Splits and fail-overs under way."""
+
+    operations: list[OperationInfo]
+
+
+# -- actions ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FailRequest:
+    reason: str = "marked failed over REST"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an operation the caller asked for ended (`ok` False: refused or
+    aborted, with the reason in `detail`)."""
+
+    operation: str
+    server: str
+    ok: bool
+    detail: dict[str, object]
+
+
+# -- routes ----------------------------------------------------------------------
+
+
+class REST:
+    """The routes, by name (a namespace, not instantiated)."""
+
+    topology = Route("GET", "/metaflow/topology", None, TopologyView, changes=False,
+                     summary="switches with layers and groups, links, hosts, pods")
+    tree = Route("GET", "/metaflow/tree", None, TreeView, changes=False,
+                 summary="the B-tree: inner nodes, leaves with state and blocks")
+    flows = Route("GET", "/metaflow/flows", None, FlowsView, changes=False,
+                  summary="MetaFlow entries per switch")
+    servers = Route("GET", "/metaflow/servers", None, ServersView, changes=False,
+                    summary="storage servers with key counts, capacity, state")
+    events = Route("GET", "/metaflow/events", None, EventsView, changes=False,
+                   summary="recent events (splits, take-overs, DATA-LOST, ...)")
+    splits = Route("GET", "/metaflow/splits", None, SplitsView, changes=False,
+                   summary="every split with its timings")
+    operations = Route("GET", "/metaflow/operations", None, OperationsView, changes=False,
+                       summary="splits and fail-overs under way")
+    register = Route("POST", "/metaflow/agents", Registration, Registered, changes=True,
+                     summary="an agent registers")
+    heartbeat = Route("POST", "/metaflow/agents/{name}/heartbeat", Heartbeat, Ack, changes=True,
+                      summary="an agent is alive (404: register again)")
+    split = Route("POST", "/metaflow/servers/{name}/split", None, Outcome, changes=True,
+                  summary="split a server now, and wait for the outcome", waits=True)
+    fail = Route("POST", "/metaflow/servers/{name}/fail", FailRequest, Outcome, changes=True,
+                 summary="take a server out of service, and wait for the take-over", waits=True)
+
+    ALL: tuple[Route[Any, Any], ...] = ()
+
+
+REST.ALL = tuple(v for v in vars(REST).values() if isinstance(v, Route))

@@ -1,0 +1,70 @@
+"""The numbers every MetaFlow process must agree on, defined once.
+
+Anything that crosses a process boundary and is a plain constant lives
+here: the ports, the default MetaDataID space and gateway, the request
+limits of port 9000, and the OpenFlow layout (priorities and cookies) that
+the controller installs and that tools and tests read back from the
+switches. Changing one of them changes the wire contract.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- ports ---------------------------------------------------------------------
+
+METAFLOW_PORT: Final = 9000
+"""Metadata requests (RESP), destination address = a MetaDataID. Reserved:
+no other traffic may use it as a destination port."""
+
+ADMIN_PORT: Final = 9001
+"""The agent's admin API (HTTP+JSON) on the management address."""
+
+REST_PORT: Final = 8080
+"""The controller's REST API (HTTP+JSON)."""
+
+OPENFLOW_PORT: Final = 6653
+"""Where switches reach the controller (OpenFlow 1.0)."""
+
+LOOKUP_PORT: Final = 9100
+"""The baselines' lookup daemon (`metaflow-lookupd`), benchmarks only."""
+
+# -- addresses -----------------------------------------------------------------
+
+DEFAULT_SPACE_CIDR: Final = "100.64.0.0/10"
+"""The default MetaDataID space: RFC 6598 shared address space, so a client
+host needs one route for every ID."""
+
+DEFAULT_GATEWAY: Final = "10.255.255.254"
+"""The virtual gateway clients route the space to; only the controller
+answers its ARP."""
+
+# -- port 9000 limits ----------------------------------------------------------
+
+MAX_KEY: Final = 4096
+"""Bytes in a key after normalization (Linux PATH_MAX). The service also
+refuses a key header announcing more, before reading the key."""
+
+MAX_VALUE: Final = 1 << 20
+"""Default bytes in one value (the agent's --max-value)."""
+
+# -- the OpenFlow 1.0 table (ARCHITECTURE.md, "Flow table layout") -------------
+
+METAFLOW_BASE_PRIORITY: Final = 2000
+"""A MetaFlow prefix entry has this plus its prefix length, so that
+priorities give longest-prefix match on OF1.0."""
+
+UPRULE_PRIORITY: Final = 1999
+"""Port 9000 traffic for an ID outside a switch's subtree goes up."""
+
+HOST_ROUTE_PRIORITY: Final = 1000
+ARP_PRIORITY: Final = 900
+TABLE_MISS_PRIORITY: Final = 0
+LLDP_PRIORITY: Final = 0xFFFF
+
+COOKIE_METAFLOW: Final = 0x4D46
+""""MF": MetaFlow prefix and up-rule entries."""
+COOKIE_ROUTE: Final = 0x4D52
+""""MR": host routes for physical addresses."""
+COOKIE_BASE: Final = 0x4D42
+""""MB": LLDP, ARP and table-miss entries."""

@@ -1,0 +1,117 @@
+"""Both API clients against a real HTTP server that dispatches by the same declarations."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import pytest
+
+from client_lib.api import codec
+from client_lib.api.admin import ADMIN, Health, MigrationList, OwnReply, OwnRequest
+from client_lib.api.auth import Verifier
+from client_lib.api.clients import ApiClient, AsyncApiClient
+from client_lib.api.server import Call, Dispatcher
+from client_lib.cidr import Block
+from client_lib.errors import ApiError, AuthError, Conflict, NotFound
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+SPACE = Block.parse("100.64.0.0/10")
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _handle(call: Call) -> object:
+    if call.route is ADMIN.health:
+        return Health("ok", "t", "leveldb", SPACE, None, None, 9000, "http://x", 1, 0, [], [], [], 0.0)
+    if call.route is ADMIN.own:
+        if not call.body.blocks:
+            raise ValueError("nothing to own")
+        return OwnReply(call.body.blocks, call.body.blocks, None)
+    if call.route is ADMIN.migration:
+        raise KeyError(f"no migration {call.params['id']!r}")
+    return MigrationList([])
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Iterator[str]:
+    secret = getattr(request, "param", SECRET)
+    dispatcher = Dispatcher(ADMIN.ALL, Verifier(secret), open_reads=False)
+
+    def app(environ: dict, start_response):  # type: ignore[no-untyped-def]
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        headers = {k[5:].replace("_", "-").title(): v for k, v in environ.items() if k.startswith("HTTP_")}
+        path = environ["PATH_INFO"].encode("latin-1").decode()
+        call = dispatcher.resolve(environ["REQUEST_METHOD"], path, environ.get("QUERY_STRING", ""),
+                                  headers, body)
+        if isinstance(call, Call):
+            try:
+                response = dispatcher.reply(call, _handle(call))
+            except Exception as exc:
+                response = dispatcher.fail(call, exc)
+        else:
+            response = call
+        start_response(f"{response.status} X", [*response.headers.items(),
+                                                ("Content-Length", str(len(response.body)))])
+        return [response.body]
+
+    httpd = make_server("127.0.0.1", 0, app, handler_class=_Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_sync_client_calls_and_raises_by_status(server: str) -> None:
+    client = ApiClient(server, SECRET)
+    assert client.call(ADMIN.health).name == "t"
+    block = Block.parse("100.64.0.0/12")
+    assert client.call(ADMIN.own, OwnRequest([block])).added == [block]
+    with pytest.raises(Conflict, match="nothing to own"):
+        client.call(ADMIN.own, OwnRequest([]))
+    with pytest.raises(NotFound, match="no migration 'a b'"):
+        client.call(ADMIN.migration, id="a b")
+    with pytest.raises(AuthError) as refused:
+        ApiClient(server, None).call(ADMIN.own, OwnRequest([block]))
+    assert refused.value.status == 401
+
+
+@pytest.mark.parametrize("server", [b"the server has another secret"], indirect=True)
+def test_a_server_with_another_secret_is_not_trusted(server: str) -> None:
+    with pytest.raises(AuthError):
+        ApiClient(server, SECRET).call(ADMIN.health)
+
+
+def test_async_client_calls_concurrently(server: str) -> None:
+    async def main() -> None:
+        client = AsyncApiClient(server, SECRET)
+        healths = await asyncio.gather(*[client.call(ADMIN.health) for _ in range(20)])
+        assert {h.name for h in healths} == {"t"}
+        with pytest.raises(NotFound):
+            await client.call(ADMIN.migration, id="x")
+
+    asyncio.run(main())
+
+
+def test_unreachable_server_is_an_api_error_without_status() -> None:
+    with pytest.raises(ApiError) as failed:
+        ApiClient("http://127.0.0.1:1", SECRET, timeout=2).call(ADMIN.health)
+    assert failed.value.status is None and "refused" in str(failed.value)
+
+    async def main() -> None:
+        with pytest.raises(ApiError):
+            await AsyncApiClient("http://127.0.0.1:1", SECRET, timeout=2).call(ADMIN.health)
+
+    asyncio.run(main())
+
+
+def test_bodies_are_checked_before_sending(server: str) -> None:
+    with pytest.raises(TypeError):
+        ApiClient(server, SECRET).call(ADMIN.health, OwnRequest([]))
+    assert codec.loads(OwnRequest, codec.dumps(OwnRequest([]))) == OwnRequest([])
