@@ -12,9 +12,9 @@ Migrations, as the sending agent runs them (`nat_agent.migration`):
 1. ``POST /migrations`` freezes writes to the blocks, checks that the target
    answers with the cluster's signature, copies every record to it
    (``/import/{id}/begin``, ``/records``), and answers once copied. The
-   migration holds a lease of ``lease_s`` seconds: if nobody commits or
-   aborts it by then, the agent aborts it by itself and serves the blocks
-   again, so a controller that died never leaves a block frozen.
+   copied migration holds a lease of ``lease_s`` seconds: if nobody commits
+   or aborts it by then, the agent aborts it by itself and serves the
+   blocks again, so a controller that died never leaves a block frozen.
 2. ``POST /migrations/{id}/commit`` makes the target serve (``/own`` with
    the migration id), then stops serving and deletes here.
 3. ``POST /migrations/{id}/abort`` unfreezes, and the target discards its copy.
@@ -122,8 +122,8 @@ class DisownReply:
 class MigrateRequest:
     """Move `blocks` to the agent whose admin API is `target`.
 
-    `lease_s`: seconds the migration may stay uncommitted after it starts;
-    then it aborts by itself. `commit`: commit at once after the copy (no
+    `lease_s`: seconds the migration may stay copied without a commit or an
+    abort; then it aborts by itself. `commit`: commit at once after the copy (no
     flows to change in between, e.g. an operator's manual move)."""
 
     blocks: list[Block]
