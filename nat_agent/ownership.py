@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable
 
 from client_lib.cidr import Block, subtract
+from client_lib.errors import Conflict
 
 # How many recent hand-offs to remember for MOVED hints.
 _MOVED_HINTS = 1024
 
 
-class OwnershipError(ValueError):
-    """An own/disown/freeze request that contradicts the current ownership."""
+class OwnershipError(Conflict):
+    """An own/disown/freeze request that contradicts the current ownership
+    (the admin API answers 409)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 409)
 
 
 class Verdict(Enum):
@@ -93,43 +98,63 @@ class Ownership:
     def own(self, blocks: Iterable[Block]) -> list[Block]:
         """Start answering for `blocks`. A block may swallow smaller owned ones
         (a merge back). CIDR blocks either nest or are disjoint, so there is
-        no partial overlap to refuse here."""
+        no partial overlap to refuse here. Every block is checked before any
+        is taken, so a bad one changes nothing."""
+        blocks = self._checked(blocks)
         added = []
         for block in blocks:
-            self._check(block)
             if self._covering(block) is not None:
                 continue  # already ours: owning is idempotent
-            self._owned = sorted([b for b in self._owned if not block.covers(b)] + [block])
-            self._firsts = [b.first for b in self._owned]
+            self._replace([b for b in self._owned if block.covers(b)], [block])
             self._moved.pop(block, None)
             added.append(block)
         return added
 
     def disown(self, blocks: Iterable[Block], moved_to: str | None = None) -> list[Block]:
-        """Stop answering for `blocks` (each inside one owned block; a split
-        may hand away half of one). Returns the blocks actually released."""
+        """Stop answering for every ID of `blocks`, however much of each is owned.
+
+        A block inside an owned one is cut out of it (a split hands away
+        half of one); owned blocks inside a given one are released whole;
+        a block owned nowhere is left alone. So the call means "none of
+        these IDs is served here afterwards", and a repeated or retried
+        disown, or one over a block that was already partly handed away,
+        converges instead of failing half-way. Every block is checked before
+        any is released. Returns what was released: disjoint blocks, each
+        inside one of `blocks`."""
+        blocks = self._checked(blocks)
         released = []
         for block in blocks:
-            self._check(block)
             owner = self._covering(block)
-            if owner is None:
-                if any(b.first <= block.last and block.first <= b.last for b in self._owned):
-                    raise OwnershipError(f"{block} is only partly owned")
-                continue  # not ours already: disowning is idempotent
-            self._owned = sorted([b for b in self._owned if b != owner] + subtract(owner, block))
-            self._firsts = [b.first for b in self._owned]
+            if owner is not None:
+                self._replace([owner], subtract(owner, block))
+                gone = [block]
+            else:
+                gone = [b for b in self._owned if block.covers(b)]
+                if not gone:
+                    continue  # none of it is ours: disowning is idempotent
+                self._replace(gone, [])
             self._frozen = [f for f in self._frozen if not block.covers(f)]
             if moved_to is not None:
                 self._moved[block] = moved_to
                 while len(self._moved) > _MOVED_HINTS:
                     self._moved.popitem(last=False)
-            released.append(block)
+            released.extend(gone)
         return released
 
-    def freeze(self, blocks: Iterable[Block]) -> None:
+    def _checked(self, blocks: Iterable[Block]) -> list[Block]:
         blocks = list(blocks)
         for block in blocks:
             self._check(block)
+        return blocks
+
+    def _replace(self, old: list[Block], new: list[Block]) -> None:
+        """Swap owned blocks, keeping them sorted and the bisect index in step."""
+        self._owned = sorted([b for b in self._owned if b not in old] + new)
+        self._firsts = [b.first for b in self._owned]
+
+    def freeze(self, blocks: Iterable[Block]) -> None:
+        blocks = self._checked(blocks)
+        for block in blocks:
             if self._covering(block) is None:
                 raise OwnershipError(f"cannot freeze {block}: not owned here")
         for block in blocks:
