@@ -301,3 +301,36 @@ def encode_reply(value: Reply) -> bytes:
 
 OK = SimpleString("OK")
 PONG = SimpleString("PONG")
+
+
+# -- redirections ----------------------------------------------------------
+
+def moved_message(mdid: int, host: str, port: int) -> str:
+    """The text of a MOVED error reply (without its ``-``): ``MOVED <id> <host>:<port>``.
+
+    This is the shape Redis Cluster uses (``MOVED <slot> <ip>:<port>``), so
+    `redis-cli -c` follows it and redis-py raises its ``MovedError``; the
+    "slot" is the MetaDataID as a decimal integer. An IPv6 host is written
+    without brackets, as Redis does (readers split at the last colon).
+    """
+    if mdid < 0 or not 0 < port < 65536 or not host or any(c in host for c in " \r\n"):
+        raise ValueError(f"cannot redirect {mdid} to {host!r}:{port}")
+    return f"MOVED {mdid} {host}:{port}"
+
+
+def parse_moved(message: str) -> tuple[int, str, int]:
+    """``(mdid, host, port)`` of a MOVED error's text; `ProtocolError` if malformed.
+
+    Accepts the message with or without its leading ``-``, and a bracketed
+    IPv6 host.
+    """
+    parts = message.removeprefix("-").split(" ")
+    if len(parts) != 3 or parts[0] != "MOVED":
+        raise ProtocolError(f"not a MOVED reply: {message[:100]!r}")
+    ident, address = parts[1], parts[2]
+    host, sep, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not (ident.isascii() and ident.isdigit()) or not sep or not host \
+            or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise ProtocolError(f"malformed MOVED reply: {message[:100]!r}")
+    return int(ident), host, int(port)

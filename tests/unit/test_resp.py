@@ -14,13 +14,17 @@ from client_lib.resp import (
     SimpleString,
     encode_command,
     encode_reply,
+    moved_message,
+    parse_moved,
 )
 
 args_st = st.lists(st.binary(max_size=200), min_size=1, max_size=10)
+line_text = st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)),
+                    max_size=30)
 reply_st = st.recursive(
     st.none() | st.integers(-(2**63), 2**63 - 1) | st.binary(max_size=100)
-    | st.builds(SimpleString, st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=30))
-    | st.builds(ErrorReply, st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), min_size=1, max_size=30)),
+    | st.builds(SimpleString, line_text)
+    | st.builds(ErrorReply, line_text.filter(bool)),
     lambda children: st.lists(children, max_size=5), max_leaves=20)
 
 
@@ -155,3 +159,30 @@ def test_replies_survive_any_chunking(values, chunks):
         while (reply := parser.next_reply())[0]:
             got.append(reply[1])
     assert got == values and parser.pending == 0
+
+
+@given(st.integers(0, 2**128 - 1), st.sampled_from(["10.0.0.2", "100.64.1.2", "::1", "fe80::1:2"]),
+       st.integers(1, 65535))
+def test_moved_round_trips_in_the_shape_redis_clients_parse(ident, host, port):
+    message = moved_message(ident, host, port)
+    assert message == f"MOVED {ident} {host}:{port}"
+    assert parse_moved(message) == parse_moved("-" + message) == (ident, host, port)
+    # redis-py's MovedError reads it this way: the slot, then host and port at the last colon.
+    slot, node = message.split(" ", 1)[1].split(" ")
+    assert (int(slot), *node.rsplit(":", 1)) == (ident, host, str(port))
+
+
+@pytest.mark.parametrize("message", [
+    "MOVED 100.64.0.1", "MOVED 100.64.0.1 10.0.0.2:9000", "MOVED 12 10.0.0.2", "MOVED 12 10.0.0.2:0",
+    "MOVED 12 10.0.0.2:65536", "MOVED 12 :9000", "MOVED -1 10.0.0.2:9000", "MOVED \u0661 a:1",
+    "MOVED 12 a:1 extra", "TRYAGAIN 12 a:1", "",
+])
+def test_malformed_moved_is_a_protocol_error(message):
+    with pytest.raises(ProtocolError):
+        parse_moved(message)
+
+
+@pytest.mark.parametrize("ident, host, port", [(-1, "a", 1), (1, "", 1), (1, "a b", 1), (1, "a", 0)])
+def test_moved_message_refuses_what_no_client_could_parse(ident, host, port):
+    with pytest.raises(ValueError):
+        moved_message(ident, host, port)
