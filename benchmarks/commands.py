@@ -1,6 +1,9 @@
-"""`metaflowctl`: the operator's command-line tool (Open vSwitch style naming).
+"""`metaflowctl plan` and `metaflowctl bench`: their arguments and how they run.
 
-Subcommands live next to what they drive; this module only parses arguments.
+`controller.ctl` (the `metaflowctl` entry point) imports this module only
+when one of the two is chosen: plan needs the pure core and tqdm, and bench
+(imported only by its own functions) numpy, the agent and Mininet, none of
+which the client role installs.
 """
 
 from __future__ import annotations
@@ -8,18 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from btree.split import SplitBounds
 
+from .plan import TOPOLOGIES, VARIANTS, PlanConfig, format_report, run_plan
 
-def _plan_parser(sub: argparse._SubParsersAction) -> None:
-    from .plan import TOPOLOGIES, VARIANTS
 
-    p = sub.add_parser(
-        "plan", help="simulate growth on a topology and report flow-table sizes",
-        description="Generate N file paths, hash them to MetaDataIDs, insert them with "
-                    "capacity-driven splits, verify every ID through a fake network of the "
-                    "generated flow tables, and report entries per switch per layer.")
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", choices=TOPOLOGIES, default="fattree")
     p.add_argument("--k", type=int, default=32, help="fat-tree switch ports (default 32)")
     p.add_argument("--servers", type=int, default=2000,
@@ -47,12 +46,9 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:
                    help="MetaDataID space (default the paper's 0.0.0.0/0)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_run_plan)
 
 
-def _run_plan(args: argparse.Namespace) -> int:
-    from .plan import PlanConfig, format_report, run_plan
-
+def run_plan_command(args: argparse.Namespace) -> int:
     cfg = PlanConfig(
         topology=args.topology, k=args.k, servers=args.servers, core=args.core, agg=args.agg,
         edges=args.edges, servers_per_edge=args.servers_per_edge, edge_uplinks=args.edge_uplinks,
@@ -64,17 +60,14 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0 if report["verified"] else 1
 
 
-def _bench_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench", help="MetaFlow vs hash, central, One-Hop, Chord and G-HBA in one Mininet run (root)",
-        description="Bring up a k=4 fat-tree in Mininet with the controller, agents and lookup servers, "
-                    "load a namespace, then run every scheme in turn at rising concurrency with "
-                    "interleaved repetitions; print a table, write JSON and plots.")
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    from .bench_client import SCHEMES
+
     p.add_argument("--quick", action="store_true", help="a smaller run, under 2 minutes")
     p.add_argument("--json", metavar="FILE", default=None, help="write the full report here")
     p.add_argument("--out", default="benchmarks/results", help="directory for bench.json and the PNGs")
     p.add_argument("--no-plots", dest="plots", action="store_false")
-    p.add_argument("--schemes", default=None, help="comma-separated subset of " + ",".join(_schemes()))
+    p.add_argument("--schemes", default=None, help="comma-separated subset of " + ",".join(SCHEMES))
     p.add_argument("--store", choices=("leveldb", "redis"), default=None)
     p.add_argument("--entries", type=int, default=None, help="namespace entries loaded before the runs")
     p.add_argument("--seconds", type=float, default=None, help="length of one run")
@@ -86,24 +79,18 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reuse", action="store_true", default=None,
                    help="reuse request connections (default: one per request, as in the paper)")
     p.add_argument("--nat-rounds", type=int, default=None, help="A/B rounds of the NAT cost (0: skip)")
-    p.set_defaults(func=_run_bench)
 
 
-def _schemes() -> tuple[str, ...]:
-    from .bench_client import SCHEMES
-    return SCHEMES
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+def run_bench_command(args: argparse.Namespace) -> int:
     from .bench import BenchConfig, run_bench, with_overrides
-    from .bench_report import format_report, plot
+    from .bench_client import SCHEMES
+    from .bench_report import format_report as format_bench_report
+    from .bench_report import plot
 
     base = BenchConfig.quick() if args.quick else BenchConfig()
     schemes = tuple(args.schemes.split(",")) if args.schemes else None
-    if schemes and not set(schemes) <= set(_schemes()):
-        raise ValueError(f"unknown schemes {sorted(set(schemes) - set(_schemes()))}")
+    if schemes and not set(schemes) <= set(SCHEMES):
+        raise ValueError(f"unknown schemes {sorted(set(schemes) - set(SCHEMES))}")
     levels = tuple(int(v) for v in args.levels.split(",")) if args.levels else None
     cfg = with_overrides(base, schemes=schemes, store=args.store, entries=args.entries, seconds=args.seconds,
                          reps=args.reps, levels=levels, get_fraction=args.get_fraction, zipf=args.zipf,
@@ -115,39 +102,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     (out / f"{name}.json").write_text(json.dumps(report, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
-    print(format_report(report))
+    print(format_bench_report(report))
     if args.plots:
         for path in plot(report, out, prefix=name):
             print(f"wrote {path}")
     return 0
-
-
-def _key_parsers(sub: argparse._SubParsersAction) -> None:
-    from client_lib.ctl import add_common, add_put_options, run
-
-    for name, text in (("get", "print the value stored for a path"),
-                       ("put", "store metadata (or --value) for a path"),
-                       ("del", "delete a path's metadata"),
-                       ("stat", "print a path's metadata as fields")):
-        p = sub.add_parser(name, help=text, description=text)
-        add_common(p)
-        if name == "put":
-            add_put_options(p)
-        p.set_defaults(func=run)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="metaflowctl", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    _plan_parser(sub)
-    _bench_parser(sub)
-    _key_parsers(sub)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except ValueError as err:
-        parser.exit(2, f"metaflowctl: error: {err}\n")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

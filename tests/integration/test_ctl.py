@@ -10,7 +10,7 @@ from mininet_scenarios.daemons import ROOT, AgentProcess
 
 
 def ctl(proc: AgentProcess, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.cli", *args, "--via", f"{proc.host}:{proc.port}"],
+    return subprocess.run([sys.executable, "-m", "controller.ctl", *args, "--via", f"{proc.host}:{proc.port}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=30)
 
 

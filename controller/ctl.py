@@ -1,0 +1,145 @@
+"""`metaflowctl`: the operator's command-line tool (Open vSwitch style naming).
+
+    metaflowctl status [--controller URL] [--secret-file FILE] [--json]
+    metaflowctl get|put|del|stat PATH [--via HOST[:PORT]]
+    metaflowctl secret [FILE]
+    metaflowctl plan [...]     metaflowctl bench [...]
+
+Each subcommand lives next to what it drives (`controller.status`,
+`client_lib.ctl`, `benchmarks.commands`); this module only names them. A
+subcommand's module is imported only when that subcommand is chosen, so
+status, get/put/del/stat and secret run with the client role alone (the
+standard library), and only plan and bench bring in the pure core, numpy
+and Mininet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from client_lib.version import add_version_flag
+
+Runner = Callable[[argparse.Namespace], int]
+Setup = Callable[[argparse.ArgumentParser], Runner]
+"""Adds a subcommand's arguments (importing what it needs) and returns how to run it."""
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    setup: Setup
+    description: str | None = None
+
+
+def _status(p: argparse.ArgumentParser) -> Runner:
+    from controller.status import add_arguments, run
+
+    add_arguments(p)
+    return run
+
+
+def _key_command(put: bool) -> Setup:
+    def setup(p: argparse.ArgumentParser) -> Runner:
+        from client_lib.ctl import add_common, add_put_options, run
+
+        add_common(p)
+        if put:
+            add_put_options(p)
+        return run
+
+    return setup
+
+
+def _secret(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("file", nargs="?", type=Path, default=None,
+                   help="write it here with mode 0600 (refused if the file exists) instead of printing it")
+    return _run_secret
+
+
+def _run_secret(args: argparse.Namespace) -> int:
+    from client_lib.api.auth import new_secret, write_secret
+
+    if args.file is None:
+        print(new_secret())
+        return 0
+    if args.file.exists():
+        # Replacing a live secret would lock every agent out of the controller.
+        raise ValueError(f"{args.file} exists; remove it first to replace the cluster's secret")
+    write_secret(args.file)
+    print(f"wrote a new secret to {args.file} (mode 0600)", file=sys.stderr)
+    return 0
+
+
+def _plan(p: argparse.ArgumentParser) -> Runner:
+    from benchmarks.commands import add_plan_arguments, run_plan_command
+
+    add_plan_arguments(p)
+    return run_plan_command
+
+
+def _bench(p: argparse.ArgumentParser) -> Runner:
+    from benchmarks.commands import add_bench_arguments, run_bench_command
+
+    add_bench_arguments(p)
+    return run_bench_command
+
+
+COMMANDS: dict[str, Command] = {
+    "status": Command("the controller's tree, servers, flow tables and recent events", _status,
+                      "Read every view of the controller's REST API and print a summary (or JSON)."),
+    "get": Command("print the value stored for a path", _key_command(put=False)),
+    "put": Command("store metadata (or --value) for a path", _key_command(put=True)),
+    "del": Command("delete a path's metadata", _key_command(put=False)),
+    "stat": Command("print a path's metadata as fields", _key_command(put=False)),
+    "secret": Command("make a new cluster secret (for every --secret-file)", _secret,
+                      "Print a new random secret, or write it to FILE readable by its owner only."),
+    "plan": Command("simulate growth on a topology and report flow-table sizes", _plan,
+                    "Generate N file paths, hash them to MetaDataIDs, insert them with capacity-driven "
+                    "splits, verify every ID through a fake network of the generated flow tables, and "
+                    "report entries per switch per layer."),
+    "bench": Command("MetaFlow vs hash, central, One-Hop, Chord and G-HBA in one Mininet run (root)",
+                     _bench,
+                     "Bring up a k=4 fat-tree in Mininet with the controller, agents and lookup servers, "
+                     "load a namespace, then run every scheme in turn at rising concurrency with "
+                     "interleaved repetitions; print a table, write JSON and plots."),
+}
+
+
+def build_parser(chosen: str | None) -> argparse.ArgumentParser:
+    """The parser, with the arguments of the `chosen` subcommand only (the
+    others are listed by name and help, without importing anything)."""
+    parser = argparse.ArgumentParser(
+        prog="metaflowctl", description="The operator's tool: a cluster's status, metadata by path, "
+                                        "secrets, the planner and the benchmark.")
+    add_version_flag(parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.description or command.help)
+        if name == chosen:
+            p.set_defaults(func=command.setup(p))
+    return parser
+
+
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The first word that is not an option: metaflowctl's own options
+    (--help, --version) take no value, so that is the subcommand."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(chosen_command(args_list))
+    args = parser.parse_args(args_list)
+    try:
+        code: int = args.func(args)
+    except ValueError as err:
+        parser.exit(2, f"metaflowctl {args.command}: error: {err}\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""`metaflowctl status`: what the controller knows, read from its REST API.
+
+One signed GET per view (tree, servers, flow tables, operations under way,
+recent events) through the declared routes and the client every other
+caller uses, printed as a summary an operator can scan, or as one JSON
+object (``--json``) for scripts. Standard library only: it belongs to the
+client role, so an operator's laptop needs neither os-ken nor Mininet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from client_lib.api import codec
+from client_lib.api.auth import load_secret
+from client_lib.api.clients import ApiClient
+from client_lib.api.rest import (
+    REST,
+    EventsView,
+    FlowInfo,
+    FlowsView,
+    OperationsView,
+    ServersView,
+    TreeView,
+)
+from client_lib.constants import REST_PORT
+from client_lib.errors import AuthError, MetaFlowError
+
+DEFAULT_CONTROLLER = f"http://127.0.0.1:{REST_PORT}"
+DEFAULT_EVENTS = 10
+
+
+@dataclass(frozen=True)
+class Status:
+    """Every view `status` shows, read in one pass."""
+
+    tree: TreeView
+    servers: ServersView
+    flows: FlowsView
+    operations: OperationsView
+    events: EventsView
+
+
+def fetch(client: ApiClient) -> Status:
+    return Status(tree=client.call(REST.tree), servers=client.call(REST.servers),
+                  flows=client.call(REST.flows), operations=client.call(REST.operations),
+                  events=client.call(REST.events))
+
+
+# -- the summary -------------------------------------------------------------------
+
+
+def format_status(status: Status, controller: str, events: int = DEFAULT_EVENTS,
+                  flows: bool = False) -> str:
+    """The operator's summary: a headline, then servers, the tree, operations,
+    flow tables (entries too with `flows`) and the last `events` events."""
+    sections = [_headline(status, controller), _servers(status.servers), _tree(status.tree),
+                _operations(status.operations), _flows(status.flows, flows),
+                _events(status.events, events)]
+    return "\n\n".join(s for s in sections if s) + "\n"
+
+
+def _headline(status: Status, controller: str) -> str:
+    tree = status.tree
+    if tree.built:
+        built = f"tree built (root {tree.root}, {len(tree.leaves)} leaves)"
+    else:
+        waiting = ", ".join(tree.missing_servers) or "nothing registered yet"
+        built = f"tree not built: waiting for {waiting}"
+    states = Counter(_state(info.state, info.failed) for info in status.servers.servers.values())
+    servers = f"{len(status.servers.servers)} servers" + (
+        " (" + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) + ")" if states else "")
+    entries = sum(len(table) for table in status.flows.switches.values())
+    running = len(status.operations.operations)
+    return "\n".join([f"controller {controller}",
+                      f"{built}; {servers}; {len(status.flows.switches)} switches with {entries} "
+                      f"MetaFlow entries; {running} operation{'s' if running != 1 else ''} under way"])
+
+
+def _state(state: str | None, failed: str | None) -> str:
+    return "failed" if failed else (state or "unplaced")
+
+
+def _servers(view: ServersView) -> str:
+    if not view.servers:
+        return ""
+    rows = []
+    for name, s in sorted(view.servers.items()):
+        use = f"{100 * s.keys / s.capacity:.0f}%" if s.capacity else "-"
+        note = f"failed: {s.failed}" if s.failed else (f"in {s.operation}" if s.operation else "")
+        rows.append([name, _state(s.state, s.failed), str(s.keys), str(s.capacity), use, s.data_ip,
+                     " ".join(str(b) for b in s.blocks) or "-", note])
+    return "servers\n" + _table(["name", "state", "keys", "capacity", "use", "data ip", "blocks", ""], rows)
+
+
+def _tree(view: TreeView) -> str:
+    if not view.built or view.root is None:
+        return ""
+    lines = ["tree"]
+
+    def walk(node: str, depth: int) -> None:
+        leaf = view.leaves.get(node)
+        label = f"{node} ({leaf.state})" if leaf is not None else node
+        lines.append("  " * (depth + 1) + label)
+        for child in view.inner.get(node, []):
+            walk(child, depth + 1)
+
+    walk(view.root, 0)
+    return "\n".join(lines)
+
+
+def _operations(view: OperationsView) -> str:
+    if not view.operations:
+        return ""
+    rows = [[op.id, op.kind, op.server, op.step, f"{op.seconds:.1f} s"] for op in view.operations]
+    return "operations under way\n" + _table(["id", "kind", "server", "step", "for"], rows)
+
+
+def _flows(view: FlowsView, entries: bool) -> str:
+    if not view.switches:
+        return ""
+    switches = sorted(view.switches.items(), key=lambda item: int(item[0]))
+    if not entries:
+        rows = [[dpid, str(len(table))] for dpid, table in switches]
+        return "flow tables (--flows lists the entries)\n" + _table(["dpid", "entries"], rows)
+    lines = ["flow tables"]
+    for dpid, table in switches:
+        lines.append(f"  dpid {dpid}: {len(table)} entries")
+        lines.extend(f"    {_entry(e)}" for e in table)
+    return "\n".join(lines)
+
+
+def _entry(e: FlowInfo) -> str:
+    rewrite = f", set dl_dst {e.set_dl_dst}" if e.set_dl_dst else ""
+    return f"{str(e.prefix):<18} -> port {e.out_port}{rewrite} (priority {e.priority})"
+
+
+def _events(view: EventsView, last: int) -> str:
+    shown = view.events[-last:] if last > 0 else []
+    if not shown:
+        return ""
+    lines = [f"last {len(shown)} of {len(view.events)} events (t: controller clock, s)"]
+    for event in shown:
+        detail = " ".join(f"{k}={_text(v)}" for k, v in event.items() if k not in ("t", "event"))
+        t = event.get("t")
+        when = f"{t:10.3f}" if isinstance(t, (int, float)) else f"{t!s:>10}"
+        lines.append(f"  {when}  {event.get('event', '?')!s:<22} {detail}".rstrip())
+    return "\n".join(lines)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    grid = [list(headers), *(list(r) for r in rows)]
+    widths = [max(len(row[i]) for row in grid) for i in range(len(headers))]
+    return "\n".join("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                     for row in grid)
+
+
+# -- the command -------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="URL",
+                   help=f"the controller's REST API (default {DEFAULT_CONTROLLER})")
+    p.add_argument("--secret-file", default=None, metavar="FILE",
+                   help="the cluster's secret (metaflowctl secret FILE makes one); without it, "
+                        "only a controller started with --open-reads answers")
+    p.add_argument("--json", action="store_true", help="print every view as one JSON object")
+    p.add_argument("--events", type=int, default=DEFAULT_EVENTS, metavar="N",
+                   help=f"recent events to show (default {DEFAULT_EVENTS})")
+    p.add_argument("--flows", action="store_true", help="list every switch's MetaFlow entries")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per REST call")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the status; exit 2 when the secret or the controller fails us."""
+    try:
+        secret = load_secret(args.secret_file) if args.secret_file else None
+        status = fetch(ApiClient(args.controller, secret, timeout=args.timeout))
+    except AuthError as exc:
+        hint = ("is --secret-file the cluster's secret?" if args.secret_file
+                else "the controller wants signed reads: pass --secret-file")
+        print(f"metaflowctl status: {exc}\n({hint})", file=sys.stderr)
+        return 2
+    except MetaFlowError as exc:
+        print(f"metaflowctl status: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(codec.to_json(status), indent=1))
+    else:
+        print(format_status(status, args.controller, args.events, args.flows), end="")
+    return 0

@@ -1,0 +1,247 @@
+"""`metaflowctl` itself: `status` against a real HTTP server that serves the
+declared REST views through the same `Dispatcher` the controller uses,
+`secret`, `--version`, and that the client's commands load no third-party
+module."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import pytest
+
+from client_lib.api import codec
+from client_lib.api.auth import Verifier, load_secret, write_secret
+from client_lib.api.rest import (
+    REST,
+    EventsView,
+    FlowInfo,
+    FlowsView,
+    LeafInfo,
+    OperationInfo,
+    OperationsView,
+    ServerInfo,
+    ServersView,
+    TreeView,
+)
+from client_lib.api.server import Call, Dispatcher
+from client_lib.cidr import Block
+from client_lib.errors import NotFound
+from client_lib.version import version
+from controller.ctl import main
+from controller.status import Status
+from mininet_scenarios.daemons import ROOT
+
+SECRET = "0123456789abcdef0123456789abcdef"
+B = Block.parse
+
+STATUS = Status(
+    tree=TreeView(
+        built=True, missing_servers=[], root="core",
+        inner={"core": ["pod1", "pod2"], "pod1": ["h1", "h2"], "pod2": ["h3", "h4"]},
+        leaves={"h1": LeafInfo("busy", [B("100.64.0.0/11")], "pod1"),
+                "h2": LeafInfo("busy", [B("100.96.0.0/11")], "pod1"),
+                "h3": LeafInfo("idle", [], "pod2"),
+                "h4": LeafInfo("failed", [], "pod2")}),
+    servers=ServersView({
+        "h1": ServerInfo("10.0.0.1", "http://10.255.0.1:9001", 512, 1000, None, "busy",
+                         [B("100.64.0.0/11")], None),
+        "h2": ServerInfo("10.0.0.2", "http://10.255.0.2:9001", 900, 1000, None, "busy",
+                         [B("100.96.0.0/11")], "split-7"),
+        "h3": ServerInfo("10.0.0.3", "http://10.255.0.3:9001", 0, 1000, None, "idle", [], None),
+        "h4": ServerInfo("10.0.0.4", "http://10.255.0.4:9001", 10, 1000, "heartbeat timeout", "failed",
+                         [], None)}),
+    flows=FlowsView({
+        "10": [FlowInfo(2011, B("100.64.0.0/11"), 3, None)],
+        "2": [FlowInfo(2011, B("100.64.0.0/11"), 1, "02:00:00:00:00:01"),
+              FlowInfo(2011, B("100.96.0.0/11"), 2, "02:00:00:00:00:02")]}),
+    operations=OperationsView([OperationInfo("split-7", "split", "h2", "copying", 12.34)]),
+    events=EventsView([{"t": 100.0 + i, "event": f"event-{i}", "server": "h2", "n": i} for i in range(12)]),
+)
+
+VIEWS: dict[Any, object] = {REST.tree: STATUS.tree, REST.servers: STATUS.servers, REST.flows: STATUS.flows,
+                            REST.operations: STATUS.operations, REST.events: STATUS.events}
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _app(dispatcher: Dispatcher) -> Callable[..., Iterable[bytes]]:
+    def app(environ: dict[str, Any], start_response: Callable[..., object]) -> Iterable[bytes]:
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        headers = {k[5:].replace("_", "-").title(): v for k, v in environ.items() if k.startswith("HTTP_")}
+        call = dispatcher.resolve(environ["REQUEST_METHOD"], environ["PATH_INFO"],
+                                  environ.get("QUERY_STRING", ""), headers, body)
+        if isinstance(call, Call):
+            try:
+                if call.route not in VIEWS:
+                    raise NotFound(f"{call.route} is not served by this test")
+                response = dispatcher.reply(call, VIEWS[call.route])
+            except Exception as exc:
+                response = dispatcher.fail(call, exc)
+        else:
+            response = call
+        start_response(f"{response.status} X", [*response.headers.items(),
+                                                ("Content-Length", str(len(response.body)))])
+        return [response.body]
+
+    return app
+
+
+@pytest.fixture
+def controller(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of a REST server holding `STATUS`; signed reads only unless the
+    test is parametrized with open_reads=True."""
+    open_reads = getattr(request, "param", False)
+    dispatcher = Dispatcher(REST.ALL, Verifier(SECRET.encode()), open_reads=open_reads)
+    httpd = make_server("127.0.0.1", 0, _app(dispatcher), handler_class=_Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    return write_secret(tmp_path / "secret", SECRET)
+
+
+def _status(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["status", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_status_summarizes_every_view(controller: str, secret_file: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _status(capsys, "--controller", controller, "--secret-file", str(secret_file))
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"controller {controller}"
+    assert lines[1] == ("tree built (root core, 4 leaves); 4 servers (2 busy, 1 failed, 1 idle); "
+                        "2 switches with 3 MetaFlow entries; 1 operation under way")
+    rows = {line.split()[0]: line for line in lines if line.startswith("  h")}
+    assert rows["h1"].split()[:7] == ["h1", "busy", "512", "1000", "51%", "10.0.0.1", "100.64.0.0/11"]
+    assert rows["h2"].endswith("in split-7")
+    assert rows["h4"].split()[:2] == ["h4", "failed"] and rows["h4"].endswith("failed: heartbeat timeout")
+    tree = lines[lines.index("tree") + 1:lines.index("tree") + 8]
+    assert tree == ["  core", "    pod1", "      h1 (busy)", "      h2 (busy)",
+                    "    pod2", "      h3 (idle)", "      h4 (failed)"]
+    assert "  split-7  split  h2      copying  12.3 s" in lines
+    # switches by number, not text: 2 before 10
+    assert out.index("\n  2     2") < out.index("\n  10    1")
+    events = [line for line in lines if "event-" in line]
+    assert [e.split()[1] for e in events] == [f"event-{i}" for i in range(2, 12)]
+    assert events[-1].split() == ["111.000", "event-11", "server=h2", "n=11"]
+    assert "last 10 of 12 events" in out
+
+
+def test_status_lists_flow_entries_on_request(controller: str, secret_file: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _status(capsys, "--controller", controller, "--secret-file", str(secret_file),
+                           "--flows", "--events", "0")
+    assert code == 0
+    assert "  dpid 2: 2 entries\n    100.64.0.0/11      -> port 1, set dl_dst 02:00:00:00:00:01 " \
+           "(priority 2011)\n" in out
+    assert "event-" not in out
+
+
+def test_status_json_round_trips(controller: str, secret_file: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _status(capsys, "--controller", controller, "--secret-file", str(secret_file), "--json")
+    assert code == 0
+    assert codec.from_json(Status, json.loads(out)) == STATUS
+
+
+def test_status_with_a_wrong_secret_says_so(controller: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    wrong = write_secret(tmp_path / "wrong", "another secret of enough length")
+    code, out, err = _status(capsys, "--controller", controller, "--secret-file", str(wrong))
+    assert (code, out) == (2, "")
+    assert "HTTP 401" in err and "bad signature" in err and "is --secret-file the cluster's secret?" in err
+
+
+def test_status_without_a_secret(controller: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _status(capsys, "--controller", controller)
+    assert (code, out) == (2, "")
+    assert "not signed" in err and "pass --secret-file" in err
+
+
+@pytest.mark.parametrize("controller", [True], indirect=True)
+def test_status_without_a_secret_reads_open_views(controller: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _status(capsys, "--controller", controller)
+    assert code == 0 and "4 servers" in out
+
+
+def test_status_of_an_unreachable_or_unreadable_controller(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _status(capsys, "--controller", "http://127.0.0.1:1", "--timeout", "2")
+    assert code == 2 and "connection refused" in err
+    code, _, err = _status(capsys, "--controller", "ftp://x")
+    assert code == 2 and "http://HOST:PORT" in err
+    loose = tmp_path / "loose"
+    loose.write_text(SECRET)
+    loose.chmod(0o644)
+    code, _, err = _status(capsys, "--secret-file", str(loose))
+    assert code == 2 and f"chmod 600 {loose}" in err
+
+
+def test_secret_prints_or_writes_a_private_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    printed = []
+    for _ in range(2):
+        assert main(["secret"]) == 0
+        printed.append(capsys.readouterr().out.strip())
+    assert len(printed[0]) >= 32 and printed[0] != printed[1]
+    path = tmp_path / "cluster.secret"
+    assert main(["secret", str(path)]) == 0
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    written = load_secret(path)
+    with pytest.raises(SystemExit) as refused:
+        main(["secret", str(path)])
+    assert refused.value.code == 2 and "exists" in capsys.readouterr().err
+    assert load_secret(path) == written
+
+
+def _run(*code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "\n".join(code)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_version_and_console_entry_point() -> None:
+    out = subprocess.run([sys.executable, "-m", "controller.ctl", "--version"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, f"metaflowctl {version()}\n")
+
+
+def test_client_commands_load_no_third_party_module() -> None:
+    """What the client extra (the standard library only) promises: status,
+    get/put/del/stat and secret import nothing outside it."""
+    probe = _run(
+        "import sys",
+        "from controller.ctl import main",
+        "for argv in (['secret'], ['status', '--controller', 'http://127.0.0.1:1', '--timeout', '1'],",
+        "             ['stat', '/a', '--via', '127.0.0.1:1', '--timeout', '0.2']):",
+        "    main(argv)",
+        "ours = ('btree', 'topology', 'controller', 'nat_agent', 'client_lib', 'benchmarks',",
+        "        'mininet_scenarios')",
+        "roots = {name.partition('.')[0] for name in sys.modules}",
+        "print(' '.join(sorted(r for r in roots if r not in sys.stdlib_module_names and r not in ours",
+        "                      and not r.startswith('_'))))",
+        "print(' '.join(sorted(r for r in roots if r in ('btree', 'topology', 'benchmarks', 'nat_agent'))))",
+    )
+    assert probe.returncode == 0, probe.stderr
+    third_party, heavy_ours = probe.stdout.splitlines()[-2:]
+    assert third_party == "" and heavy_ours == ""
