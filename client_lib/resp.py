@@ -1,19 +1,35 @@
-"""The RESP2 subset MetaFlow speaks on port 9000, shared by client and agent.
+"""The RESP subset MetaFlow speaks on port 9000, shared by client and agent.
 
 Both sides use one sans-I/O parser so that the framing rules (and their
 limits) cannot drift apart. The parser is incremental: `feed` bytes as they
 arrive and pull complete messages; a half-sent frame simply yields nothing
-until the rest arrives, and the caller's read timeout decides when to give
-up. Limits are enforced while parsing, before the bytes are buffered, so a
-peer that announces a 4 GiB bulk string is rejected at its header.
+until the rest arrives, and the caller's deadline decides when to give up.
 
-Only RESP2 is needed: `redis-cli` and every Redis client speak it, and the
-service never sends RESP3 types.
+Limits are enforced while parsing, before the bytes are buffered:
+
+* ``max_bulk`` is a hard cap: a frame announcing a longer bulk string (a
+  4 GiB one, say) is a `BulkTooLarge` protocol error at its header, and the
+  connection is closed, since reading that much just to skip it is not worth it.
+* ``limit(name, index)`` (optional, commands only) gives each argument its
+  own limit, so a key can be held to `client_lib.constants.MAX_KEY` while a
+  value may be a mebibyte. An argument over its limit refuses the *command*,
+  not the connection: `next_command` raises `ArgumentTooLarge` at the
+  argument's header and then discards the rest of that command as it
+  arrives, without buffering it; the caller answers an error and goes on.
+
+Requests are parsed as Redis parses them, including inline commands typed
+into telnet, and blank lines between commands are skipped (``redis-cli
+--pipe`` input often has them). Replies are RESP2 unless a connection asked
+for RESP3 (``HELLO 3``), where only the null and map encodings differ for
+what MetaFlow sends; `encode_reply` takes the protocol. The reply parser
+reads RESP2, which is all the MetaFlow client asks for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 CRLF = b"\r\n"
 
@@ -24,9 +40,13 @@ DEFAULT_MAX_ARGS = 64
 DEFAULT_MAX_LINE = 64 * 1024
 _MAX_NESTING = 8
 
+ArgLimit = Callable[[bytes, int], int]
+"""``limit(name, index)``: the most bytes argument ``index`` of command ``name``
+may have. Index 0 is the command name itself, asked with an empty ``name``."""
+
 
 class ProtocolError(ValueError):
-    """The peer sent bytes that are not RESP (or exceed a limit).
+    """The peer sent bytes that are not RESP (or exceed a hard limit).
 
     The connection cannot be resynchronized after this: the caller answers
     once with the message and closes.
@@ -34,10 +54,25 @@ class ProtocolError(ValueError):
 
 
 class BulkTooLarge(ProtocolError):
-    """A bulk string header announced more bytes than allowed."""
+    """A bulk string header announced more bytes than ``max_bulk``."""
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(f"bulk string of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class ArgumentTooLarge(ValueError):
+    """A command argument over its own limit: the command is refused, the
+    connection is not (the parser discards the rest of the command as it
+    arrives, so the next `next_command` carries on after it)."""
+
+    def __init__(self, name: bytes, index: int, size: int, limit: int) -> None:
+        what = ("command name" if index == 0 else
+                f"argument {index} of '{name[:32].decode('utf-8', 'replace').lower()}'")
+        super().__init__(f"{what} of {size} bytes exceeds the limit of {limit} bytes")
+        self.name = name
+        self.index = index
         self.size = size
         self.limit = limit
 
@@ -65,7 +100,9 @@ class SimpleString:
     value: str
 
 
-Reply = SimpleString | ErrorReply | int | bytes | None | list
+Reply = SimpleString | ErrorReply | int | bytes | None | list[Any] | dict[Any, Any]
+"""A decoded reply. A dict is a RESP3 map (a flat key, value array in RESP2);
+the parser never produces one, since it reads RESP2."""
 
 
 class _Incomplete(Exception):
@@ -76,24 +113,31 @@ _OPENED = object()  # internal: an array header was read; its elements follow
 
 
 class RespParser:
-    """Incremental RESP2 parser for one connection direction."""
+    """Incremental RESP parser for one connection direction."""
 
     def __init__(
         self,
         max_bulk: int = DEFAULT_MAX_BULK,
         max_args: int = DEFAULT_MAX_ARGS,
         max_line: int = DEFAULT_MAX_LINE,
+        limit: ArgLimit | None = None,
     ) -> None:
         self.max_bulk = max_bulk
         self.max_args = max_args
         self.max_line = max_line
+        self.limit = limit
         self._buf = bytearray()
         self._pos = 0
         # Bytes the buffer must hold before a new attempt can get further:
         # without it, a large value arriving in many chunks would be
         # re-parsed from its start once per chunk.
         self._wanted = 0
-        self._arrays: list[tuple[list, int]] = []  # replies: arrays being filled
+        self._arrays: list[tuple[list[Reply], int]] = []  # replies: arrays being filled
+        # A refused command being discarded: how many of its bulk strings are
+        # left (counting the current one), and how many payload bytes of the
+        # current one (-1: its header has not been read yet).
+        self._refused = 0
+        self._left = -1
 
     def feed(self, data: bytes) -> None:
         self._buf += data
@@ -103,23 +147,40 @@ class RespParser:
         """Bytes received but not yet consumed by a complete message."""
         return len(self._buf)
 
+    @property
+    def busy(self) -> bool:
+        """Whether a request has started and not ended: bytes are buffered, or a
+        refused command is still being discarded (with nothing buffered)."""
+        return bool(self._buf) or self._refused > 0
+
     def next_command(self) -> list[bytes] | None:
         """The next complete command (array of bulk strings, or inline), or None.
 
-        Commands are small (a key and one value at most), so an incomplete one
-        is parsed again from its start when more bytes arrive; `_wanted`
-        keeps that to once per missing piece rather than once per chunk.
+        Raises `ArgumentTooLarge` for a command with an argument over its
+        limit (and carries on after it at the next call), `ProtocolError` for
+        bytes that cannot be framed. Commands are small (a key and one value
+        at most), so an incomplete one is parsed again from its start when
+        more bytes arrive; `_wanted` keeps that to once per missing piece
+        rather than once per chunk.
         """
-        if not self._buf or len(self._buf) < self._wanted:
-            return None
-        self._pos = 0
-        try:
-            command = self._command()
-        except _Incomplete:
-            return None
-        del self._buf[: self._pos]
-        self._wanted = 0
-        return command
+        while True:
+            if self._refused:
+                try:
+                    self._discard()
+                except _Incomplete:
+                    return None
+            if not self._buf or len(self._buf) < self._wanted:
+                return None
+            self._pos = 0
+            try:
+                command = self._command()
+            except _Incomplete:
+                return None
+            del self._buf[: self._pos]
+            self._wanted = 0
+            if command:
+                return command
+            # A blank line between commands: skipped, as Redis does.
 
     def next_reply(self) -> tuple[bool, Reply]:
         """(True, reply) for the next complete reply, else (False, None).
@@ -140,17 +201,18 @@ class RespParser:
                 return False, None
             if value is _OPENED:
                 continue
+            reply: Reply = value  # type: ignore[assignment]  # not _OPENED, so a Reply
             while self._arrays:
                 items, expected = self._arrays[-1]
-                items.append(value)
+                items.append(reply)
                 if len(items) < expected:
                     break
                 self._arrays.pop()
-                value = items
+                reply = items
             else:
                 del self._buf[: self._pos]
                 self._pos = self._wanted = 0
-                return True, value
+                return True, reply
 
     def _scalar_or_open_array(self) -> Reply | object:
         line = self._line()
@@ -203,14 +265,20 @@ class RespParser:
         except ValueError:
             raise ProtocolError(f"invalid {what} length {header[:32]!r}") from None
 
-    def _bulk(self, header: bytes) -> bytes | None:
+    def _bulk_size(self, header: bytes) -> int:
+        """The length a bulk header announces (-1 for null), within the hard cap."""
         size = self._length(header, "bulk")
-        if size == -1:
-            return None
-        if size < 0:
+        if size < -1:
             raise ProtocolError(f"invalid bulk length {size}")
         if size > self.max_bulk:
             raise BulkTooLarge(size, self.max_bulk)
+        return size
+
+    def _bulk(self, header: bytes) -> bytes | None:
+        size = self._bulk_size(header)
+        return None if size == -1 else self._bulk_body(size)
+
+    def _bulk_body(self, size: int) -> bytes:
         end = self._pos + size
         if len(self._buf) < end + 2:
             self._wanted = end + 2
@@ -230,31 +298,81 @@ class RespParser:
         return count
 
     def _command(self) -> list[bytes]:
+        """One command, or [] for a blank line."""
         line = self._line()
         if not line.startswith(b"*"):
             return self._inline(line)
         count = self._count(line[1:])
         if count <= 0:
             raise ProtocolError("empty command")
-        args = []
-        for _ in range(count):
+        args: list[bytes] = []
+        limit = self.limit
+        for index in range(count):
             header = self._line()
             if not header.startswith(b"$"):
                 raise ProtocolError(f"expected a bulk string, got {header[:1]!r}")
-            arg = self._bulk(header[1:])
-            if arg is None:
+            size = self._bulk_size(header[1:])
+            if size == -1:
                 raise ProtocolError("null bulk string in a command")
-            args.append(arg)
+            if limit is not None:
+                name = args[0] if args else b""
+                most = limit(name, index)
+                if size > most:
+                    self._refuse(count - index, size)
+                    raise ArgumentTooLarge(name, index, size, most)
+            args.append(self._bulk_body(size))
         return args
 
     def _inline(self, line: bytes) -> list[bytes]:
         """Inline commands (`PING\\r\\n`), as typed into telnet or nc."""
         args = line.split()
-        if not args:
-            raise ProtocolError("empty command")
         if len(args) > self.max_args:
             raise ProtocolError(f"inline command of {len(args)} words exceeds the limit of {self.max_args}")
+        if self.limit is not None:
+            for index, arg in enumerate(args):
+                most = self.limit(args[0] if index else b"", index)
+                if len(arg) > most:
+                    self._refuse(0, 0)
+                    raise ArgumentTooLarge(args[0] if index else b"", index, len(arg), most)
         return args
+
+    # -- refused commands --------------------------------------------------
+
+    def _refuse(self, bulks: int, size: int) -> None:
+        """Forget the refused command's bytes so far; discard `bulks` more bulk
+        strings, the first of which has `size` payload bytes and no header left."""
+        del self._buf[: self._pos]
+        self._pos = self._wanted = 0
+        self._refused = bulks
+        self._left = size
+
+    def _discard(self) -> None:
+        """Drop a refused command's remaining bytes as they arrive (raises
+        `_Incomplete` until it is all gone). Headers are still checked, so the
+        connection stays in step with the client's framing."""
+        buf = self._buf
+        while self._refused:
+            if self._left < 0:
+                self._pos = 0
+                header = self._line()
+                if not header.startswith(b"$"):
+                    raise ProtocolError(f"expected a bulk string, got {header[:1]!r}")
+                size = self._bulk_size(header[1:])
+                if size == -1:
+                    raise ProtocolError("null bulk string in a command")
+                del buf[: self._pos]
+                self._pos = self._wanted = 0
+                self._left = size
+            dropped = min(self._left, len(buf))
+            del buf[:dropped]
+            self._left -= dropped
+            if self._left or len(buf) < 2:
+                raise _Incomplete
+            if buf[:2] != CRLF:
+                raise ProtocolError("bulk string not terminated by CRLF")
+            del buf[:2]
+            self._refused -= 1
+            self._left = -1
 
 
 # -- encoding --------------------------------------------------------------
@@ -280,9 +398,11 @@ def _single_line(text: str) -> bytes:
     return text.replace("\r", " ").replace("\n", " ").encode("utf-8", "replace")
 
 
-def encode_reply(value: Reply) -> bytes:
+def encode_reply(value: Reply, resp3: bool = False) -> bytes:
+    """A reply in RESP2, or in RESP3 for a connection that said ``HELLO 3``:
+    there, null is ``_`` and a dict is a map; everything else is the same."""
     if value is None:
-        return b"$-1\r\n"
+        return b"_\r\n" if resp3 else b"$-1\r\n"
     if isinstance(value, SimpleString):
         return b"+" + _single_line(value.value) + CRLF
     if isinstance(value, ErrorReply):
@@ -295,7 +415,10 @@ def encode_reply(value: Reply) -> bytes:
         data = _as_bytes(bytes(value) if isinstance(value, bytearray) else value)
         return b"$%d\r\n%s\r\n" % (len(data), data)
     if isinstance(value, list):
-        return b"*%d\r\n" % len(value) + b"".join(encode_reply(v) for v in value)
+        return b"*%d\r\n" % len(value) + b"".join(encode_reply(v, resp3) for v in value)
+    if isinstance(value, dict):
+        header = b"%%%d\r\n" % len(value) if resp3 else b"*%d\r\n" % (2 * len(value))
+        return header + b"".join(encode_reply(k, resp3) + encode_reply(v, resp3) for k, v in value.items())
     raise TypeError(f"cannot encode {type(value).__name__} as RESP")
 
 

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client_lib.resp import (
+    ArgumentTooLarge,
     BulkTooLarge,
     ErrorReply,
     ProtocolError,
@@ -73,13 +74,118 @@ def test_inline_commands_as_typed_into_nc():
     (b"*1\r\n$-1\r\n", "null bulk string"),
     (b"*0\r\n", "empty command"),
     (b"*65\r\n", "exceeds the limit"),
-    (b"\r\n", "empty command"),
 ])
 def test_malformed_commands_raise_protocol_error(frame, message):
     parser = RespParser()
     parser.feed(frame)
     with pytest.raises(ProtocolError, match=message):
         parser.next_command()
+
+
+def test_blank_lines_between_commands_are_skipped_as_redis_does():
+    """`redis-cli --pipe` input often has them; they used to be a fatal error."""
+    parser = RespParser()
+    parser.feed(b"\r\n \r\n*1\r\n$4\r\nPING\r\n\r\n\r\nECHO x\r\n\r\n")
+    assert parser.next_command() == [b"PING"]
+    assert parser.next_command() == [b"ECHO", b"x"]
+    assert parser.next_command() is None
+    assert not parser.busy
+
+
+def _key_limit(name: bytes, index: int) -> int:
+    """Like the agent's: SET's value may be 100 bytes, everything else 8."""
+    return 100 if index == 2 and name.upper() == b"SET" else 8
+
+
+def test_oversized_argument_refused_at_its_header_and_skipped_unbuffered():
+    parser = RespParser(limit=_key_limit)
+    parser.feed(b"*2\r\n$3\r\nGET\r\n$1000000\r\n")
+    with pytest.raises(ArgumentTooLarge, match="argument 1 of 'get' of 1000000 bytes exceeds the limit of 8"):
+        parser.next_command()
+    for _ in range(100):  # the key arrives: nothing of it is kept
+        parser.feed(b"k" * 10_000)
+        assert parser.next_command() is None
+        assert parser.pending == 0 and parser.busy
+    parser.feed(b"\r\n*3\r\n$3\r\nset\r\n$2\r\n/a\r\n$100\r\n" + b"v" * 100 + b"\r\n")
+    assert parser.next_command() == [b"set", b"/a", b"v" * 100]  # values have their own limit
+    assert not parser.busy
+
+
+def test_refusal_skips_the_rest_of_the_command_and_checks_its_framing():
+    parser = RespParser(limit=_key_limit)
+    parser.feed(b"*4\r\n$3\r\nDEL\r\n$9\r\n123456789\r\n$2\r\n/b\r\n$3\r\n/cd\r\nPING\r\n")
+    with pytest.raises(ArgumentTooLarge) as err:
+        parser.next_command()
+    assert (err.value.name, err.value.index, err.value.size, err.value.limit) == (b"DEL", 1, 9, 8)
+    assert parser.next_command() == [b"PING"]
+    parser.feed(b"*2\r\n$9\r\nLONGNAMES\r\n$1\r\nx\r\n")  # the name itself is argument 0
+    with pytest.raises(ArgumentTooLarge, match="command name of 9 bytes"):
+        parser.next_command()
+    assert parser.next_command() is None and not parser.busy
+    parser.feed(b"*2\r\n$3\r\nGET\r\n$9\r\n123456789XX")  # not CRLF after the skipped bytes
+    with pytest.raises(ArgumentTooLarge):
+        parser.next_command()
+    with pytest.raises(ProtocolError, match="not terminated"):
+        parser.next_command()
+
+
+def test_inline_arguments_have_the_same_limits():
+    parser = RespParser(limit=_key_limit)
+    parser.feed(b"GET /a/very/long/key\r\nGET /short\r\n")
+    with pytest.raises(ArgumentTooLarge, match="argument 1 of 'get'"):
+        parser.next_command()
+    assert parser.next_command() == [b"GET", b"/short"]
+
+
+def test_a_refused_command_beyond_the_hard_cap_is_still_fatal():
+    parser = RespParser(max_bulk=1000, limit=_key_limit)
+    parser.feed(b"*2\r\n$3\r\nGET\r\n$4000000000\r\n")
+    with pytest.raises(BulkTooLarge):
+        parser.next_command()
+
+
+command_st = st.tuples(st.sampled_from([b"GET", b"SET", b"set", b"DEL"]),
+                       st.lists(st.binary(max_size=120), max_size=3))
+
+
+@given(st.lists(st.tuples(command_st, st.booleans()), min_size=1, max_size=6),
+       st.lists(st.integers(1, 60), max_size=40))
+def test_refusals_and_blank_lines_survive_any_chunking(commands, chunks):
+    """However the stream is cut, each command comes out whole, or is refused
+    (at its first oversized argument), in order; blank lines vanish."""
+    stream = b"".join(encode_command(name, *args) + (b"\r\n" if blank else b"")
+                      for (name, args), blank in commands)
+    expected: list[object] = []
+    for (name, args), _ in commands:
+        too_big = [i for i, arg in enumerate([name, *args]) if len(arg) > _key_limit(name, i)]
+        expected.append(("refused", too_big[0]) if too_big else [name, *args])
+    parser, got, pos = RespParser(limit=_key_limit), [], 0
+    for size in chunks + [len(stream)]:
+        parser.feed(stream[pos:pos + size])
+        pos += size
+        while True:
+            try:
+                command = parser.next_command()
+            except ArgumentTooLarge as exc:
+                got.append(("refused", exc.index))
+                continue
+            if command is None:
+                break
+            got.append(command)
+        assert parser.pending <= 2 * 120 + 64  # never a refused argument's bytes, beyond a chunk
+    assert got == expected and not parser.busy
+
+
+def test_resp3_encodes_null_and_maps_and_resp2_flattens_maps():
+    hello = {b"proto": 3, b"modules": [], b"x": None}
+    assert encode_reply(None, resp3=True) == b"_\r\n"
+    assert encode_reply([None, b"a"], resp3=True) == b"*2\r\n_\r\n$1\r\na\r\n"
+    assert encode_reply(hello, resp3=True) == (
+        b"%3\r\n$5\r\nproto\r\n:3\r\n$7\r\nmodules\r\n*0\r\n$1\r\nx\r\n_\r\n")
+    flat = encode_reply(hello)
+    parser = RespParser()
+    parser.feed(flat)
+    assert parser.next_reply() == (True, [b"proto", 3, b"modules", [], b"x", None])
 
 
 def test_oversized_bulk_rejected_at_its_header():
