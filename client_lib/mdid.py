@@ -19,13 +19,13 @@ The rule
      byte for byte, so ``"caf\\u00e9"`` and ``"cafe\\u0301"`` are different files
      and get different IDs.
    * The path must be absolute (start with ``/``), non-empty, and must not
-     contain NUL; otherwise ``ValueError``.
+     contain NUL; otherwise `InvalidPath` (a ``ValueError``).
    * Lexical clean-up, without consulting any file system: runs of ``/``
      collapse to one (a leading ``//`` too), ``.`` components vanish, ``..``
      removes the previous component and never climbs above ``/``, and a
      trailing ``/`` is dropped except for ``/`` itself.
    * The normalized key may be at most ``max_length`` bytes (default 4096,
-     Linux ``PATH_MAX``); longer keys raise ``ValueError``.
+     Linux ``PATH_MAX``); longer keys raise `InvalidPath`.
 
 2. The space is a CIDR block (`client_lib.cidr.Block`): ``first`` (its network
    address as an integer), ``size = 2 ** (width - plen)`` where ``width`` is 32 (IPv4) or 128 (IPv6).
@@ -51,6 +51,7 @@ import hashlib
 
 from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_SPACE_CIDR, MAX_KEY
+from client_lib.errors import InvalidPath
 
 __all__ = [
     "DEFAULT_SPACE",
@@ -67,7 +68,13 @@ PATH_MAX = MAX_KEY
 
 
 def normalize_path(path: str | bytes, *, max_length: int = PATH_MAX) -> bytes:
-    """Return the canonical key of an absolute path as bytes (rule 1 above)."""
+    """Return the canonical key of an absolute path as bytes (rule 1 above).
+
+    A value that cannot be a key raises `InvalidPath`, which is both a
+    `MetaFlowError` and a ``ValueError`` (the agent answers ``-ERR`` with its
+    message); anything but ``str`` or ``bytes`` is a caller's bug and raises
+    ``TypeError``, which the client turns into `InvalidPath` at its surface.
+    """
     if isinstance(path, str):
         raw = path.encode("utf-8", "surrogateescape")
     elif isinstance(path, bytes):
@@ -75,11 +82,11 @@ def normalize_path(path: str | bytes, *, max_length: int = PATH_MAX) -> bytes:
     else:
         raise TypeError(f"path must be str or bytes, not {type(path).__name__}")
     if not raw:
-        raise ValueError("path must not be empty")
+        raise InvalidPath("path must not be empty")
     if b"\0" in raw:
-        raise ValueError(f"path must not contain NUL: {path!r}")
+        raise InvalidPath(f"path must not contain NUL: {path!r}")
     if not raw.startswith(b"/"):
-        raise ValueError(f"path must be absolute: {path!r}")
+        raise InvalidPath(f"path must be absolute: {path!r}")
     # Fast path: most keys (every path a DFS hands out) are already canonical.
     if (
         b"//" in raw
@@ -96,7 +103,7 @@ def normalize_path(path: str | bytes, *, max_length: int = PATH_MAX) -> bytes:
                 parts.append(component)
         raw = b"/" + b"/".join(parts)
     if len(raw) > max_length:
-        raise ValueError(f"path too long: {len(raw)} bytes > {max_length}")
+        raise InvalidPath(f"path too long: {len(raw)} bytes > {max_length}")
     return raw
 
 

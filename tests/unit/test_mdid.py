@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from client_lib import DEFAULT_SPACE, mdid, normalize_path
 from client_lib.cidr import Block
+from client_lib.errors import InvalidPath, MetaFlowError
 from client_lib.mdid import PATH_MAX, mdid_address
 
 # (path, space, expected ID). Computed once when the rule was fixed; a change
@@ -134,8 +135,11 @@ def test_normalize(path: str | bytes, expected: bytes) -> None:
     ],
 )
 def test_normalize_rejects(path: str | bytes, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    """One error family: a path that cannot be a key is `InvalidPath`, which is
+    still the ``ValueError`` the agent catches."""
+    with pytest.raises(InvalidPath, match=message):
         normalize_path(path)
+    assert issubclass(InvalidPath, ValueError) and issubclass(InvalidPath, MetaFlowError)
 
 
 def test_max_length_is_configurable_and_applies_to_normal_form() -> None:
