@@ -1,0 +1,167 @@
+"""Each role's extra in pyproject.toml covers what its packages import, and no more
+than the role needs: the client is the standard library alone, and the agent
+and the controller never import each other's packages.
+
+Imports are read from the source (every ``import`` statement, lazy ones
+included), and each third-party module is mapped to the distribution that
+provides it in this venv. `make check-install` then installs each role
+alone on every supported Python.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from collections.abc import Iterator
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+OURS = frozenset({"btree", "topology", "controller", "nat_agent", "client_lib", "benchmarks",
+                  "mininet_scenarios"})
+SYSTEM = frozenset({"mininet"})
+"""Installed from Debian (python3-mininet), not from an extra: see the Makefile."""
+
+CLIENT_FILES = ("client_lib", "controller/ctl.py", "controller/status.py")
+"""What `metaflowctl status|get|put|del|stat|secret` runs."""
+
+ROLES = {
+    # role: (what it runs, the first-party packages it may import)
+    "client": (CLIENT_FILES, None),
+    "agent": (("nat_agent", "client_lib"), {"nat_agent", "client_lib"}),
+    "controller": (("controller", "btree", "topology", "client_lib"),
+                   {"controller", "btree", "topology", "client_lib"}),
+    "bench": (tuple(sorted(OURS)), None),
+}
+LAYERS = {
+    # package: the first-party packages it may import (the pure core and the client import no daemon)
+    "client_lib": {"client_lib"},
+    "btree": {"btree", "client_lib"},
+    "topology": {"topology", "btree", "client_lib"},
+}
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@cache
+def _pyproject() -> dict[str, Any]:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def _project() -> dict[str, Any]:
+    project: dict[str, Any] = _pyproject()["project"]
+    return project
+
+
+def _requirement(text: str) -> tuple[str, set[str]]:
+    match = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?", text)
+    assert match, text
+    return _normal(match.group(1)), {e.strip() for e in (match.group(2) or "").split(",") if e.strip()}
+
+
+def extra(name: str) -> set[str]:
+    """Distributions an install of ``metaflow-sdn[name]`` brings, self-references expanded."""
+    project = _project()
+    out: set[str] = set()
+    for text in [*project["dependencies"], *project["optional-dependencies"][name]]:
+        dist, wanted = _requirement(text)
+        if dist == _normal(str(project["name"])):
+            for other in wanted:
+                out |= extra(other)
+        else:
+            out.add(dist)
+    return out
+
+
+def _files(where: str) -> Iterator[Path]:
+    path = ROOT / where
+    yield from ([path] if path.suffix == ".py" else sorted(path.rglob("*.py")))
+
+
+def imports(where: str) -> dict[str, set[str]]:
+    """Top-level module -> the files under `where` that import it (relative imports excluded)."""
+    found: dict[str, set[str]] = {}
+    for file in _files(where):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                found.setdefault(name.partition(".")[0], set()).add(str(file.relative_to(ROOT)))
+    return found
+
+
+def _role_imports(role: str) -> dict[str, set[str]]:
+    merged: dict[str, set[str]] = {}
+    for where in ROLES[role][0]:
+        for module, files in imports(where).items():
+            merged.setdefault(module, set()).update(files)
+    return merged
+
+
+def _third_party(found: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {m: f for m, f in found.items()
+            if m not in sys.stdlib_module_names and m not in OURS and m not in SYSTEM and m != "__future__"}
+
+
+def test_the_distribution_itself_depends_on_nothing() -> None:
+    assert _project()["dependencies"] == []
+    assert extra("client") == set()
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_each_role_extra_covers_its_imports(role: str) -> None:
+    provided = metadata.packages_distributions()
+    wanted = extra(role)
+    missing = {}
+    for module, files in _third_party(_role_imports(role)).items():
+        dists = {_normal(d) for d in provided.get(module, [])}
+        if not dists & wanted:
+            missing[module] = (sorted(dists) or "not installed", sorted(files))
+    assert not missing, f"the {role} extra lacks what these imports need: {missing}"
+
+
+@pytest.mark.parametrize("role", [r for r, (_, allowed) in ROLES.items() if allowed is not None])
+def test_a_daemon_role_imports_no_other_role(role: str) -> None:
+    allowed = ROLES[role][1]
+    assert allowed is not None
+    found = {m: sorted(f) for m, f in _role_imports(role).items() if m in OURS and m not in allowed}
+    # metaflowctl names every subcommand, the benchmark's included, and imports each only when chosen
+    found = {m: [f for f in files if f != "controller/ctl.py"] for m, files in found.items()}
+    assert not {m: f for m, f in found.items() if f}, f"the {role} role reaches into {found}"
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_the_core_and_the_client_import_no_daemon(package: str) -> None:
+    found = {m: sorted(f) for m, f in imports(package).items() if m in OURS and m not in LAYERS[package]}
+    assert not found, f"{package} imports {found}"
+
+
+def test_every_package_is_packaged() -> None:
+    """A package missing from [tool.setuptools] packages installs in editable
+    mode (the venv) and is silently absent from a wheel."""
+    setuptools_packages = set(_pyproject()["tool"]["setuptools"]["packages"])
+    on_disk = {str(init.parent.relative_to(ROOT)).replace("/", ".")
+               for top in OURS for init in (ROOT / top).rglob("__init__.py")}
+    assert setuptools_packages == on_disk
+
+
+def test_every_console_script_resolves() -> None:
+    scripts = _project()["scripts"]
+    assert "metaflowctl" in scripts
+    for name, target in scripts.items():
+        module, _, function = target.partition(":")
+        path = ROOT / (module.replace(".", "/") + ".py")
+        tree = ast.parse(path.read_text())
+        assert any(isinstance(n, ast.FunctionDef) and n.name == function for n in tree.body), name
