@@ -25,7 +25,7 @@ from collections import defaultdict
 
 from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, MetaFlowError
-from client_lib.constants import DEFAULT_SPACE_CIDR
+from client_lib.constants import DEFAULT_SPACE_CIDR, METAFLOW_PORT
 from nat_agent.packet import TCP_ACK, TCP_SYN, parse
 
 ETH_P_IP = 0x0800
@@ -134,7 +134,7 @@ def run(client: MetaFlowClient, workload: str, ops: int, prefix: str, value_size
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--space", default=DEFAULT_SPACE_CIDR)
-    p.add_argument("--port", type=int, default=9000)
+    p.add_argument("--port", type=int, default=METAFLOW_PORT)
     p.add_argument("--via", default=None, metavar="HOST[:PORT]",
                    help="send to one address instead of the MetaDataIDs (the no-rewrite baseline)")
     p.add_argument("--ops", type=int, default=10_000)

@@ -44,11 +44,12 @@ from tqdm import tqdm
 
 from benchmarks import nat_cost
 from benchmarks.baselines.ghba import group_size_for
-from benchmarks.baselines.lookupd import LOOKUP_PORT, Membership
+from benchmarks.baselines.lookupd import Membership
 from benchmarks.baselines.rpc import RpcPool
 from benchmarks.bench_client import SCHEMES
 from benchmarks.cpu import CpuMeter
 from benchmarks.mix import entries
+from client_lib.constants import LOOKUP_PORT
 from mininet_scenarios.daemons import ROOT
 from mininet_scenarios.metaflow_net import MetaFlowNet
 from topology import builders

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.cpu import cpu_seconds
-from client_lib.constants import DEFAULT_SPACE_CIDR
+from client_lib.constants import DEFAULT_SPACE_CIDR, METAFLOW_PORT
 from mininet_scenarios.daemons import ROOT, AgentProcess
 from mininet_scenarios.netns_pair import NetnsPair
 
@@ -48,10 +48,10 @@ def agent_in_pair(rewrite: str, workdir: Path, name: str, prefix: str) -> Iterat
     through the rewrite, or the server's own address when there is none."""
     with NetnsPair(prefix=prefix) as net:
         agent = AgentProcess(f"leveldb:{workdir / name}", own=[SPACE], rewrite=rewrite, host="0.0.0.0",
-                             port=9000, netns=net.server, log_path=workdir / f"{name}.log")
+                             port=METAFLOW_PORT, netns=net.server, log_path=workdir / f"{name}.log")
         agent.argv += ["--data-ip", net.server_ip]
         with agent:
-            yield net, agent, ["--via", f"{net.server_ip}:9000"] if rewrite == "none" else []
+            yield net, agent, ["--via", f"{net.server_ip}:{METAFLOW_PORT}"] if rewrite == "none" else []
 
 
 def nat_round(mode: str, ops: int, workdir: Path) -> dict:

@@ -43,11 +43,12 @@ from benchmarks.baselines.ghba import BloomFilter, GhbaLayout, GhbaNode, Probe, 
 from benchmarks.baselines.placement import Chord
 from benchmarks.baselines.rpc import RpcError, RpcPool
 from client_lib.cidr import Block
+from client_lib.constants import LOOKUP_PORT
 from client_lib.resp import ErrorReply, Reply, encode_reply
+from client_lib.version import add_version_flag
 from nat_agent.connection import Connection
 
 log = logging.getLogger("metaflow.lookupd")
-LOOKUP_PORT = 9100
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="metaflow-lookupd", description=__doc__.splitlines()[0])
+    add_version_flag(p)
     p.add_argument("--name", required=True, help="this server's name in the membership")
     p.add_argument("--membership", required=True, help="JSON: space, servers (data_ip, lookup, blocks), "
                                                        "coordinator, group_size")

@@ -1,6 +1,6 @@
 """`metaflowctl` itself: `status` against a real HTTP server that serves the
 declared REST views through the same `Dispatcher` the controller uses,
-`secret`, `--version`, and that the client's commands load no third-party
+`secret`, and that the client's commands load no third-party
 module."""
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from client_lib.api.rest import (
 from client_lib.api.server import Call, Dispatcher
 from client_lib.cidr import Block
 from client_lib.errors import NotFound
-from client_lib.version import version
 from controller.ctl import main
 from controller.status import Status
 from mininet_scenarios.daemons import ROOT
@@ -218,12 +217,6 @@ def test_secret_prints_or_writes_a_private_file(tmp_path: Path, capsys: pytest.C
 def _run(*code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", "\n".join(code)], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
-
-
-def test_version_and_console_entry_point() -> None:
-    out = subprocess.run([sys.executable, "-m", "controller.ctl", "--version"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert (out.returncode, out.stdout) == (0, f"metaflowctl {version()}\n")
 
 
 def test_client_commands_load_no_third_party_module() -> None:
