@@ -17,8 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from ipaddress import IPv4Address
+from typing import TypeAlias
 
 import networkx as nx
+
+Topology: TypeAlias = "nx.Graph[str]"
+"""A topology: nodes are switch and host names, with the attributes above."""
 
 LAYERS = ("core", "agg", "edge", "client")
 ROLES = ("storage", "client")
@@ -30,12 +34,13 @@ _IP_BASE = int(IPv4Address("10.0.0.0"))
 # --- queries other modules use ----------------------------------------------------
 
 
-def switches(g: nx.Graph) -> list[str]:
+def switches(g: Topology) -> list[str]:
     """Switch names in dpid order (core, agg, edge, client for the builders)."""
-    return sorted((n for n, d in g.nodes(data=True) if d["kind"] == "switch"), key=lambda n: g.nodes[n]["dpid"])
+    found = (n for n, d in g.nodes(data=True) if d["kind"] == "switch")
+    return sorted(found, key=lambda n: g.nodes[n]["dpid"])
 
 
-def hosts(g: nx.Graph, role: str | None = None) -> list[str]:
+def hosts(g: Topology, role: str | None = None) -> list[str]:
     """Host names in address order (= builder order), optionally only those with ``role``."""
     if role is not None and role not in ROLES:
         raise ValueError(f"role must be None or one of {ROLES}, got {role!r}")
@@ -43,23 +48,24 @@ def hosts(g: nx.Graph, role: str | None = None) -> list[str]:
     return sorted(found, key=lambda n: _host_index(g, n))
 
 
-def storage_hosts(g: nx.Graph) -> list[str]:
+def storage_hosts(g: Topology) -> list[str]:
     return hosts(g, "storage")
 
 
-def client_hosts(g: nx.Graph) -> list[str]:
+def client_hosts(g: Topology) -> list[str]:
     return hosts(g, "client")
 
 
-def port(g: nx.Graph, node: str, neighbor: str) -> int:
+def port(g: Topology, node: str, neighbor: str) -> int:
     """The port on ``node`` that leads to ``neighbor`` (0 when ``node`` is a host)."""
-    return g.edges[node, neighbor]["ports"][node]
+    ports: dict[str, int] = g.edges[node, neighbor]["ports"]
+    return ports[node]
 
 
 # --- builders ---------------------------------------------------------------------
 
 
-def fat_tree(k: int, servers: int | None = None, placement: str = "packed") -> nx.Graph:
+def fat_tree(k: int, servers: int | None = None, placement: str = "packed") -> Topology:
     """Al-Fares k-ary fat-tree of k-port switches with k**3/4 hosts.
 
     ``servers`` hosts (default: all) are storage servers, the rest clients.
@@ -83,7 +89,7 @@ def fat_tree(k: int, servers: int | None = None, placement: str = "packed") -> n
         rank = edge_index * half + j if placement == "packed" else j * n_edges + edge_index
         return "storage" if rank < servers else "client"
 
-    g = nx.Graph(name=f"fattree-k{k}")
+    g: Topology = nx.Graph(name=f"fattree-k{k}")
     w = _Wiring(g)
     cores = [w.switch(f"c{i}", "core") for i in range(half * half)]
     aggs = [[w.switch(f"p{p}a{a}", "agg", p) for a in range(half)] for p in range(k)]
@@ -108,7 +114,7 @@ def three_tier(
     servers_per_edge: int = 20,
     edge_uplinks: int = 1,
     clients_per_edge: int = 0,
-) -> nx.Graph:
+) -> Topology:
     """Core/aggregation/edge tree; the defaults are the paper's testbed.
 
     Aggregation switches form blocks of ``edge_uplinks`` consecutive switches; edge
@@ -125,13 +131,14 @@ def three_tier(
         raise ValueError(f"agg ({agg}) must be divisible by edge_uplinks ({edge_uplinks})")
     blocks = agg // edge_uplinks
     if edges < blocks:
-        raise ValueError(f"edges ({edges}) must be >= agg / edge_uplinks ({blocks}) so that no aggregation block is empty")
-    return _tier_tree(
-        f"threetier-c{core}-a{agg}-e{edges}", core, agg, edges, servers_per_edge, clients_per_edge, edge_uplinks
-    )
+        raise ValueError(f"edges ({edges}) must be >= agg / edge_uplinks ({blocks}) "
+                         "so that no aggregation block is empty")
+    return _tier_tree(f"threetier-c{core}-a{agg}-e{edges}", core, agg, edges, servers_per_edge,
+                      clients_per_edge, edge_uplinks)
 
 
-def two_tier(core: int = 2, edges: int = 4, servers_per_edge: int = 4, clients_per_edge: int = 0) -> nx.Graph:
+def two_tier(core: int = 2, edges: int = 4, servers_per_edge: int = 4,
+             clients_per_edge: int = 0) -> Topology:
     """Leaf-spine: every edge switch links to every core switch; pod = edge index."""
     _int_arg("core", core, 1)
     _int_arg("edges", edges, 1)
@@ -141,8 +148,8 @@ def two_tier(core: int = 2, edges: int = 4, servers_per_edge: int = 4, clients_p
 
 
 def attach_app_cluster(
-    g: nx.Graph, switches: int = 1, hosts_per_switch: int = 4, attach_to: str | list[str] = "core"
-) -> nx.Graph:
+    g: Topology, switches: int = 1, hosts_per_switch: int = 4, attach_to: str | list[str] = "core"
+) -> Topology:
     """A copy of ``g`` plus client-only switches (the paper's SwitchD), each with client hosts.
 
     ``attach_to`` is a list of switch names, or "core" (every core switch), or
@@ -156,7 +163,8 @@ def attach_app_cluster(
     for _, _, d in out.edges(data=True):
         d["ports"] = dict(d["ports"])  # Graph.copy() is shallow; do not share them with g
     w = _Wiring(out)
-    _check_host_count("existing hosts + switches * hosts_per_switch", w.last_host + switches * hosts_per_switch)
+    _check_host_count("existing hosts + switches * hosts_per_switch",
+                      w.last_host + switches * hosts_per_switch)
     out.graph["name"] = f"{g.graph.get('name', 'topology')}+app{switches}x{hosts_per_switch}"
     first = sum(1 for _, d in g.nodes(data=True) if d["kind"] == "switch" and d["layer"] == "client")
     new = [w.switch(f"app{i}", "client") for i in range(first, first + switches)]
@@ -174,9 +182,10 @@ def attach_app_cluster(
 class _Wiring:
     """Adds nodes and links to a graph, handing out the next dpid, host index and switch port."""
 
-    def __init__(self, g: nx.Graph) -> None:
+    def __init__(self, g: Topology) -> None:
         self.g = g
-        self.last_dpid = max((d["dpid"] for _, d in g.nodes(data=True) if d["kind"] == "switch"), default=0)
+        self.last_dpid: int = max((d["dpid"] for _, d in g.nodes(data=True) if d["kind"] == "switch"),
+                                  default=0)
         self.last_host = max((_host_index(g, h) for h in hosts(g)), default=0)
         self._last_port: dict[str, int] = {}
 
@@ -200,17 +209,18 @@ class _Wiring:
         if self.g.nodes[node]["kind"] == "host":
             return 0
         if node not in self._last_port:
-            self._last_port[node] = max((d["ports"][node] for _, _, d in self.g.edges(node, data=True)), default=0)
+            self._last_port[node] = max((d["ports"][node] for _, _, d in self.g.edges(node, data=True)),
+                                        default=0)
         self._last_port[node] += 1
         return self._last_port[node]
 
 
-def _tier_tree(
-    name: str, core: int, agg: int, edges: int, servers_per_edge: int, clients_per_edge: int, edge_uplinks: int
-) -> nx.Graph:
+def _tier_tree(name: str, core: int, agg: int, edges: int, servers_per_edge: int, clients_per_edge: int,
+               edge_uplinks: int) -> Topology:
     """Shared body of the tier trees; ``agg == 0`` links edges straight to every core."""
-    _check_host_count("edges * (servers_per_edge + clients_per_edge)", edges * (servers_per_edge + clients_per_edge))
-    g = nx.Graph(name=name)
+    _check_host_count("edges * (servers_per_edge + clients_per_edge)",
+                      edges * (servers_per_edge + clients_per_edge))
+    g: Topology = nx.Graph(name=name)
     w = _Wiring(g)
     cores = [w.switch(f"c{i}", "core") for i in range(core)]
     aggs = [w.switch(f"a{i}", "agg", i // edge_uplinks) for i in range(agg)]
@@ -228,10 +238,11 @@ def _tier_tree(
     return g
 
 
-def _attach_targets(g: nx.Graph, attach_to: str | Iterable[str]) -> list[str]:
+def _attach_targets(g: Topology, attach_to: str | Iterable[str]) -> list[str]:
     if isinstance(attach_to, str):
         if attach_to not in ("core", "agg", "edge"):
-            raise ValueError(f"attach_to must be 'core', 'agg', 'edge' or a list of switch names, got {attach_to!r}")
+            raise ValueError(f"attach_to must be 'core', 'agg', 'edge' or a list of switch names, "
+                             f"got {attach_to!r}")
         layer = [s for s in switches(g) if g.nodes[s]["layer"] == attach_to]
         if not layer:
             raise ValueError(f"attach_to={attach_to!r}: the graph has no {attach_to} switches")
@@ -247,7 +258,7 @@ def _attach_targets(g: nx.Graph, attach_to: str | Iterable[str]) -> list[str]:
     return targets
 
 
-def _host_index(g: nx.Graph, host: str) -> int:
+def _host_index(g: Topology, host: str) -> int:
     return int(IPv4Address(g.nodes[host]["ip"])) - _IP_BASE
 
 

@@ -21,8 +21,8 @@ servers. The rules:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import networkx as nx
 
@@ -30,6 +30,7 @@ from btree.fabric import Fabric, SwitchPorts
 from btree.flows import UP
 from btree.tree import LogicalBTree
 from client_lib.cidr import Block
+from topology.builders import Topology, port
 
 ROOT = "root"
 
@@ -40,7 +41,7 @@ class TopologyError(ValueError):
 
 @dataclass(frozen=True)
 class Classification:
-    graph: nx.Graph
+    graph: Topology
     level: dict[str, int]                    # switch -> hops from the root layer
     layer: dict[str, str]                    # switch -> core, agg, edge or client
     edge_level: int                          # level of the switches the servers hang off
@@ -63,21 +64,18 @@ class Classification:
             kids.sort(key=self._order)
         return out
 
-    def _order(self, node: str) -> tuple:
+    def _order(self, node: str) -> tuple[int, ...]:
         """Tree order: groups by their lowest dpid, hosts by their attachment port."""
         if node in self.groups:
             return (0, min(self.graph.nodes[s]["dpid"] for s in self.groups[node]))
         (switch,) = self.graph.adj[node]
-        return (1, self.graph.nodes[switch]["dpid"], _port(self.graph, switch, node))
+        return (1, self.graph.nodes[switch]["dpid"], port(self.graph, switch, node))
 
 
-def _port(g: nx.Graph, node: str, neighbor: str) -> int:
-    return g.edges[node, neighbor]["ports"][node]
-
-
-def _validated_parts(g: nx.Graph) -> tuple[list[str], dict[str, list[str]], dict[str, str]]:
+def _validated_parts(g: Topology) -> tuple[list[str], dict[str, list[str]], dict[str, str]]:
     """Switches, switch adjacency, and host -> attachment switch; schema errors raised here."""
-    switches, attach = [], {}
+    switches: list[str] = []
+    attach: dict[str, str] = {}
     for node, data in g.nodes(data=True):
         kind = data.get("kind")
         if kind == "switch":
@@ -116,10 +114,10 @@ def hop_distances(adjacency: dict[str, list[str]], sources: Iterable[str]) -> di
     return dist
 
 
-def classify(g: nx.Graph) -> Classification:
+def classify(g: Topology) -> Classification:
     switches, adjacency, attach = _validated_parts(g)
     storage = sorted((h for h in attach if g.nodes[h]["role"] == "storage"),
-                     key=lambda h: (g.nodes[attach[h]]["dpid"], _port(g, attach[h], h)))
+                     key=lambda h: (g.nodes[attach[h]]["dpid"], port(g, attach[h], h)))
     if not storage:
         raise TopologyError("no storage hosts: nothing to map onto B-tree leaves")
     edges = sorted({attach[h] for h in storage}, key=lambda s: g.nodes[s]["dpid"])
@@ -167,13 +165,13 @@ def classify(g: nx.Graph) -> Classification:
 
     _check_ids(tuple(storage), groups)
     parent: dict[str, str] = {}
-    for gid, members in groups.items():
+    for gid, group in groups.items():
         if gid == ROOT:
             continue
-        above = {group_of[n] for s in members for n in adjacency[s]
+        above = {group_of[n] for s in group for n in adjacency[s]
                  if level[n] == level[s] - 1 and n in group_of}
         if len(above) != 1:
-            raise TopologyError(f"switch group {list(members)} hangs below {len(above)} groups "
+            raise TopologyError(f"switch group {list(group)} hangs below {len(above)} groups "
                                 f"{sorted(above)}; a tree needs exactly one parent")
         parent[gid] = above.pop()
     for h in storage:
@@ -247,20 +245,21 @@ def build_tree(c: Classification, space: Block) -> LogicalBTree:
 
 def build_fabric(c: Classification) -> Fabric:
     g = c.graph
-    switch_ports = {}
-    links = {}
-    hosts = {}
+    switch_ports: dict[int, SwitchPorts] = {}
+    links: dict[tuple[int, int], tuple[int, int]] = {}
+    hosts: dict[str, tuple[int, int]] = {}
     for s, lv in c.level.items():
         dpid = g.nodes[s]["dpid"]
-        up, down = [], {}
+        up: list[int] = []
+        down: dict[str, list[int]] = {}   # child (group, or a storage host of this switch) -> ports
         for n in g.adj[s]:
-            p = _port(g, s, n)
+            p = port(g, s, n)
             if g.nodes[n]["kind"] == "host":
                 hosts[n] = (dpid, p)
                 if n in c.parent and c.parent[n] == c.group_of.get(s):
-                    down[n] = (p,)
+                    down[n] = [p]
                 continue
-            links[(dpid, p)] = (g.nodes[n]["dpid"], _port(g, n, s))
+            links[(dpid, p)] = (g.nodes[n]["dpid"], port(g, n, s))
             if c.level[n] == lv - 1:
                 up.append(p)
             elif c.level[n] == lv + 1 and s in c.group_of and n in c.group_of:
@@ -273,21 +272,21 @@ def build_fabric(c: Classification) -> Fabric:
     return Fabric(switch_ports, leaf_mac, links, hosts, host_mac)
 
 
-def map_topology(g: nx.Graph, space: Block) -> tuple[Classification, LogicalBTree, Fabric]:
+def map_topology(g: Topology, space: Block) -> tuple[Classification, LogicalBTree, Fabric]:
     c = classify(g)
     return c, build_tree(c, space), build_fabric(c)
 
 
 def discovered_graph(switches: Iterable[int], links: Iterable[tuple[int, int, int, int]],
-                     hosts: Iterable[tuple[str, int, int, str, str, str]]) -> nx.Graph:
+                     hosts: Iterable[tuple[str, int, int, str, str, str]]) -> Topology:
     """Assemble the classifier's input from discovery results: switch dpids, links as
     (dpid, port, dpid, port), hosts as (id, dpid, port, mac, ip, role)."""
-    g = nx.Graph()
+    g: Topology = nx.Graph()
     for dpid in switches:
         g.add_node(f"s{dpid}", kind="switch", dpid=dpid)
     for a, pa, b, pb in links:
         g.add_edge(f"s{a}", f"s{b}", ports={f"s{a}": pa, f"s{b}": pb})
-    for host, dpid, port, mac, ip, role in hosts:
+    for host, dpid, switch_port, mac, ip, role in hosts:
         g.add_node(host, kind="host", mac=mac, ip=ip, role=role)
-        g.add_edge(host, f"s{dpid}", ports={host: 0, f"s{dpid}": port})
+        g.add_edge(host, f"s{dpid}", ports={host: 0, f"s{dpid}": switch_port})
     return g
