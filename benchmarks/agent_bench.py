@@ -32,6 +32,7 @@ from tqdm import tqdm
 from benchmarks.agent_load import run as run_load
 from benchmarks.cpu import cpu_seconds
 from benchmarks.nat_cost import SPACE, agent_in_pair
+from client_lib.api.admin import ADMIN
 from client_lib.client import MetaFlowClient
 from mininet_scenarios.daemons import ROOT, AgentProcess
 from nat_agent.redis_server import RedisServer
@@ -51,7 +52,7 @@ def rewrite_round(mode: str, ops: int, workdir: Path, progress: tqdm) -> dict:
     with agent_in_pair(mode, workdir, mode, "mfbr") as (net, agent, via):
         result: dict = {"mode": mode}
         cpu_before = {"agent": cpu_seconds(agent.proc.pid)}
-        worker = agent.call("GET", "/stats")[1]["rewrite"].get("pid")
+        worker = agent.call(ADMIN.stats).rewrite.get("pid")
         if worker:
             cpu_before["worker"] = cpu_seconds(worker)
         for workload in ("get", "set"):
@@ -61,7 +62,7 @@ def rewrite_round(mode: str, ops: int, workdir: Path, progress: tqdm) -> dict:
             report = json.loads(out.stdout)
             result[workload] = report["latency"][workload]
             progress.update(1)
-        stats = agent.call("GET", "/stats")[1]["rewrite"]
+        stats = agent.call(ADMIN.stats).rewrite
         agent_cpu = cpu_seconds(agent.proc.pid) - cpu_before["agent"]
         if worker:
             worker_cpu = cpu_seconds(worker) - cpu_before["worker"]

@@ -1,10 +1,22 @@
 """Run the real `metaflow-agent` daemon as a subprocess.
 
 Tests, benchmarks and scenarios talk to the daemon exactly as the controller
-and clients will: RESP on its data port, HTTP on its admin port. Stopping it
-sends SIGTERM and returns the exit code, and the context manager insists on
-0, because a clean shutdown (rules removed, store closed) is part of what is
-being checked.
+and clients will: RESP on its data port, the signed admin API on its admin
+port through `client_lib.api.clients`, with the typed bodies of
+`client_lib.api.admin`:
+
+    with AgentProcess("leveldb:/tmp/a", own=["100.64.0.0/10"]) as agent:
+        agent.call(ADMIN.own, OwnRequest([Block.parse("100.64.0.0/12")]))
+        agent.call(ADMIN.commit, id=migration_id)
+
+Each agent gets a private secret file unless it is given one
+(`secret_file=`; agents that migrate to each other, and the controller of a
+scenario, must share the cluster's). An agent inside a network namespace
+whose admin address is reachable only in there is called through a short
+subprocess in that namespace (`python -m mininet_scenarios.daemons`), which
+uses the same client. Stopping the daemon sends SIGTERM and returns the exit
+code, and the context manager insists on 0, because a clean shutdown (rules
+removed, store closed) is part of what is being checked.
 """
 
 from __future__ import annotations
@@ -15,36 +27,50 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-import urllib.error
-import urllib.request
+import weakref
 from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Protocol, TypeVar
+
+from client_lib import errors
+from client_lib.api import codec
+from client_lib.api.admin import ADMIN
+from client_lib.api.auth import load_secret, write_secret
+from client_lib.api.clients import ApiClient
+from client_lib.api.route import Route
+from client_lib.errors import ApiError
 
 ROOT = Path(__file__).resolve().parents[1]
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+class NetnsLike(Protocol):
+    """What `AgentProcess` needs of a namespace (`netns_pair.Namespace`, `hostns.HostNamespace`)."""
+
+    def command(self, *argv: str) -> list[str]: ...
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 60,
+            **kwargs: Any) -> subprocess.CompletedProcess[str]: ...
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
-def http(method: str, url: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int, dict]:
-    """(status, JSON body) of one admin call; HTTP errors are returned, not raised."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+def private_secret() -> Path:
+    """A new secret in a new 0600 file of its own; the caller removes it."""
+    fd, name = tempfile.mkstemp(prefix="metaflow-secret-")
+    os.close(fd)
+    return write_secret(name)
 
 
-_HTTP_IN_NETNS = (
-    "import json, sys; from mininet_scenarios.daemons import http; "
-    "print(json.dumps(http(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), timeout=2)))"
-)
+_API_ERRORS = {cls.__name__: cls for cls in (ApiError, errors.AuthError, errors.NotFound, errors.Conflict)}
 
 
 class AgentProcess:
@@ -52,28 +78,60 @@ class AgentProcess:
 
     def __init__(self, store: str, *extra: str, own: list[str] | None = None, name: str | None = None,
                  rewrite: str = "none", host: str = "127.0.0.1", admin_host: str = "127.0.0.1",
-                 port: int | None = None, admin_port: int | None = None, netns=None,
-                 admin_from_here: bool = False, log_path: Path | None = None) -> None:
-        """`netns` (anything with ``command(*argv)`` and ``run(*argv, ...)``,
-        like `mininet_scenarios.netns_pair.Namespace`) runs the agent inside
-        that network namespace, and every admin call too unless
-        `admin_from_here`: then `admin_host` is reachable from this process
-        (a management network) and is called directly, as a controller would."""
+                 port: int | None = None, admin_port: int | None = None, netns: NetnsLike | None = None,
+                 admin_from_here: bool = False, log_path: Path | None = None,
+                 secret_file: Path | None = None) -> None:
+        """`netns` runs the agent inside that network namespace, and every
+        admin call too unless `admin_from_here`: then `admin_host` is
+        reachable from this process (a management network) and is called
+        directly, as a controller would. `secret_file`: the cluster's secret;
+        by default a private one, removed when this object goes away."""
         self.netns = netns
-        self.admin_from_here = admin_from_here
+        self.admin_from_here = netns is None or admin_from_here
         self.port = port or free_port()
         self.admin_port = admin_port or free_port()
         self.host = host
         self.admin_url = f"http://{admin_host}:{self.admin_port}"
         self.name = name or f"agent{self.port}"
         self.log_path = log_path
+        if secret_file is None:
+            secret_file = private_secret()
+            weakref.finalize(self, secret_file.unlink, missing_ok=True)
+        self.secret_file = Path(secret_file)
+        self.secret = load_secret(self.secret_file)
         self.argv = [*(netns.command() if netns else []), sys.executable, "-m", "nat_agent.daemon",
                      "--name", self.name, "--store", store, "--rewrite", rewrite,
                      "--listen", f"{host}:{self.port}", "--admin", f"{admin_host}:{self.admin_port}",
+                     "--secret-file", str(self.secret_file),
                      *[arg for block in own or [] for arg in ("--own", block)], *extra]
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self._terminated = False
-        self._log = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def admin(self) -> ApiClient:
+        """A client of this agent's admin API, signed with its secret; only
+        when the admin address is reachable from this process (else `call`)."""
+        if not self.admin_from_here:
+            raise RuntimeError(f"{self.admin_url} is reachable only inside the agent's namespace; use call()")
+        return ApiClient(self.admin_url, self.secret)
+
+    def call(self, route: Route[Req, Resp], body: Req | None = None, **params: str) -> Resp:
+        """One admin call: the route's typed response, or an `ApiError` of
+        the `MetaFlowError` family, wherever the agent runs."""
+        if self.admin_from_here:
+            return self.admin.call(route, body, **params)
+        assert self.netns is not None
+        name = next(n for n, r in vars(ADMIN).items() if r is route)
+        out = self.netns.run(sys.executable, "-m", "mininet_scenarios.daemons", self.admin_url,
+                             str(self.secret_file), name, codec.dumps(body).decode(), json.dumps(params),
+                             check=False, cwd=ROOT)
+        if out.returncode:
+            raise RuntimeError(f"admin call {route} in the namespace failed: {out.stderr[-1000:]}")
+        answer = json.loads(out.stdout)
+        if "error" in answer:
+            raise _API_ERRORS.get(answer["kind"], ApiError)(answer["error"], answer["status"])
+        return codec.from_json(route.response, answer["ok"], strict=False)
 
     def start(self, timeout: float = 20.0) -> AgentProcess:
         return self.launch().wait_ready(timeout)
@@ -81,22 +139,23 @@ class AgentProcess:
     def launch(self) -> AgentProcess:
         """Start the process without waiting for it: several agents then
         start in parallel, each followed by `wait_ready`."""
-        self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=self._log, stderr=self._log)
+        self._log = open(self.log_path, "ab") if self.log_path else None  # closed in stop/kill
+        out = self._log if self._log is not None else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=out, stderr=out)
         self._terminated = False
         return self
 
     def wait_ready(self, timeout: float = 20.0) -> AgentProcess:
-        """Wait until /health answers 200; kill the agent and raise if it exits or times out."""
+        """Wait until ``/health`` answers; kill the agent and raise if it exits or times out."""
+        assert self.proc is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.proc.returncode} at start: {self.log()[-2000:]}")
             try:
-                status, _ = self.call("GET", "/health")
-                if status == 200:
-                    return self
-            except (OSError, RuntimeError):
+                self.call(ADMIN.health)
+                return self
+            except (ApiError, RuntimeError):
                 pass
             time.sleep(0.05)
         self.kill()
@@ -104,16 +163,6 @@ class AgentProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
-
-    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        if self.netns is None or self.admin_from_here:
-            return http(method, self.admin_url + path, body)
-        out = self.netns.run(sys.executable, "-c", _HTTP_IN_NETNS, method, self.admin_url + path,
-                             json.dumps(body), check=False, cwd=ROOT)
-        if out.returncode:
-            raise RuntimeError(out.stderr[-500:])
-        status, reply = json.loads(out.stdout)
-        return status, reply
 
     def terminate(self) -> None:
         """Send SIGTERM once, without waiting: stop several agents in parallel,
@@ -143,15 +192,35 @@ class AgentProcess:
         self._close_log()
 
     def _close_log(self) -> None:
-        if self._log not in (None, subprocess.DEVNULL):
+        if self._log is not None:
             self._log.close()
             self._log = None
 
     def __enter__(self) -> AgentProcess:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
-        if exc[0] is None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if kind is None:
             assert self.stop() == 0, f"agent did not exit cleanly: {self.log()[-2000:]}"
         else:
             self.kill()
+
+
+def _call_in_namespace(argv: list[str]) -> None:
+    """``python -m mininet_scenarios.daemons URL SECRET_FILE ROUTE BODY PARAMS``:
+    one admin call, its answer as JSON on stdout (``{"ok": ...}`` or
+    ``{"error", "status", "kind"}``), for `AgentProcess.call` in a namespace."""
+    url, secret_file, name, body, params = argv
+    route: Route[Any, Any] = getattr(ADMIN, name)
+    request = codec.loads(route.request, body.encode()) if route.request is not None else None
+    try:
+        result = ApiClient(url, load_secret(secret_file)).call(route, request, **json.loads(params))
+        answer: dict[str, object] = {"ok": codec.to_json(result)}
+    except ApiError as exc:
+        answer = {"error": str(exc), "status": exc.status, "kind": type(exc).__name__}
+    print(json.dumps(answer))
+
+
+if __name__ == "__main__":
+    _call_in_namespace(sys.argv[1:])

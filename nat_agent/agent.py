@@ -2,9 +2,10 @@
 
 `Agent` ties the store, the ownership view and the service together and
 keeps the owned blocks persisted in the store, so a restarted agent (and a
-restarted controller asking it) finds the same partition. The HTTP layer
-(`admin.py`) only parses and formats; everything that changes state is here,
-where tests can call it directly.
+restarted controller asking it) finds the same partition. The admin API
+(`admin.py`) only authenticates and decodes; everything that changes state
+is here, where tests can call it directly, and answers in the typed bodies
+of `client_lib.api.admin`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from client_lib.api.admin import BlockKeys, BlocksReport, Health
 from client_lib.cidr import Block
+from client_lib.errors import Conflict, InvalidArgument, NotFound
 from nat_agent.ownership import Ownership
 from nat_agent.store import Record, Store
 
@@ -57,7 +60,7 @@ class InFlight:
     def __init__(self) -> None:
         self._next = 0
         self._pending: set[int] = set()
-        self._waiters: list[tuple[set[int], asyncio.Future]] = []
+        self._waiters: list[tuple[set[int], asyncio.Future[None]]] = []
 
     def begin(self) -> int:
         self._next += 1
@@ -78,6 +81,10 @@ class InFlight:
             done = asyncio.get_running_loop().create_future()
             self._waiters.append((set(self._pending), done))
             await done
+
+
+def _overlap(a: Block, b: Block) -> bool:
+    return a.first <= b.last and b.first <= a.last
 
 
 class Agent:
@@ -109,23 +116,25 @@ class Agent:
         await self.store.save_state({"owned": [str(b) for b in self.ownership.owned]})
 
     def check_block(self, block: Block) -> None:
-        if block.width != self.space.width or not (
-                self.space.contains(block.first) and self.space.contains(block.last)):
-            raise ValueError(f"{block} is not inside the MetaDataID space {self.space}")
+        """A block of another space can never be served here: bad input (400)."""
+        if block.width != self.space.width or not self.space.covers(block):
+            raise InvalidArgument(f"{block} is not inside the MetaDataID space {self.space}")
 
     async def own(self, blocks: list[Block], migration: str | None = None) -> list[Block]:
-        """Start serving `blocks`. Data already in the store for them is kept
-        only if it arrived through `migration`; anything else there is stale
-        (an interrupted import) and must not resurface, so it is wiped."""
+        """Start serving `blocks`. Records of the parts already owned here are
+        kept (owning a block may swallow smaller owned ones: a merge back), and
+        so are those that arrived through `migration`; anything else there is
+        stale (an interrupted import) and must not resurface, so it is wiped."""
         for block in blocks:
             self.check_block(block)
         arrived = self.imports.pop(migration, None) if migration else None
         if migration and arrived is None:
-            raise KeyError(f"no import {migration!r} in progress")
+            raise NotFound(f"no import {migration!r} in progress", 404)
         kept = set(arrived.blocks) if arrived else set()
         for block in blocks:
-            if block not in kept and not self.ownership.owns_all([block]):
-                await self.store.delete_range(block.first, block.last)
+            if block not in kept:
+                for part in self.ownership.unowned(block):
+                    await self.store.delete_range(part.first, part.last)
         added = self.ownership.own(blocks)
         await self._persist()
         log.info("now owning %s%s", ", ".join(map(str, added)) or "nothing new",
@@ -136,6 +145,8 @@ class Agent:
                      moved_to: str | None = None) -> list[Block]:
         """Stop serving `blocks` first, then drop their keys, so no request can
         see a half-deleted block."""
+        for block in blocks:
+            self.check_block(block)
         released = self.ownership.disown(blocks, moved_to)
         await self.inflight.drain()
         await self._persist()
@@ -151,37 +162,38 @@ class Agent:
 
     async def count(self, first: int, last: int) -> int:
         if first > last or not (self.space.contains(first) and self.space.contains(last)):
-            raise ValueError(f"range {first}..{last} is empty or outside {self.space}")
+            raise InvalidArgument(f"range {first}..{last} is empty or outside {self.space}")
         return await self.store.count(first, last)
 
-    async def blocks_report(self) -> list[dict]:
+    async def blocks_report(self) -> BlocksReport:
         frozen = self.ownership.frozen
-        return [{"block": str(b), "keys": await self.store.count(b.first, b.last),
-                 "frozen": any(b.covers(f) or f.covers(b) for f in frozen)}
-                for b in self.ownership.owned]
+        blocks = [BlockKeys(b, await self.store.count(b.first, b.last),
+                            any(b.covers(f) or f.covers(b) for f in frozen))
+                  for b in self.ownership.owned]
+        return BlocksReport(blocks, sum(b.keys for b in blocks))
 
-    async def health(self) -> dict:
+    async def health(self) -> Health:
         ident = self.identity
-        return {
-            "status": "ok", "name": ident.name, "store": self.store.kind,
-            "space": str(self.space), "data_ip": ident.data_ip, "data_mac": ident.data_mac,
-            "data_port": ident.data_port, "admin_url": ident.admin_url,
-            "capacity": ident.capacity, "keys": await self.store.total(),
-            "owned": [str(b) for b in self.ownership.owned],
-            "frozen": [str(b) for b in self.ownership.frozen],
-            "imports": sorted(self.imports),
-            "uptime_s": round(time.monotonic() - self.started, 1),
-        }
+        return Health("ok", ident.name, self.store.kind, self.space, ident.data_ip, ident.data_mac,
+                      ident.data_port, ident.admin_url, ident.capacity, await self.store.total(),
+                      self.ownership.owned, self.ownership.frozen, sorted(self.imports),
+                      round(time.monotonic() - self.started, 1))
 
     # -- receiving side of a migration ----------------------------------------
 
     async def import_begin(self, migration: str, blocks: list[Block]) -> None:
         """Prepare to receive `blocks`: they must not be ours, and leftovers of
-        an earlier interrupted import are cleared so the copy is exact."""
+        an earlier interrupted import are cleared so the copy is exact. An
+        earlier import of the same IDs whose discard never arrived is
+        superseded, so that a late discard of it cannot delete this copy."""
         for block in blocks:
             self.check_block(block)
-            if any(block.first <= b.last and b.first <= block.last for b in self.ownership.owned):
-                raise ValueError(f"cannot import {block}: it overlaps blocks owned here")
+            if any(_overlap(block, b) for b in self.ownership.owned):
+                raise Conflict(f"cannot import {block}: it overlaps blocks owned here", 409)
+        for other, arriving in list(self.imports.items()):
+            if any(_overlap(a, b) for a in arriving.blocks for b in blocks):
+                del self.imports[other]
+                log.info("import %s superseded by import %s", other, migration)
         for block in blocks:
             await self.store.delete_range(block.first, block.last)
         self.imports[migration] = Import(blocks)
@@ -189,11 +201,11 @@ class Agent:
     async def import_records(self, migration: str, records: list[Record]) -> int:
         arriving = self.imports.get(migration)
         if arriving is None:
-            raise KeyError(f"no import {migration!r} in progress")
+            raise NotFound(f"no import {migration!r} in progress", 404)
         for ident, _, _ in records:
             if not any(b.contains(ident) for b in arriving.blocks):
-                raise ValueError(f"record with ID {self.space.address(ident)} is outside the "
-                                 f"blocks of import {migration}")
+                shown = self.space.address(ident) if self.space.contains(ident) else f"{ident:#x}"
+                raise InvalidArgument(f"record with ID {shown} is outside the blocks of import {migration}")
         await self.store.put_many(records)
         arriving.records += len(records)
         return arriving.records

@@ -6,8 +6,14 @@ reverse on SIGTERM or SIGINT, removing its iptables rules. A start that
 fails halfway undoes what it had done, so a bad flag never leaves rules
 behind. Standalone, on one machine:
 
+    (umask 077; metaflowctl secret > /tmp/metaflow.secret)
     metaflow-agent --store leveldb:/tmp/md --listen 127.0.0.1:9000 \\
-        --admin 127.0.0.1:9001 --rewrite none --own 100.64.0.0/10
+        --admin 127.0.0.1:9001 --rewrite none --own 100.64.0.0/10 \\
+        --secret-file /tmp/metaflow.secret
+
+The secret file is required: every admin request must be signed with it
+(`nat_agent.admin` says what is open and to whom), and the agent signs
+with it when it calls other agents and the controller.
 """
 
 from __future__ import annotations
@@ -19,9 +25,17 @@ import logging
 import signal
 import socket
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
 
+from client_lib.api.admin import Stats
+from client_lib.api.auth import Verifier, load_secret
+from client_lib.api.clients import DEFAULT_TIMEOUT
 from client_lib.cidr import Block
+from client_lib.constants import ADMIN_PORT, METAFLOW_PORT
+from client_lib.errors import InvalidArgument
 from client_lib.mdid import DEFAULT_SPACE
+from client_lib.version import add_version_flag
 from nat_agent import netinfo
 from nat_agent.admin import AdminApi
 from nat_agent.agent import Agent, Identity
@@ -55,9 +69,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store", default="leveldb:./metaflow-data",
                    help="leveldb:DIR (embedded), redis://HOST:PORT[/DB][?prefix=P], "
                         "unix:///SOCK[?db=N], or redis-server:DIR (start our own redis-server)")
-    p.add_argument("--listen", default="0.0.0.0:9000", help="metadata service address HOST:PORT")
-    p.add_argument("--admin", default="127.0.0.1:9001",
-                   help="admin API address HOST:PORT (the management network)")
+    p.add_argument("--listen", default=f"0.0.0.0:{METAFLOW_PORT}", help="metadata service address HOST:PORT")
+    p.add_argument("--admin", default=f"127.0.0.1:{ADMIN_PORT}",
+                   help="admin API address HOST:PORT: this server's management address, never one "
+                        "the data network reaches (the default serves this machine only)")
+    p.add_argument("--secret-file", default=None, metavar="FILE",
+                   help="the cluster's shared secret (required; mode 0600): admin requests must be "
+                        "signed with it, and the agent signs its calls to agents and the controller")
+    p.add_argument("--open-reads", action="store_true",
+                   help="let unsigned callers use the admin routes that change nothing "
+                        "(health, blocks, count, stats, migrations)")
+    p.add_argument("--peer-timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds one call to another agent may take during a migration")
     p.add_argument("--rewrite", choices=("kernel", "nfqueue", "none"), default="kernel",
                    help="MetaDataID rewrite: iptables DNAT, the paper's user-space NFQUEUE agent, "
                         "or none (clients connect to --listen directly)")
@@ -83,14 +106,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop")
     p.add_argument("--log-level", default="INFO",
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level")
+    add_version_flag(p)
     args = p.parse_args(argv)
     try:
         args.space = Block.parse(args.space)
         args.own = None if args.own is None else [Block.parse(b) for b in args.own]
     except ValueError as exc:
         p.error(str(exc))
-    args.listen = _hostport(args.listen, 9000)
-    args.admin = _hostport(args.admin, 9001)
+    if args.secret_file is None:
+        p.error("--secret-file FILE is required: the admin API accepts only requests signed with the "
+                "cluster's secret. Make one with `(umask 077; metaflowctl secret > FILE)` or "
+                "`python -c 'from client_lib.api.auth import write_secret; write_secret(\"FILE\")'`, "
+                "and give the same file to the controller and every agent")
+    try:
+        args.secret = load_secret(args.secret_file)
+    except InvalidArgument as exc:
+        p.error(str(exc))
+    if not args.peer_timeout > 0:
+        p.error("--peer-timeout must be positive")
+    args.listen = _hostport(args.listen, METAFLOW_PORT)
+    args.admin = _hostport(args.admin, ADMIN_PORT)
     return args
 
 
@@ -104,7 +139,13 @@ def _data_address(args: argparse.Namespace) -> tuple[str | None, str | None]:
     if ip is None and args.rewrite != "none":
         raise SystemExit("metaflow-agent: no data-plane address found; pass --data-ip")
     found = netinfo.interface_of(ip) if ip else None
-    return ip, found[1] if found else None
+    mac = found[1] if found else None
+    if args.controller and not (ip and mac):
+        missing = f"{ip} is on no interface here, so its MAC is unknown" if ip else "no address was found"
+        raise SystemExit(f"metaflow-agent: --controller needs this server's data-plane address and MAC "
+                         f"(the switches deliver to them), but {missing}; pass --data-ip with an "
+                         "address of one of this machine's interfaces")
+    return ip, mac
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -126,19 +167,19 @@ async def run(args: argparse.Namespace) -> None:
                                                        args.idle_timeout, args.max_clients))
         await service.start(*args.listen)
         undo.push_async_callback(service.stop)
-        migrator = Migrator(agent)
+        migrator = Migrator(agent, args.secret, timeout=args.peer_timeout)
         undo.push_async_callback(migrator.close)
         rewriter = Rewriter(args.rewrite, args.space, data_ip, port=args.listen[1],
                             queue_num=args.queue_num, tag=f"metaflow-agent:{name}")
         await loop.run_in_executor(None, rewriter.start)
         undo.callback(rewriter.stop)
         # The admin API comes up last: once /health answers, everything is in place.
-        admin = AdminApi(agent, migrator, lambda: {"service": dict(service.stats),
-                                                   "rewrite": rewriter.stats()})
+        admin = AdminApi(agent, migrator, lambda: Stats(dict(service.stats), rewriter.stats()),
+                         Verifier(args.secret), open_reads=args.open_reads)
         await admin.start(admin_host, admin_port)
         undo.push_async_callback(admin.stop)
         if args.controller:
-            registrar = Registrar(agent, args.controller, args.heartbeat)
+            registrar = Registrar(agent, args.controller, args.secret, args.heartbeat)
             registrar.start()
             undo.push_async_callback(registrar.stop)
         log.info("agent %s serving %s on %s:%d (rewrite %s, data %s/%s), admin on %s:%d, owning %s",
@@ -153,11 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    runner: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
     if args.loop == "uvloop":
         import uvloop
         runner = uvloop.run
-    else:
-        runner = asyncio.run
     try:
         runner(run(args))
     except (OSError, ValueError) as exc:

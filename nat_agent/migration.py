@@ -1,181 +1,354 @@
-"""Moving blocks to another agent without losing an acknowledged write.
+"""Moving blocks to another agent without losing an acknowledged write, and
+without ever leaving a block frozen.
 
 The sending side drives it, in two steps so that the controller can swap
 the flow entries in between:
 
-1. `prepare`: freeze writes to the blocks (clients get TRYAGAIN and retry),
-   stream every key of them to the target's admin API, where they sit unserved.
-2. `commit` (after the controller's barrier): the target starts serving, then
-   the source stops serving (MOVED for stragglers) and deletes its copy.
+1. `migrate` (``POST /migrations``): check that the target is an agent of
+   this cluster, freeze writes to the blocks (clients get TRYAGAIN and
+   retry), and stream every record of them to the target's admin API, where
+   they sit unserved. The migration is then ``copied`` and holds a lease.
+2. `commit` (after the controller's barrier): the target starts serving,
+   then the source stops serving (MOVED for stragglers) and deletes its copy.
 
-Anything that fails before the target confirms it serves ends in `abort`:
+Anything that fails before the target confirms it serves ends in an abort:
 the source unfreezes and keeps serving, the target drops its partial copy.
 Nothing is deleted at the source until the target owns the blocks, so no
 failure loses data; the one ambiguous case (the target's confirmation is
 lost) is resolved towards the source by asking the target to give the
 blocks back.
+
+Who may be a target. The source talks to the target only through
+`AsyncApiClient` with the cluster's secret, which checks that every
+response is signed with it. Before freezing anything the source asks the
+target's ``/health``: a URL that does not hold the secret (an attacker's
+listener, a stale address) fails there, so it never receives a record, nor
+even a request that changes something; and a target that turns out to be
+this agent itself, or to use another MetaDataID space, is refused.
+
+The lease. A copied migration that nobody commits or aborts within its
+``lease_s`` (`MigrateRequest`, default 60 s) aborts by itself: a controller
+that died mid-split leaves no block refusing writes for longer than that.
+Every call to the target has a timeout (``--peer-timeout``), so neither the
+copy nor a commit can hang on a silent target. The copy runs in a task of
+its own, not in the HTTP request that asked for it, so a caller that goes
+away does not stop it half-way; an abort during the copy cancels it.
+Finished migrations are kept (the most recent `KEEP_FINISHED`) so that a
+restarted controller can list them and learn how each ended.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
+import math
 import time
 import uuid
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
 
-import aiohttp
-
+from client_lib.api.admin import (
+    ADMIN,
+    DisownRequest,
+    ImportBegin,
+    ImportRecords,
+    MigrateRequest,
+    MigrationReport,
+    OwnRequest,
+)
+from client_lib.api.clients import DEFAULT_TIMEOUT, AsyncApiClient
 from client_lib.cidr import Block
+from client_lib.errors import ApiError, Conflict, InvalidArgument, NotFound
 from nat_agent.agent import Agent
+from nat_agent.store import Record
 
 log = logging.getLogger("metaflow.agent.migration")
 
 BATCH = 500
+"""Records per store scan, and at most per ``/records`` call."""
+BATCH_BYTES = 4 << 20
+"""Encoded bytes per ``/records`` call: far under the admin API's body limit
+even when every value is as large as the service allows."""
+KEEP_FINISHED = 256
+
+COPYING, COPIED, COMMITTED, ABORTED = "copying", "copied", "committed", "aborted"
 
 
-class MigrationError(RuntimeError):
-    """A migration that could not proceed; the source still owns its blocks."""
+class MigrationError(ApiError):
+    """A migration that could not proceed because the other agent failed or
+    could not be trusted (the admin API answers 502); the source still owns
+    and serves its blocks."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 502)
 
 
-# What talking to another agent can raise; each means "the peer did not do it".
-_PEER_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, ValueError, MigrationError)
-
-
-@dataclass
+@dataclass(eq=False)
 class Migration:
     id: str
     blocks: list[Block]
     target: str                      # the target agent's admin URL
-    state: str = "copying"           # copying -> copied -> committed | aborted
+    lease_s: float
+    state: str = COPYING
     keys: int = 0
     error: str | None = None
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
+    lease_until: float | None = None  # monotonic; set while copied
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    task: asyncio.Task[None] | None = None  # the copy, then the lease timer
 
-    def report(self) -> dict:
-        return {"id": self.id, "blocks": [str(b) for b in self.blocks], "target": self.target,
-                "state": self.state, "keys": self.keys, "error": self.error,
-                "seconds": round((self.finished or time.monotonic()) - self.started, 4)}
+    def lease_left(self) -> float | None:
+        return None if self.lease_until is None else max(0.0, self.lease_until - time.monotonic())
+
+    def report(self) -> MigrationReport:
+        left = self.lease_left()
+        return MigrationReport(self.id, list(self.blocks), self.target, self.state, self.keys, self.error,
+                               round((self.finished or time.monotonic()) - self.started, 4),
+                               None if left is None else round(left, 3))
 
 
-def encode_records(records: list[tuple[int, str, bytes]]) -> list[list]:
-    return [[ident, path, base64.b64encode(value).decode("ascii")] for ident, path, value in records]
+def encode_records(records: list[Record]) -> list[tuple[int, str, str]]:
+    return [(ident, path, base64.b64encode(value).decode("ascii")) for ident, path, value in records]
 
 
-def decode_records(rows: list) -> list[tuple[int, str, bytes]]:
+def decode_records(rows: list[tuple[int, str, str]]) -> list[Record]:
     try:
-        return [(int(ident), str(path), base64.b64decode(value, validate=True)) for ident, path, value in rows]
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"malformed records: {exc}") from None
+        return [(ident, path, base64.b64decode(value, validate=True)) for ident, path, value in rows]
+    except ValueError as exc:
+        raise InvalidArgument(f"malformed records: a value is not base64: {exc}") from None
+
+
+def _by_size(records: list[Record]) -> list[list[Record]]:
+    """`records` cut into runs whose encoded size stays under `BATCH_BYTES`."""
+    runs: list[list[Record]] = [[]]
+    size = 0
+    for record in records:
+        cost = len(record[1]) + len(record[2]) * 4 // 3 + 32
+        if runs[-1] and size + cost > BATCH_BYTES:
+            runs.append([])
+            size = 0
+        runs[-1].append(record)
+        size += cost
+    return runs
+
+
+def _same_endpoint(a: str, b: str) -> bool:
+    ua, ub = urlsplit(a), urlsplit(b)
+    return (ua.hostname or "").lower() == (ub.hostname or "").lower() and \
+        (ua.port or 80) == (ub.port or 80)
 
 
 class Migrator:
-    """The sending side of migrations, for one agent."""
+    """The sending side of migrations, for one agent. `secret` is the
+    cluster's: a target must answer with it. `timeout` bounds every call
+    to a target."""
 
-    def __init__(self, agent: Agent, timeout: float = 30.0) -> None:
+    def __init__(self, agent: Agent, secret: bytes, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.agent = agent
         self.migrations: dict[str, Migration] = {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._session: aiohttp.ClientSession | None = None
+        self._secret = secret
+        self._timeout = timeout
 
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def _call(self, method: str, url: str, body: dict | None = None) -> dict:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
-        async with self._session.request(method, url, json=body) as response:
-            reply = await response.json(content_type=None)
-            if response.status >= 300:
-                raise MigrationError(f"{method} {url}: HTTP {response.status}: "
-                                     f"{reply.get('error') if isinstance(reply, dict) else reply}")
-            return reply
+    def _peer(self, url: str) -> AsyncApiClient:
+        return AsyncApiClient(url, self._secret, timeout=self._timeout)
 
     def get(self, ident: str) -> Migration:
         try:
             return self.migrations[ident]
         except KeyError:
-            raise KeyError(f"no migration {ident!r}") from None
+            raise NotFound(f"no migration {ident!r}", 404) from None
 
-    async def prepare(self, blocks: list[Block], target: str) -> Migration:
-        ownership = self.agent.ownership
-        if not blocks:
-            raise ValueError("nothing to migrate: no blocks given")
-        if not ownership.owns_all(blocks):
-            raise ValueError(f"cannot migrate {', '.join(map(str, blocks))}: not all owned here")
-        busy = [f for f in ownership.frozen for b in blocks if f.covers(b) or b.covers(f)]
-        if busy:
-            raise ValueError(f"{busy[0]} is already being migrated")
-        target = target.rstrip("/")
-        migration = Migration(uuid.uuid4().hex[:12], list(blocks), target)
-        self.migrations[migration.id] = migration
-        ownership.freeze(blocks)
+    def reports(self) -> list[MigrationReport]:
+        return [m.report() for m in self.migrations.values()]
+
+    # -- steps ---------------------------------------------------------------
+
+    async def migrate(self, request: MigrateRequest) -> Migration:
+        """Check, freeze, copy; commit at once if asked. Returns the copied
+        (or committed) migration; raises MigrationError if it aborted."""
+        target = request.target.rstrip("/")
+        self._check(request, target)
+        await self._vet_target(target)
+        migration = Migration(uuid.uuid4().hex[:12], list(request.blocks), target, request.lease_s)
+        self._check(request, target)  # again: another migration may have frozen them meanwhile
+        self._remember(migration)
+        self.agent.ownership.freeze(migration.blocks)
         log.info("migration %s: %s -> %s, writes frozen", migration.id,
-                 ", ".join(map(str, blocks)), target)
-        await self.agent.inflight.drain()
-        try:
-            await self._call("POST", f"{target}/import/{migration.id}/begin",
-                             {"blocks": [str(b) for b in blocks]})
-            for block in blocks:
-                async for batch in self.agent.store.scan(block.first, block.last, BATCH):
-                    await self._call("POST", f"{target}/import/{migration.id}/records",
-                                     {"records": encode_records(batch)})
-                    migration.keys += len(batch)
-        except _PEER_ERRORS as exc:
-            await self._abort(migration, f"copy failed: {exc}")
-            raise MigrationError(f"migration {migration.id} aborted: copy failed: {exc}") from None
-        migration.state = "copied"
-        log.info("migration %s: %d keys copied", migration.id, migration.keys)
+                 ", ".join(map(str, migration.blocks)), target)
+        migration.task = self._spawn(self._copy(migration), migration)
+        await asyncio.shield(migration.task)
+        if migration.state == ABORTED:
+            raise MigrationError(f"migration {migration.id} aborted: {migration.error}")
+        if request.commit:
+            return await self.commit(migration.id)
         return migration
 
-    async def commit(self, ident: str) -> Migration:
-        migration = self.get(ident)
-        if migration.state != "copied":
-            raise ValueError(f"migration {ident} is {migration.state}, not copied")
+    def _check(self, request: MigrateRequest, target: str) -> None:
+        blocks, ownership = request.blocks, self.agent.ownership
+        if not blocks:
+            raise InvalidArgument("nothing to migrate: no blocks given")
+        if not (math.isfinite(request.lease_s) and request.lease_s > 0):
+            raise InvalidArgument(f"lease_s must be a positive number of seconds, not {request.lease_s}")
+        if _same_endpoint(target, self.agent.identity.admin_url):
+            raise InvalidArgument(f"target {target} is this agent's own admin API")
+        for block in blocks:
+            self.agent.check_block(block)
+        if not ownership.owns_all(blocks):
+            raise Conflict(f"cannot migrate {', '.join(map(str, blocks))}: not all owned here", 409)
+        busy = [f for f in ownership.frozen for b in blocks if f.covers(b) or b.covers(f)]
+        if busy:
+            raise Conflict(f"{busy[0]} is already being migrated", 409)
+
+    async def _vet_target(self, target: str) -> None:
+        """The target must prove it holds the cluster's secret (a signed
+        answer), and be another agent of the same space."""
         try:
-            reply = await self._call("POST", f"{migration.target}/own",
-                                     {"blocks": [str(b) for b in migration.blocks],
-                                      "migration": migration.id})
-        except _PEER_ERRORS as exc:
-            await self._give_back(migration)
-            await self._abort(migration, f"cut-over failed: {exc}")
-            raise MigrationError(f"migration {ident} aborted: cut-over failed: {exc}") from None
-        hint = reply.get("data_address")
-        await self.agent.disown(migration.blocks, delete=True, moved_to=hint)
-        migration.state = "committed"
-        migration.finished = time.monotonic()
+            health = await self._peer(target).call(ADMIN.health)
+        except ApiError as exc:
+            raise MigrationError(f"target {target} refused before anything was frozen: {exc}") from None
+        if health.name == self.agent.identity.name:
+            raise InvalidArgument(f"target {target} is this agent ({health.name}) itself")
+        if health.space != self.agent.space:
+            raise MigrationError(f"target {target} serves the space {health.space}, "
+                                 f"not {self.agent.space}")
+
+    async def _copy(self, migration: Migration) -> None:
+        peer = self._peer(migration.target)
+        try:
+            await self.agent.inflight.drain()
+            await peer.call(ADMIN.import_begin, ImportBegin(migration.blocks), id=migration.id)
+            async for batch in self._batches(migration.blocks):
+                await peer.call(ADMIN.import_records, ImportRecords(encode_records(batch)), id=migration.id)
+                migration.keys += len(batch)
+        except asyncio.CancelledError:
+            await self._abort(migration, migration.error or "copy cancelled")
+            return
+        except Exception as exc:  # whatever it was, the blocks must not stay frozen
+            if not isinstance(exc, ApiError):
+                log.error("migration %s: copy failed", migration.id, exc_info=exc)
+            await self._abort(migration, f"copy failed: {exc}")
+            return
+        migration.state = COPIED
+        migration.lease_until = time.monotonic() + migration.lease_s
+        migration.task = self._spawn(self._expire(migration), migration)
+        log.info("migration %s: %d keys copied; lease %.1f s", migration.id, migration.keys,
+                 migration.lease_s)
+
+    async def _batches(self, blocks: list[Block]) -> AsyncIterator[list[Record]]:
+        for block in blocks:
+            async for scanned in self.agent.store.scan(block.first, block.last, BATCH):
+                for run in _by_size(scanned):
+                    yield run
+
+    async def _expire(self, migration: Migration) -> None:
+        await asyncio.sleep(migration.lease_left() or 0.0)
+        async with migration.lock:
+            if migration.state == COPIED:
+                await self._abort(migration, f"lease of {migration.lease_s:g} s expired "
+                                             "without a commit or an abort")
+
+    async def commit(self, ident: str) -> Migration:
+        """The target serves, then this agent stops and deletes. Committing a
+        committed migration again answers its report (a controller's retry)."""
+        migration = self.get(ident)
+        async with migration.lock:
+            if migration.state == COMMITTED:
+                return migration
+            if migration.state == COPIED and migration.lease_left() == 0.0:
+                await self._abort(migration, f"lease of {migration.lease_s:g} s expired before the commit")
+            if migration.state != COPIED:
+                why = f" ({migration.error})" if migration.error else ""
+                raise Conflict(f"migration {ident} is {migration.state}, not copied{why}", 409)
+            self._stop_task(migration)
+            migration.lease_until = None
+            try:
+                reply = await self._peer(migration.target).call(
+                    ADMIN.own, OwnRequest(migration.blocks, migration.id))
+            except ApiError as exc:
+                await self._give_back(migration)
+                await self._abort(migration, f"cut-over failed: {exc}")
+                raise MigrationError(f"migration {ident} aborted: cut-over failed: {exc}") from None
+            try:
+                await self.agent.disown(migration.blocks, delete=True, moved_to=reply.data_address)
+            finally:  # the target serves now, whether or not our deletion went through
+                migration.state = COMMITTED
+                migration.finished = time.monotonic()
         log.info("migration %s committed in %.3f s", ident, migration.finished - migration.started)
         return migration
 
     async def abort(self, ident: str) -> Migration:
+        """Unfreeze here, discard at the target. Aborting an aborted migration
+        again answers its report; a committed one cannot be aborted."""
         migration = self.get(ident)
-        if migration.state in ("committed", "aborted"):
-            raise ValueError(f"migration {ident} is already {migration.state}")
-        await self._abort(migration, "aborted by request")
+        if migration.state == COPYING and migration.task is not None:
+            migration.error = "aborted by request during the copy"
+            migration.task.cancel()
+            await asyncio.gather(migration.task, return_exceptions=True)
+        async with migration.lock:
+            if migration.state == COMMITTED:
+                raise Conflict(f"migration {ident} is already committed", 409)
+            if migration.state != ABORTED:
+                await self._abort(migration, "aborted by request")
         return migration
+
+    async def close(self) -> None:
+        """On shutdown: stop copies and lease timers, and abort what is not
+        finished, so that no target keeps an orphaned copy."""
+        tasks = [m.task for m in self.migrations.values() if m.task is not None]
+        for migration in self.migrations.values():
+            if migration.state == COPYING:
+                migration.error = "the agent is shutting down"
+            self._stop_task(migration)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for migration in list(self.migrations.values()):
+            if migration.state == COPIED:
+                await self._abort(migration, "the agent is shutting down")
+
+    # -- compensations ---------------------------------------------------------
 
     async def _give_back(self, migration: Migration) -> None:
         """The target may have taken the blocks even though we did not hear it:
         ask it to release them, so only the source serves them."""
         try:
-            await self._call("POST", f"{migration.target}/disown",
-                             {"blocks": [str(b) for b in migration.blocks], "delete": True})
-        except _PEER_ERRORS as exc:
+            await self._peer(migration.target).call(ADMIN.disown,
+                                                    DisownRequest(migration.blocks, delete=True))
+        except ApiError as exc:
             log.error("migration %s: could not make sure the target released %s: %s; "
                       "both may own them until the controller resolves it", migration.id,
                       ", ".join(map(str, migration.blocks)), exc)
 
     async def _abort(self, migration: Migration, reason: str) -> None:
+        """Serve the blocks again here first, then ask the target to drop its copy."""
+        self._stop_task(migration)
         self.agent.ownership.unfreeze(migration.blocks)
-        migration.state = "aborted"
+        migration.state = ABORTED
         migration.error = reason
+        migration.lease_until = None
         migration.finished = time.monotonic()
         log.warning("migration %s aborted (%s); this agent keeps serving %s", migration.id,
                     reason, ", ".join(map(str, migration.blocks)))
         try:
-            await self._call("POST", f"{migration.target}/import/{migration.id}/discard", {})
-        except _PEER_ERRORS as exc:
+            await self._peer(migration.target).call(ADMIN.import_discard, id=migration.id)
+        except ApiError as exc:
             log.info("migration %s: target did not confirm the discard: %s", migration.id, exc)
+
+    # -- bookkeeping -----------------------------------------------------------
+
+    def _spawn(self, work: Coroutine[Any, Any, None], migration: Migration) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(work, name=f"migration-{migration.id}")
+
+    @staticmethod
+    def _stop_task(migration: Migration) -> None:
+        task, migration.task = migration.task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def _remember(self, migration: Migration) -> None:
+        self.migrations[migration.id] = migration
+        finished = [m for m in self.migrations.values() if m.state in (COMMITTED, ABORTED)]
+        for old in finished[:max(0, len(finished) - KEEP_FINISHED)]:
+            del self.migrations[old.id]

@@ -87,6 +87,16 @@ class Ownership:
     def owns_all(self, blocks: Iterable[Block]) -> bool:
         return all(self._covering(b) is not None for b in blocks)
 
+    def unowned(self, block: Block) -> list[Block]:
+        """The parts of `block` not owned here, as disjoint blocks."""
+        if self._covering(block) is not None:
+            return []
+        parts = [block]
+        for owned in self._owned:
+            if block.covers(owned):  # blocks nest or are disjoint: each lies in one part
+                parts = [q for p in parts for q in (subtract(p, owned) if p.covers(owned) else [p])]
+        return parts
+
     def _covering(self, block: Block) -> Block | None:
         owner = self._owner_block(block.first)
         return owner if owner is not None and owner.covers(block) else None

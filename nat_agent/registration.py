@@ -7,12 +7,19 @@ needs to rebuild the B-tree). Heartbeats carry the key total so the
 controller sees a server fill up, and their absence is how it notices a dead
 agent whose edge port is still up.
 
-Protocol (the controller side lives in `controller/`):
+Both go through `AsyncApiClient` with the cluster's secret (`REST.register`
+with a `Registration`, `REST.heartbeat` with a `Heartbeat`), so the
+controller knows the agent is of its cluster and the agent knows it talks
+to its controller (the answers are signed). What the answers mean:
 
-    POST {controller}/metaflow/agents                  the full identity -> 2xx
-    POST {controller}/metaflow/agents/{name}/heartbeat {"keys", "owned", "frozen"}
-         -> 2xx, or 404 when the controller does not know us (it restarted):
-            we register again.
+- a heartbeat answered 404: the controller does not know us (it restarted):
+  register again;
+- a registration answered 409: our name is bound to another server (another
+  data address, MAC or admin URL). That is an operator's mistake or an
+  attempt to take the name over, never something to fight: log an error,
+  loudly, and keep asking at the interval until the other one is gone;
+- 401: the controller does not share our secret (or is not the
+  controller): an error too, and keep asking.
 
 A controller that is down is not an agent error: we log once per outage
 and keep trying every interval, serving clients all the while.
@@ -22,23 +29,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
-import aiohttp
-
+from client_lib.api.clients import AsyncApiClient
+from client_lib.api.rest import REST, Heartbeat, Registration
+from client_lib.errors import ApiError, AuthError, Conflict, NotFound
 from nat_agent.agent import Agent
 
 log = logging.getLogger("metaflow.agent.registration")
 
+REMIND_S = 60.0
+"""How often a trouble that persists is logged again."""
+
 
 class Registrar:
-    def __init__(self, agent: Agent, controller: str, interval: float = 2.0) -> None:
+    def __init__(self, agent: Agent, controller: str, secret: bytes, interval: float = 2.0) -> None:
+        ident = agent.identity
+        if not (ident.data_ip and ident.data_mac):
+            raise ValueError("registration needs the data-plane address and MAC")
         self.agent = agent
-        self.base = controller.rstrip("/") + "/metaflow/agents"
+        self.controller = AsyncApiClient(controller, secret, timeout=max(1.0, interval))
         self.interval = interval
         self.registered = False
         self.heartbeats = 0
-        self._task: asyncio.Task | None = None
-        self._down_since_logged = False
+        self._task: asyncio.Task[None] | None = None
+        self._trouble: str | None = None
+        self._told = 0.0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="registrar")
@@ -52,48 +68,60 @@ class Registrar:
                 pass
             self._task = None
 
-    async def _identity(self) -> dict:
-        ident = self.agent.identity
-        return {"name": ident.name, "data_ip": ident.data_ip, "data_mac": ident.data_mac,
-                "data_port": ident.data_port, "admin_url": ident.admin_url,
-                "store": self.agent.store.kind, "capacity": ident.capacity,
-                "space": str(self.agent.space),
-                "owned": [str(b) for b in self.agent.ownership.owned]}
-
-    async def _beat(self) -> dict:
-        return {"keys": await self.agent.store.total(),
-                "owned": [str(b) for b in self.agent.ownership.owned],
-                "frozen": [str(b) for b in self.agent.ownership.frozen]}
+    def registration(self) -> Registration:
+        ident, agent = self.agent.identity, self.agent
+        assert ident.data_ip and ident.data_mac  # checked in __init__
+        return Registration(ident.name, ident.data_ip, ident.data_mac, ident.data_port, ident.admin_url,
+                            agent.store.kind, ident.capacity, agent.space, agent.ownership.owned)
 
     async def _run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(1.0, self.interval))
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
-                try:
-                    await self._once(session)
-                    if self._down_since_logged:
-                        log.info("controller at %s reachable again", self.base)
-                    self._down_since_logged = False
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    self.registered = False
-                    if not self._down_since_logged:
-                        log.warning("controller at %s unreachable (%s); retrying every %.1f s",
-                                    self.base, exc, self.interval)
-                        self._down_since_logged = True
-                await asyncio.sleep(self.interval)
+        base = self.controller.base_url
+        while True:
+            try:
+                await self._once()
+                self._fine(f"registration with the controller at {base} works again")
+            except Conflict as exc:
+                self.registered = False
+                self._report("conflict", logging.ERROR,
+                             f"the controller at {base} refuses to register us as "
+                             f"{self.agent.identity.name!r}: the name is bound to another server "
+                             f"({exc}); fix the names, or stop the other one; retrying every "
+                             f"{self.interval:g} s")
+            except AuthError as exc:
+                self.registered = False
+                self._report("auth", logging.ERROR,
+                             f"the controller at {base} does not share our secret: {exc}; "
+                             f"retrying every {self.interval:g} s")
+            except ApiError as exc:
+                self.registered = False
+                self._report("down", logging.WARNING,
+                             f"controller at {base} unreachable ({exc}); retrying every {self.interval:g} s")
+            await asyncio.sleep(self.interval)
 
-    async def _once(self, session: aiohttp.ClientSession) -> None:
+    async def _once(self) -> None:
         if self.registered:
-            url = f"{self.base}/{self.agent.identity.name}/heartbeat"
-            async with session.post(url, json=await self._beat()) as response:
-                if response.status == 404:
-                    log.info("controller forgot us; registering again")
-                    self.registered = False
-                else:
-                    response.raise_for_status()
-                    self.heartbeats += 1
-                    return
-        async with session.post(self.base, json=await self._identity()) as response:
-            response.raise_for_status()
+            ownership = self.agent.ownership
+            beat = Heartbeat(await self.agent.store.total(), ownership.owned, ownership.frozen)
+            try:
+                await self.controller.call(REST.heartbeat, beat, name=self.agent.identity.name)
+                self.heartbeats += 1
+                return
+            except NotFound:
+                log.info("the controller forgot us; registering again")
+                self.registered = False
+        await self.controller.call(REST.register, self.registration())
         self.registered = True
-        log.info("registered with the controller at %s", self.base)
+        log.info("registered with the controller at %s as %s", self.controller.base_url,
+                 self.agent.identity.name)
+
+    def _report(self, trouble: str, level: int, message: str) -> None:
+        """Log a trouble when it starts, and again every `REMIND_S` while it lasts."""
+        now = time.monotonic()
+        if trouble != self._trouble or now - self._told >= REMIND_S:
+            log.log(level, message)
+            self._trouble, self._told = trouble, now
+
+    def _fine(self, message: str) -> None:
+        if self._trouble is not None:
+            log.info(message)
+            self._trouble = None

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from mininet_scenarios.daemons import http
+from client_lib.api.admin import ADMIN
 from mininet_scenarios.scenario import Scenario
 from topology import builders
 
@@ -20,8 +20,7 @@ def main() -> int:
     graph = builders.two_tier(core=1, edges=1, servers_per_edge=2, clients_per_edge=1)
     try:
         with Scenario(graph, controller=None, fail_mode="standalone", store="redis") as sc:
-            stores = [http("GET", agent.admin_url + "/health", timeout=5)[1]["store"]
-                      for agent in sc.agents.values()]
+            stores = [agent.call(ADMIN.health).store for agent in sc.agents.values()]
             print(json.dumps({"prefix": sc.prefix, "inodes": sc.netns_inodes, "stores": stores}), flush=True)
             while True:
                 time.sleep(1)

@@ -39,8 +39,9 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:distutils Version classes are deprecated:DeprecationWarning"),
 ]
 
+from client_lib.api.admin import ADMIN  # noqa: E402
 from client_lib.constants import DEFAULT_GATEWAY  # noqa: E402
-from mininet_scenarios.daemons import free_port, http  # noqa: E402
+from mininet_scenarios.daemons import free_port  # noqa: E402
 from mininet_scenarios.leaks import leaks  # noqa: E402
 from mininet_scenarios.mgmt import ManagementNetwork  # noqa: E402
 from mininet_scenarios.scenario import Scenario  # noqa: E402
@@ -104,12 +105,12 @@ def test_agents_answer_over_the_management_network_with_their_data_address(scena
         # the root namespace reaches it over the management bridge, not the fabric
         route = subprocess.run(["ip", "route", "get", mgmt_ip], capture_output=True, text=True).stdout
         assert f"dev {scenario.mgmt.bridge} " in route
-        status, health = http("GET", agent.admin_url + "/health", timeout=5)
-        assert status == 200 and health["status"] == "ok"
+        health = agent.admin.call(ADMIN.health)  # signed, as the controller calls it
+        assert health.status == "ok"
         data = GRAPH.nodes[node]
-        assert (health["data_ip"], health["data_mac"], health["data_port"]) == (data["ip"], data["mac"], 9000)
-        assert health["name"] == scenario.host(node).name
-        assert health["store"] == "leveldb"
+        assert (health.data_ip, health.data_mac, health.data_port) == (data["ip"], data["mac"], 9000)
+        assert health.name == scenario.host(node).name
+        assert health.store == "leveldb"
 
 
 @pytest.mark.timeout(30)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from client_lib.api.auth import write_secret
 from nat_agent.redis_server import RedisServer
 
 
@@ -41,3 +42,10 @@ def redis_prefix(redis_server: str) -> Iterator[str]:
 def leveldb_path(tmp_path: Path) -> Path:
     """A LevelDB directory path that does not exist yet."""
     return tmp_path / "leveldb"
+
+
+@pytest.fixture
+def cluster_secret(tmp_path: Path) -> Path:
+    """A secret file for the agents of one test that must trust each other
+    (`AgentProcess(secret_file=...)`); without it each gets its own."""
+    return write_secret(tmp_path / "cluster.secret")

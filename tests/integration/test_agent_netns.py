@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from client_lib.api.admin import ADMIN
 from mininet_scenarios.daemons import ROOT, AgentProcess
 from mininet_scenarios.netns_pair import NetnsPair
 
@@ -42,7 +43,7 @@ def test_ten_thousand_round_trips_through_the_rewrite(mode, tmp_path):
                                  cwd=ROOT, timeout=500, check=False)
             assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
             report = json.loads(out.stdout)
-            status, stats = agent.call("GET", "/stats")
+            stats = agent.call(ADMIN.stats)  # from inside the namespace
         assert report["ops"] >= ROUND_TRIPS and report["wrong_count"] == 0
         assert report["client"]["retries"] == 0
         audit = report["audit"]
@@ -61,8 +62,8 @@ def test_ten_thousand_round_trips_through_the_rewrite(mode, tmp_path):
         # Different IDs really were used: one connection per MetaDataID.
         assert report["client"]["connects"] > ROUND_TRIPS // 3 * 0.9
         if mode == "nfqueue":
-            assert stats["rewrite"]["rewritten"] >= 2 * ROUND_TRIPS
-        assert stats["service"]["cmd_set"] == ROUND_TRIPS // 3 + (ROUND_TRIPS % 3 > 0)
+            assert stats.rewrite["rewritten"] >= 2 * ROUND_TRIPS
+        assert stats.service["cmd_set"] == ROUND_TRIPS // 3 + (ROUND_TRIPS % 3 > 0)
         # SIGTERM (in AgentProcess.__exit__) removed exactly our rules.
         assert _ours(net, tag) == []
         names = net.names()

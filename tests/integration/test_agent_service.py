@@ -1,18 +1,17 @@
-"""The real daemon on loopback: commands, redis-cli, bad input, shutdown, registration."""
+"""The real daemon on loopback: commands, redis-cli, bad input, shutdown (the admin API and
+registration: test_admin_api.py, test_registration.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import socket
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from client_lib.api.admin import ADMIN
 from client_lib.cidr import Block
 from client_lib.client import (
     AsyncMetaFlowClient,
@@ -74,8 +73,8 @@ def test_put_get_stat_delete_round_trip(agent):
         assert c.delete("/user/a/data.csv") and not c.delete("/user/a/data.csv")
         assert c.stat("/user/a/data.csv") is None
         assert c.stats.connects == 2  # one connection per MetaDataID, reused
-    status, body = agent.call("GET", "/blocks")
-    assert status == 200 and body["total"] == 1 and body["blocks"][0]["block"] == SPACE
+    blocks = agent.call(ADMIN.blocks)
+    assert blocks.total == 1 and str(blocks.blocks[0].block) == SPACE
 
 
 def test_async_client_has_the_same_surface(agent):
@@ -174,8 +173,7 @@ def _vanish_and_flood(agent: AgentProcess) -> None:
         assert c.get("/v") is None  # the half-sent SET stored nothing
         c.put("/after/flood", b"ok")
         assert c.get("/after/flood") == b"ok"
-    _, stats = agent.call("GET", "/stats")
-    assert stats["service"]["refused_connections"] >= 4
+    assert agent.call(ADMIN.stats).service["refused_connections"] >= 4
     assert "refusing" in agent.log() and "closed mid-request" in agent.log()
 
 
@@ -187,69 +185,6 @@ def test_ownership_survives_a_restart_and_sigterm_is_clean(tmp_path):
             path = next(f"/k{i}" for i in range(1000) if half.contains(mdid(f"/k{i}", Block.parse(SPACE))))
             c.put(path, b"kept")
     with AgentProcess(spec) as proc:  # no --own: restored from the store
-        status, health = proc.call("GET", "/health")
-        assert health["owned"] == ["100.64.0.0/11"]
+        assert proc.call(ADMIN.health).owned == [Block.parse("100.64.0.0/11")]
         with client_for(proc) as c:
             assert c.get(path) == b"kept"
-
-
-def test_admin_api_counts_owns_and_rejects_bad_requests(agent):
-    with client_for(agent) as c:
-        for i in range(200):
-            c.put(f"/count/{i}", b"x")
-    space = Block.parse(SPACE)
-    ids = sorted(mdid(f"/count/{i}", space) for i in range(200))
-    status, body = agent.call("GET", f"/count?first={ids[10]}&last={ids[59]}")
-    assert status == 200 and body["keys"] == 50
-    status, body = agent.call("POST", "/count", {"ranges": [[space.address(ids[0]), space.address(ids[99])],
-                                                            [ids[100], ids[199]]]})
-    assert body["counts"] == [100, 100]
-    assert agent.call("GET", "/count?block=100.64.0.0/10")[1]["keys"] == 200
-    assert agent.call("GET", "/count?first=1&last=2")[0] == 409  # outside the space
-    assert agent.call("POST", "/own", {"blocks": ["10.0.0.0/8"]})[0] == 409
-    assert agent.call("POST", "/own", {"blocks": "100.64.0.0/10"})[0] == 400
-    assert agent.call("POST", "/own", {"blocks": ["100.64.0.1/10"]})[0] == 400
-    assert agent.call("POST", "/migrations/nope/commit")[0] == 404
-    status, body = agent.call("POST", "/disown", {"blocks": ["100.96.0.0/11"], "delete": True})
-    assert status == 200 and body["owned"] == ["100.64.0.0/11"]
-    assert agent.call("GET", "/blocks")[1]["total"] == sum(1 for i in ids if i < space.first + space.size // 2)
-
-
-def test_registration_and_heartbeats_reach_the_controller(tmp_path):
-    seen: list[tuple[str, dict]] = []
-    forget = threading.Event()
-
-    class Controller(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append((self.path, body))
-            if self.path.endswith("/heartbeat") and forget.is_set():
-                forget.clear()
-                self.send_response(404)
-            else:
-                self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Controller)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--controller", url, "--heartbeat", "0.2",
-                          "--data-ip", "127.0.0.1", "--capacity", "1234", own=["100.64.0.0/12"]) as proc:
-            time.sleep(1.0)
-            forget.set()  # the controller restarted: the agent must register again
-            time.sleep(1.0)
-        registrations = [b for p, b in seen if p == "/metaflow/agents"]
-        beats = [b for p, b in seen if p == f"/metaflow/agents/{proc.name}/heartbeat"]
-        assert len(registrations) == 2 and len(beats) >= 5
-        first = registrations[0]
-        assert first["admin_url"] == proc.admin_url and first["capacity"] == 1234
-        assert first["owned"] == ["100.64.0.0/12"] and first["data_ip"] == "127.0.0.1"
-        assert first["data_mac"] is not None and first["store"] == "leveldb"
-        assert beats[-1]["keys"] == 0
-    finally:
-        server.shutdown()

@@ -1,4 +1,6 @@
-"""Loss-free migration between two real agents under concurrent writers.
+"""Migrations between real agents: loss-free under concurrent writers, and
+safe whatever the target or the controller does (dies, falls silent, does
+not hold the secret, refuses the cut-over, never commits).
 
 The test plays the controller: a routing table (block -> agent) stands in
 for the switches' flow entries and is swapped at the moment the controller
@@ -13,13 +15,30 @@ from __future__ import annotations
 
 import random
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
+from client_lib.api.admin import (
+    ADMIN,
+    Discarded,
+    DisownReply,
+    Health,
+    Importing,
+    ImportProgress,
+    MigrateRequest,
+    MigrationReport,
+)
+from client_lib.api.auth import load_secret
+from client_lib.api.server import Call
 from client_lib.cidr import Block
-from client_lib.client import MetaFlowClient, RetryPolicy
+from client_lib.client import MetaFlowClient, RetryPolicy, Unavailable
+from client_lib.constants import MAX_VALUE
+from client_lib.errors import ApiError, Conflict, NotFound
 from client_lib.mdid import mdid
 from mininet_scenarios.daemons import AgentProcess
+from tests.integration.fake_api import FakeApi, Listener
 
 SPACE = Block.parse("100.64.0.0/10")
 ROOT = Block(SPACE.first, SPACE.plen)
@@ -88,14 +107,16 @@ def _pick_block(rng: random.Random, owned: list[str]) -> Block:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["leveldb", "redis"])
-def test_fifty_migrations_under_four_writers_lose_nothing(kind, tmp_path, request):
+def test_fifty_migrations_under_four_writers_lose_nothing(kind, tmp_path, request, cluster_secret):
     def spec(name: str) -> str:
         if kind == "leveldb":
             return f"leveldb:{tmp_path / name}"
-        return f"{request.getfixturevalue('redis_server')}/0?prefix={request.getfixturevalue('redis_prefix')}{name}:"
+        prefix = request.getfixturevalue("redis_prefix")
+        return f"{request.getfixturevalue('redis_server')}/0?prefix={prefix}{name}:"
 
-    with AgentProcess(spec("a"), own=[str(ROOT)], log_path=tmp_path / "a.log") as a, \
-            AgentProcess(spec("b"), log_path=tmp_path / "b.log") as b:
+    with AgentProcess(spec("a"), own=[str(ROOT)], log_path=tmp_path / "a.log",
+                      secret_file=cluster_secret) as a, \
+            AgentProcess(spec("b"), log_path=tmp_path / "b.log", secret_file=cluster_secret) as b:
         agents = [a, b]
         routes = Routes((a.host, a.port))
         stop = threading.Event()
@@ -110,23 +131,20 @@ def test_fifty_migrations_under_four_writers_lose_nothing(kind, tmp_path, reques
         outcomes = {"committed": 0, "aborted": 0}
         try:
             for i in range(MIGRATIONS):
-                owned = {p: p.call("GET", "/health")[1]["owned"] for p in agents}
+                owned = {p: p.call(ADMIN.health).owned for p in agents}
                 source = rng.choice([p for p in agents if owned[p]])
                 target = b if source is a else a
                 block = _pick_block(rng, owned[source])
-                status, mig = source.call("POST", "/migrations",
-                                          {"blocks": [str(block)], "target": target.admin_url})
-                assert status == 200, mig
+                mig = source.call(ADMIN.migrate, MigrateRequest([block], target.admin_url))
+                assert mig.state == "copied" and mig.lease_left_s is not None
                 if rng.random() < 0.1:  # a controller that changes its mind
-                    status, body = source.call("POST", f"/migrations/{mig['id']}/abort")
-                    assert status == 200 and body["state"] == "aborted"
+                    assert source.call(ADMIN.abort, id=mig.id).state == "aborted"
                     outcomes["aborted"] += 1
                     continue
                 swap_first = i % 2 == 0
                 if swap_first:  # flows first: the target answers MOVED until it owns
                     routes.move(block, (target.host, target.port))
-                status, body = source.call("POST", f"/migrations/{mig['id']}/commit")
-                assert status == 200 and body["state"] == "committed", body
+                assert source.call(ADMIN.commit, id=mig.id).state == "committed"
                 if not swap_first:  # flows late: the old owner answers MOVED meanwhile
                     threading.Event().wait(0.02)
                     routes.move(block, (target.host, target.port))
@@ -148,41 +166,242 @@ def test_fifty_migrations_under_four_writers_lose_nothing(kind, tmp_path, reques
         # ...and nothing else exists: each agent holds exactly the keys of its blocks.
         held = 0
         for proc in agents:
-            health = proc.call("GET", "/health")[1]
-            blocks = proc.call("GET", "/blocks")[1]
-            assert health["frozen"] == []
-            assert health["keys"] == blocks["total"], f"{proc.name} holds keys outside its blocks"
-            held += health["keys"]
+            health = proc.call(ADMIN.health)
+            assert health.frozen == [] and health.imports == []
+            assert health.keys == proc.call(ADMIN.blocks).total, f"{proc.name} holds keys outside its blocks"
+            held += health.keys
             for path in live:
-                if any(Block.parse(o).contains(mdid(path, SPACE)) for o in health["owned"]):
+                if any(o.contains(mdid(path, SPACE)) for o in health.owned):
                     assert routes(SPACE.address(mdid(path, SPACE))) == (proc.host, proc.port)
         assert held == len(live)
         # The clients really went through both kinds of refusal and retried.
         assert sum(s.moved for s in stats) > 0 and sum(s.tryagain for s in stats) > 0
 
 
-def test_a_target_that_dies_leaves_the_source_owning_and_serving(tmp_path):
-    with AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT)], log_path=tmp_path / "a.log") as a:
-        b = AgentProcess(f"leveldb:{tmp_path / 'b'}", log_path=tmp_path / "b.log").start()
+def test_a_target_that_dies_leaves_the_source_owning_and_serving(tmp_path, cluster_secret):
+    with AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT)], log_path=tmp_path / "a.log",
+                      secret_file=cluster_secret) as a:
+        b = AgentProcess(f"leveldb:{tmp_path / 'b'}", log_path=tmp_path / "b.log",
+                         secret_file=cluster_secret).start()
         route = lambda _address: (a.host, a.port)  # noqa: E731
         with MetaFlowClient(space=SPACE, route=route) as client:
             paths = [f"/keep/{i}" for i in range(300)]
             for path in paths:
                 client.put(path, path.encode())
             half = ROOT.halves()[1]
-            status, mig = a.call("POST", "/migrations", {"blocks": [str(half)], "target": b.admin_url})
-            assert status == 200 and mig["state"] == "copied" and mig["keys"] > 100
+            mig = a.call(ADMIN.migrate, MigrateRequest([half], b.admin_url))
+            assert mig.state == "copied" and mig.keys > 100
             b.kill()  # the target dies between the copy and the cut-over
-            status, body = a.call("POST", f"/migrations/{mig['id']}/commit")
-            assert status == 502 and "cut-over failed" in body["error"]
-            health = a.call("GET", "/health")[1]
-            assert health["owned"] == [str(ROOT)] and health["frozen"] == []
+            with pytest.raises(ApiError, match="cut-over failed") as failed:
+                a.call(ADMIN.commit, id=mig.id)
+            assert failed.value.status == 502
+            health = a.call(ADMIN.health)
+            assert health.owned == [ROOT] and health.frozen == []
             assert all(client.get(p) == p.encode() for p in paths)
             client.put(paths[0], b"writable again")  # unfrozen
             assert client.get(paths[0]) == b"writable again"
-            # and a target that is not there at all: refused before anything is frozen for long
-            status, body = a.call("POST", "/migrations", {"blocks": [str(half)], "target": b.admin_url})
-            assert status == 502 and "copy failed" in body["error"]
-            assert a.call("GET", "/health")[1]["frozen"] == []
-            assert a.call("GET", "/blocks")[1]["total"] == len(paths)
+            # and a target that is not there at all: refused before anything is frozen
+            with pytest.raises(ApiError, match="before anything was frozen") as failed:
+                a.call(ADMIN.migrate, MigrateRequest([half], b.admin_url))
+            assert failed.value.status == 502
+            assert a.call(ADMIN.health).frozen == []
+            assert a.call(ADMIN.blocks).total == len(paths)
+            reports = {m.id: m for m in a.call(ADMIN.migrations).migrations}
+            assert reports[mig.id].state == "aborted" and "cut-over failed" in (reports[mig.id].error or "")
         assert "aborted" in a.log()
+
+
+def _wait_state(agent: AgentProcess, ident: str, state: str, timeout: float) -> MigrationReport:
+    deadline = time.monotonic() + timeout
+    while (report := agent.call(ADMIN.migration, id=ident)).state != state:
+        assert time.monotonic() < deadline, f"migration {ident} still {report.state} after {timeout} s"
+        time.sleep(0.05)
+    return report
+
+
+def _client(agent: AgentProcess, attempts: int = 10) -> MetaFlowClient:
+    return MetaFlowClient(space=SPACE, route=lambda _address: (agent.host, agent.port),
+                          retry=RetryPolicy(attempts))
+
+
+def test_a_migration_nobody_commits_aborts_when_its_lease_runs_out(tmp_path, cluster_secret):
+    """A controller killed between the copy and the commit: the blocks are
+    writable again after the lease, and the target keeps nothing."""
+    half = ROOT.halves()[1]
+    with AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT)], log_path=tmp_path / "a.log",
+                      secret_file=cluster_secret) as a, \
+            AgentProcess(f"leveldb:{tmp_path / 'b'}", log_path=tmp_path / "b.log",
+                         secret_file=cluster_secret) as b, _client(a, attempts=1) as client:
+        paths = [f"/lease/{i}" for i in range(200)]
+        for path in paths:
+            client.put(path, b"before")
+        moving = [p for p in paths if half.contains(mdid(p, SPACE))]
+        mig = a.call(ADMIN.migrate, MigrateRequest([half], b.admin_url, lease_s=1.0))
+        answered = time.monotonic()
+        assert mig.state == "copied" and mig.keys == len(moving)
+        assert mig.lease_left_s is not None and 0 < mig.lease_left_s <= 1.0
+        assert b.call(ADMIN.health).imports == [mig.id]
+        with pytest.raises(Unavailable):  # frozen, and nobody will commit
+            client.put(moving[0], b"during")
+        report = _wait_state(a, mig.id, "aborted", timeout=10)
+        assert time.monotonic() - answered > 0.5
+        assert "lease of 1 s expired" in (report.error or "") and report.lease_left_s is None
+        client.put(moving[0], b"after")  # writable again, at the first attempt
+        assert client.get(moving[0]) == b"after" and client.get(moving[1]) == b"before"
+        assert a.call(ADMIN.health).frozen == []
+        target = b.call(ADMIN.health)
+        assert target.keys == 0 and target.imports == [] and target.owned == []
+        with pytest.raises(Conflict, match="lease"):  # a controller that comes back too late
+            a.call(ADMIN.commit, id=mig.id)
+        assert a.call(ADMIN.abort, id=mig.id).state == "aborted"  # aborting again is harmless
+
+
+def test_a_target_without_the_secret_receives_no_record(tmp_path, cluster_secret):
+    with Listener() as fake, AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT)],
+                                          secret_file=cluster_secret) as a, _client(a, 1) as client:
+        for i in range(100):
+            client.put(f"/secret/{i}", b"x")
+        with pytest.raises(ApiError, match="not signed with the cluster's secret") as failed:
+            a.call(ADMIN.migrate, MigrateRequest([ROOT], fake.url))
+        assert failed.value.status == 502
+        assert [(method, path) for method, path, _ in fake.received] == [("GET", "/health")]
+        assert a.call(ADMIN.health).frozen == [] and a.call(ADMIN.migrations).migrations == []
+        client.put("/secret/0", b"still writable")
+        assert a.call(ADMIN.blocks).total == 100
+
+
+def test_an_agent_refuses_itself_and_impossible_migrations_as_a_target(tmp_path):
+    with AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT.halves()[0])]) as a:
+        for url, why in ((a.admin_url, "own admin API"),
+                         (f"http://localhost:{a.admin_port}", f"is this agent \\({a.name}\\)")):
+            with pytest.raises(ApiError, match=why) as failed:
+                a.call(ADMIN.migrate, MigrateRequest([ROOT.halves()[0]], url))
+            assert failed.value.status == 400
+        other = "http://127.0.0.1:1"
+        for request, status in ((MigrateRequest([], other), 400),
+                                (MigrateRequest([ROOT.halves()[0]], other, lease_s=0), 400),
+                                (MigrateRequest([ROOT.halves()[1]], other), 409)):
+            with pytest.raises(ApiError) as failed:
+                a.call(ADMIN.migrate, request)
+            assert failed.value.status == status, failed.value
+        with pytest.raises(NotFound):
+            a.call(ADMIN.migration, id="nope")
+        assert a.call(ADMIN.health).frozen == []
+
+
+def _target(secret: bytes, **answers: Callable[[Call], object]) -> FakeApi:
+    """A stand-in target agent holding the cluster's secret: healthy, takes
+    imports, and answers the routes in `answers` as the test says."""
+    def handle(call: Call) -> object:
+        name = next(n for n, r in vars(ADMIN).items() if r is call.route)
+        if name in answers:
+            return answers[name](call)
+        if call.route is ADMIN.health:
+            return Health("ok", "stand-in", "leveldb", SPACE, None, None, 9000, "http://x", 1, 0,
+                          [], [], [], 0.0)
+        if call.route is ADMIN.import_begin:
+            return Importing(call.body.blocks)
+        if call.route is ADMIN.import_records:
+            return ImportProgress(len(call.body.records))
+        if call.route is ADMIN.import_discard:
+            return Discarded(call.params["id"])
+        if call.route is ADMIN.disown:
+            return DisownReply([], call.body.blocks)
+        raise NotFound(f"the stand-in does not serve {call.route}")
+    return FakeApi(ADMIN.ALL, secret, handle)
+
+
+def test_a_target_that_falls_silent_mid_copy_cannot_keep_the_blocks_frozen(tmp_path, cluster_secret):
+    def hang(call: Call) -> object:
+        silent.release.wait(60)
+        return ImportProgress(0)
+
+    silent = _target(load_secret(cluster_secret), import_records=hang)
+    with silent, AgentProcess(f"leveldb:{tmp_path / 'a'}", "--peer-timeout", "1", own=[str(ROOT)],
+                              secret_file=cluster_secret) as a, _client(a, 1) as client:
+        for i in range(50):
+            client.put(f"/silent/{i}", b"x")
+        started = time.monotonic()
+        with pytest.raises(ApiError, match="timed out") as failed:
+            a.call(ADMIN.migrate, MigrateRequest([ROOT], silent.url))
+        assert failed.value.status == 502 and time.monotonic() - started < 8
+        assert silent.routes_called() == [ADMIN.health, ADMIN.import_begin, ADMIN.import_records,
+                                          ADMIN.import_discard]
+        assert a.call(ADMIN.health).frozen == []
+        client.put("/silent/0", b"writable")
+
+
+def test_an_abort_during_the_copy_stops_it(tmp_path, cluster_secret):
+    def hang(call: Call) -> object:
+        silent.release.wait(60)
+        return ImportProgress(0)
+
+    silent = _target(load_secret(cluster_secret), import_records=hang)
+    with silent, AgentProcess(f"leveldb:{tmp_path / 'a'}", "--peer-timeout", "30", own=[str(ROOT)],
+                              secret_file=cluster_secret) as a, _client(a, 1) as client:
+        client.put("/copying/0", b"x")
+        outcome: list[BaseException] = []
+        migrating = threading.Thread(target=lambda: outcome.extend(
+            _raised(lambda: a.call(ADMIN.migrate, MigrateRequest([ROOT], silent.url)))))
+        migrating.start()
+        deadline = time.monotonic() + 10
+        while not (copying := [m for m in a.call(ADMIN.migrations).migrations if m.state == "copying"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        started = time.monotonic()
+        assert a.call(ADMIN.abort, id=copying[0].id).state == "aborted"
+        migrating.join(10)
+        assert time.monotonic() - started < 5  # not the 30 s peer timeout
+        assert len(outcome) == 1 and "aborted by request during the copy" in str(outcome[0])
+        assert a.call(ADMIN.health).frozen == []
+        assert silent.routes_called()[-1] is ADMIN.import_discard
+        client.put("/copying/0", b"writable")
+
+
+def _raised(work: Callable[[], object]) -> list[BaseException]:
+    try:
+        work()
+    except BaseException as exc:
+        return [exc]
+    return []
+
+
+def test_a_refused_cut_over_is_given_back_and_aborted(tmp_path, cluster_secret):
+    def refuse(call: Call) -> object:
+        raise Conflict("the stand-in refuses to serve", 409)
+
+    target = _target(load_secret(cluster_secret), own=refuse)
+    with target, AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT)],
+                              secret_file=cluster_secret) as a, _client(a, 1) as client:
+        for i in range(120):
+            client.put(f"/refused/{i}", b"v%d" % i)
+        mig = a.call(ADMIN.migrate, MigrateRequest([ROOT], target.url))
+        sent = [record for c in target.calls if c.route is ADMIN.import_records for record in c.body.records]
+        assert mig.keys == len(sent) == 120
+        with pytest.raises(ApiError, match="cut-over failed.*refuses to serve") as failed:
+            a.call(ADMIN.commit, id=mig.id)
+        assert failed.value.status == 502
+        assert target.routes_called()[-3:] == [ADMIN.own, ADMIN.disown, ADMIN.import_discard]
+        assert a.call(ADMIN.health).owned == [ROOT] and a.call(ADMIN.blocks).total == 120
+        assert client.get("/refused/7") == b"v7"
+        client.put("/refused/7", b"writable")
+
+
+def test_values_of_the_largest_size_migrate_in_bounded_batches(tmp_path, cluster_secret):
+    """70 values of MAX_VALUE bytes are ~93 MiB as base64: more than one
+    admin request may carry, so the copy must cut its batches by size."""
+    value = bytes(range(256)) * (MAX_VALUE // 256)
+    with AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT)], secret_file=cluster_secret) as a, \
+            AgentProcess(f"leveldb:{tmp_path / 'b'}", secret_file=cluster_secret) as b:
+        paths = [f"/large/{i}" for i in range(70)]
+        with _client(a) as client:
+            for path in paths:
+                client.put(path, value)
+        mig = a.call(ADMIN.migrate, MigrateRequest([ROOT], b.admin_url, commit=True))
+        assert mig.state == "committed" and mig.keys == len(paths)
+        assert a.call(ADMIN.commit, id=mig.id).state == "committed"  # a retried commit
+        with pytest.raises(Conflict, match="already committed"):
+            a.call(ADMIN.abort, id=mig.id)
+        assert a.call(ADMIN.health).keys == 0 and b.call(ADMIN.health).owned == [ROOT]
+        with _client(b) as client:
+            assert all(client.get(path) == value for path in paths)

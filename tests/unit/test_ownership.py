@@ -66,6 +66,14 @@ def test_disowning_a_partly_owned_block_releases_what_is_owned_of_it():
     assert own.disown([B("100.64.0.0/11")]) == []  # a retry is a no-op
 
 
+def test_unowned_parts_of_a_block():
+    own = Ownership(32, [B("100.64.0.0/12"), B("100.84.0.0/14")])
+    assert own.unowned(B("100.64.0.0/13")) == []
+    assert own.unowned(B("100.96.0.0/11")) == [B("100.96.0.0/11")]
+    assert sorted(own.unowned(B("100.64.0.0/11"))) == [B("100.80.0.0/14"), B("100.88.0.0/13")]
+    assert sorted(own.unowned(SPACE)) == [B("100.80.0.0/14"), B("100.88.0.0/13"), B("100.96.0.0/11")]
+
+
 def test_a_bad_block_in_a_list_changes_nothing():
     own = Ownership(32, [SPACE])
     bad = Block.parse("fd00::/64")
