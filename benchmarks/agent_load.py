@@ -61,7 +61,7 @@ class SourceAudit:
         while not self._stop.is_set():
             try:
                 frame, meta = self._sock.recvfrom(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if meta[2] == socket.PACKET_OUTGOING:
                 continue

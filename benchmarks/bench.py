@@ -38,6 +38,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from tqdm import tqdm
@@ -47,11 +48,12 @@ from benchmarks.baselines.ghba import group_size_for
 from benchmarks.baselines.lookupd import Membership
 from benchmarks.baselines.rpc import RpcPool
 from benchmarks.bench_client import SCHEMES
-from benchmarks.cpu import CpuMeter
+from benchmarks.cpu import CpuMeter, pid_of
 from benchmarks.mix import entries
 from client_lib.constants import LOOKUP_PORT
 from mininet_scenarios.daemons import ROOT
 from mininet_scenarios.metaflow_net import MetaFlowNet
+from mininet_scenarios.scenario import Scenario
 from topology import builders
 
 OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
@@ -113,7 +115,7 @@ class ClientFleet:
                     "--membership", str(membership), "--entries", str(cfg.entries), "--seed", str(cfg.seed),
                     "--get-fraction", str(cfg.get_fraction), "--zipf", str(cfg.zipf),
                     "--mdtest-files", str(cfg.mdtest_files), *(["--reuse"] if cfg.reuse else [])]
-            self.procs[node] = subprocess.Popen(mf.scenario.ns(node).command(*argv), cwd=ROOT, text=True,
+            self.procs[node] = subprocess.Popen(_scenario(mf).ns(node).command(*argv), cwd=ROOT, text=True,
                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                 stderr=open(self.logdir / f"{node}.err", "w"))
         for node in self.procs:
@@ -124,9 +126,10 @@ class ClientFleet:
         return [p.pid for p in self.procs.values()]
 
     def _read(self, node: str) -> dict:
-        line = self.procs[node].stdout.readline()
+        line = _pipe(self.procs[node].stdout).readline()
         if not line:
-            raise RuntimeError(f"bench client {node} died: {(self.logdir / f'{node}.err').read_text()[-2000:]}")
+            log = (self.logdir / f"{node}.err").read_text()
+            raise RuntimeError(f"bench client {node} died: {log[-2000:]}")
         return json.loads(line)
 
     def run(self, command: dict, shares: bool = False) -> list[dict]:
@@ -138,13 +141,14 @@ class ClientFleet:
             cmd = dict(command, concurrency=command["concurrency"] // n + (i < command["concurrency"] % n))
             if shares:
                 cmd["share"] = [i, n]
-            proc.stdin.write(json.dumps(cmd) + "\n")
-            proc.stdin.flush()
+            stdin = _pipe(proc.stdin)
+            stdin.write(json.dumps(cmd) + "\n")
+            stdin.flush()
         return [self._read(node) for node in self.procs]
 
     def close(self) -> None:
         for proc in self.procs.values():
-            proc.stdin.close()
+            _pipe(proc.stdin).close()
         for proc in self.procs.values():
             try:
                 proc.wait(10)
@@ -162,12 +166,12 @@ class LookupFleet:
         for node, name in names.items():
             argv = [sys.executable, "-m", "benchmarks.baselines.lookupd", "--name", name,
                     "--membership", str(membership), "--listen", f"0.0.0.0:{LOOKUP_PORT}"]
-            self.procs[name] = subprocess.Popen(mf.scenario.ns(node).command(*argv), cwd=ROOT, text=True,
+            self.procs[name] = subprocess.Popen(_scenario(mf).ns(node).command(*argv), cwd=ROOT, text=True,
                                                 stdout=subprocess.PIPE,
                                                 stderr=open(membership.parent / f"lookupd-{name}.err", "w"))
-            self.mgmt[name] = f"{mf.scenario.mgmt_ips[node]}:{LOOKUP_PORT}"
+            self.mgmt[name] = f"{_scenario(mf).mgmt_ips[node]}:{LOOKUP_PORT}"
         for name, proc in self.procs.items():
-            if not proc.stdout.readline().startswith("ready"):
+            if not _pipe(proc.stdout).readline().startswith("ready"):
                 raise RuntimeError(f"lookupd {name} did not start (exit {proc.poll()})")
 
     @property
@@ -184,7 +188,7 @@ class LookupFleet:
                 answers = await asyncio.gather(*(one(n, c) for n, c in calls.items()))
             finally:
                 pool.close()
-            return dict(zip(calls, answers))
+            return dict(zip(calls, answers, strict=True))
         return asyncio.run(go())
 
     def stop(self) -> list[str]:
@@ -201,13 +205,27 @@ class LookupFleet:
         return failures
 
 
+def _scenario(mf: MetaFlowNet) -> Scenario:
+    if mf.scenario is None:
+        raise RuntimeError("the MetaFlow network is not running")
+    return mf.scenario
+
+
+def _pipe(stream: IO[str] | None) -> IO[str]:
+    """A pipe a fleet opened (Popen types every stream as optional)."""
+    if stream is None:
+        raise RuntimeError("the process was started without this pipe")
+    return stream
+
+
 def write_membership(mf: MetaFlowNet, path: Path) -> tuple[Membership, dict[str, str]]:
     """The partition as the controller built it, plus where each lookupd
     listens; returns it and storage host node -> server name."""
     servers = mf.rest("/metaflow/servers")
-    names = {node: mf.scenario.topo.names[node] for node in mf.hosts("storage")}
+    scenario = _scenario(mf)
+    names = {node: scenario.topo.names[node] for node in mf.hosts("storage")}
     ordered = sorted(servers)
-    data = {"space": mf.scenario.space, "coordinator": ordered[0], "group_size": group_size_for(len(ordered)),
+    data = {"space": scenario.space, "coordinator": ordered[0], "group_size": group_size_for(len(ordered)),
             "servers": {name: {"data_ip": s["data_ip"], "lookup": f"{s['data_ip']}:{LOOKUP_PORT}",
                                "blocks": s["blocks"]} for name, s in servers.items()}}
     path.write_text(json.dumps(data, indent=1))
@@ -252,7 +270,8 @@ class Sweep:
         before = self.meter.snapshot()
         # the mixed phase runs for `seconds`; the mdtest phases until their files are done
         seconds = self.cfg.seconds if phase == "mixed" else 600
-        results = self.clients.run({"phase": phase, "scheme": scheme, "concurrency": level, "seconds": seconds})
+        results = self.clients.run({"phase": phase, "scheme": scheme, "concurrency": level,
+                                    "seconds": seconds})
         run = aggregate(scheme, level, rep, results, CpuMeter.delta(before, self.meter.snapshot()))
         self.progress.update(1)
         return run
@@ -262,7 +281,8 @@ class Sweep:
         return max((self.median(scheme, level, "ops_per_s") for level in levels), default=0.0)
 
     def median(self, scheme: str, level: int, attr: str) -> float:
-        return statistics.median(getattr(r, attr) for r in self.runs if r.scheme == scheme and r.level == level)
+        return statistics.median(getattr(r, attr) for r in self.runs
+                                 if r.scheme == scheme and r.level == level)
 
     def sweep(self) -> None:
         climbing = list(self.cfg.schemes)
@@ -272,8 +292,8 @@ class Sweep:
                 for scheme in climbing[shift:] + climbing[:shift]:
                     self.runs.append(self.one(scheme, level, rep))
             if i:
-                climbing = [s for s in climbing
-                            if self.median(s, level, "ops_per_s") >= self.cfg.growth * self.best(s, below=level)]
+                climbing = [s for s in climbing if self.median(s, level, "ops_per_s")
+                            >= self.cfg.growth * self.best(s, below=level)]
             if not climbing:
                 break
 
@@ -366,7 +386,8 @@ def run_bench(cfg: BenchConfig, show_progress: bool = True, keep: Path | None = 
     """The whole benchmark; `keep` is a directory to leave the daemons' logs in
     (default: a temporary one, deleted)."""
     started = time.monotonic()
-    planned = len(nat_cost.MODES) * cfg.nat_rounds + len(cfg.schemes) * (len(cfg.levels) * cfg.reps + 3 * bool(cfg.mdtest_files))
+    per_scheme = len(cfg.levels) * cfg.reps + 3 * bool(cfg.mdtest_files)
+    planned = len(nat_cost.MODES) * cfg.nat_rounds + len(cfg.schemes) * per_scheme
     progress = tqdm(total=planned, disable=not show_progress, file=sys.stderr, unit="run")
     with tempfile.TemporaryDirectory(prefix="mfbench-") as tmp:
         workdir = keep or Path(tmp)
@@ -390,7 +411,7 @@ def run_bench(cfg: BenchConfig, show_progress: bool = True, keep: Path | None = 
                         raise RuntimeError(f"loading failed: {[r['error_sample'] for r in loaded]}")
                     load_ghba_filters(lookups, members, cfg)
                     ovs = [int(OVS_PIDFILE.read_text())] if OVS_PIDFILE.exists() else []
-                    meter = CpuMeter({"storage": [a.proc.pid for a in mf.scenario.agents.values()],
+                    meter = CpuMeter({"storage": [pid_of(a.proc) for a in _scenario(mf).agents.values()],
                                       "lookup": lookups.pids, "client": clients.pids, "ovs": ovs})
                     sweep = Sweep(clients, meter, cfg, progress)
                     sweep.sweep()
@@ -413,7 +434,8 @@ def run_bench(cfg: BenchConfig, show_progress: bool = True, keep: Path | None = 
         lowest = min(r["level"] for r in runs)
         for name, entry in schemes.items():
             entry["throughput_vs_hash"] = paired_ratio(runs, name, "hash", "ops_per_s",
-                                                       entry["peak_concurrency"], schemes["hash"]["peak_concurrency"])
+                                                       entry["peak_concurrency"],
+                                                       schemes["hash"]["peak_concurrency"])
             entry["latency_vs_hash"] = paired_ratio(runs, name, "hash", "p50_ms", lowest, lowest)
     return {"config": {**asdict(cfg), "servers": len(members.data_ip), "clients": len(clients.procs),
                        "topology": f"fat-tree k={cfg.k}"},

@@ -60,11 +60,15 @@ class Router:
         if scheme == "hash":
             return self.placed(key), 0
         if scheme == "ghba":
-            ip, forwards, _level = await self.lookups.call(self.members.lookup[self.home], "GHBA", key, *bad)
+            home = self.members.lookup[self.home]
+            ip, forwards, _level = await self.lookups.lookup(home, "GHBA", key, *bad)
             return (ip.decode() if ip else self.placed(key)), 1 + forwards
         server = self.members.coordinator if scheme == "central" else self.rng.choice(self.servers)
         command = "WHO" if scheme in ("central", "onehop") else "CHORD"
-        ip, forwards, _level = await self.lookups.call(self.members.lookup[server], command, self.ring.position(key))
+        ip, forwards, _level = await self.lookups.lookup(self.members.lookup[server], command,
+                                                         self.ring.position(key))
+        if ip is None:
+            raise RpcError(f"{server} found no owner for {key!r}")
         return ip.decode(), 1 + forwards
 
     def server_of(self, ip: str) -> str:
@@ -96,14 +100,16 @@ class Client:
         self.router = Router(self.members, servers[args.index % len(servers)], args.seed + args.index)
         self.requests = Requests(args.reuse)
         self.namespace = entries(args.entries, args.seed)
-        self.mixed = MixedOps(len(self.namespace), args.get_fraction, args.zipf, args.seed * 1000 + args.index)
+        self.mixed = MixedOps(len(self.namespace), args.get_fraction, args.zipf,
+                              args.seed * 1000 + args.index)
         self.mdtest = mdtest_entries(self.name, args.mdtest_files)
 
     async def op(self, scheme: str, verb: str, entry: Entry, stats: Counter) -> None:
         """One operation, lookups and retries included; a false location (a
         G-HBA false positive: the server answers MOVED) is looked up again
         without it."""
-        frame = encode_command(verb, entry.key, entry.value) if verb == "SET" else encode_command(verb, entry.key)
+        args = (verb, entry.key, entry.value) if verb == "SET" else (verb, entry.key)
+        frame = encode_command(*args)
         bad: tuple[str, ...] = ()
         for _ in range(4):
             address, rpcs = await self.router.locate(scheme, entry.key, bad)
@@ -140,7 +146,7 @@ class Client:
                 started = time.perf_counter()
                 try:
                     await self.op(scheme, verb, entry, stats)
-                except (OSError, asyncio.TimeoutError, RpcError) as exc:
+                except (TimeoutError, OSError, RpcError) as exc:
                     errors.append(f"{verb} {entry.key[:80]!r}: {exc!r}")
                     continue
                 latencies.append(int((time.perf_counter() - started) * 1e6))

@@ -27,45 +27,52 @@ def _schemes(report: dict) -> list[str]:
 def format_report(report: dict) -> str:
     schemes = report["schemes"]
     cfg = report["config"]
-    lines = [f"{cfg['topology']}, {cfg['servers']} servers, {cfg['clients']} client hosts, {cfg['store']} store, "
+    lines = [f"{cfg['topology']}, {cfg['servers']} servers, {cfg['clients']} client hosts, "
+             f"{cfg['store']} store, "
              f"{cfg['entries']} entries, {int(cfg['get_fraction'] * 100)} % get, zipf {cfg['zipf']}, "
              f"{'reused' if cfg['reuse'] else 'one'} connection{'s' if cfg['reuse'] else ' per request'}, "
              f"{cfg['reps']} reps x {cfg['seconds']} s per level; total {report['timings']['total_s']} s",
              "ops/s at each scheme's best level (@conc), latency at the lowest; 'x hash' = median of "
              "the ratios within each round",
              "",
-             f"{'scheme':9} {'ops/s':>8} {'x hash':>6} {'@conc':>5} {'p50 ms':>7} {'p99 ms':>7} {'x hash':>6} "
-             f"{'rpcs/op':>7} {'server':>7} {'lookup':>7} {'nat':>5} {'ovs':>6} {'client':>7}  (CPU us/op)"]
+             f"{'scheme':9} {'ops/s':>8} {'x hash':>6} {'@conc':>5} {'p50 ms':>7} {'p99 ms':>7} "
+             f"{'x hash':>6} {'rpcs/op':>7} {'server':>7} {'lookup':>7} {'nat':>5} {'ovs':>6} {'client':>7}"
+             "  (CPU us/op)"]
     for name in _schemes(report):
         s = schemes[name]
         tput = s.get("throughput_vs_hash") or float("nan")   # paired within rounds
         lat = s.get("latency_vs_hash") or float("nan")
-        lines.append(f"{name:9} {s['ops_per_s']:8.0f} {tput:6.2f} {s['peak_concurrency']:5d} {s['p50_ms']:7.2f} "
-                     f"{s['p99_ms']:7.2f} {lat:6.2f} {s['lookup_rpcs_per_op']:7.2f} {s['server_cpu_us_per_op']:7.0f} "
-                     f"{s['lookup_cpu_us_per_op']:7.0f} {s['nat_cpu_us_per_op']:5.1f} {s['ovs_cpu_us_per_op']:6.0f} "
+        lines.append(f"{name:9} {s['ops_per_s']:8.0f} {tput:6.2f} {s['peak_concurrency']:5d} "
+                     f"{s['p50_ms']:7.2f} {s['p99_ms']:7.2f} {lat:6.2f} {s['lookup_rpcs_per_op']:7.2f} "
+                     f"{s['server_cpu_us_per_op']:7.0f} {s['lookup_cpu_us_per_op']:7.0f} "
+                     f"{s['nat_cpu_us_per_op']:5.1f} {s['ovs_cpu_us_per_op']:6.0f} "
                      f"{s['client_cpu_us_per_op']:7.0f}")
     lines.append("")
     for name, t in report["targets"].items():
-        lines.append(f"target {name}: {t['value']} (target {'<=' if name in ('latency_vs_hash', 'nat_share') else '>='}"
-                     f" {t['target']}) {'met' if t['met'] else 'MISSED'}")
+        bound = "<=" if name in ("latency_vs_hash", "nat_share") else ">="
+        lines.append(f"target {name}: {t['value']} (target {bound} {t['target']}) "
+                     f"{'met' if t['met'] else 'MISSED'}")
     nat = report.get("nat")
     if nat:
         lines.append(f"kernel NAT: {nat['nat_cpu_us_per_op']} us CPU per op against the service's "
-                     f"{nat['service_cpu_us_per_op']} us: connection tracking {nat['conntrack_cpu_us_per_op']} us, "
+                     f"{nat['service_cpu_us_per_op']} us: "
+                     f"connection tracking {nat['conntrack_cpu_us_per_op']} us, "
                      f"the DNAT rule itself {nat['rule_cpu_us_per_op']} us (A/B, {nat['rounds']} rounds of "
                      f"{nat['ops_per_round']} ops, kernel - none per round {nat['per_round_diff_us']})")
     if "ghba" in schemes and "levels" in schemes["ghba"]:
-        lines.append(f"G-HBA lookups ended at: {schemes['ghba']['levels']} (group size {schemes['ghba']['group_size']})")
+        ghba = schemes["ghba"]
+        lines.append(f"G-HBA lookups ended at: {ghba['levels']} (group size {ghba['group_size']})")
     if report.get("mdtest"):
         lines.append("")
         lines.append("mdtest phases (ops/s, lookup RPCs/op): " + "; ".join(
-            f"{name} " + " ".join(f"{ph} {v['ops_per_s']:.0f}/{v['lookup_rpcs_per_op']:.1f}" for ph, v in phases.items())
+            f"{name} " + " ".join(f"{ph} {v['ops_per_s']:.0f}/{v['lookup_rpcs_per_op']:.1f}"
+                                  for ph, v in phases.items())
             for name, phases in report["mdtest"].items()))
     lines.append("flow entries (MetaFlow prefixes) per switch: " + ", ".join(
         f"{sw} {c['metaflow']}" for sw, c in sorted(report["flows"].items())))
-    lines.append(f"paper (testbed, 200 Redis servers): MetaFlow latency {PAPER['latency_vs_hash']} hash; Chord "
-                 f"{PAPER['chord_latency_vs_hash']}, One-Hop {PAPER['onehop_latency_vs_hash']}; throughput vs Chord "
-                 f"{PAPER['throughput_vs_chord']}; NAT {PAPER['nat_cpu']}")
+    lines.append(f"paper (testbed, 200 Redis servers): MetaFlow latency {PAPER['latency_vs_hash']} hash; "
+                 f"Chord {PAPER['chord_latency_vs_hash']}, One-Hop {PAPER['onehop_latency_vs_hash']}; "
+                 f"throughput vs Chord {PAPER['throughput_vs_chord']}; NAT {PAPER['nat_cpu']}")
     return "\n".join(lines)
 
 
@@ -90,7 +97,8 @@ def plot(report: dict, out: Path, prefix: str = "bench") -> list[Path]:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     ax1.legend()
-    fig.suptitle(f"Measured in Mininet: {report['config']['topology']}, {report['config']['servers']} servers")
+    cfg = report["config"]
+    fig.suptitle(f"Measured in Mininet: {cfg['topology']}, {cfg['servers']} servers")
     paths.append(_save(fig, out / f"{prefix}_throughput.png"))
 
     hash_mean = schemes["hash"]["mean_ms"] if "hash" in schemes else None
@@ -110,11 +118,12 @@ def plot(report: dict, out: Path, prefix: str = "bench") -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     bottom = [0.0] * len(names)
-    for part, label in (("storage_cpu_us_per_op", "storage (agent)"), ("lookup_cpu_us_per_op", "lookup servers"),
+    for part, label in (("storage_cpu_us_per_op", "storage (agent)"),
+                        ("lookup_cpu_us_per_op", "lookup servers"),
                         ("nat_cpu_us_per_op", "kernel NAT (A/B)"), ("ovs_cpu_us_per_op", "Open vSwitch")):
         values = [schemes[n][part] for n in names]
         ax.bar(names, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values)]
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_ylabel("CPU microseconds per operation")
     ax.legend()
     paths.append(_save(fig, out / f"{prefix}_cpu.png"))

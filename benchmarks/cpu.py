@@ -9,10 +9,19 @@ and it works on any process we started, whatever it is written in.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 TICK = os.sysconf("SC_CLK_TCK")
+
+
+def pid_of(proc: subprocess.Popen[Any] | None) -> int:
+    """The pid of a harness's process (whose `proc` is None until it starts)."""
+    if proc is None:
+        raise RuntimeError("the process has not been started")
+    return proc.pid
 
 
 def cpu_seconds(pid: int) -> float:
@@ -58,7 +67,8 @@ class CpuMeter:
         self.groups = {name: list(pids) for name, pids in groups.items()}
 
     def snapshot(self) -> dict[str, float]:
-        out = {name: sum(cpu_seconds(p) for p in with_descendants(pids)) for name, pids in self.groups.items()}
+        out = {name: sum(cpu_seconds(p) for p in with_descendants(pids))
+               for name, pids in self.groups.items()}
         out["machine"] = machine_busy_seconds()
         return out
 

@@ -86,8 +86,8 @@ def targets(runs: list[dict]) -> str:
     for setting, paper in PAPER_FIG17.items():
         for boot in BOOTSTRAPS:
             r = find(setting, "optimized", "uniform", boot)
-            ratios = {l: r["layers"].get(l, {}).get("mean", 0) / paper[l] for l in LAYERS}
-            text = ", ".join(f"{l} {ratios[l]:.3f}" for l in LAYERS)
+            ratios = {layer: r["layers"].get(layer, {}).get("mean", 0) / paper[layer] for layer in LAYERS}
+            text = ", ".join(f"{layer} {ratios[layer]:.3f}" for layer in LAYERS)
             lines.append(f"| uniform: mean entries <= 1/10 of the paper's, every layer | {setting} | "
                          f"{boot} | {text} | {verdict(max(ratios.values()) <= 0.1)} |")
         for boot in BOOTSTRAPS:
@@ -125,11 +125,11 @@ def plot(runs: list[dict], path: Path) -> None:
     for row, setting in enumerate(PAPER_FIG17):
         for col, dist in enumerate(DISTS):
             ax = axes[row][col]
-            series = [("paper Fig. 17", [PAPER_FIG17[setting][l] for l in LAYERS])]
+            series = [("paper Fig. 17", [PAPER_FIG17[setting][layer] for layer in LAYERS])]
             for r in runs:
                 if r["setting"] == setting and r["keys_dist"] == dist:
                     series.append((f"{r['variant']}/{r['bootstrap']}",
-                                   [r["layers"].get(l, {}).get("mean", 0) for l in LAYERS]))
+                                   [r["layers"].get(layer, {}).get("mean", 0) for layer in LAYERS]))
             width = 0.8 / len(series)
             for i, (label, values) in enumerate(series):
                 ax.bar([x + i * width for x in range(len(LAYERS))], [max(v, 0.5) for v in values],

@@ -9,7 +9,7 @@ must cut deep inside blocks at points no prefix boundary is near.
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from client_lib.cidr import Block
 from client_lib.mdid import mdid
@@ -20,7 +20,7 @@ DISTRIBUTIONS = ("uniform", "skewed")
 
 
 def uniform_ids(n: int, space: Block, seed: int = 0,
-                progress: Callable[[int], None] | None = None) -> list[int]:
+                progress: Callable[[int], object] | None = None) -> list[int]:
     """IDs of n generated file-system paths, hashed exactly as clients hash them."""
     md_space = Block.parse(str(space))
     out = []

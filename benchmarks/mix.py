@@ -38,9 +38,8 @@ def entries(count: int, seed: int, now_ms: int = 1_700_000_000_000) -> list[Entr
 
 def mdtest_entries(client: str, count: int, now_ms: int = 1_700_000_000_000) -> list[Entry]:
     """A client's own fresh files for the create/stat/remove phases."""
-    return [Entry(f"/mdtest/{client}/d{i // 100:03d}/file.{i:06d}".encode(),
-                  FileMetadata.new_file(f"/mdtest/{client}/d{i // 100:03d}/file.{i:06d}", 0, now_ms).to_bytes())
-            for i in range(count)]
+    paths = [f"/mdtest/{client}/d{i // 100:03d}/file.{i:06d}" for i in range(count)]
+    return [Entry(path.encode(), FileMetadata.new_file(path, 0, now_ms).to_bytes()) for path in paths]
 
 
 class MixedOps:
@@ -65,7 +64,7 @@ class MixedOps:
         if not self._pending:
             ranks = np.minimum(np.searchsorted(self.cdf, self.rng.random(self.batch)), len(self.cdf) - 1)
             gets = self.rng.random(self.batch) < self.get_fraction
-            self._pending = list(zip(gets.tolist(), self.order[ranks].tolist()))[::-1]
+            self._pending = list(zip(gets.tolist(), self.order[ranks].tolist(), strict=True))[::-1]
         return self._pending.pop()
 
     def __iter__(self) -> MixedOps:

@@ -38,7 +38,7 @@ import random
 from collections.abc import Callable, Sequence
 from datetime import date, timedelta
 from functools import cache
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 __all__ = ["MAX_DEPTH", "generate_entries", "generate_paths"]
 
@@ -219,7 +219,7 @@ class _Builder:
         scale = total / cumulative[-1]
         cuts = [min(total, int(c * scale)) for c in cumulative[:-1]]
         cuts.append(total)
-        return [b - a for a, b in zip([0, *cuts], cuts)]
+        return [b - a for a, b in pairwise([0, *cuts])]
 
     def _files(self, parent: str, names: list[str], seen: set[str]) -> None:
         append = self.out.append
@@ -239,7 +239,7 @@ class _Builder:
         fill: Callable[[str, int, int], None],
     ) -> None:
         """Create the directories ``names`` under ``parent`` holding ``total`` entries in all."""
-        for name, size in zip(names, self._split(total - len(names), len(names))):
+        for name, size in zip(names, self._split(total - len(names), len(names)), strict=True):
             if name in seen:
                 name = _fresh(name, seen)
             seen.add(name)
@@ -422,7 +422,7 @@ def generate_entries(n: int, seed: int = 0) -> list[tuple[str, bool]]:
     for i in by_remainder[: n - sum(budgets)]:
         budgets[i] += 1
     builder = _Builder(seed)
-    for (tree, _), budget in zip(_TREES, budgets):
+    for (tree, _), budget in zip(_TREES, budgets, strict=True):
         if budget:
             getattr(builder, tree)(budget)
     return builder.out

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from benchmarks.cpu import cpu_seconds
+from benchmarks.cpu import cpu_seconds, pid_of
 from client_lib.constants import DEFAULT_SPACE_CIDR, METAFLOW_PORT
 from mininet_scenarios.daemons import ROOT, AgentProcess
 from mininet_scenarios.netns_pair import NetnsPair
@@ -41,8 +41,8 @@ IDLE_NAT_RULE = ("iptables", "-t", "nat", "-A", "PREROUTING", "-d", "192.0.2.1/3
 
 
 @contextmanager
-def agent_in_pair(rewrite: str, workdir: Path, name: str, prefix: str) -> Iterator[tuple[NetnsPair, AgentProcess,
-                                                                                         list[str]]]:
+def agent_in_pair(rewrite: str, workdir: Path, name: str,
+                  prefix: str) -> Iterator[tuple[NetnsPair, AgentProcess, list[str]]]:
     """An agent (LevelDB, owning the whole space) in the server namespace of a
     fresh pair, and the `agent_load` arguments that reach it: its MetaDataIDs
     through the rewrite, or the server's own address when there is none."""
@@ -55,13 +55,14 @@ def agent_in_pair(rewrite: str, workdir: Path, name: str, prefix: str) -> Iterat
 
 
 def nat_round(mode: str, ops: int, workdir: Path) -> dict:
-    with agent_in_pair("kernel" if mode == "kernel" else "none", workdir, f"nat-{mode}", "mfbn") as (net, agent, via):
+    rewrite = "kernel" if mode == "kernel" else "none"
+    with agent_in_pair(rewrite, workdir, f"nat-{mode}", "mfbn") as (net, agent, via):
         if mode == "conntrack":
             net.server.run(*IDLE_NAT_RULE)   # goes with the namespace
-        before = cpu_seconds(agent.proc.pid)
+        before = cpu_seconds(pid_of(agent.proc))
         out = net.client.run(sys.executable, "-m", "benchmarks.agent_load", "--ops", str(ops),
                              "--workload", "set", "--fresh", "--space", SPACE, *via, cwd=ROOT, timeout=600)
-        service = cpu_seconds(agent.proc.pid) - before
+        service = cpu_seconds(pid_of(agent.proc)) - before
     report = json.loads(out.stdout)
     return {"mode": mode, "service_us_per_op": service * 1e6 / ops,
             "total_us_per_op": (service + report["cpu_s"]) * 1e6 / ops,
@@ -89,4 +90,4 @@ def measure(rounds: int, ops: int, workdir: Path, progress=None) -> dict:
             "service_cpu_us_per_op": round(service, 1), "nat_share_of_service": round(nat / service, 4),
             "modes": {m: {k: round(v, 1) for k, v in d.items()} for m, d in med.items()},
             "per_round_diff_us": [round(k["total_us_per_op"] - n["total_us_per_op"], 1)
-                                  for k, n in zip(runs["kernel"], runs["none"])]}
+                                  for k, n in zip(runs["kernel"], runs["none"], strict=True)]}

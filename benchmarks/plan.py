@@ -13,9 +13,9 @@ import gc
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from sortedcontainers import SortedList
 from tqdm import tqdm
@@ -128,7 +128,7 @@ def run_plan(cfg: PlanConfig) -> dict:
 
     bootstrap(tree, cfg.bootstrap)
     planner = FlowPlanner(tree, fabric, minimize=minimize)
-    keys = SortedList()
+    keys: SortedList[int] = SortedList()
 
     def oracle(_leaf: str, first: int, last: int) -> int:
         return keys.bisect_right(last) - keys.bisect_left(first)
@@ -161,15 +161,17 @@ def run_plan(cfg: PlanConfig) -> dict:
             full_servers.add(owner)  # stays over capacity; do not retry on every key
             refusal_reasons[plan.reason] = refusal_reasons.get(plan.reason, 0) + 1
             continue
+        target = plan.target
+        assert target is not None   # an accepted plan names its target
         moves = apply_split(tree, plan)
         with update_timer.time():
             diff = planner.update(moves)
         switches_touched.append(len(diff))
         splits += 1
-        splits_by_layer[group_layer[tree.lca(plan.leaf, plan.target)]] += 1
+        splits_by_layer[group_layer[tree.lca(plan.leaf, target)]] += 1
         out_of_bounds += not plan.within_bounds
         traversal_steps.append(plan.iterations)
-        counts[plan.leaf], counts[plan.target] = load(plan.leaf), load(plan.target)
+        counts[plan.leaf], counts[target] = load(plan.leaf), load(target)
 
     gc.enable()
     tree.check()

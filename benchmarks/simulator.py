@@ -79,10 +79,11 @@ import argparse
 import json
 import random
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -98,13 +99,13 @@ RTT_FLOOR_US = 1.0
 CHORD_SAMPLES = 300
 
 # Section VII-B/C, at up to 2000 servers: % below ideal, latency x hash, throughput factors.
-PAPER_THROUGHPUT = {
+PAPER_THROUGHPUT: dict[float, dict[str, object]] = {
     1.0: {"metaflow": "12-20%", "onehop": "45-50%", "chord": "80-85%",
           "metaflow/chord": "3.2x", "metaflow/onehop": "2.0x",
           "ops_per_s": {"metaflow": 8.0e5, "onehop": 4.0e5, "chord": 2.5e5}},
     2.0: {"metaflow": "12-17%", "onehop": "30-36%", "chord": "75-80%"},
 }
-PAPER_LATENCY = {
+PAPER_LATENCY: dict[float, dict[str, object]] = {
     1.0: {"metaflow": "<=1.4x", "onehop": "~2.0x", "chord": "~7.0x"},
     0.7: {"metaflow": "<=1.05x", "onehop": ">=1.2x", "chord": ">=1.5x"},
     0.5: {"metaflow": "<=1.05x", "onehop": ">=1.2x", "chord": ">=1.5x"},
@@ -146,7 +147,8 @@ class Calibration:
             cpu = _number(schemes, scheme, "lookup_cpu_us_per_op")
             rpcs = _number(schemes, scheme, "lookup_rpcs_per_op")
             if cpu and rpcs and cpu > 0 and rpcs > 0:
-                found["lookup_us"] = (cpu / rpcs, f"schemes.{scheme}.lookup_cpu_us_per_op / lookup_rpcs_per_op")
+                found["lookup_us"] = (cpu / rpcs,
+                                      f"schemes.{scheme}.lookup_cpu_us_per_op / lookup_rpcs_per_op")
                 break
         for name, scheme, key in (("nat_us", "metaflow", "nat_cpu_us_per_op"),
                                   ("client_us", "hash", "client_cpu_us_per_op"),
@@ -154,7 +156,7 @@ class Calibration:
             value = _number(schemes, scheme, key)
             if value is not None and value >= 0:
                 found[name] = (value, f"schemes.{scheme}.{key}")
-        base = cls(**{name: value for name, (value, _) in found.items()})
+        base = replace(cls(), **_values(found))
         rtt = _rtt_from_sweep(schemes.get("hash", {}), base.storage_us, base.client_us)
         if rtt is not None:
             found["rtt_us"] = (rtt, "schemes.hash.sweep[lowest concurrency].mean_ms - storage_us - client_us")
@@ -162,8 +164,8 @@ class Calibration:
         if fractions is not None:
             found["f_group"] = (fractions[0], "schemes.ghba.levels")
             found["f_global"] = (fractions[1], "schemes.ghba.levels")
-        return cls(**{name: value for name, (value, _) in found.items()},
-                   sources={name: found[name][1] if name in found else "default" for name in NUMERIC_FIELDS})
+        sources = {name: found[name][1] if name in found else "default" for name in NUMERIC_FIELDS}
+        return replace(cls(sources=sources), **_values(found))
 
     def with_lookup(self, lookup_us: float) -> Calibration:
         return replace(self, lookup_us=lookup_us)
@@ -176,6 +178,12 @@ class Calibration:
 
 
 NUMERIC_FIELDS = tuple(f.name for f in fields(Calibration) if f.name not in ("group_size", "sources"))
+
+
+def _values(found: Mapping[str, tuple[float, str]]) -> dict[str, Any]:
+    """Measured costs by field name, for `replace`: every name is a float
+    field of `Calibration` (NUMERIC_FIELDS), which a plain dict cannot say."""
+    return {name: value for name, (value, _) in found.items()}
 
 
 def _number(schemes: Mapping, scheme: str, key: str) -> float | None:
@@ -203,7 +211,7 @@ def _ghba_fractions(levels: Mapping[str, int] | None) -> tuple[float, float] | N
     return (levels.get("group", 0) + beyond_group) / total, beyond_group / total
 
 
-@lru_cache(maxsize=None)
+@cache
 def chord_hops(servers: int, samples: int = CHORD_SAMPLES, seed: int = 1) -> float:
     """Mean lookup RPCs of the real Chord over `servers` nodes, by sampling random keys."""
     ring = Chord([f"s{i}" for i in range(servers)])
@@ -337,7 +345,8 @@ def measured_ratio(kind: str, cal: Calibration) -> float:
     return cal.storage_us / cal.lookup_us if kind == "throughput" else cal.lookup_us / cal.storage_us
 
 
-def panel_specs(kind: str, cal: Calibration, ratios: Sequence[float] | None = None) -> list[tuple[str, float, float]]:
+def panel_specs(kind: str, cal: Calibration,
+                ratios: Sequence[float] | None = None) -> list[tuple[str, float, float]]:
     """(label, ratio, S_lk) for each panel of Fig. 13 (kind "throughput") or
     Fig. 15 ("latency"): the paper's ratios plus our "measured" one."""
     ratios = ratios if ratios is not None else (THROUGHPUT_RATIOS if kind == "throughput" else LATENCY_RATIOS)
@@ -353,12 +362,12 @@ def simulate(cal: Calibration, servers: Sequence[int], clients: int = 500, windo
     keys = [(i, scheme, n) for i in range(len(specs)) for n in servers for scheme in SCHEMES]
     cals = [cal.with_lookup(lookup_us) for _, (_, _, lookup_us) in specs]
     ops, ms = solve([network(s, n, cals[i]) for i, s, n in keys], [clients * window] * len(keys), progress)
-    hash_ms = {(i, n): m for (i, s, n), m in zip(keys, ms) if s == "hash"}
+    hash_ms = {(i, n): m for (i, s, n), m in zip(keys, ms, strict=True) if s == "hash"}
     figures: dict[str, list[Panel]] = {"throughput": [], "latency": []}
     for i, (kind, (label, ratio, lookup_us)) in enumerate(specs):
         points = tuple(Point(s, n, float(o), float(m), float(m / hash_ms[j, n]),
                              float(1 - o / ideal_ops_per_s(n, cal)))
-                       for (j, s, n), o, m in zip(keys, ops, ms) if j == i)
+                       for (j, s, n), o, m in zip(keys, ops, ms, strict=True) if j == i)
         figures[kind].append(Panel(label, ratio, lookup_us, points))
     return figures
 
@@ -369,7 +378,9 @@ def validate(cal: Calibration, bench: Mapping, shared_cpu_cores: int | None = No
     servers = int(bench.get("config", {}).get("servers", 8))
     out: dict[str, list[dict]] = {}
     for scheme, entry in bench.get("schemes", {}).items():
-        sweep = [p for p in entry.get("sweep", []) if p.get("concurrency", 0) >= 1] if scheme in SCHEMES else []
+        if scheme not in SCHEMES:
+            continue
+        sweep = [p for p in entry.get("sweep", []) if p.get("concurrency", 0) >= 1]
         if not sweep:
             continue
         nets = [network(scheme, servers, cal, shared_cpu_cores)] * len(sweep)
@@ -377,7 +388,7 @@ def validate(cal: Calibration, bench: Mapping, shared_cpu_cores: int | None = No
         out[scheme] = [{"concurrency": int(p["concurrency"]),
                         "model_ops_per_s": round(float(o), 1), "measured_ops_per_s": p.get("ops_per_s"),
                         "model_ms": round(float(m), 3), "measured_ms": p.get("mean_ms")}
-                       for p, o, m in zip(sweep, ops, ms)]
+                       for p, o, m in zip(sweep, ops, ms, strict=True)]
     return {"servers": servers, "shared_cpu_cores": shared_cpu_cores, "schemes": out}
 
 
@@ -398,7 +409,8 @@ def format_table(throughput: Sequence[Panel], latency: Sequence[Panel], clients:
     lines = []
     for panel in throughput:
         h = headline(panel)
-        paper = PAPER_THROUGHPUT.get(panel.ratio, {}) if panel.label != "measured" else {}
+        paper: Mapping[str, object] = (PAPER_THROUGHPUT.get(panel.ratio, {})
+                                       if panel.label != "measured" else {})
         lines.append(f"Fig. 13 analogue, throughput ratio {panel.label} (r={panel.ratio:.3g}), "
                      f"N={h['servers']}, C={clients} x {window} in flight:")
         lines.append(f"  {'scheme':9} {'ops/s':>9} {'below ideal':>11} {'[paper]':>9} {'lat x hash':>10}")
@@ -448,7 +460,7 @@ def _plot_panels(panels: Sequence[Panel], path: Path, kind: str, value: Callable
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
+    for ax, panel in zip(axes[0], panels, strict=True):
         sizes = sorted({p.servers for p in panel.points})
         for scheme in SCHEMES:
             ax.plot(sizes, [value(panel.at(scheme, n)) for n in sizes], marker="o", ms=3, label=scheme)
@@ -477,7 +489,8 @@ def _sizes(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--calibration", type=Path, help="bench JSON from `metaflowctl bench` (default: built-in costs)")
+    p.add_argument("--calibration", type=Path,
+                   help="bench JSON from `metaflowctl bench` (default: built-in costs)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--servers", type=_sizes, default=list(DEFAULT_SERVERS))
     p.add_argument("--clients", type=int, default=500)

@@ -27,8 +27,8 @@ import math
 import random
 import struct
 from collections import Counter, OrderedDict
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Generator, Iterable, Sequence
 
 from benchmarks.baselines.placement import Lookup
 
@@ -279,7 +279,8 @@ def resolve(node: GhbaNode, key: bytes,
     others = tuple(s for s in node.layout.servers if s != node.name)
     rpcs += len(others)
     found: list[bool] = (yield Probe("global", others)) if others else []
-    holders = [s for s, has in zip(others, found) if has] + ([node.name] if node.has(key) else [])
+    holders = [s for s, has in zip(others, found, strict=True) if has]
+    holders += [node.name] if node.has(key) else []
     holders = [s for s in holders if s not in exclude]
     if not holders:
         return Resolution(None, "miss", rpcs)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from benchmarks.baselines.ghba import BloomFilter, GhbaLayout, GhbaNode, Probe, resolve
 from benchmarks.baselines.placement import Chord
-from benchmarks.baselines.rpc import RpcError, RpcPool
+from benchmarks.baselines.rpc import RpcError, RpcPool, expect
 from client_lib.cidr import Block
 from client_lib.constants import LOOKUP_PORT
 from client_lib.resp import ErrorReply, Reply, encode_reply
@@ -108,6 +108,8 @@ class LookupService:
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        if self._server is None:
+            return
         self._server.close()
         for conn in list(self._connections):
             conn.close()
@@ -124,7 +126,8 @@ class LookupService:
     async def execute(self, command: list[bytes]) -> bytes:
         handler = self._commands.get(command[0].upper())
         if handler is None:
-            return encode_reply(ErrorReply(f"ERR unknown command '{command[0][:64].decode('utf-8', 'replace')}'"))
+            name = command[0][:64].decode("utf-8", "replace")
+            return encode_reply(ErrorReply(f"ERR unknown command '{name}'"))
         self.stats["cmd_" + command[0].decode().lower()] += 1
         try:
             return encode_reply(await handler(command[1:]))
@@ -167,7 +170,7 @@ class LookupService:
         while True:
             server = self.chord.names[node]
             if server != self.name:
-                ip, forwards, level = await self.peers.call(self.members.lookup[server], "CHORD", key, node)
+                ip, forwards, level = await self.peers.lookup(self.members.lookup[server], "CHORD", key, node)
                 return [ip, forwards + 1, level]
             owner, node = self.chord.step(node, key)
             if owner is not None:
@@ -178,11 +181,10 @@ class LookupService:
             raise CommandError("GHBA needs a key")
         key, bad = args[0], frozenset(a.decode() for a in args[1:])
         steps = resolve(self.ghba, key, bad)
-        answers = None
         try:
+            probe = next(steps)
             while True:
-                probe = steps.send(answers)
-                answers = await self._multicast(probe, key)
+                probe = steps.send(await self._multicast(probe, key))
         except StopIteration as done:
             found = done.value
         self.stats["level_" + found.level] += 1
@@ -190,10 +192,11 @@ class LookupService:
 
     async def _multicast(self, probe: Probe, key: bytes) -> list:
         command = "GPROBE" if probe.kind == "group" else "GHAS"
-        replies = await asyncio.gather(*(self.peers.call(self.members.lookup[t], command, key)
-                                         for t in probe.targets))
+        addresses = [self.members.lookup[t] for t in probe.targets]
+        replies = await asyncio.gather(*(self.peers.call(a, command, key) for a in addresses))
         if probe.kind == "group":
-            return [[name.decode() for name in hits] for hits in replies]
+            return [[expect(a, name, bytes).decode() for name in expect(a, hits, list)]
+                    for a, hits in zip(addresses, replies, strict=True)]
         return [bool(r) for r in replies]
 
     async def _gprobe(self, args: list[bytes]) -> Reply:
@@ -216,7 +219,8 @@ class LookupService:
         replica update, run by the benchmark between phases."""
         others = self.ghba.held[1:]   # the first is our own, answered from our exact key set
         for server in others:
-            data = await self.peers.call(self.members.lookup[server], "GFILTER")
+            address = self.members.lookup[server]
+            data = expect(address, await self.peers.call(address, "GFILTER"), bytes)
             self.ghba.set_replica(server, BloomFilter.from_bytes(data))
         return len(others)
 

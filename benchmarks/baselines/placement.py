@@ -16,8 +16,10 @@ from __future__ import annotations
 import bisect
 import hashlib
 import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Protocol, Self, Sequence
+from itertools import pairwise
+from typing import Protocol, Self
 
 from client_lib.cidr import Block
 from client_lib.mdid import mdid_of_key
@@ -90,9 +92,9 @@ class Ring:
         runs: list[tuple[int, int, str]] = sorted(
             (b.first - space.first, b.last - space.first, name) for name, bs in blocks.items() for b in bs)
         if not runs or runs[0][0] != 0 or runs[-1][1] != space.size - 1 or any(
-                a[1] + 1 != b[0] for a, b in zip(runs, runs[1:])):
+                a[1] + 1 != b[0] for a, b in pairwise(runs)):
             raise ValueError("the blocks do not tile the space exactly")
-        points = [(last, name) for (_, last, name), nxt in zip(runs, [*runs[1:], None])
+        points = [(last, name) for (_, last, name), nxt in zip(runs, [*runs[1:], None], strict=True)
                   if nxt is None or nxt[2] != name]
         return cls(bits=space.size.bit_length() - 1, points=points,
                    position=lambda key: mdid_of_key(key, space) - space.first, **kw)

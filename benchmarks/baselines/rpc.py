@@ -12,15 +12,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from typing import TypeVar
 
 from client_lib.client import exchange_async
 from client_lib.resp import ErrorReply, Reply, encode_command
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+Located = tuple[bytes | None, int, bytes]
+"""A lookup's answer: the owner's data address (nil: nobody), forwards, level."""
+T = TypeVar("T")
 
 
 class RpcError(Exception):
-    """The peer answered with an error, or not at all."""
+    """The peer answered with an error, something else than expected, or not at all."""
+
+
+def expect(address: str, reply: Reply, kind: type[T]) -> T:
+    """`reply` if it is a `kind`; a peer that answers otherwise is broken."""
+    if not isinstance(reply, kind):
+        raise RpcError(f"{address}: expected a {kind.__name__} reply, got {reply!r:.200}")
+    return reply
+
+
+def located(address: str, reply: Reply) -> Located:
+    """`reply` as a lookup's answer, checked."""
+    match reply:
+        case [bytes() | None as ip, int(forwards), bytes(level)]:
+            return ip, forwards, level
+    raise RpcError(f"{address}: not a lookup answer [ip, forwards, level]: {reply!r:.200}")
 
 
 async def exchange(conn: Conn, frame: bytes, timeout: float) -> Reply:
@@ -60,12 +79,16 @@ class RpcPool:
                 conn = await connect(host, int(port), self.timeout)
             self.calls += 1
             reply = await exchange(conn, frame, self.timeout)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             if conn is not None:
                 conn[1].close()
             raise RpcError(f"{address}: {exc!r}") from None
         idle.append(conn)
         return reply
+
+    async def lookup(self, address: str, *args: bytes | str | int) -> Located:
+        """A lookup RPC (WHO, CHORD, GHBA): its answer, checked."""
+        return located(address, await self.call(address, *args))
 
     def close(self) -> None:
         for conns in self._idle.values():

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import ThreadingMixIn
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from client_lib.api.auth import Verifier
@@ -33,7 +33,27 @@ class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
 
-class FakeApi:
+class _Served:
+    """A server run by a thread while in the `with` block; `_stopping` runs
+    first on the way out."""
+
+    _httpd: ThreadingHTTPServer | WSGIServer
+
+    def __enter__(self) -> Self:
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stopping()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def _stopping(self) -> None:
+        pass
+
+
+class FakeApi(_Served):
     """Serves `routes` with `handle(call)`; every authenticated call is kept
     in `calls`. `release` is set on exit, so a handler that hangs on it
     (a silent peer) lets the server stop."""
@@ -69,18 +89,11 @@ class FakeApi:
                                                 ("Content-Length", str(len(response.body)))])
         return [response.body]
 
-    def __enter__(self) -> FakeApi:
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def _stopping(self) -> None:
         self.release.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
 
 
-class Listener:
+class Listener(_Served):
     """An attacker's HTTP endpoint: answers 200 ``{}`` unsigned to anything,
     and keeps what reached it: `connections` accepted, and (method, path,
     body) of each request in `received`."""
@@ -111,12 +124,3 @@ class Listener:
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def __enter__(self) -> Listener:
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()

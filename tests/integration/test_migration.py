@@ -241,6 +241,9 @@ def test_a_migration_nobody_commits_aborts_when_its_lease_runs_out(tmp_path, clu
         assert mig.state == "copied" and mig.keys == len(moving)
         assert mig.lease_left_s is not None and 0 < mig.lease_left_s <= 1.0
         assert b.call(ADMIN.health).imports == [mig.id]
+        listed = a.call(ADMIN.migrations).migrations
+        assert [m.id for m in listed] == [mig.id] and listed[0].lease_left_s is not None
+        assert listed[0].lease_left_s <= mig.lease_left_s
         with pytest.raises(Unavailable):  # frozen, and nobody will commit
             client.put(moving[0], b"during")
         report = _wait_state(a, mig.id, "aborted", timeout=10)
@@ -311,14 +314,20 @@ def _target(secret: bytes, **answers: Callable[[Call], object]) -> FakeApi:
     return FakeApi(ADMIN.ALL, secret, handle)
 
 
-def test_a_target_that_falls_silent_mid_copy_cannot_keep_the_blocks_frozen(tmp_path, cluster_secret):
+def _falls_silent(secret: bytes) -> FakeApi:
+    """A stand-in target that takes the import and then never answers a batch."""
     def hang(call: Call) -> object:
         silent.release.wait(60)
         return ImportProgress(0)
 
-    silent = _target(load_secret(cluster_secret), import_records=hang)
-    with silent, AgentProcess(f"leveldb:{tmp_path / 'a'}", "--peer-timeout", "1", own=[str(ROOT)],
-                              secret_file=cluster_secret) as a, _client(a, 1) as client:
+    silent = _target(secret, import_records=hang)
+    return silent
+
+
+def test_a_target_that_falls_silent_mid_copy_cannot_keep_the_blocks_frozen(tmp_path, cluster_secret):
+    with _falls_silent(load_secret(cluster_secret)) as silent, \
+            AgentProcess(f"leveldb:{tmp_path / 'a'}", "--peer-timeout", "1", own=[str(ROOT)],
+                         secret_file=cluster_secret) as a, _client(a, 1) as client:
         for i in range(50):
             client.put(f"/silent/{i}", b"x")
         started = time.monotonic()
@@ -332,13 +341,9 @@ def test_a_target_that_falls_silent_mid_copy_cannot_keep_the_blocks_frozen(tmp_p
 
 
 def test_an_abort_during_the_copy_stops_it(tmp_path, cluster_secret):
-    def hang(call: Call) -> object:
-        silent.release.wait(60)
-        return ImportProgress(0)
-
-    silent = _target(load_secret(cluster_secret), import_records=hang)
-    with silent, AgentProcess(f"leveldb:{tmp_path / 'a'}", "--peer-timeout", "30", own=[str(ROOT)],
-                              secret_file=cluster_secret) as a, _client(a, 1) as client:
+    with _falls_silent(load_secret(cluster_secret)) as silent, \
+            AgentProcess(f"leveldb:{tmp_path / 'a'}", "--peer-timeout", "30", own=[str(ROOT)],
+                         secret_file=cluster_secret) as a, _client(a, 1) as client:
         client.put("/copying/0", b"x")
         outcome: list[BaseException] = []
         migrating = threading.Thread(target=lambda: outcome.extend(
@@ -405,3 +410,16 @@ def test_values_of_the_largest_size_migrate_in_bounded_batches(tmp_path, cluster
         assert a.call(ADMIN.health).keys == 0 and b.call(ADMIN.health).owned == [ROOT]
         with _client(b) as client:
             assert all(client.get(path) == value for path in paths)
+
+
+def test_an_agent_stopped_with_a_copied_migration_leaves_no_copy_at_the_target(tmp_path, cluster_secret):
+    with AgentProcess(f"leveldb:{tmp_path / 'b'}", secret_file=cluster_secret) as b:
+        with AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT)], secret_file=cluster_secret) as a:
+            with _client(a) as client:
+                for i in range(100):
+                    client.put(f"/stopped/{i}", b"x")
+            mig = a.call(ADMIN.migrate, MigrateRequest([ROOT], b.admin_url))
+            assert b.call(ADMIN.health).imports == [mig.id]
+        # SIGTERM (and exit 0, checked by AgentProcess) aborted it
+        target = b.call(ADMIN.health)
+        assert target.imports == [] and target.keys == 0
