@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 from client_lib.cidr import Block, cover, most_aligned, subtract
 
@@ -96,8 +96,10 @@ class _Counter:
 
 
 def plan_split(tree: LogicalBTree, leaf: str, oracle: Oracle, bounds: SplitBounds = SplitBounds(),
-               method: str = "traversal", cost: CostFn | None = None) -> SplitPlan:
-    """Decide a split of `leaf`; nothing in the tree changes until `apply_split`."""
+               method: str = "traversal", cost: CostFn | None = None,
+               avoid: Collection[str] = ()) -> SplitPlan:
+    """Decide a split of `leaf`; nothing in the tree changes until `apply_split`.
+    Idle leaves in `avoid` (promised to other operations) are not targets."""
     if method not in ("traversal", "aligned"):
         raise ValueError(f"unknown split method {method!r} (traversal or aligned)")
     if tree.state(leaf) is not State.BUSY:
@@ -108,7 +110,7 @@ def plan_split(tree: LogicalBTree, leaf: str, oracle: Oracle, bounds: SplitBound
     total = sum(per_block)
     if total < 2:
         return _refusal(leaf, f"{leaf!r} holds {total} keys; nothing to split", total)
-    targets = tree.nearest_leaves(leaf, State.IDLE)
+    targets = tree.nearest_leaves(leaf, State.IDLE, avoid)
     if not targets:
         return _refusal(leaf, "no idle leaf anywhere in the tree; add servers", total)
     if method == "traversal":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Collection, Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
@@ -318,11 +318,13 @@ class LogicalBTree:
             raise TreeError(f"parent {parent!r} is not an inner node")
         self._add_inner(group, parent)
 
-    def nearest_leaves(self, leaf: str, state: State = State.IDLE) -> list[str]:
+    def nearest_leaves(self, leaf: str, state: State = State.IDLE,
+                       avoid: Collection[str] = ()) -> list[str]:
         """Leaves in `state` closest to `leaf` in the tree: same parent first, then the
-        next ancestor up, and so on. Within one distance, tree order."""
+        next ancestor up, and so on. Within one distance, tree order. Leaves in
+        `avoid` (promised to an operation under way) are passed over."""
         path = self._path[leaf]
-        seen: set[str] = set()
+        seen: set[str] = set(avoid)
         for ancestor in reversed(path[:-1]):
             below = self._leaves_below(ancestor)
             found = [x for x in below if x != leaf and x not in seen and self._state[x] is state]
@@ -331,18 +333,19 @@ class LogicalBTree:
             seen.update(below)
         return []
 
-    def fail(self, leaf: str) -> Takeover:
+    def fail(self, leaf: str, avoid: Collection[str] = ()) -> Takeover:
         """A leaf is gone: an idle leaf (same parent first, else the nearest) takes over
         its blocks. With no idle leaf anywhere, the nearest busy leaf adopts them so
-        that every ID keeps an owner, and the result says so."""
+        that every ID keeps an owner, and the result says so. Leaves in `avoid`
+        are not chosen."""
         if self._state[leaf] is State.FAILED:
             raise TreeError(f"{leaf!r} has already failed")
         was_busy = self._state[leaf] is State.BUSY
         self._state[leaf] = State.FAILED
         if not was_busy:
             return Takeover(leaf, None, (), False, "idle leaf failed; no blocks to take over")
-        idle = self.nearest_leaves(leaf, State.IDLE)
-        candidates = idle or self.nearest_leaves(leaf, State.BUSY)
+        idle = self.nearest_leaves(leaf, State.IDLE, avoid)
+        candidates = idle or self.nearest_leaves(leaf, State.BUSY, avoid)
         if not candidates:
             self._state[leaf] = State.BUSY
             raise TreeError(f"{leaf!r} is the last live leaf; nothing can take over its blocks")
