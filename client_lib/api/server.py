@@ -23,7 +23,7 @@ Status of an exception raised by a handler:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,3 +149,48 @@ class Dispatcher:
         if self.verifier is not None and nonce is not None:
             headers.update(self.verifier.response_headers(nonce, status, body))
         return Response(status, body, headers)
+
+
+Handler = Callable[[Call], object]
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def wsgi_app(dispatcher: Dispatcher, handle: Handler) -> WsgiApp:
+    """A WSGI application serving `dispatcher`'s routes with `handle` (called
+    with each authenticated, validated `Call`; it returns the route's response
+    body or raises). wsgiref is in the standard library, so any process can
+    serve a declared API with it: the controller's REST API does."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            response = Response(413 if length > 0 else 400, codec.dumps(ErrorBody("bad Content-Length")),
+                                {"Content-Type": "application/json"})
+        else:
+            body = environ["wsgi.input"].read(length) if length else b""
+            headers = {k[5:].replace("_", "-").title(): v for k, v in environ.items()
+                       if k.startswith("HTTP_")}
+            # PEP 3333: PATH_INFO holds the URL-decoded bytes as latin-1 text.
+            path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
+            call = dispatcher.resolve(environ["REQUEST_METHOD"], path, environ.get("QUERY_STRING", ""),
+                                      headers, body)
+            if isinstance(call, Call):
+                try:
+                    response = dispatcher.reply(call, handle(call))
+                except Exception as exc:  # every failure becomes an answer with its status
+                    response = dispatcher.fail(call, exc)
+            else:
+                response = call
+        start_response(f"{response.status} {_REASONS.get(response.status, 'Error')}",
+                       [*response.headers.items(), ("Content-Length", str(len(response.body)))])
+        return [response.body]
+
+    return app
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+            405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
+            500: "Internal Server Error", 502: "Bad Gateway"}

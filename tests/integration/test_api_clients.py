@@ -13,7 +13,7 @@ from client_lib.api import codec
 from client_lib.api.admin import ADMIN, Health, MigrationList, OwnReply, OwnRequest
 from client_lib.api.auth import Verifier
 from client_lib.api.clients import ApiClient, AsyncApiClient
-from client_lib.api.server import Call, Dispatcher
+from client_lib.api.server import Call, Dispatcher, wsgi_app
 from client_lib.cidr import Block
 from client_lib.errors import ApiError, AuthError, Conflict, NotFound
 
@@ -43,23 +43,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[str]:
     secret = getattr(request, "param", SECRET)
     dispatcher = Dispatcher(ADMIN.ALL, Verifier(secret), open_reads=False)
 
-    def app(environ: dict, start_response):  # type: ignore[no-untyped-def]
-        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-        headers = {k[5:].replace("_", "-").title(): v for k, v in environ.items() if k.startswith("HTTP_")}
-        path = environ["PATH_INFO"].encode("latin-1").decode()
-        call = dispatcher.resolve(environ["REQUEST_METHOD"], path, environ.get("QUERY_STRING", ""),
-                                  headers, body)
-        if isinstance(call, Call):
-            try:
-                response = dispatcher.reply(call, _handle(call))
-            except Exception as exc:
-                response = dispatcher.fail(call, exc)
-        else:
-            response = call
-        start_response(f"{response.status} X", [*response.headers.items(),
-                                                ("Content-Length", str(len(response.body)))])
-        return [response.body]
-
+    app = wsgi_app(dispatcher, _handle)
     httpd = make_server("127.0.0.1", 0, app, handler_class=_Quiet)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
