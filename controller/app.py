@@ -1,279 +1,283 @@
-"""The os-ken shim: OpenFlow 1.0 events in, messages out, nothing decided here.
+"""The os-ken shim: OpenFlow events in, the core's steps out, nothing decided here.
 
-`MetaFlowCore` decides; this module feeds it what the switches say (switch
-and port state, LLDP links via os-ken's topology service, ARP packet-ins)
-and carries out what it returns (`ofmsgs` messages, barriers). It also runs
-the REST API and a one-second tick that builds the network once discovery
-has settled, watches heartbeats and starts splits.
+One decision thread owns `MetaFlowCore`: it takes events from one queue
+(OpenFlow events from os-ken's threads, REST requests, step outcomes,
+ticks) and carries out the steps the core returns:
 
-Threads (os-ken 4 runs native threads): every change to the core runs on
-one worker thread, in order. OpenFlow event handlers only hand work over
-and return, because a split running on the worker waits for barrier
-replies, and those arrive through the same os-ken event thread: a handler
-that waited for the worker would deadlock it.
+- `SendFlows`: the messages, then a barrier; done when the barrier reply
+  comes back, failed when the switch is not connected or stays silent for
+  --barrier-timeout;
+- `ReadFlows`: a flow-stats request, done with the (multi-part) reply;
+- `CallAgent`: an admin API call in a worker thread (signed with the
+  cluster's secret), whose answer returns as an event;
+- `PacketOut`, `Answer`: sent or handed over at once.
 
-Settings come from `controller.launcher`, which sets `SETTINGS` before
-os-ken instantiates the app (os-ken apps take no constructor arguments).
+The decision thread never waits on the network, so a split's copy, a slow
+agent or a silent switch never holds up a heartbeat, a failure or a view.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import queue
+import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
-from os_ken.controller.handler import (
-    CONFIG_DISPATCHER,
-    DEAD_DISPATCHER,
-    MAIN_DISPATCHER,
-    set_ev_cls,
-)
-from os_ken.lib import hub
+from os_ken.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
 from os_ken.ofproto import ofproto_v1_0
 from os_ken.topology import event as topo_event
 
-from btree.flows import FlowDiff, FlowEntry
-from btree.split import SplitBounds
-from client_lib.cidr import Block
-from controller import arp, ofmsgs
-from controller.agents import HttpAgent
+from client_lib.api.auth import Verifier
+from client_lib.api.clients import ApiClient
+from client_lib.errors import MetaFlowError
+from controller import arp
 from controller.core import MetaFlowCore
-from controller.rest import RestApi
+from controller.rest import RestApi, RestServer
+from controller.settings import Settings
+from controller.steps import (
+    Answer,
+    ArpIn,
+    CallAgent,
+    Event,
+    LinkDown,
+    LinkUp,
+    PacketOut,
+    PortDown,
+    PortUp,
+    ReadFlows,
+    SendFlows,
+    Step,
+    StepDone,
+    StepFailed,
+    SwitchDown,
+    SwitchUp,
+    Tick,
+)
 
 log = logging.getLogger("metaflow.controller.app")
 
-
-@dataclass
-class Settings:
-    space: Block = Block.parse("100.64.0.0/10")
-    gateway_ip: str = "10.255.255.254"
-    bounds: SplitBounds = SplitBounds()
-    capacity: int | None = None
-    bootstrap: str = "preallocate"
-    rest_host: str = "0.0.0.0"
-    rest_port: int = 8080
-    settle: float = 3.0           # seconds without topology change before building
-    heartbeat_timeout: float = 6.0
-    barrier_timeout: float = 10.0
-    auto_split: bool = True
+TICK_S = 1.0
+AGENT_WORKERS = 32
 
 
-SETTINGS = Settings()
+class _Query:
+    """A function to run on the decision thread (a REST view)."""
+
+    def __init__(self, fn: Callable[[MetaFlowCore], object]) -> None:
+        self.fn = fn
+        self.result: Future[object] = Future()
 
 
-class BarrierTimeout(RuntimeError):
-    pass
+_STOP = object()
 
 
-class MetaFlowApp(app_manager.OSKenApp):
+class MetaFlowApp(app_manager.OSKenApp):  # type: ignore[misc]
     OFP_VERSIONS = [ofproto_v1_0.OFP_VERSION]
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.settings = SETTINGS
-        self.datapaths: dict[int, object] = {}
-        self.barriers: dict[tuple[int, int], hub.Event] = {}
-        self.stats_replies: dict[tuple[int, int], tuple[hub.Event, list]] = {}
-        self.work: queue.Queue[tuple[object, Future]] = queue.Queue()
-        self.last_change = time.monotonic()
-        self.core = MetaFlowCore(self.settings.space, self, HttpAgent, self.settings.bounds,
-                                 self.settings.bootstrap, self.settings.capacity,
-                                 self.settings.heartbeat_timeout)
-        self.rest = RestApi(self.core, self.call)
-        self.http = make_server(self.settings.rest_host, self.settings.rest_port, self.rest,
-                                server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
-        self.threads = [hub.spawn(self.http.serve_forever), hub.spawn(self._worker),
-                        hub.spawn(self._ticker)]
-        log.info("REST API on %s:%d", self.settings.rest_host, self.settings.rest_port)
+        self.settings = settings
+        self.core = MetaFlowCore(settings)
+        self.inbox: queue.Queue[object] = queue.Queue()
+        self.datapaths: dict[int, Any] = {}
+        self.pending: dict[tuple[int, int], tuple[int, list[Any] | None]] = {}  # (dpid, xid) -> step
+        self.deadlines: list[tuple[float, int, tuple[int, int]]] = []
+        self.lock = threading.Lock()   # pending and deadlines: os-ken threads and ours
+        self.agents = ThreadPoolExecutor(AGENT_WORKERS, thread_name_prefix="agent-call")
+        api = RestApi(self.query, self.post, Verifier(settings.secret), settings.open_reads)
+        self.rest = RestServer(api, settings.rest_host, settings.rest_port)
+        self.threads = [threading.Thread(target=self._decide, name="decide", daemon=True),
+                        threading.Thread(target=self._clock, name="clock", daemon=True)]
+        self._running = True
+        for thread in self.threads:
+            thread.start()
+        self.rest.start()
+        log.info("REST API on %s:%d", settings.rest_host, settings.rest_port)
 
-    def submit(self, fn) -> Future:
-        """Run `fn` on the worker thread, after everything submitted before it."""
-        done: Future = Future()
-        self.work.put((fn, done))
-        return done
+    # -- the queue ------------------------------------------------------------------
 
-    def call(self, fn, timeout: float | None = 120.0):
-        return self.submit(fn).result(timeout)
+    def post(self, event: Event) -> None:
+        self.inbox.put(event)
+
+    def query(self, fn: Callable[[MetaFlowCore], object]) -> Future[object]:
+        item = _Query(fn)
+        self.inbox.put(item)
+        return item.result
 
     def close(self) -> None:
-        self.http.shutdown()
-        self.work.put((None, Future()))
+        """Stop serving REST, stop deciding, let in-flight agent calls end."""
+        self._running = False
+        self.rest.close()
+        self.inbox.put(_STOP)
+        for thread in self.threads:
+            thread.join(timeout=5)
+        self.agents.shutdown(wait=False, cancel_futures=True)
 
-    # -- background work -------------------------------------------------------
-
-    def _worker(self) -> None:
+    def _decide(self) -> None:
         while True:
-            fn, done = self.work.get()
-            if fn is None:
+            item = self.inbox.get()
+            if item is _STOP:
                 return
+            if isinstance(item, _Query):
+                try:
+                    item.result.set_result(item.fn(self.core))
+                except Exception as exc:  # a view that fails is that request's error, not ours
+                    item.result.set_exception(exc)
+                continue
             try:
-                done.set_result(fn())
-            except Exception as exc:
-                log.exception("controller work failed")
-                done.set_exception(exc)
+                steps = self.core.handle(item)  # type: ignore[arg-type]
+            except Exception:
+                log.exception("the core failed on %r; carrying on", item)
+                continue
+            for step in steps:
+                self._execute(step)
 
-    def _ticker(self) -> None:
-        while True:
-            hub.sleep(1.0)
-            if self.work.qsize() == 0:
-                self.submit(self._tick_once)
+    def _clock(self) -> None:
+        """Ticks for the core, and step deadlines (barriers, flow stats)."""
+        next_tick = time.monotonic() + TICK_S
+        while self._running:
+            time.sleep(0.1)
+            now = time.monotonic()
+            expired = []
+            with self.lock:
+                while self.deadlines and self.deadlines[0][0] <= now:
+                    _, step, key = heapq.heappop(self.deadlines)
+                    if self.pending.get(key, (None,))[0] == step:
+                        del self.pending[key]
+                        expired.append((step, key))
+            for step, key in expired:
+                self.post(StepFailed(step, f"no reply from switch {key[0]} within "
+                                           f"{self.settings.barrier_timeout_s:g} s"))
+            if now >= next_tick:
+                next_tick = now + TICK_S
+                if self.inbox.qsize() < 100:
+                    self.post(Tick())
 
-    def _tick_once(self) -> None:
-        core = self.core
-        if core.tree is None:
-            if time.monotonic() - self.last_change >= self.settings.settle:
-                core.build()
-            return
-        core.check_heartbeats()
-        if self.settings.auto_split:
-            for name in core.due_for_split():
-                core.split(name)
+    # -- carrying out steps -------------------------------------------------------------
 
-    # -- SwitchIO, for the core -------------------------------------------------
+    def _execute(self, step: Step) -> None:
+        if isinstance(step, Answer):
+            reply = step.reply
+            assert isinstance(reply, Future)
+            reply.set_result(step.value)
+        elif isinstance(step, CallAgent):
+            self.agents.submit(self._call_agent, step)
+        elif isinstance(step, (SendFlows, ReadFlows, PacketOut)):
+            self._to_switch(step)
+        else:
+            log.error("no way to carry out %r", step)
 
-    def _send(self, dpid: int, messages: list) -> hub.Event | None:
-        dp = self.datapaths.get(dpid)
+    def _call_agent(self, step: CallAgent) -> None:
+        timeout = self.settings.agent_timeout_s
+        try:
+            assert step.route is not None
+            result = ApiClient(step.url, self.settings.secret, timeout).call(step.route, step.body,
+                                                                              **step.params)
+        except MetaFlowError as exc:
+            self.post(StepFailed(step.id, str(exc)))
+        except Exception as exc:  # a bug in a call must still end the step
+            log.exception("agent call %s failed", step.route)
+            self.post(StepFailed(step.id, f"{type(exc).__name__}: {exc}"))
+        else:
+            self.post(StepDone(step.id, result))
+
+    def _to_switch(self, step: SendFlows | ReadFlows | PacketOut) -> None:
+        dp = self.datapaths.get(step.dpid)
         if dp is None:
-            log.warning("switch %s is not connected; it gets its table when it connects", dpid)
-            return None
-        for msg in messages:
-            dp.send_msg(msg)
-        barrier = dp.ofproto_parser.OFPBarrierRequest(dp)
-        dp.set_xid(barrier)
-        done = hub.Event()
-        self.barriers[(dpid, barrier.xid)] = done
-        dp.send_msg(barrier)
-        return done
-
-    def _wait(self, pending: dict[int, hub.Event]) -> None:
-        deadline = time.monotonic() + self.settings.barrier_timeout
-        for dpid, done in pending.items():
-            if done is not None and not done.wait(max(0.0, deadline - time.monotonic())):
-                raise BarrierTimeout(f"no barrier reply from switch {dpid} "
-                                     f"within {self.settings.barrier_timeout} s")
-
-    def apply(self, diff: FlowDiff) -> None:
-        self._wait({dpid: self._send(dpid, ofmsgs.diff_messages(self.datapaths[dpid], change))
-                    for dpid, change in diff.items() if dpid in self.datapaths})
-
-    def sync(self, dpid: int, entries: list[FlowEntry], routes: dict[str, int]) -> None:
-        """Read what the switch holds and send only the differences: after a
-        controller restart or a reconnect, flowing traffic is not disturbed."""
-        dp = self.datapaths.get(dpid)
-        if dp is None:
+            if not isinstance(step, PacketOut):
+                self.post(StepFailed(step.id, f"switch {step.dpid} is not connected"))
             return
-        have, have_routes = ofmsgs.installed(self._flow_stats(dp))
-        self._wait({dpid: self._send(dpid, ofmsgs.resync_messages(dp, have, have_routes, entries, routes))})
-
-    def _flow_stats(self, dp) -> list:
         parser, ofp = dp.ofproto_parser, dp.ofproto
-        request = parser.OFPFlowStatsRequest(dp, 0, parser.OFPMatch(), 0xFF, ofp.OFPP_NONE)
+        if isinstance(step, PacketOut):
+            dp.send_msg(parser.OFPPacketOut(datapath=dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_NONE,
+                                            data=step.data, actions=[parser.OFPActionOutput(step.port)]))
+            return
+        if isinstance(step, SendFlows):
+            for msg in step.messages:
+                msg.datapath = dp
+                dp.send_msg(msg)
+            request = parser.OFPBarrierRequest(dp)
+            parts = None
+        else:
+            request = parser.OFPFlowStatsRequest(dp, 0, parser.OFPMatch(), 0xFF, ofp.OFPP_NONE)
+            parts = []
         dp.set_xid(request)
-        done, parts = hub.Event(), []
-        self.stats_replies[(dp.id, request.xid)] = (done, parts)
+        key = (step.dpid, request.xid)
+        with self.lock:
+            self.pending[key] = (step.id, parts)
+            heapq.heappush(self.deadlines, (time.monotonic() + self.settings.barrier_timeout_s, step.id, key))
         dp.send_msg(request)
-        if not done.wait(self.settings.barrier_timeout):
-            self.stats_replies.pop((dp.id, request.xid), None)
-            raise BarrierTimeout(f"no flow stats from switch {dp.id}")
-        return parts
 
-    def routes(self, dpid: int, changed: dict[str, int], deleted: list[str]) -> None:
-        dp = self.datapaths.get(dpid)
-        if dp is not None:
-            self._send(dpid, ofmsgs.route_messages(dp, changed, deleted))
+    def _reply(self, dpid: int, xid: int, body: list[Any] | None, more: bool) -> None:
+        with self.lock:
+            waiting = self.pending.get((dpid, xid))
+            if waiting is None:
+                return
+            step, parts = waiting
+            if parts is not None and body:
+                parts.extend(body)
+            if more:
+                return
+            del self.pending[(dpid, xid)]
+        self.post(StepDone(step, parts))
 
-    # -- OpenFlow events ------------------------------------------------------------
+    # -- OpenFlow events ----------------------------------------------------------------
 
-    @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
-    def _features(self, ev) -> None:
-        dp = ev.msg.datapath
-        for msg in ofmsgs.base_messages(dp):
-            dp.send_msg(msg)
-
-    @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
-    def _state(self, ev) -> None:
+    @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])  # type: ignore[misc]
+    def _state(self, ev: Any) -> None:
         dp = ev.datapath
         if dp.id is None:
             return
-        self.last_change = time.monotonic()
         if ev.state == MAIN_DISPATCHER:
             self.datapaths[dp.id] = dp
             log.info("switch %s connected", dp.id)
-            self.submit(lambda: self.core.switch_up(dp.id))
+            self.post(SwitchUp(dp.id))
         elif self.datapaths.pop(dp.id, None) is not None:
             log.warning("switch %s disconnected", dp.id)
-            self.submit(lambda: self.core.switch_down(dp.id))
+            with self.lock:
+                lost = [(key, step) for key, (step, _) in self.pending.items() if key[0] == dp.id]
+                for key, _ in lost:
+                    del self.pending[key]
+            for _, step in lost:
+                self.post(StepFailed(step, f"switch {dp.id} disconnected"))
+            self.post(SwitchDown(dp.id))
 
-    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
-    def _barrier(self, ev) -> None:
-        done = self.barriers.pop((ev.msg.datapath.id, ev.msg.xid), None)
-        if done is not None:
-            done.set()
+    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)  # type: ignore[misc]
+    def _barrier(self, ev: Any) -> None:
+        self._reply(ev.msg.datapath.id, ev.msg.xid, None, False)
 
-    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
-    def _flow_stats_reply(self, ev) -> None:
+    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)  # type: ignore[misc]
+    def _flow_stats(self, ev: Any) -> None:
         msg = ev.msg
-        waiting = self.stats_replies.get((msg.datapath.id, msg.xid))
-        if waiting is None:
-            return
-        done, parts = waiting
-        parts.extend(msg.body)
-        if not msg.flags & msg.datapath.ofproto.OFPSF_REPLY_MORE:
-            del self.stats_replies[(msg.datapath.id, msg.xid)]
-            done.set()
+        self._reply(msg.datapath.id, msg.xid, msg.body, bool(msg.flags & msg.datapath.ofproto.OFPSF_REPLY_MORE))
 
-    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
-    def _port_status(self, ev) -> None:
+    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)  # type: ignore[misc]
+    def _port_status(self, ev: Any) -> None:
         msg = ev.msg
         ofp = msg.datapath.ofproto
         down = msg.reason == ofp.OFPPR_DELETE or msg.desc.state & ofp.OFPPS_LINK_DOWN
-        if down:
-            self.submit(lambda: self.core.port_down(msg.datapath.id, msg.desc.port_no))
+        event = PortDown if down else PortUp
+        self.post(event(msg.datapath.id, msg.desc.port_no))
 
-    @set_ev_cls(topo_event.EventLinkAdd)
-    def _link_add(self, ev) -> None:
-        self._link_changed(ev.link, self.core.link_up)
+    @set_ev_cls(topo_event.EventLinkAdd)  # type: ignore[misc]
+    def _link_add(self, ev: Any) -> None:
+        link = ev.link
+        self.post(LinkUp(link.src.dpid, link.src.port_no, link.dst.dpid, link.dst.port_no))
 
-    @set_ev_cls(topo_event.EventLinkDelete)
-    def _link_delete(self, ev) -> None:
-        self._link_changed(ev.link, self.core.link_down)
+    @set_ev_cls(topo_event.EventLinkDelete)  # type: ignore[misc]
+    def _link_delete(self, ev: Any) -> None:
+        link = ev.link
+        self.post(LinkDown(link.src.dpid, link.src.port_no, link.dst.dpid, link.dst.port_no))
 
-    def _link_changed(self, link, change) -> None:
-        self.last_change = time.monotonic()
-        self.submit(lambda: change(link.src.dpid, link.src.port_no, link.dst.dpid, link.dst.port_no))
-
-    @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
-    def _packet_in(self, ev) -> None:
+    @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)  # type: ignore[misc]
+    def _packet_in(self, ev: Any) -> None:
         msg = ev.msg
-        dp = msg.datapath
         message = arp.parse(msg.data)
-        if message is None:
-            return  # LLDP is os-ken's topology service's; nothing else is sent to us
-        ip, mac = message.sender_ip, message.sender_mac
-        if not self.core.knows(ip, mac, dp.id, msg.in_port):
-            self.last_change = time.monotonic()  # news, not a host re-announcing itself
-            self.submit(lambda: self.core.host_seen(ip, mac, dp.id, msg.in_port))
-        # The sender may not be recorded yet (that is queued): answer for it anyway.
-        reply = arp.answer(message, lambda target: mac if target == ip else self.core.mac_of(target),
-                           self.settings.gateway_ip)
-        if reply is not None:
-            parser, ofp = dp.ofproto_parser, dp.ofproto
-            dp.send_msg(parser.OFPPacketOut(datapath=dp, buffer_id=ofp.OFP_NO_BUFFER,
-                                            in_port=ofp.OFPP_NONE, data=reply,
-                                            actions=[parser.OFPActionOutput(msg.in_port)]))
-
-
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args) -> None:
-        log.debug("rest: " + format, *args)
+        if message is not None:   # LLDP is os-ken's topology service's; nothing else comes to us
+            self.post(ArpIn(msg.datapath.id, msg.in_port, message))

@@ -1,419 +1,636 @@
-"""The controller's brain: discovery state, the B-tree, splits and failures.
+"""The controller's brain: events in, steps out, no I/O and no waiting.
 
-Everything that decides is here; everything that talks is behind two small
-interfaces, so tests drive the whole state machine with fake agents and a
-fake fabric (faucet's valve/shim split):
+`MetaFlowCore.handle(event)` updates the state (the inventory of switches,
+links and hosts; the registry of servers; the B-tree and its flow planner)
+and returns the steps that carry out what it decided: OpenFlow messages for
+a switch, an admin call to an agent, an answer to a REST caller. The shim
+(`controller.app`) performs them and reports each outcome back as an event.
+Multi-step work (building the network, a split, a fail-over, re-syncing a
+switch) runs as sagas (`controller.saga`), many at once: while a split's
+copy runs, the core keeps deciding, so a failure is handled at once and
+cancels the operations it overtakes.
 
-- `SwitchIO` installs per-switch MetaFlow diffs and host routes and blocks
-  until the switches confirm with a barrier (the os-ken app implements it);
-- `AgentApi` is one storage server's admin API (`agents.HttpAgent`).
-
-Calls are synchronous and not thread-safe: the os-ken app runs every call
-on one worker thread.
-
-Order of a split (ARCHITECTURE.md, "Migration without loss"): plan with the
-agent's own counts as the oracle, freeze and copy to the target, apply the
-tree change and push the flow diffs, wait for the barriers, then commit (the
-target starts serving, the source deletes). A failure before the commit
-aborts the migration and puts the entries back, so the source keeps serving.
+Everything runs on one thread, the shim's decision loop; REST reads go
+through the same loop.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import networkx as nx
 
-from btree.flows import FlowDiff, FlowEntry, FlowPlanner
-from btree.split import SplitBounds, apply_split, plan_split
-from btree.tree import LogicalBTree, Move, State, TreeError
-from client_lib.cidr import Block
-from controller.routing import Routes, diff_routes, host_routes
-from topology.classify import (
-    Classification,
-    TopologyError,
-    discovered_graph,
-    map_topology,
+from btree.flows import FlowDiff, FlowPlanner
+from btree.tree import LogicalBTree, Move, State
+from client_lib.api.admin import ADMIN, DisownRequest, OwnRequest
+from client_lib.api.rest import (
+    Ack,
+    EventsView,
+    FlowInfo,
+    FlowsView,
+    HostInfo,
+    LeafInfo,
+    OperationInfo,
+    OperationsView,
+    Outcome,
+    Registered,
+    ServerInfo,
+    ServersView,
+    SplitsView,
+    SwitchInfo,
+    TopologyView,
+    TreeView,
 )
+from client_lib.cidr import Block
+from client_lib.errors import Conflict, NotFound
+from controller import arp, ofmsgs
+from controller.failover import failover_saga
+from controller.migrations import salvage_now
+from controller.inventory import Inventory
+from controller.registry import Registry, Server
+from controller.routing import Routes, diff_routes, host_routes
+from controller.saga import Operation, Operations, Saga, StepError
+from controller.settings import Settings
+from controller.split import split_saga
+from controller.steps import (
+    Answer,
+    ArpIn,
+    CallAgent,
+    Event,
+    FailNow,
+    Heartbeat,
+    LinkDown,
+    LinkUp,
+    PacketOut,
+    PortDown,
+    PortUp,
+    ReadFlows,
+    Register,
+    SendFlows,
+    SplitNow,
+    Step,
+    StepDone,
+    StepFailed,
+    SwitchDown,
+    SwitchUp,
+    Tick,
+)
+from topology.classify import Classification, TopologyError, discovered_graph, map_topology
 
 log = logging.getLogger("metaflow.controller")
 
 
-class SwitchIO(Protocol):
-    def apply(self, diff: FlowDiff) -> None:
-        """Send each switch its MetaFlow changes; return once all barriers are back."""
-
-    def sync(self, dpid: int, entries: list[FlowEntry], routes: dict[str, int]) -> None:
-        """Give one switch its whole table (it connected or reconnected)."""
-
-    def routes(self, dpid: int, changed: dict[str, int], deleted: list[str]) -> None:
-        """Update one switch's host routes."""
-
-
-class AgentApi(Protocol):
-    def health(self) -> dict: ...
-    def count(self, first: int, last: int) -> int: ...
-    def own(self, blocks: list[str], migration: str | None = None) -> dict: ...
-    def migrate(self, blocks: list[str], target: str) -> dict: ...
-    def commit(self, migration: str) -> dict: ...
-    def abort(self, migration: str) -> dict: ...
-
-
-@dataclass
-class Server:
-    """A storage server as its agent registered it."""
-
-    name: str
-    data_ip: str
-    data_mac: str
-    admin_url: str
-    capacity: int
-    owned: list[str] = field(default_factory=list)
-    keys: int = 0
-    last_seen: float = 0.0
-    failed: str | None = None   # why, once it has failed
-
-
-@dataclass
-class Host:
-    ip: str
-    mac: str
-    dpid: int
-    port: int
-
-
 class MetaFlowCore:
-    def __init__(self, space: Block, switches: SwitchIO, agent: Callable[[str], AgentApi],
-                 bounds: SplitBounds = SplitBounds(), bootstrap: str = "preallocate",
-                 capacity: int | None = None, heartbeat_timeout: float = 6.0,
-                 minimize: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
-        self.space = space
-        self.switches = switches
-        self.agent = agent                 # admin URL -> AgentApi
-        self.bounds = bounds
-        self.bootstrap = bootstrap
-        self.capacity = capacity           # overrides the agents' own, if given
-        self.heartbeat_timeout = heartbeat_timeout
-        self.minimize = minimize
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
         self.clock = clock
-        self.servers: dict[str, Server] = {}
-        self.hosts: dict[str, Host] = {}   # by IP
-        self.dpids: set[int] = set()
-        self.links: set[tuple[int, int, int, int]] = set()
+        self.inventory = Inventory(settings.space, settings.gateway_ip)
+        self.registry = Registry(settings.space)
+        self.operations = Operations(self._issue)
         self.graph: nx.Graph | None = None
         self.classification: Classification | None = None
         self.tree: LogicalBTree | None = None
         self.planner: FlowPlanner | None = None
         self.routes: Routes = {}
-        self.events: deque[dict] = deque(maxlen=500)
-        self.splits: list[dict] = []
-        self.lost: list[dict] = []         # blocks whose data died with a server
+        self.events: deque[dict[str, Any]] = deque(maxlen=500)
+        self.splits: list[dict[str, Any]] = []
+        self.lost: list[dict[str, Any]] = []
+        self.last_change = clock()
+        self._ids = itertools.count(1)
+        self._loose: dict[int, str] = {}   # steps no operation waits for: what they were
+        self.first_registration: float | None = None
 
-    # -- record keeping --------------------------------------------------------
+    # -- the one entry point ---------------------------------------------------------
 
-    def _event(self, kind: str, level: int = logging.INFO, **detail) -> dict:
-        event = {"t": round(self.clock(), 3), "event": kind, **detail}
-        self.events.append(event)
+    def handle(self, event: Event) -> list[Step]:
+        """Everything the controller hears goes through here, in order."""
+        if isinstance(event, (StepDone, StepFailed)):
+            return self._outcome(event)
+        if isinstance(event, Tick):
+            return self._tick()
+        if isinstance(event, ArpIn):
+            return self._arp(event)
+        if isinstance(event, (SwitchUp, SwitchDown, LinkUp, LinkDown, PortUp, PortDown)):
+            return self._topology(event)
+        if isinstance(event, Register):
+            return self._answer(event.reply, lambda: self._register(event))
+        if isinstance(event, Heartbeat):
+            return self._answer(event.reply, lambda: self._heartbeat(event))
+        if isinstance(event, SplitNow):
+            return self._split_now(event)
+        if isinstance(event, FailNow):
+            return self._fail_now(event)
+        raise TypeError(f"unknown event {event!r}")
+
+    # -- bookkeeping used by the sagas -----------------------------------------------
+
+    def event(self, kind: str, level: int = logging.INFO, **detail: Any) -> dict[str, Any]:
+        record = {"t": round(self.clock(), 3), "event": kind, **detail}
+        self.events.append(record)
         log.log(level, "%s %s", kind, " ".join(f"{k}={v}" for k, v in detail.items()))
-        return event
+        return record
 
-    # -- discovery inputs ------------------------------------------------------
+    def outcome_event(self, kind: str, ok: bool = False, **detail: Any) -> Outcome:
+        """Record how an operation ended, and say it to whoever asked for it."""
+        level = logging.INFO if ok else logging.WARNING
+        record = self.event(kind, level, **detail)
+        return Outcome(kind, str(detail.get("server", "")), ok,
+                       {k: v for k, v in record.items() if k not in ("t", "event")})
 
-    def switch_up(self, dpid: int) -> None:
-        self.dpids.add(dpid)
-        if self.planner is not None and dpid in self.planner.fabric.switches:
-            # A switch that comes back gets its table again; the tree stays as it is.
-            self.switches.sync(dpid, list(self.planner.table(dpid).values()), self.routes.get(dpid, {}))
-            self._event("switch-resynced", dpid=dpid)
+    def tree_or_raise(self) -> LogicalBTree:
+        if self.tree is None:
+            raise Conflict("the network is not built yet")
+        return self.tree
 
-    def switch_down(self, dpid: int) -> None:
-        self.dpids.discard(dpid)
-        self.links = {link for link in self.links if dpid not in (link[0], link[2])}
+    def planner_or_raise(self) -> FlowPlanner:
+        if self.planner is None:
+            raise Conflict("the network is not built yet")
+        return self.planner
 
-    def link_up(self, a: int, pa: int, b: int, pb: int) -> None:
-        if (b, pb, a, pa) not in self.links:
-            self.links.add((a, pa, b, pb))
+    def _issue(self, step: Step) -> int:
+        step.id = next(self._ids)
+        return step.id
 
-    def link_down(self, a: int, pa: int, b: int, pb: int) -> None:
-        self.links -= {(a, pa, b, pb), (b, pb, a, pa)}
+    def _loose_steps(self, steps: Iterable[Step], what: str) -> list[Step]:
+        """Steps no operation waits for; a failure is only logged."""
+        out = list(steps)
+        for step in out:
+            self._loose[self._issue(step)] = what
+        return out
 
-    def host_seen(self, ip: str, mac: str, dpid: int, port: int) -> bool:
-        """A host's address and attachment, from an ARP packet-in on an edge
-        port (ports that carry a discovered link are not host ports).
-        Returns True when this is news (a new host or a move)."""
-        if any((dpid, port) in ((a, pa), (b, pb)) for a, pa, b, pb in self.links):
-            return False
-        if self.knows(ip, mac, dpid, port):
-            return False
-        self.hosts[ip] = Host(ip, mac, dpid, port)
-        if self.graph is not None:
-            self._refresh_routes()
-        return True
+    def _outcome(self, event: StepDone | StepFailed) -> list[Step]:
+        what = self._loose.pop(event.step, None)
+        if what is not None:
+            if isinstance(event, StepFailed):
+                self.event("step-failed", logging.WARNING, what=what, reason=event.error)
+            return []
+        if isinstance(event, StepDone):
+            return self.operations.result(event.step, True, event.result)
+        return self.operations.result(event.step, False, event.error)
 
-    def knows(self, ip: str, mac: str, dpid: int, port: int) -> bool:
-        """Whether a host is already known exactly there (a re-announcement)."""
-        return self.hosts.get(ip) == Host(ip, mac, dpid, port)
+    def _answer(self, reply: object, work: Callable[[], object]) -> list[Step]:
+        try:
+            value: object = work()
+        except (Conflict, NotFound, ValueError) as exc:
+            value = exc
+        return [self._issue_answer(reply, value)]
 
-    def mac_of(self, ip: str) -> str | None:
-        host = self.hosts.get(ip)
-        return host.mac if host else None
+    def _issue_answer(self, reply: object, value: object) -> Answer:
+        step = Answer(reply=reply, value=value)
+        self._issue(step)
+        return step
 
-    def register(self, doc: dict) -> Server:
-        for key in ("name", "data_ip", "data_mac", "admin_url"):
-            if not isinstance(doc.get(key), str) or not doc[key]:
-                raise ValueError(f"registration needs {key!r}")
-        server = Server(doc["name"], doc["data_ip"], doc["data_mac"], doc["admin_url"],
-                        int(doc.get("capacity") or 1_000_000), list(doc.get("owned") or []),
-                        last_seen=self.clock())
-        old = self.servers.get(server.name)
-        if old is not None and old.failed:
-            server.failed = old.failed  # a failed server stays failed until it rejoins empty
-        self.servers[server.name] = server
-        self._event("agent-registered", name=server.name, ip=server.data_ip, owned=len(server.owned))
-        return server
+    # -- switch I/O as steps -----------------------------------------------------------
 
-    def heartbeat(self, name: str, doc: dict) -> bool:
-        server = self.servers.get(name)
-        if server is None:
-            return False
-        server.last_seen = self.clock()
-        server.keys = int(doc.get("keys", server.keys))
-        server.owned = list(doc.get("owned", server.owned))
-        return True
+    def send_diff(self, diff: FlowDiff) -> list[Step]:
+        return [SendFlows(dpid=dpid, messages=ofmsgs.diff_messages(change))
+                for dpid, change in diff.items() if dpid in self.inventory.dpids]
 
-    # -- building the network --------------------------------------------------
+    def resync(self, dpids: Iterable[int]) -> Saga:
+        """Read what the switches hold and send each only its differences:
+        after a restart, a reconnect, or a diff of unknown fate. Traffic that
+        the switch already forwards right is not disturbed."""
+        planner = self.planner_or_raise()
+        targets = [d for d in dpids if d in self.inventory.dpids and d in planner.fabric.switches]
+        if not targets:
+            return
+        try:
+            stats = yield [ReadFlows(dpid=d) for d in targets]
+        except StepError as failed:
+            self.event("resync-incomplete", logging.WARNING, switches=targets, reason=str(failed),
+                       note="a switch that reconnects is re-synced")
+            stats = failed.results
+        sends = []
+        for dpid, have in zip(targets, stats):
+            if have is None:
+                continue
+            table, routes = ofmsgs.installed(have)
+            want = list(planner.table(dpid).values())
+            sends.append(SendFlows(dpid=dpid, messages=ofmsgs.resync_messages(
+                table, routes, want, self.routes.get(dpid, {}))))
+        try:
+            yield sends
+        except StepError as failed:
+            self.event("resync-incomplete", logging.WARNING, switches=targets, reason=str(failed),
+                       note="a switch that reconnects is re-synced")
 
-    def _graph(self) -> nx.Graph:
-        storage = {s.data_ip: s.name for s in self.servers.values()}
-        hosts = [(storage.get(h.ip, f"h{h.ip}"), h.dpid, h.port, h.mac, h.ip,
-                  "storage" if h.ip in storage else "client")
-                 for h in self.hosts.values() if h.dpid in self.dpids]
-        return discovered_graph(self.dpids, self.links, hosts)
+    def revert(self, moves: list[Move]) -> None:
+        """Give moved blocks back in the tree and the planner (the switches are
+        re-synced by the caller)."""
+        back = [Move(m.block, m.target, m.source) for m in reversed(moves) if m.source is not None]
+        tree = self.tree_or_raise()
+        for move in back:
+            tree.transfer([move.block], move.target)
+        self.planner_or_raise().update(back)
+
+    def own_empty(self, server: str, blocks: list[Block], lost_with: str | None, reason: str) -> Saga:
+        """`server` serves `blocks` without their data, which died with
+        `lost_with` (None: no agent claims them): said loudly, never silently."""
+        keys = self.registry[lost_with].keys if lost_with in self.registry else None
+        lost = {"server": lost_with, "blocks": [str(b) for b in blocks],
+                "keys_lost_at_most": keys, "reason": reason}
+        self.lost.append(lost)
+        self.event("DATA-LOST", logging.ERROR, **lost, successor=server,
+                   note="no replication: metadata in these blocks is gone until rewritten")
+        try:
+            yield CallAgent(server=server, url=self.registry[server].admin_url, route=ADMIN.own,
+                            body=OwnRequest(blocks))
+        except StepError as failed:
+            self.event("own-failed", logging.ERROR, server=server, reason=str(failed),
+                       note="its heartbeat decides whether it fails over")
+
+    # -- topology ----------------------------------------------------------------------
+
+    def _topology(self, event: Event) -> list[Step]:
+        inv = self.inventory
+        if isinstance(event, SwitchUp):
+            inv.switch_up(event.dpid)
+            self.last_change = self.clock()
+            if self.planner is not None and event.dpid in self.planner.fabric.switches:
+                self.event("switch-resync", dpid=event.dpid)
+                return self._start("resync", f"s{event.dpid}", set(),
+                                   lambda op: self.resync([event.dpid]))
+            return self._loose_steps([SendFlows(dpid=event.dpid, messages=ofmsgs.base_messages())],
+                                     f"base flows of {event.dpid}")
+        if isinstance(event, SwitchDown):
+            inv.switch_down(event.dpid)
+            self.last_change = self.clock()
+            return []
+        if isinstance(event, LinkUp):
+            if inv.link_up(event.a, event.port_a, event.b, event.port_b):
+                self.last_change = self.clock()
+            return []
+        if isinstance(event, LinkDown):
+            if inv.link_down(event.a, event.port_a, event.b, event.port_b):
+                self.last_change = self.clock()
+            return []
+        if isinstance(event, PortUp):
+            inv.port_up(event.dpid, event.port)
+            return []
+        assert isinstance(event, PortDown)
+        inv.port_down(event.dpid, event.port)
+        host = inv.host_at(event.dpid, event.port)
+        server = self.registry.by_ip(host.ip) if host else None
+        if server is None or server.failed:
+            return []
+        return self._fail(server.name, f"edge port {event.dpid}:{event.port} went down")
+
+    def _arp(self, event: ArpIn) -> list[Step]:
+        message = event.message
+        server = self.registry.by_ip(message.sender_ip)
+        why = self.inventory.judge(message.sender_ip, message.sender_mac, event.dpid, event.port,
+                                   server.data_mac if server else None)
+        steps: list[Step] = []
+        if why is not None:
+            log.debug("ARP from %s (%s) at %s:%s ignored: %s", message.sender_ip, message.sender_mac,
+                      event.dpid, event.port, why)
+            if server is not None or message.sender_ip in self.inventory.hosts:
+                self.event("arp-refused", logging.WARNING, ip=message.sender_ip, mac=message.sender_mac,
+                           at=f"{event.dpid}:{event.port}", why=why)
+        elif self.inventory.learn(message.sender_ip, message.sender_mac, event.dpid, event.port):
+            self.last_change = self.clock()
+            if self.graph is not None:
+                steps += self._refresh_routes()
+        reply = arp.answer(message, self.inventory.mac_of, self.settings.gateway_ip)
+        if reply is not None:
+            steps.append(PacketOut(dpid=event.dpid, port=event.port, data=reply))
+            self._issue(steps[-1])
+        return steps
 
     def missing(self) -> list[str]:
         """What keeps the network from being built: servers not located yet."""
-        return sorted(s.name for s in self.servers.values() if s.data_ip not in self.hosts)
+        return sorted(s.name for s in self.registry.live() if s.data_ip not in self.inventory.hosts)
 
-    def build(self) -> bool:
-        """Map the discovered topology onto the B-tree and program every switch.
-        Ownership comes from the agents when they report some (a restarted
-        controller), else from the bootstrap policy."""
-        if self.tree is not None:
-            return True
-        if not self.servers or self.missing():
-            return False
-        graph = self._graph()
-        try:
-            classification, tree, fabric = map_topology(graph, self.space)
-        except TopologyError as exc:
-            self._event("topology-not-mappable", logging.WARNING, reason=str(exc))
-            return False
-        self.graph, self.classification, self.tree = graph, classification, tree
-        restored = self._restore_ownership(tree)
-        if not restored:
-            self._bootstrap(tree)
-        self.planner = FlowPlanner(tree, fabric, minimize=self.minimize)
-        self.routes = host_routes(graph)
-        for dpid in sorted(fabric.switches):
-            self.switches.sync(dpid, list(self.planner.table(dpid).values()), self.routes.get(dpid, {}))
-        self._event("network-built", switches=len(fabric.switches), servers=len(tree.leaves()),
-                    busy=len(tree.leaves_in(State.BUSY)), restored=restored,
-                    entries=self.planner.total_entries())
-        return True
+    def _graph(self) -> nx.Graph:
+        storage = {s.data_ip: s.name for s in self.registry.servers.values()}
+        hosts = [(storage.get(h.ip, f"h{h.ip}"), h.dpid, h.port, h.mac, h.ip,
+                  "storage" if h.ip in storage else "client")
+                 for h in self.inventory.hosts.values() if h.dpid in self.inventory.dpids]
+        return discovered_graph(self.inventory.dpids, self.inventory.links, hosts)
 
-    def _restore_ownership(self, tree: LogicalBTree) -> bool:
-        owners = {s.name: s.owned for s in self.servers.values() if s.owned}
-        if not owners:
-            return False
-        tree.bootstrap_organic(next(iter(owners)))
-        for name, blocks in owners.items():
-            tree.transfer([Block.parse(b) for b in blocks], name)
-        tree.check()
-        return True
-
-    def _bootstrap(self, tree: LogicalBTree) -> None:
-        leaves = tree.leaves()
-        if self.bootstrap == "organic":
-            moves = tree.bootstrap_organic(leaves[0])
-        else:
-            _, _, count = self.bootstrap.partition(":")
-            moves = tree.bootstrap_preallocate(int(count) if count else max(1, len(leaves) // 2))
-        for leaf in {m.target for m in moves}:
-            server = self.servers[leaf]
-            self.agent(server.admin_url).own([str(b) for b in tree.blocks(leaf)])
-            server.owned = [str(b) for b in tree.blocks(leaf)]
-
-    def _refresh_routes(self) -> None:
+    def _refresh_routes(self) -> list[Step]:
         self.graph = self._graph()
         new = host_routes(self.graph)
+        steps: list[Step] = []
         for dpid, table in new.items():
             changed, deleted = diff_routes(self.routes.get(dpid, {}), table)
             if changed or deleted:
-                self.switches.routes(dpid, changed, deleted)
+                steps.append(SendFlows(dpid=dpid, messages=ofmsgs.route_messages(changed, deleted)))
         self.routes = new
+        return self._loose_steps(steps, "host routes")
 
-    # -- splits -----------------------------------------------------------------
+    # -- agents ---------------------------------------------------------------------------
 
-    def _capacity(self, server: Server) -> int:
-        return self.capacity or server.capacity
+    def _register(self, event: Register) -> Registered:
+        server, new = self.registry.register(event.registration, self.clock())
+        if self.first_registration is None:
+            self.first_registration = self.clock()
+        self.event("agent-registered", name=server.name, ip=server.data_ip, new=new,
+                   owned=len(server.reported), failed=server.failed)
+        return Registered(server.name)
 
-    def due_for_split(self) -> list[str]:
-        if self.tree is None:
-            return []
-        return [s.name for s in self.servers.values()
-                if not s.failed and s.keys >= self._capacity(s) and self.tree.state(s.name) is State.BUSY]
+    def _heartbeat(self, event: Heartbeat) -> Ack:
+        self.registry.heartbeat(event.name, event.beat, self.clock())
+        return Ack(True)
 
-    def split(self, name: str) -> dict:
-        """Split one server now; returns what happened, with timings."""
-        started = self.clock()
-        server = self.servers[name]
-        source = self.agent(server.admin_url)
-        plan = plan_split(self.tree, name, lambda _leaf, first, last: source.count(first, last),
-                          self.bounds, method="aligned", cost=self.planner.cost_of)
-        if not plan.ok:
-            return self._event("split-refused", logging.WARNING, server=name, reason=plan.reason)
-        target = self.servers[plan.target]
-        blocks = [str(b) for b in plan.move]
-        migration = source.migrate(blocks, target.admin_url)
-        copied = self.clock()
-        moves = apply_split(self.tree, plan)
-        diff = self.planner.update(moves)
-        try:
-            self.switches.apply(diff)
-        except Exception as exc:
-            self._undo(moves, list(diff))
-            source.abort(migration["id"])
-            return self._event("split-aborted", logging.ERROR, server=name, reason=str(exc))
-        flows_done = self.clock()
-        source.commit(migration["id"])
-        finished = self.clock()
-        server.owned = [str(b) for b in self.tree.blocks(name)]
-        target.owned = [str(b) for b in self.tree.blocks(target.name)]
-        record = {"server": name, "target": target.name, "blocks": blocks,
-                  "keys_moved": migration.get("keys", plan.keys_moved), "keys_total": plan.keys_total,
-                  "switches": len(diff), "flow_mods": sum(len(d) for d in diff.values()),
-                  "copy_s": round(copied - started, 4), "flows_s": round(flows_done - copied, 4),
-                  "total_s": round(finished - started, 4)}
-        self.splits.append(record)
-        self._event("split", **record)
-        return record
+    def capacity(self, server: Server) -> int:
+        return self.settings.capacity or server.capacity
 
-    def _undo(self, moves: list[Move], dpids: list[int]) -> None:
-        """Put the tree back and give the touched switches their whole tables:
-        how much of the failed diff they applied is unknown."""
-        back = [Move(m.block, m.target, m.source) for m in moves]
-        for move in back:
-            self.tree.transfer([move.block], move.target)
-        self.planner.update(back)
-        for dpid in dpids:
-            self.switches.sync(dpid, list(self.planner.table(dpid).values()), self.routes.get(dpid, {}))
+    # -- building the network ---------------------------------------------------------
 
-    # -- failures ----------------------------------------------------------------
-
-    def fail(self, name: str, reason: str) -> dict:
-        """An idle server takes over a failed one's blocks. If the failed
-        server's agent still answers over the management network (its edge
-        link died, not the server), the blocks' keys are copied over first,
-        exactly as in a split, and nothing is lost. Otherwise its data is gone
-        (there is no replication yet): that is said loudly, never silently."""
-        server = self.servers[name]
-        if server.failed:
-            return {"server": name, "already": server.failed}
-        started = self.clock()
-        server.failed = reason
-        if self.tree is None or self.tree.state(name) is State.FAILED:
-            return self._event("server-failed", logging.ERROR, server=name, reason=reason)
-        try:
-            takeover = self.tree.fail(name)
-        except TreeError as exc:
-            return self._event("takeover-impossible", logging.CRITICAL, server=name, reason=str(exc))
-        blocks = [str(m.block) for m in takeover.moves]
-        salvaged = False
-        if takeover.successor is not None:
-            successor = self.servers[takeover.successor]
-            migration = self._salvage(server, successor, blocks) if blocks else None
-            if migration is None:
-                self.agent(successor.admin_url).own(blocks)
-            self.switches.apply(self.planner.update(list(takeover.moves)))
-            if migration is not None:
-                salvaged = self._commit_salvage(server, migration)
-                if not salvaged:
-                    self.agent(successor.admin_url).own(blocks)
-            successor.owned = [str(b) for b in self.tree.blocks(successor.name)]
-        if blocks and not salvaged:
-            lost = {"server": name, "blocks": blocks, "keys_lost_at_most": server.keys, "reason": reason}
-            self.lost.append(lost)
-            self._event("DATA-LOST", logging.ERROR, **lost,
-                        note="no replication: metadata in these blocks is gone until rewritten")
-        return self._event("takeover", logging.WARNING, server=name, successor=takeover.successor,
-                           blocks=len(blocks), same_parent=takeover.same_parent, salvaged=salvaged,
-                           why=takeover.reason, seconds=round(self.clock() - started, 4))
-
-    def _salvage(self, server: Server, successor: Server, blocks: list[str]) -> dict | None:
-        """Copy a failed server's blocks to its successor over the management
-        network, if its agent still answers; None when it does not."""
-        try:
-            return self.agent(server.admin_url).migrate(blocks, successor.admin_url)
-        except Exception as exc:  # unreachable or refusing: the data cannot be saved
-            self._event("salvage-impossible", logging.WARNING, server=server.name, reason=str(exc))
-            return None
-
-    def _commit_salvage(self, server: Server, migration: dict) -> bool:
-        try:
-            self.agent(server.admin_url).commit(migration["id"])
-            return True
-        except Exception as exc:
-            self._event("salvage-failed", logging.ERROR, server=server.name, reason=str(exc))
-            return False
-
-    def port_down(self, dpid: int, port: int) -> None:
-        for server in self.servers.values():
-            host = self.hosts.get(server.data_ip)
-            if host is not None and (host.dpid, host.port) == (dpid, port) and not server.failed:
-                self.fail(server.name, f"edge port {dpid}:{port} went down")
-
-    def check_heartbeats(self) -> None:
+    def _tick(self) -> list[Step]:
         now = self.clock()
-        for server in list(self.servers.values()):
-            if not server.failed and now - server.last_seen > self.heartbeat_timeout:
-                self.fail(server.name, f"no heartbeat for {now - server.last_seen:.1f} s")
-
-    # -- views for the REST API -----------------------------------------------------
-
-    def topology_view(self) -> dict:
-        c = self.classification
-        switches = sorted(self.dpids)
-        return {"switches": [{"dpid": d, "layer": c.layer.get(f"s{d}") if c else None,
-                              "group": c.group_of.get(f"s{d}") if c else None} for d in switches],
-                "links": sorted(self.links), "hosts": [vars(h) for h in self.hosts.values()],
-                "pods": [list(p) for p in c.pods] if c else [],
-                "missing_servers": self.missing()}
-
-    def tree_view(self) -> dict:
         if self.tree is None:
-            return {"built": False, "missing_servers": self.missing()}
+            if now - self.last_change >= self.settings.settle_s:
+                return self._build(now)
+            return []
+        steps: list[Step] = []
+        for server in self.registry.silent(now, self.settings.heartbeat_timeout_s):
+            steps += self._fail(server.name, f"no heartbeat for {now - server.last_seen:.1f} s")
+        if self.settings.auto_split:
+            busy = self.operations.reserved()
+            for server in self.registry.live():
+                if (server.name not in busy and server.keys >= self.capacity(server)
+                        and server.name in self.tree.leaves()
+                        and self.tree.state(server.name) is State.BUSY):
+                    steps += self._start("split", server.name, {server.name},
+                                         lambda op, name=server.name: split_saga(self, op, name))
+                    busy = self.operations.reserved()
+        return steps
+
+    def _build(self, now: float) -> list[Step]:
+        """Map the discovered topology onto the B-tree and program every switch.
+        Ownership comes from the agents when they report some (a restarted
+        controller), else from the bootstrap policy. A registered server that
+        has not shown up on the data plane by --locate-timeout is left out
+        (out of service), and its blocks are salvaged from its agent."""
+        if self.first_registration is None:
+            return []
+        missing = self.missing()
+        if missing and now - self.first_registration < self.settings.locate_timeout_s:
+            return []
+        for name in missing:
+            self.registry[name].failed = f"not seen on the data plane within {self.settings.locate_timeout_s:g} s"
+            self.event("server-failed", logging.ERROR, server=name, reason=self.registry[name].failed)
+        graph = self._graph()
+        try:
+            classification, tree, fabric = map_topology(graph, self.settings.space)
+        except TopologyError as exc:
+            self.event("topology-not-mappable", logging.WARNING, reason=str(exc))
+            self.last_change = self.clock()   # wait for more of the topology
+            return []
+        self.graph, self.classification, self.tree = graph, classification, tree
+        losers, gaps = self._restore_ownership(tree)
+        restored = bool(tree.leaves_in(State.BUSY))
+        moves = [] if restored else self.settings.bootstrap.apply(tree)
+        self.planner = FlowPlanner(tree, fabric, minimize=self.settings.minimize)
+        self.routes = host_routes(graph)
+        self.event("network-built", switches=len(fabric.switches), servers=len(tree.leaves()),
+                   busy=len(tree.leaves_in(State.BUSY)), restored=restored,
+                   entries=self.planner.total_entries())
+        return self._start("build", "network", set(),
+                           lambda op: self._build_saga(moves, losers, gaps, restored))
+
+    def _restore_ownership(self, tree: LogicalBTree) -> tuple[dict[str, list[Block]], dict[str, list[Block]]]:
+        """The tree from what the agents in it say they own, and (second) the
+        blocks no agent in the tree claims, given to one idle leaf (their data
+        may be on an agent out of service). Two claims on one block cannot be
+        told apart without epochs: the first by name wins, the other is told
+        to stop serving it (keeping its records), loudly."""
+        claims = sorted((s.name, b) for s in self.registry.live() for b in s.reported
+                        if s.name in tree.leaves())
+        if not claims:
+            return {}, {}
+        tree.bootstrap_organic(claims[0][0])
+        taken: list[tuple[Block, str]] = []
+        losers: dict[str, list[Block]] = {}
+        for name, block in claims:
+            rival = next((owner for b, owner in taken if b.covers(block) or block.covers(b)), None)
+            if rival is not None and rival != name:
+                self.event("ownership-conflict", logging.ERROR, block=str(block), kept=rival, dropped=name)
+                losers.setdefault(name, []).append(block)
+                continue
+            tree.transfer([block], name)
+            taken.append((block, name))
+        unclaimed = [(piece, owner) for b, owner in tree.partition()
+                     for piece in _uncovered(b, [c for c, by in taken if by == owner])]
+        gaps: dict[str, list[Block]] = {}
+        if unclaimed:
+            idle = tree.leaves_in(State.IDLE)
+            for block, owner in unclaimed:
+                heir = idle[0] if idle else owner
+                tree.transfer([block], heir)
+                gaps.setdefault(heir, []).append(block)
+            self.event("unclaimed-blocks", logging.WARNING, blocks=[str(b) for b, _ in unclaimed],
+                       given_to=sorted(gaps))
+        tree.check()
+        return losers, gaps
+
+    def _build_saga(self, bootstrap: list[Move], losers: dict[str, list[Block]],
+                    gaps: dict[str, list[Block]], restored: bool) -> Saga:
+        tree = self.tree_or_raise()
+        owners = sorted({m.target for m in bootstrap})
+        if owners:
+            try:
+                yield [CallAgent(server=name, url=self.registry[name].admin_url, route=ADMIN.own,
+                                 body=OwnRequest(tree.blocks(name))) for name in owners]
+            except StepError as failed:
+                self.event("bootstrap-incomplete", logging.ERROR, reason=str(failed),
+                           note="a server that does not answer fails over by its heartbeat")
+        for name, blocks in losers.items():
+            try:
+                yield CallAgent(server=name, url=self.registry[name].admin_url, route=ADMIN.disown,
+                                body=DisownRequest(blocks, delete=False))
+            except StepError as failed:
+                self.event("disown-failed", logging.ERROR, server=name, reason=str(failed))
+        yield from self.resync(sorted(self.planner_or_raise().fabric.switches))
+        if restored:
+            yield from self._finish_leftovers()
+        for heir, blocks in gaps.items():
+            yield from self.recover(heir, blocks, None, "no agent in service claims these blocks")
+        return None
+
+    def recover(self, heir: str, blocks: list[Block], lost_with: str | None, reason: str) -> Saga:
+        """`heir` takes over blocks whose owner could not hand them over: they
+        are salvaged from any out-of-service agent that still claims them (a
+        server cut off from the data plane, an earlier owner whose hand-over
+        was overtaken); what nobody has is served empty, loudly."""
+        rest = list(blocks)
+        donors = [s for s in self.registry.servers.values()
+                  if s.failed and s.name not in (heir, lost_with)]
+        try:
+            healths = yield [CallAgent(server=d.name, url=d.admin_url, route=ADMIN.health) for d in donors]
+        except StepError as failed:
+            healths = failed.results     # the dead ones cannot give anything
+        for donor, health in zip(donors, healths):
+            theirs = [b for b in rest if health is not None and any(o.covers(b) for o in health.owned)]
+            if theirs:
+                rest = [b for b in rest if b not in theirs]
+                yield from salvage_now(self, donor.name, heir, theirs)
+        if rest:
+            yield from self.own_empty(heir, rest, lost_with, reason)
+
+    def _finish_leftovers(self) -> Saga:
+        """A restarted controller finds the migrations its predecessor left on
+        the agents. The tree was rebuilt from what the agents own, and an
+        unfinished migration's blocks are still owned by its source, so
+        aborting it is what agrees with the flows just installed: the source
+        unfreezes and keeps serving, the target drops its copy."""
+        servers = list(self.registry.servers.values())   # out of service too: it may hold leftovers
+        try:
+            listings = yield [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.migrations)
+                              for s in servers]
+        except StepError as failed:
+            listings = failed.results
+        aborts = [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.abort, params={"id": m.id})
+                  for s, listing in zip(servers, listings) if listing is not None
+                  for m in listing.migrations if m.state in ("copying", "copied")]
+        if aborts:
+            self.event("leftover-migrations", count=len(aborts),
+                       migrations=[a.params["id"] for a in aborts], action="aborted")
+            try:
+                yield aborts
+            except StepError as failed:
+                self.event("abort-unconfirmed", logging.WARNING, reason=str(failed),
+                           note="the migrations' leases abort them")
+        try:
+            healths = yield [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.health) for s in servers]
+        except StepError as failed:
+            healths = failed.results
+        discards = [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.import_discard, params={"id": i})
+                    for s, health in zip(servers, healths) if health is not None for i in health.imports]
+        if discards:
+            self.event("leftover-imports", count=len(discards), action="discarded")
+            try:
+                yield discards
+            except StepError as failed:
+                self.event("discard-unconfirmed", logging.WARNING, reason=str(failed))
+
+    # -- operations ----------------------------------------------------------------------
+
+    def _start(self, kind: str, server: str, involves: set[str], make: Callable[[Operation], Saga],
+               reply: object = None) -> list[Step]:
+        """Run a saga as an operation; `reply` (a REST caller) gets its outcome."""
+        op = Operation(f"op{next(self._ids)}", kind, server, set(involves), self.clock())
+
+        def done(outcome: object) -> list[Step]:
+            if reply is None:
+                return []
+            if outcome is None:
+                outcome = Outcome(kind, server, False, {"reason": op.cancelled or "cancelled"})
+            return [self._issue_answer(reply, outcome)]
+
+        op.on_done = done
+        return self.operations.start(op, make(op))
+
+    def _split_now(self, event: SplitNow) -> list[Step]:
+        refusal = self._why_not_split(event.name)
+        if refusal is not None:
+            return [self._issue_answer(event.reply, refusal)]
+        return self._start("split", event.name, {event.name},
+                           lambda op: split_saga(self, op, event.name), event.reply)
+
+    def _why_not_split(self, name: str) -> Exception | Outcome | None:
+        if name not in self.registry:
+            return NotFound(f"unknown server {name!r}")
+        if self.tree is None:
+            return Conflict("the network is not built yet")
+        if self.registry[name].failed:
+            return Outcome("split-refused", name, False, {"reason": f"{name} has failed"})
+        if self.operations.involving(name):
+            return Outcome("split-refused", name, False,
+                           {"reason": f"{name} is busy: {self.operations.involving(name)[0].kind}"})
+        return None
+
+    def _fail_now(self, event: FailNow) -> list[Step]:
+        if event.name not in self.registry:
+            return [self._issue_answer(event.reply, NotFound(f"unknown server {event.name!r}"))]
+        return self._fail(event.name, event.reason or "marked failed over REST", event.reply)
+
+    def _fail(self, name: str, reason: str, reply: object = None) -> list[Step]:
+        """Take a server out of service: cancel what it is part of, then fail it over."""
+        server = self.registry[name]
+        if server.failed:
+            already = Outcome("server-failed", name, True, {"already": server.failed})
+            return [self._issue_answer(reply, already)] if reply is not None else []
+        server.failed = reason
+        self.event("server-failed", logging.ERROR, server=name, reason=reason)
+        steps: list[Step] = []
+        for op in self.operations.involving(name):
+            steps += self.operations.cancel(op, f"{name} failed: {reason}")
+        if self.tree is None or name not in self.tree.leaves():
+            if reply is not None:
+                steps.append(self._issue_answer(reply, Outcome("server-failed", name, True,
+                                                               {"reason": reason, "note": "not in the tree"})))
+            return steps
+        return steps + self._start("failover", name, {name},
+                                   lambda op: failover_saga(self, op, name, reason), reply)
+
+    # -- views for the REST API -------------------------------------------------------------
+
+    def topology_view(self) -> TopologyView:
+        c = self.classification
+        return TopologyView(
+            switches=[SwitchInfo(d, c.layer.get(f"s{d}") if c else None, c.group_of.get(f"s{d}") if c else None)
+                      for d in sorted(self.inventory.dpids)],
+            links=sorted(self.inventory.links),
+            hosts=[HostInfo(h.ip, h.mac, h.dpid, h.port) for h in self.inventory.hosts.values()],
+            pods=[list(p) for p in c.pods] if c else [],
+            missing_servers=self.missing())
+
+    def tree_view(self) -> TreeView:
         t = self.tree
-        return {"built": True, "root": t.root,
-                "inner": {n: t.children(n) for n in t.inner_nodes()},
-                "leaves": {leaf: {"state": t.state(leaf).name.lower(),
-                                  "blocks": [str(b) for b in t.blocks(leaf)],
-                                  "parent": t.parent(leaf)} for leaf in t.leaves()}}
+        if t is None:
+            return TreeView(False, self.missing())
+        return TreeView(True, [], t.root, {n: t.children(n) for n in t.inner_nodes()},
+                        {leaf: LeafInfo(t.state(leaf).name.lower(), t.blocks(leaf), t.parent(leaf))
+                         for leaf in t.leaves()})
 
-    def flows_view(self) -> dict:
-        if self.planner is None:
-            return {}
-        return {str(dpid): [{"priority": e.priority, "prefix": str(e.prefix), "out_port": e.out_port,
-                             "set_dl_dst": e.set_dl_dst} for e in sorted(self.planner.table(dpid).values())]
-                for dpid in sorted(self.planner.fabric.switches)}
+    def flows_view(self) -> FlowsView:
+        planner = self.planner
+        if planner is None:
+            return FlowsView({})
+        return FlowsView({str(dpid): [FlowInfo(e.priority, e.prefix, e.out_port, e.set_dl_dst)
+                                      for e in sorted(planner.table(dpid).values())]
+                          for dpid in sorted(planner.fabric.switches)})
 
-    def servers_view(self) -> dict:
-        return {name: {"data_ip": s.data_ip, "admin_url": s.admin_url, "keys": s.keys,
-                       "capacity": self._capacity(s), "failed": s.failed,
-                       "state": self.tree.state(name).name.lower() if self.tree and name in self.tree.leaves() else None,
-                       "blocks": [str(b) for b in self.tree.blocks(name)] if self.tree and name in self.tree.leaves() else s.owned}
-                for name, s in sorted(self.servers.items())}
+    def servers_view(self) -> ServersView:
+        tree = self.tree
+        out = {}
+        for name, s in sorted(self.registry.servers.items()):
+            in_tree = tree is not None and name in tree.leaves()
+            busy = self.operations.involving(name)
+            out[name] = ServerInfo(
+                s.data_ip, s.admin_url, s.keys, self.capacity(s), s.failed,
+                tree.state(name).name.lower() if tree is not None and in_tree else None,
+                tree.blocks(name) if tree is not None and in_tree else list(s.reported),
+                busy[0].kind if busy else None)
+        return ServersView(out)
 
+    def events_view(self) -> EventsView:
+        return EventsView(list(self.events))
+
+    def splits_view(self) -> SplitsView:
+        return SplitsView(list(self.splits))
+
+    def operations_view(self) -> OperationsView:
+        now = self.clock()
+        return OperationsView([OperationInfo(op.id, op.kind, op.server, op.step, round(now - op.started, 3))
+                               for op in self.operations.running.values()])
+
+
+def _uncovered(block: Block, claims: list[Block]) -> list[Block]:
+    """The parts of `block` that no claim covers, as blocks (CIDR blocks nest
+    or are disjoint, so halving until each half is covered or untouched ends)."""
+    if any(c.covers(block) for c in claims):
+        return []
+    inside = [c for c in claims if block.covers(c)]
+    if not inside:
+        return [block]
+    low, high = block.halves()
+    return _uncovered(low, inside) + _uncovered(high, inside)

@@ -2,9 +2,10 @@
 
 `btree.flows` says *what* each switch holds (`FlowEntry`, `SwitchDiff`);
 `controller.routing` says where physical addresses go. This module turns
-both into os-ken OF1.0 message objects for one datapath, without sending
-anything, so tests check the exact matches, priorities and actions with no
-switch at all (faucet's split between valve logic and the shim).
+both into os-ken OF1.0 message objects without a datapath (faucet's
+valve_of: the shim attaches the datapath when it sends them), so the core
+returns them in its steps, and tests check the exact matches, priorities and
+actions, or apply them to a fake switch, with no switch at all.
 
 Layout (ARCHITECTURE.md, "Flow table layout"):
 
@@ -22,9 +23,10 @@ an old entry leaving and its replacement arriving.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from typing import Any
 
-from os_ken.ofproto import ofproto_v1_0
+from os_ken.ofproto import ofproto_v1_0, ofproto_v1_0_parser
 
 from btree.flows import FlowEntry, SwitchDiff, Table, diff_tables
 from client_lib.cidr import Block
@@ -45,23 +47,22 @@ ETH_TYPE_ARP = 0x0806
 ETH_TYPE_LLDP = 0x88CC
 PROTOCOLS = (6, 17)        # tcp, udp
 
-Datapath = Any  # os_ken.controller.controller.Datapath, or any object with ofproto/ofproto_parser
+ofp = ofproto_v1_0
+parser = ofproto_v1_0_parser
 
 
-def metaflow_matches(dp: Datapath, entry: FlowEntry) -> list:
+def metaflow_matches(entry: FlowEntry) -> list[Any]:
     """Up-rules match too: each one is a slice of the space (spread over the
     uplinks), and port 9000 traffic to addresses outside the space (a client
     talking to a server's own address) must fall through to host routes."""
-    parser = dp.ofproto_parser
     prefix = entry.prefix
     return [parser.OFPMatch(dl_type=ETH_TYPE_IP, nw_proto=proto, tp_dst=METAFLOW_PORT,
                             nw_dst=prefix.first, nw_dst_mask=prefix.plen)
             for proto in PROTOCOLS]
 
 
-def metaflow_actions(dp: Datapath, entry: FlowEntry) -> list:
-    parser = dp.ofproto_parser
-    actions = []
+def metaflow_actions(entry: FlowEntry) -> list[Any]:
+    actions: list[Any] = []
     if entry.set_dl_dst:
         actions.append(parser.OFPActionSetDlDst(_mac(entry.set_dl_dst)))
     actions.append(parser.OFPActionOutput(entry.out_port))
@@ -72,65 +73,62 @@ def _mac(text: str) -> bytes:
     return bytes(int(part, 16) for part in text.split(":"))
 
 
-def _flow_mod(dp: Datapath, match, command: int, priority: int, actions: list, cookie: int):
-    return dp.ofproto_parser.OFPFlowMod(
-        datapath=dp, match=match, cookie=cookie, command=command, priority=priority,
+def _flow_mod(match: Any, command: int, priority: int, actions: list[Any], cookie: int) -> Any:
+    return parser.OFPFlowMod(
+        datapath=None, match=match, cookie=cookie, command=command, priority=priority,
         idle_timeout=0, hard_timeout=0, actions=actions)
 
 
-def diff_messages(dp: Datapath, diff: SwitchDiff) -> list:
+def diff_messages(diff: SwitchDiff) -> list[Any]:
     """Flow mods for one switch's diff: adds, then modifies, then deletes."""
-    ofp = dp.ofproto
-    out = []
+    out: list[Any] = []
     for entries, command in ((diff.add, ofp.OFPFC_ADD), (diff.modify, ofp.OFPFC_MODIFY_STRICT),
                              (diff.delete, ofp.OFPFC_DELETE_STRICT)):
         for entry in entries:
-            actions = [] if command == ofp.OFPFC_DELETE_STRICT else metaflow_actions(dp, entry)
-            out += [_flow_mod(dp, match, command, entry.priority, actions, COOKIE_METAFLOW)
-                    for match in metaflow_matches(dp, entry)]
+            actions = [] if command == ofp.OFPFC_DELETE_STRICT else metaflow_actions(entry)
+            out += [_flow_mod(match, command, entry.priority, actions, COOKIE_METAFLOW)
+                    for match in metaflow_matches(entry)]
     return out
 
 
-def route_messages(dp: Datapath, routes: dict[str, int], delete: list[str] = ()) -> list:
+def route_messages(routes: dict[str, int], delete: Sequence[str] = ()) -> list[Any]:
     """Unicast routes for physical addresses: host /32 -> output port."""
-    parser, ofp = dp.ofproto_parser, dp.ofproto
-    out = []
+    out: list[Any] = []
     for ip, port in routes.items():
         match = parser.OFPMatch(dl_type=ETH_TYPE_IP, nw_dst=int(ipaddress.IPv4Address(ip)))
-        out.append(_flow_mod(dp, match, ofp.OFPFC_ADD, HOST_ROUTE_PRIORITY,
+        out.append(_flow_mod(match, ofp.OFPFC_ADD, HOST_ROUTE_PRIORITY,
                              [parser.OFPActionOutput(port)], COOKIE_ROUTE))
     for ip in delete:
         match = parser.OFPMatch(dl_type=ETH_TYPE_IP, nw_dst=int(ipaddress.IPv4Address(ip)))
-        out.append(_flow_mod(dp, match, ofp.OFPFC_DELETE_STRICT, HOST_ROUTE_PRIORITY, [], COOKIE_ROUTE))
+        out.append(_flow_mod(match, ofp.OFPFC_DELETE_STRICT, HOST_ROUTE_PRIORITY, [], COOKIE_ROUTE))
     return out
 
 
-def base_messages(dp: Datapath) -> list:
+def base_messages() -> list[Any]:
     """What every switch holds from the start: LLDP and ARP to the controller
     (discovery and address answers), and drop for the rest. No wipe: a
     switch that reconnects, or a restarted controller, must not interrupt
     the traffic its entries carry; `resync_messages` fixes differences."""
-    parser, ofp = dp.ofproto_parser, dp.ofproto
     to_controller = [parser.OFPActionOutput(ofp.OFPP_CONTROLLER, 0xFFFF)]
-    lldp = _flow_mod(dp, parser.OFPMatch(dl_type=ETH_TYPE_LLDP), ofp.OFPFC_ADD, LLDP_PRIORITY,
+    lldp = _flow_mod(parser.OFPMatch(dl_type=ETH_TYPE_LLDP), ofp.OFPFC_ADD, LLDP_PRIORITY,
                      to_controller, COOKIE_BASE)
-    arp = _flow_mod(dp, parser.OFPMatch(dl_type=ETH_TYPE_ARP), ofp.OFPFC_ADD, ARP_PRIORITY,
+    arp = _flow_mod(parser.OFPMatch(dl_type=ETH_TYPE_ARP), ofp.OFPFC_ADD, ARP_PRIORITY,
                     to_controller, COOKIE_BASE)
-    miss = _flow_mod(dp, parser.OFPMatch(), ofp.OFPFC_ADD, TABLE_MISS_PRIORITY, [], COOKIE_BASE)
+    miss = _flow_mod(parser.OFPMatch(), ofp.OFPFC_ADD, TABLE_MISS_PRIORITY, [], COOKIE_BASE)
     return [lldp, arp, miss]
 
 
-def _output(actions: list) -> int | None:
+def _output(actions: list[Any]) -> int | None:
     return next((a.port for a in actions if hasattr(a, "port")), None)
 
 
-def installed(stats: list) -> tuple[Table, dict[str, int]]:
+def installed(stats: list[Any]) -> tuple[Table, dict[str, int]]:
     """Our MetaFlow entries and host routes among one switch's flow stats
     (recognized by cookie; the tcp half of each MetaFlow pair is enough)."""
     table: Table = {}
     routes: dict[str, int] = {}
     for stat in stats:
-        match, ofp = stat.match, ofproto_v1_0
+        match = stat.match
         if stat.cookie == COOKIE_METAFLOW and match.nw_proto == PROTOCOLS[0]:
             wild = (match.wildcards & ofp.OFPFW_NW_DST_MASK) >> ofp.OFPFW_NW_DST_SHIFT
             plen = max(0, 32 - wild)
@@ -144,10 +142,10 @@ def installed(stats: list) -> tuple[Table, dict[str, int]]:
     return table, routes
 
 
-def resync_messages(dp: Datapath, have: Table, have_routes: dict[str, int],
-                    want: list[FlowEntry], want_routes: dict[str, int]) -> list:
+def resync_messages(have: Table, have_routes: dict[str, int],
+                    want: list[FlowEntry], want_routes: dict[str, int]) -> list[Any]:
     """Bring a switch from what it holds to what it should hold, touching
     only the entries that differ."""
     changed, deleted = diff_routes(have_routes, want_routes)
-    return (base_messages(dp) + diff_messages(dp, diff_tables(have, {e.match: e for e in want}))
-            + route_messages(dp, changed, deleted))
+    return (base_messages() + diff_messages(diff_tables(have, {e.match: e for e in want}))
+            + route_messages(changed, deleted))

@@ -1,99 +1,107 @@
-"""The controller's REST API: a small WSGI app over `MetaFlowCore`.
+"""The controller's REST API: the routes declared in `client_lib.api.rest`,
+served by wsgiref in threads of their own.
 
-os-ken 4 dropped Ryu's WSGI layer, so this is a plain WSGI callable served
-by the standard library's wsgiref in a thread (`app.py`). JSON in, JSON out, paths
-in the spirit of os-ken's ofctl REST:
-
-    GET  /metaflow/topology   switches with layers and groups, links, hosts, pods
-    GET  /metaflow/tree       the B-tree: inner nodes, leaves with state and blocks
-    GET  /metaflow/flows      MetaFlow entries per switch (dpid -> entries)
-    GET  /metaflow/servers    storage servers with key counts, capacity, state
-    GET  /metaflow/events     recent events (splits, take-overs, DATA-LOST, ...)
-    GET  /metaflow/splits     every split with its timings
-    POST /metaflow/agents                    agent registration
-    POST /metaflow/agents/{name}/heartbeat   heartbeat (404: register again)
-    POST /metaflow/servers/{name}/split      split a server now
-    POST /metaflow/servers/{name}/fail       mark a server failed (take-over)
+A request never touches the core from its own thread: a view is computed
+on the decision loop (`query`), and a registration, heartbeat, split or
+fail-over is an event on the same queue whose answer the request thread
+waits for (`ask`). Since the loop never blocks, a heartbeat is answered in
+milliseconds even while a split copies for minutes.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-from typing import Callable, Iterable
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from client_lib.api.auth import Verifier
+from client_lib.api.rest import REST
+from client_lib.api.server import Call, Dispatcher, wsgi_app
+from client_lib.errors import ApiError
 from controller.core import MetaFlowCore
+from controller.steps import FailNow, Heartbeat, Register, Request, SplitNow
 
 log = logging.getLogger("metaflow.controller.rest")
 
-Locked = Callable[[Callable[[], object]], object]   # runs a function on the core's worker
+QUICK_S = 30.0
+"""How long a registration, heartbeat or view may take (the loop is never blocked)."""
+LONG_S = 900.0
+"""How long a split or fail-over may take (a copy of a large block)."""
+
+Query = Callable[[Callable[[MetaFlowCore], object]], "Future[object]"]
+Post = Callable[[Request], None]
 
 
 class RestApi:
-    def __init__(self, core: MetaFlowCore, locked: Locked) -> None:
-        self.core = core
-        self.locked = locked
-        core_views = {
-            "topology": core.topology_view, "tree": core.tree_view, "flows": core.flows_view,
-            "servers": core.servers_view, "events": lambda: list(core.events),
-            "splits": lambda: core.splits,
+    def __init__(self, query: Query, post: Post, verifier: Verifier, open_reads: bool) -> None:
+        self._query = query
+        self._post = post
+        views: dict[object, Callable[[MetaFlowCore], object]] = {
+            REST.topology: MetaFlowCore.topology_view, REST.tree: MetaFlowCore.tree_view,
+            REST.flows: MetaFlowCore.flows_view, REST.servers: MetaFlowCore.servers_view,
+            REST.events: MetaFlowCore.events_view, REST.splits: MetaFlowCore.splits_view,
+            REST.operations: MetaFlowCore.operations_view,
         }
-        self.gets = {f"/metaflow/{name}": view for name, view in core_views.items()}
-        self.posts: list[tuple[re.Pattern, Callable[[dict, str], tuple[int, object]]]] = [
-            (re.compile(r"^/metaflow/agents$"), self._register),
-            (re.compile(r"^/metaflow/agents/([^/]+)/heartbeat$"), self._heartbeat),
-            (re.compile(r"^/metaflow/servers/([^/]+)/split$"), self._split),
-            (re.compile(r"^/metaflow/servers/([^/]+)/fail$"), self._fail),
-        ]
+        self._views = views
+        self.app = wsgi_app(Dispatcher(REST.ALL, verifier, open_reads), self.handle)
 
-    def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
-        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
-        try:
-            status, body = self._route(method, path, environ)
-        except (ValueError, KeyError) as exc:
-            status, body = 400, {"error": str(exc)}
-        except Exception as exc:  # a bug must not take the controller down; it is logged
-            log.exception("%s %s failed", method, path)
-            status, body = 500, {"error": str(exc)}
-        payload = json.dumps(body, default=str).encode()
-        start_response(f"{status} {'OK' if status < 300 else 'Error'}",
-                       [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))])
-        return [payload]
+    def handle(self, call: Call) -> object:
+        route = call.route
+        if route in self._views:
+            return _wait(self._query(self._views[route]), QUICK_S, route)
+        if route is REST.register:
+            return self._ask(lambda reply: Register(reply, call.body), QUICK_S, route)
+        if route is REST.heartbeat:
+            return self._ask(lambda reply: Heartbeat(reply, call.params["name"], call.body), QUICK_S, route)
+        if route is REST.split:
+            return self._ask(lambda reply: SplitNow(reply, call.params["name"]), LONG_S, route)
+        if route is REST.fail:
+            return self._ask(lambda reply: FailNow(reply, call.params["name"], call.body.reason),
+                             LONG_S, route)
+        raise TypeError(f"no handler for {route}")
 
-    def _route(self, method: str, path: str, environ: dict) -> tuple[int, object]:
-        if method == "GET" and path in self.gets:
-            return 200, self.locked(self.gets[path])
-        if method == "POST":
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-            raw = environ["wsgi.input"].read(length) if length else b"{}"
-            doc = json.loads(raw or b"{}")
-            if not isinstance(doc, dict):
-                raise ValueError("the body must be a JSON object")
-            for pattern, handler in self.posts:
-                match = pattern.match(path)
-                if match:
-                    return handler(doc, *match.groups())
-        return 404, {"error": f"no {method} {path}"}
+    def _ask(self, make: Callable[[Future[object]], Request], timeout: float, route: object) -> object:
+        reply: Future[object] = Future()
+        self._post(make(reply))
+        value = _wait(reply, timeout, route)
+        if isinstance(value, BaseException):
+            raise value
+        return value
 
-    def _register(self, doc: dict) -> tuple[int, object]:
-        server = self.locked(lambda: self.core.register(doc))
-        return 200, {"registered": server.name}
 
-    def _heartbeat(self, doc: dict, name: str) -> tuple[int, object]:
-        # Not queued behind the worker: a long split must not make live
-        # agents look silent. It only updates one server's fields.
-        known = self.core.heartbeat(name, doc)
-        return (200, {"ok": True}) if known else (404, {"error": f"unknown agent {name}"})
+def _wait(future: Future[object], timeout: float, route: object) -> object:
+    try:
+        return future.result(timeout)
+    except FutureTimeout:
+        raise ApiError(f"{route}: no answer from the controller within {timeout:g} s", 503) from None
 
-    def _known(self, name: str) -> None:
-        if name not in self.core.servers:
-            raise KeyError(f"unknown server {name}")
 
-    def _split(self, doc: dict, name: str) -> tuple[int, object]:
-        self._known(name)
-        return 200, self.locked(lambda: self.core.split(name))
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
 
-    def _fail(self, doc: dict, name: str) -> tuple[int, object]:
-        self._known(name)
-        return 200, self.locked(lambda: self.core.fail(name, doc.get("reason", "marked failed over REST")))
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("rest: " + format, *args)
+
+
+class RestServer:
+    """The WSGI server in a thread; `close` stops it."""
+
+    def __init__(self, api: RestApi, host: str, port: int) -> None:
+        self.httpd = make_server(host, port, api.app, server_class=_ThreadingWSGIServer,
+                                 handler_class=_QuietHandler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="rest", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

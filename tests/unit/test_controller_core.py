@@ -1,268 +1,219 @@
-"""The controller's state machine against fake agents and a fake fabric.
+"""The controller core against fake switches (real OF1.0 flow mods) and fake agents.
 
-The fake fabric applies diffs to per-switch tables exactly as a switch would,
-and a `FakeNetwork` built on those tables answers where every ID goes; the
-fake agents keep keys by MetaDataID and follow the migration protocol.
+Every check of where an ID goes sends a packet through the flow tables the
+core's messages built on the fake switches.
 """
 
 from __future__ import annotations
 
-import random
-
 import pytest
+from controller_world import SPACE, World, check_consistent, fill
 
-from btree.fake_network import FakeNetwork
-from btree.flows import FlowEntry
-from btree.split import SplitBounds
 from btree.tree import State
-from client_lib.cidr import Block
-from controller.core import MetaFlowCore
-from controller.routing import host_routes
-from topology.builders import client_hosts, fat_tree, storage_hosts
-
-SPACE = Block.parse("100.64.0.0/10")
-
-
-class FakeSwitches:
-    def __init__(self) -> None:
-        self.tables: dict[int, dict] = {}
-        self.host_routes: dict[int, dict[str, int]] = {}
-        self.barriers = 0
-        self.fail_next_apply = False
-
-    def apply(self, diff) -> None:
-        if self.fail_next_apply:
-            self.fail_next_apply = False
-            raise RuntimeError("barrier timed out")
-        for dpid, change in diff.items():
-            table = self.tables[dpid]
-            for entry in change.delete:
-                del table[entry.match]
-            for entry in change.add + change.modify:
-                table[entry.match] = entry
-        self.barriers += 1
-
-    def sync(self, dpid: int, entries: list[FlowEntry], routes: dict[str, int]) -> None:
-        self.tables[dpid] = {e.match: e for e in entries}
-        self.host_routes[dpid] = dict(routes)
-
-    def routes(self, dpid: int, changed: dict[str, int], deleted: list[str]) -> None:
-        table = self.host_routes.setdefault(dpid, {})
-        table.update(changed)
-        for ip in deleted:
-            del table[ip]
-
-
-class FakeAgent:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.keys: dict[int, bytes] = {}
-        self.owned: list[Block] = []
-        self.migrations: dict[str, tuple[list[Block], str]] = {}
-        self.peers: dict[str, FakeAgent] = {}
-        self.alive = True
-
-    def health(self) -> dict:
-        return {"keys": len(self.keys)}
-
-    def count(self, first: int, last: int) -> int:
-        return sum(1 for k in self.keys if first <= k <= last)
-
-    def own(self, blocks, migration=None) -> dict:
-        self.owned += [Block.parse(b) for b in blocks]
-        return {}
-
-    def migrate(self, blocks, target) -> dict:
-        if not self.alive:
-            raise ConnectionError(f"{self.name} does not answer")
-        ident = f"m{len(self.migrations)}"
-        self.migrations[ident] = ([Block.parse(b) for b in blocks], target)
-        moving = [k for k in self.keys if any(b.contains(k) for b in self.migrations[ident][0])]
-        return {"id": ident, "keys": len(moving)}
-
-    def commit(self, ident) -> dict:
-        blocks, target = self.migrations.pop(ident)
-        peer = self.peers[target]
-        for k in [k for k in self.keys if any(b.contains(k) for b in blocks)]:
-            peer.keys[k] = self.keys.pop(k)
-        peer.owned += blocks
-        self.owned = [b for b in self.owned if b not in blocks]
-        return {"state": "committed"}
-
-    def abort(self, ident) -> dict:
-        self.migrations.pop(ident)
-        return {"state": "aborted"}
+from client_lib.api.rest import Outcome, Registered, Registration
+from client_lib.errors import Conflict, NotFound
+from controller.steps import CallAgent, FailNow, PortDown, ReadFlows, SendFlows, SplitNow, SwitchDown, SwitchUp
+from topology.builders import client_hosts, fat_tree, port, storage_hosts
 
 
 @pytest.fixture
-def world():
-    g = fat_tree(4, servers=8)
-    switches = FakeSwitches()
-    agents = {}
-    storage = storage_hosts(g)
-    for host in storage:
-        agents[f"http://{host}"] = FakeAgent(host)
-    for agent in agents.values():
-        agent.peers = agents
-    clock = [0.0]
-    core = MetaFlowCore(SPACE, switches, agents.__getitem__, SplitBounds(), capacity=100,
-                        heartbeat_timeout=5, clock=lambda: clock[0])
-    return g, core, switches, agents, clock
+def world() -> World:
+    return World(fat_tree(4, servers=8))
 
 
 @pytest.fixture
-def built(world):
-    """The world after discovery, registration and the first build."""
-    g, core = world[0], world[1]
-    register_all(g, core)
-    discover(g, core)
-    assert core.build()
+def built(world: World) -> World:
+    world.boot()
+    assert world.core.tree is not None
     return world
 
 
-def discover(g, core) -> None:
-    for node, data in g.nodes(data=True):
-        if data["kind"] == "switch":
-            core.switch_up(data["dpid"])
-    for a, b, data in g.edges(data=True):
-        if g.nodes[a]["kind"] == g.nodes[b]["kind"] == "switch":
-            core.link_up(g.nodes[a]["dpid"], data["ports"][a], g.nodes[b]["dpid"], data["ports"][b])
-    for host in storage_hosts(g) + client_hosts(g):
-        (sw,) = list(g.neighbors(host))
-        core.host_seen(g.nodes[host]["ip"], g.nodes[host]["mac"], g.nodes[sw]["dpid"],
-                       g.edges[host, sw]["ports"][sw])
+def test_build_waits_for_every_server_then_programs_every_switch(world: World) -> None:
+    g = world.graph
+    world.register_all()
+    world.advance(world.settings.locate_timeout_s - 1)
+    world.tick()
+    assert world.core.tree is None and world.core.missing()   # servers not located yet
+    world.boot(register=False)
+    tree = world.core.tree
+    assert tree is not None
+    busy = tree.leaves_in(State.BUSY)
+    assert len(busy) == 4   # pre-allocation: half the servers
+    assert {a.name for a in world.agents.values() if a.ownership.owned} == set(busy)
+    assert all(s.flows for s in world.switches.values())
+    check_consistent(world, {})
+    for client in client_hosts(g):
+        assert world.deliver(SPACE.first, client).host == tree.owner(SPACE.first)
 
 
-def register_all(g, core) -> None:
-    for host in storage_hosts(g):
-        core.register({"name": host, "data_ip": g.nodes[host]["ip"], "data_mac": g.nodes[host]["mac"],
-                       "admin_url": f"http://{host}", "capacity": 100})
+def test_a_server_that_never_shows_up_is_left_out_after_the_locate_timeout(world: World) -> None:
+    g = world.graph
+    absent = storage_hosts(g)[0]
+    world.cut(absent)
+    world.boot()
+    tree = world.core.tree
+    assert tree is not None and absent not in tree.leaves()
+    assert world.core.registry[absent].failed.startswith("not seen on the data plane")
+    check_consistent(world, {})
 
 
-def fill(agent: FakeAgent, block: Block, count: int, stride: int) -> None:
-    """`count` keys spread over `block` at IDs `stride` apart."""
-    for i in range(count):
-        agent.keys[block.first + i * stride] = b"v"
+def test_split_moves_keys_and_entries_together(built: World) -> None:
+    tree = built.core.tree
+    name = tree.leaves_in(State.BUSY)[0]
+    acked = fill(built, name, 150)
+    outcome = built.ask(SplitNow, name=name)
+    assert isinstance(outcome, Outcome) and outcome.ok, outcome
+    target = outcome.detail["target"]
+    moved = len(built.agents[target].records)
+    assert 0.4 * 150 <= moved <= 0.6 * 150
+    assert len(built.agents[name].records) + moved == 150
+    assert built.core.splits and built.core.splits[0]["target"] == target
+    check_consistent(built, acked)
 
 
-def check_routing(core, switches, samples: int = 300) -> None:
-    """Every sampled ID, from every client, reaches its owner through what the switches hold."""
-    net = FakeNetwork(core.planner.fabric, switches.tables)
-    rng = random.Random(1)
-    clients = [h for h, d in core.graph.nodes(data=True) if d.get("role") == "client"]
-    for ident in [SPACE.first, SPACE.last] + [rng.randrange(SPACE.first, SPACE.last) for _ in range(samples)]:
-        owner = core.tree.owner(ident)
-        for client in clients:
-            delivered = net.forward(client, ident)
-            assert delivered.host == owner, (client, SPACE.address(ident), delivered)
-            assert delivered.dl_dst == core.servers[owner].data_mac
+def test_servers_at_capacity_split_by_themselves(built: World) -> None:
+    name = built.core.tree.leaves_in(State.BUSY)[1]
+    acked = fill(built, name, 120)   # capacity is 100
+    built.heartbeats()
+    built.tick()
+    assert [s["server"] for s in built.core.splits] == [name]
+    check_consistent(built, acked)
 
 
-def test_build_waits_for_every_server_then_programs_every_switch(world):
-    g, core, switches, agents, _ = world
-    register_all(g, core)
-    assert not core.build() and core.missing()  # servers not located yet
-    discover(g, core)
-    assert core.build()
-    busy = core.tree.leaves_in(State.BUSY)
-    assert len(busy) == 4  # pre-allocation: half the servers
-    assert {a.name for a in agents.values() if a.owned} == set(busy)
-    assert set(switches.tables) == {d["dpid"] for _, d in g.nodes(data=True) if d["kind"] == "switch"}
-    check_routing(core, switches)
-    assert switches.host_routes == host_routes(core.graph)
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_barrier_timeout_aborts_the_split_and_restores_every_table(built: World, applied: bool) -> None:
+    name = built.core.tree.leaves_in(State.BUSY)[0]
+    acked = fill(built, name, 120)
+    before = {d: dict(s.flows) for d, s in built.switches.items()}
+    failure = "barrier timeout" if applied else "barrier timeout, not applied"
+    built.inject = lambda step: failure if isinstance(step, SendFlows) and step.messages else None
+    outcome = built.ask(SplitNow, name=name)
+    built.inject = lambda step: None
+    assert not outcome.ok and outcome.operation == "split-aborted"
+    assert "flows" in outcome.detail["reason"]
+    assert {d: set(s.flows) for d, s in built.switches.items()} == {d: set(f) for d, f in before.items()}
+    assert [m.state for m in built.agents[name].migrations.values()] == ["aborted"]
+    check_consistent(built, acked)
 
 
-def test_split_moves_keys_and_entries_together(built):
-    g, core, switches, agents, _ = built
-    name = core.tree.leaves_in(State.BUSY)[0]
-    agent = agents[f"http://{name}"]
-    rng = random.Random(2)
-    blocks = core.tree.blocks(name)
-    for _ in range(150):
-        block = rng.choice(blocks)
-        agent.keys[rng.randrange(block.first, block.last + 1)] = b"v"
-    core.heartbeat(name, {"keys": len(agent.keys)})
-    assert core.due_for_split() == [name]
-    record = core.split(name)
-    target = agents[f"http://{record['target']}"]
-    assert 0.4 * 150 <= len(target.keys) <= 0.6 * 150
-    assert len(agent.keys) + len(target.keys) == 150
-    for ident in list(agent.keys) + list(target.keys):
-        owner = core.tree.owner(ident)
-        assert ident in agents[f"http://{owner}"].keys
-    check_routing(core, switches)
-    assert record["switches"] >= 1 and core.splits == [record]
+def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(built: World) -> None:
+    tree = built.core.tree
+    victim = tree.leaves_in(State.BUSY)[0]
+    blocks = tree.blocks(victim)
+    acked = fill(built, victim, 30)
+    built.agents[victim].dead = True   # the whole server died, agent included
+    built.advance(3)
+    built.heartbeats()
+    built.advance(3)
+    built.tick()
+    assert built.core.registry[victim].failed.startswith("no heartbeat")
+    successor = tree.owner(blocks[0].first)
+    assert successor != victim and tree.state(victim) is State.FAILED
+    assert set(blocks) <= set(built.agents[successor].ownership.owned)
+    assert built.core.lost and built.core.lost[0]["server"] == victim
+    assert any(e["event"] == "DATA-LOST" for e in built.core.events)
+    check_consistent(built, acked, lost=blocks)
 
 
-def test_a_failed_flow_push_aborts_the_migration_and_restores_entries(built):
-    g, core, switches, agents, _ = built
-    name = core.tree.leaves_in(State.BUSY)[0]
-    agent = agents[f"http://{name}"]
-    fill(agent, core.tree.blocks(name)[0], 120, 977)
-    before = {d: dict(t) for d, t in switches.tables.items()}
-    switches.fail_next_apply = True
-    result = core.split(name)
-    assert result["event"] == "split-aborted"
-    assert agent.migrations == {} and len(agent.keys) == 120
-    assert switches.tables == before
-    check_routing(core, switches)
+def test_edge_port_down_moves_the_data_of_a_still_reachable_server(built: World) -> None:
+    g = built.graph
+    victim = built.core.tree.leaves_in(State.BUSY)[1]
+    acked = fill(built, victim, 50)
+    (edge,) = list(g.neighbors(victim))
+    built.post(PortDown(g.nodes[edge]["dpid"], port(g, edge, victim)))
+    built.run()
+    assert built.core.registry[victim].failed and built.core.tree.state(victim) is State.FAILED
+    assert built.agents[victim].records == {}
+    assert not built.core.lost
+    assert any(e["event"] == "takeover" and e["salvaged"] for e in built.core.events)
+    check_consistent(built, acked)
 
 
-def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(built):
-    g, core, switches, agents, clock = built
-    victim = core.tree.leaves_in(State.BUSY)[0]
-    blocks = core.tree.blocks(victim)
-    agents[f"http://{victim}"].alive = False  # the whole server died, agent included
-    clock[0] = 3.0
-    for name in core.servers:
-        if name != victim:
-            core.heartbeat(name, {"keys": 0})
-    clock[0] = 7.0
-    core.check_heartbeats()
-    assert core.servers[victim].failed.startswith("no heartbeat")
-    successor = core.tree.owner(blocks[0].first)
-    assert successor != victim and core.tree.state(victim) is State.FAILED
-    assert set(blocks) <= set(agents[f"http://{successor}"].owned)
-    assert core.lost and core.lost[0]["server"] == victim
-    assert any(e["event"] == "DATA-LOST" for e in core.events)
-    check_routing(core, switches)
+def test_reconnecting_switch_gets_its_table_back_from_what_it_holds(built: World) -> None:
+    dpid, switch = next(iter(built.switches.items()))
+    table = dict(switch.flows)
+    victim = next(iter(k for k in table if k[0] >= 1999))
+    del switch.flows[victim]
+    built.post(SwitchDown(dpid))
+    built.post(SwitchUp(dpid))
+    mods = switch.mods
+    built.run()
+    assert set(switch.flows) == set(table)
+    assert switch.mods - mods <= 2 + 3   # the missing entry (tcp+udp) and the base entries
+    assert any(isinstance(s, ReadFlows) and s.dpid == dpid for s in built.executed)
 
 
-def test_edge_port_down_moves_the_data_of_a_still_reachable_server(built):
-    g, core, switches, agents, _ = built
-    victim = core.tree.leaves_in(State.BUSY)[1]
-    agent = agents[f"http://{victim}"]
-    fill(agent, core.tree.blocks(victim)[0], 50, 7919)
-    host = core.hosts[core.servers[victim].data_ip]
-    core.port_down(host.dpid, host.port)
-    assert core.servers[victim].failed and core.tree.state(victim) is State.FAILED
-    assert agent.keys == {} and sum(len(a.keys) for a in agents.values()) == 50
-    assert not core.lost and any(e["event"] == "takeover" and e["salvaged"] for e in core.events)
-    check_routing(core, switches)
+def test_restarted_controller_rebuilds_ownership_from_the_agents(built: World) -> None:
+    partition = sorted(built.core.tree.partition())
+    owned_before = {a.name: a.ownership.owned for a in built.agents.values()}
+    acked = fill(built, built.core.tree.leaves_in(State.BUSY)[0], 40)
+    built.new_core()
+    built.boot()
+    assert sorted(built.core.tree.partition()) == partition
+    assert {a.name: a.ownership.owned for a in built.agents.values()} == owned_before
+    check_consistent(built, acked)
 
 
-def test_reconnecting_switch_gets_its_table_back_unchanged(built):
-    g, core, switches, agents, _ = built
-    dpid = next(iter(switches.tables))
-    table = dict(switches.tables[dpid])
-    partition = core.tree.partition()
-    switches.tables[dpid] = {}
-    core.switch_down(dpid)
-    core.switch_up(dpid)
-    assert switches.tables[dpid] == table and core.tree.partition() == partition
+def test_decisions_go_on_while_a_copy_runs(built: World) -> None:
+    """A split's copy is in flight (its answer not back yet): a heartbeat is
+    answered and another server's failure is handled to its end meanwhile."""
+    tree = built.core.tree
+    source, victim = tree.leaves_in(State.BUSY)[:2]
+    fill(built, source, 60)
+    held: list = []
+    built.inject = lambda step: None
+    original = built.execute
+
+    def hold_copies(step):  # the migrate call "takes long": not carried out yet
+        if isinstance(step, CallAgent) and step.route is not None and step.route.template == "/migrations" \
+                and step.route.method == "POST" and step.server == source:
+            held.append(step)
+            return
+        original(step)
+
+    built.execute = hold_copies
+    reply = "split-reply"
+    built.post(SplitNow(reply, source))
+    built.run()
+    assert held and reply not in built.answers
+    assert built.ask(FailNow, name=victim, reason="test").ok
+    assert tree.state(victim) is State.FAILED
+    built.heartbeats()
+    assert [op.kind for op in built.core.operations.running.values()] == ["split"]
+    built.execute = original
+    original(held[0])
+    built.run()
+    assert built.answers[reply].ok
 
 
-def test_restarted_controller_rebuilds_ownership_from_the_agents(built):
-    g, core, switches, agents, clock = built
-    partition = sorted(core.tree.partition())
-    fresh = MetaFlowCore(SPACE, FakeSwitches(), agents.__getitem__, capacity=100, clock=lambda: clock[0])
-    for host in storage_hosts(g):
-        agent = agents[f"http://{host}"]
-        fresh.register({"name": host, "data_ip": g.nodes[host]["ip"], "data_mac": g.nodes[host]["mac"],
-                        "admin_url": f"http://{host}", "owned": [str(b) for b in agent.owned]})
-    discover(g, fresh)
-    owned_before = {a.name: list(a.owned) for a in agents.values()}
-    assert fresh.build()
-    assert sorted(fresh.tree.partition()) == partition
-    assert {a.name: a.owned for a in agents.values()} == owned_before  # nobody was told to own anything
-    check_routing(fresh, fresh.switches)
+def test_a_name_cannot_be_taken_over_by_re_registering(built: World) -> None:
+    agent = next(iter(built.agents.values()))
+    assert isinstance(built.register(agent), Registered)   # the same identity may re-register
+    reply = "hijack"
+    hijack = Registration(agent.name, agent.ip, agent.mac, 9000, "http://attacker:9001", "fake", 100, SPACE, [])
+    from controller.steps import Register
+    built.post(Register(reply, hijack))
+    built.run()
+    assert isinstance(built.answers[reply], Conflict)
+    other = list(built.agents.values())[1]
+    built.post(Register("steal-ip", Registration("newcomer", other.ip, "02:00:00:00:00:99", 9000,
+                                                 "http://newcomer:9001", "fake", 100, SPACE, [])))
+    built.run()
+    assert isinstance(built.answers["steal-ip"], Conflict)
+    assert built.core.registry[agent.name].admin_url == agent.url
+    assert isinstance(built.ask(SplitNow, name="nobody"), NotFound)
+
+
+def test_forged_arp_cannot_move_a_server_or_claim_the_gateway(built: World) -> None:
+    g = built.graph
+    server = storage_hosts(g)[0]
+    attacker = client_hosts(g)[-1]
+    located = built.core.inventory.hosts[g.nodes[server]["ip"]]
+    built.arp(server, at=attacker)    # the server's IP and MAC, from a client's port
+    built.arp(attacker, ip="10.255.255.254")
+    built.arp(attacker, ip=SPACE.address(SPACE.first + 5))
+    built.run()
+    assert built.core.inventory.hosts[g.nodes[server]["ip"]] == located
+    assert "10.255.255.254" not in built.core.inventory.hosts
+    assert any(e["event"] == "arp-refused" for e in built.core.events)
+    check_consistent(built, {})

@@ -28,6 +28,7 @@ DP = SimpleNamespace(ofproto=ofp, ofproto_parser=parser, id=7)
 
 
 def _wire(msg) -> bytes:
+    msg.datapath = DP   # built without one, as the core builds them; the shim attaches it
     msg.set_xid(1)
     msg.serialize()
     return bytes(msg.buf)
@@ -35,7 +36,7 @@ def _wire(msg) -> bytes:
 
 def test_an_entry_becomes_one_flow_mod_per_protocol_with_its_prefix_and_priority():
     entry = FlowEntry(2014, Block.parse("100.92.0.0/14"), 3, "00:00:00:00:00:09")
-    mods = diff_messages(DP, SwitchDiff(add=[entry]))
+    mods = diff_messages(SwitchDiff(add=[entry]))
     assert [m.match.nw_proto for m in mods] == [6, 17]
     for mod in mods:
         assert mod.command == ofp.OFPFC_ADD and mod.priority == 2014
@@ -53,7 +54,7 @@ def test_uprules_match_their_slice_and_diffs_are_ordered_add_modify_delete():
     up = FlowEntry(UPRULE_PRIORITY, Block.parse("100.96.0.0/11"), 5)
     a = FlowEntry(2011, Block.parse("100.64.0.0/11"), 1)
     b = FlowEntry(2012, Block.parse("100.96.0.0/12"), 2)
-    mods = diff_messages(DP, SwitchDiff(add=[up], modify=[a], delete=[b]))
+    mods = diff_messages(SwitchDiff(add=[up], modify=[a], delete=[b]))
     assert [m.command for m in mods] == [ofp.OFPFC_ADD] * 2 + [ofp.OFPFC_MODIFY_STRICT] * 2 + [ofp.OFPFC_DELETE_STRICT] * 2
     assert (mods[0].match.wildcards & ofp.OFPFW_NW_DST_MASK) >> ofp.OFPFW_NW_DST_SHIFT == 32 - 11
     assert mods[0].match.nw_dst == int(ipaddress.IPv4Address("100.96.0.0"))
@@ -61,7 +62,7 @@ def test_uprules_match_their_slice_and_diffs_are_ordered_add_modify_delete():
 
 
 def test_base_flows_never_flood_and_never_wipe():
-    lldp, arp_rule, miss = base_messages(DP)
+    lldp, arp_rule, miss = base_messages()
     assert all(m.command == ofp.OFPFC_ADD for m in (lldp, arp_rule, miss))
     assert arp_rule.match.dl_type == 0x0806 and arp_rule.actions[0].port == ofp.OFPP_CONTROLLER
     assert lldp.match.dl_type == 0x88CC
@@ -89,7 +90,7 @@ def test_host_routes_are_loop_free_shortest_paths_spread_over_equal_cost_uplinks
                 assert hops <= 5, "routing loop"
             assert node == host
     assert len(uplinks_used) == 2 * 8  # every edge switch uses both its uplinks for some host
-    mods = route_messages(DP, {"10.0.0.5": 4}, delete=["10.0.0.6"])
+    mods = route_messages({"10.0.0.5": 4}, delete=["10.0.0.6"])
     assert mods[0].priority == 1000 and mods[0].actions[0].port == 4
     assert mods[1].command == ofp.OFPFC_DELETE_STRICT
 
@@ -131,12 +132,12 @@ def test_reading_back_a_switch_and_resyncing_touches_only_differences():
                FlowEntry(2011, Block.parse("100.64.0.0/11"), 1),
                FlowEntry(UPRULE_PRIORITY, Block.parse("100.64.0.0/10"), 3)]
     routes = {"10.0.0.1": 1, "10.0.0.2": 4}
-    sent = base_messages(DP) + diff_messages(DP, SwitchDiff(add=entries)) + route_messages(DP, routes)
+    sent = base_messages() + diff_messages(SwitchDiff(add=entries)) + route_messages(routes)
     table, have_routes = installed(_as_stats(sent))
     assert table == {e.match: e for e in entries} and have_routes == routes
-    assert len(resync_messages(DP, table, have_routes, entries, routes)) == 3  # just the base flows
+    assert len(resync_messages(table, have_routes, entries, routes)) == 3  # just the base flows
     moved = [FlowEntry(2012, Block.parse("100.96.0.0/12"), 5, "00:00:00:00:00:05"), entries[2]]
-    mods = resync_messages(DP, table, have_routes, moved, {"10.0.0.1": 1})[3:]
+    mods = resync_messages(table, have_routes, moved, {"10.0.0.1": 1})[3:]
     assert [(m.command, m.priority) for m in mods] == [
         (ofp.OFPFC_MODIFY_STRICT, 2012)] * 2 + [(ofp.OFPFC_DELETE_STRICT, 2011)] * 2 + [
         (ofp.OFPFC_DELETE_STRICT, 1000)]

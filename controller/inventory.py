@@ -1,0 +1,113 @@
+"""What the controller has discovered of the network: switches, links, hosts.
+
+Switches and links come from OpenFlow (features, LLDP); hosts from the ARP
+frames the switches send up. ARP is unauthenticated, so the inventory only
+believes what cannot be a takeover:
+
+- a frame from a port that carries a switch-to-switch link is not a host;
+- nobody may claim the virtual gateway or an address of the MetaDataID space;
+- a storage server's address is believed only with the MAC its agent
+  registered (the agent's registration is signed; ARP is not);
+- a host already located stays where it is until its port goes down (or its
+  switch leaves): one forged ARP from elsewhere cannot move it.
+
+Pure state; no I/O.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from client_lib.cidr import Block
+
+
+@dataclass(frozen=True)
+class Host:
+    ip: str
+    mac: str
+    dpid: int
+    port: int
+
+
+Link = tuple[int, int, int, int]
+"""(dpid a, port a, dpid b, port b), stored once per pair."""
+
+
+class Inventory:
+    def __init__(self, space: Block, gateway_ip: str) -> None:
+        self.space = space
+        self.gateway_ip = gateway_ip
+        self.dpids: set[int] = set()
+        self.links: set[Link] = set()
+        self.hosts: dict[str, Host] = {}      # by IP
+        self.down_ports: set[tuple[int, int]] = set()
+
+    # -- switches and links --------------------------------------------------------
+
+    def switch_up(self, dpid: int) -> None:
+        self.dpids.add(dpid)
+
+    def switch_down(self, dpid: int) -> None:
+        self.dpids.discard(dpid)
+        self.links = {link for link in self.links if dpid not in (link[0], link[2])}
+
+    def link_up(self, a: int, pa: int, b: int, pb: int) -> bool:
+        """True when the link is new."""
+        if (a, pa, b, pb) in self.links or (b, pb, a, pa) in self.links:
+            return False
+        self.links.add((a, pa, b, pb))
+        return True
+
+    def link_down(self, a: int, pa: int, b: int, pb: int) -> bool:
+        before = len(self.links)
+        self.links -= {(a, pa, b, pb), (b, pb, a, pa)}
+        return len(self.links) != before
+
+    def port_down(self, dpid: int, port: int) -> None:
+        self.down_ports.add((dpid, port))
+
+    def port_up(self, dpid: int, port: int) -> None:
+        self.down_ports.discard((dpid, port))
+
+    def is_link_port(self, dpid: int, port: int) -> bool:
+        return any((dpid, port) in ((a, pa), (b, pb)) for a, pa, b, pb in self.links)
+
+    # -- hosts ---------------------------------------------------------------------
+
+    def host_at(self, dpid: int, port: int) -> Host | None:
+        return next((h for h in self.hosts.values() if (h.dpid, h.port) == (dpid, port)), None)
+
+    def judge(self, ip: str, mac: str, dpid: int, port: int, registered_mac: str | None) -> str | None:
+        """Why an ARP sender must not be recorded as a host there, or None if it
+        may. `registered_mac`: the MAC a storage server at `ip` registered."""
+        if self.is_link_port(dpid, port):
+            return "a switch-to-switch port"
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            return f"not an address: {ip!r}"
+        width = 32 if addr.version == 4 else 128
+        if ip == self.gateway_ip or (width == self.space.width and self.space.contains(int(addr))):
+            return f"{ip} is the gateway or a MetaDataID"
+        if registered_mac is not None and mac.lower() != registered_mac.lower():
+            return f"{ip} is a storage server registered with MAC {registered_mac}, not {mac}"
+        known = self.hosts.get(ip)
+        if known is not None and (known.dpid, known.port) != (dpid, port):
+            old_gone = (known.dpid, known.port) in self.down_ports or known.dpid not in self.dpids
+            if not old_gone:
+                return f"{ip} is located at {known.dpid}:{known.port}, whose port is still up"
+        return None
+
+    def learn(self, ip: str, mac: str, dpid: int, port: int) -> bool:
+        """Record a host (after `judge` allowed it). True when this is news."""
+        host = Host(ip, mac, dpid, port)
+        if self.hosts.get(ip) == host:
+            return False
+        self.hosts[ip] = host
+        self.down_ports.discard((dpid, port))
+        return True
+
+    def mac_of(self, ip: str) -> str | None:
+        host = self.hosts.get(ip)
+        return host.mac if host else None

@@ -1,0 +1,115 @@
+"""Every setting of the controller, in one object, parsed from one command line.
+
+`metaflow-controller`'s flags map one to one onto `Settings`; the launcher
+hands the object to the os-ken app (as a constructor argument), the app
+gives it to the core. Nothing reads a module global.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from btree.bootstrap import Bootstrap
+from btree.split import SplitBounds
+from client_lib.api.auth import load_secret
+from client_lib.cidr import Block
+from client_lib.constants import DEFAULT_GATEWAY, DEFAULT_SPACE_CIDR, OPENFLOW_PORT, REST_PORT
+from client_lib.errors import InvalidArgument
+from client_lib.version import add_version_flag
+
+
+@dataclass(frozen=True)
+class Settings:
+    space: Block = Block.parse(DEFAULT_SPACE_CIDR)
+    gateway_ip: str = DEFAULT_GATEWAY
+    bounds: SplitBounds = SplitBounds()
+    capacity: int | None = None
+    """Keys per server before a split; None: each agent's own --capacity."""
+    bootstrap: Bootstrap = Bootstrap("preallocate")
+    settle_s: float = 3.0
+    locate_timeout_s: float = 30.0
+    """How long the first build waits for a registered server to show up on
+    the data plane (its ARP); after that it builds without it."""
+    heartbeat_timeout_s: float = 6.0
+    barrier_timeout_s: float = 10.0
+    agent_timeout_s: float = 10.0
+    migration_lease_s: float = 60.0
+    auto_split: bool = True
+    minimize: bool = True
+    of_host: str = "127.0.0.1"
+    of_port: int = OPENFLOW_PORT
+    rest_host: str = "127.0.0.1"
+    rest_port: int = REST_PORT
+    open_reads: bool = False
+    secret: bytes = field(default=b"", repr=False)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="metaflow-controller",
+        description="The MetaFlow controller: an os-ken OpenFlow 1.0 app that maps the fabric onto the "
+                    "B-tree, installs MetaFlow flows, splits full servers and takes over failed ones.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_version_flag(p)
+    p.add_argument("--secret-file", required=True,
+                   help="the cluster's shared secret (make one with: metaflowctl secret FILE); every "
+                        "REST call must be signed with it, and the controller signs its calls to agents")
+    p.add_argument("--of-host", default="127.0.0.1", help="OpenFlow listen address")
+    p.add_argument("--of-port", type=int, default=OPENFLOW_PORT, help="OpenFlow listen port")
+    p.add_argument("--rest-host", default="127.0.0.1",
+                   help="REST API address: the management network's address (agents register here)")
+    p.add_argument("--rest-port", type=int, default=REST_PORT, help="REST API port")
+    p.add_argument("--open-reads", action="store_true",
+                   help="let unsigned callers read the views (changes always need the secret)")
+    p.add_argument("--space", default=DEFAULT_SPACE_CIDR, help="the MetaDataID space")
+    p.add_argument("--gateway", default=DEFAULT_GATEWAY,
+                   help="virtual gateway address clients route the space to (ARP answered here)")
+    p.add_argument("--split", default="0.4,0.6", help="split bounds low,high")
+    p.add_argument("--capacity", type=int, default=None,
+                   help="keys per server before a split (default: each agent's --capacity)")
+    p.add_argument("--bootstrap", default="preallocate",
+                   help="organic (one server owns all) or preallocate[:N] (default: half the servers)")
+    p.add_argument("--settle", type=float, default=3.0,
+                   help="seconds without topology change before the network is built")
+    p.add_argument("--locate-timeout", type=float, default=30.0,
+                   help="seconds the build waits for a registered server to appear on the data plane; "
+                        "then it builds without it and takes its blocks over")
+    p.add_argument("--heartbeat-timeout", type=float, default=6.0,
+                   help="seconds without a heartbeat before a server counts as failed")
+    p.add_argument("--barrier-timeout", type=float, default=10.0,
+                   help="seconds a switch may take to confirm flow changes")
+    p.add_argument("--agent-timeout", type=float, default=10.0,
+                   help="seconds an admin call to an agent may take (a migration's copy may take longer)")
+    p.add_argument("--migration-lease", type=float, default=60.0,
+                   help="seconds a copied migration may wait for its commit before its agent aborts it")
+    p.add_argument("--no-auto-split", action="store_true", help="split only when asked over REST")
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    return p
+
+
+def from_args(args: argparse.Namespace) -> Settings:
+    """Settings from parsed flags; InvalidArgument names the flag that is wrong."""
+    try:
+        space = Block.parse(args.space)
+    except ValueError as exc:
+        raise InvalidArgument(f"--space: {exc}") from None
+    try:
+        bounds = SplitBounds.parse(args.split)
+        bootstrap = Bootstrap.parse(args.bootstrap)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    for flag, value in (("--heartbeat-timeout", args.heartbeat_timeout), ("--settle", args.settle),
+                        ("--locate-timeout", args.locate_timeout),
+                        ("--barrier-timeout", args.barrier_timeout), ("--agent-timeout", args.agent_timeout),
+                        ("--migration-lease", args.migration_lease)):
+        if value <= 0:
+            raise InvalidArgument(f"{flag} must be positive, not {value}")
+    return Settings(space=space, gateway_ip=args.gateway, bounds=bounds, capacity=args.capacity,
+                    bootstrap=bootstrap, settle_s=args.settle, locate_timeout_s=args.locate_timeout,
+                    heartbeat_timeout_s=args.heartbeat_timeout,
+                    barrier_timeout_s=args.barrier_timeout, agent_timeout_s=args.agent_timeout,
+                    migration_lease_s=args.migration_lease, auto_split=not args.no_auto_split,
+                    of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
+                    rest_port=args.rest_port, open_reads=args.open_reads,
+                    secret=load_secret(args.secret_file))

@@ -1,0 +1,183 @@
+"""What the controller core hears (events) and what it asks for (steps).
+
+The core (`controller.core`) never performs I/O: every input arrives as an
+event, and every effect it wants leaves as a step, which the os-ken shim
+(`controller.app`) carries out, reporting each step's outcome back as a
+`StepDone` or `StepFailed` event. A test drives the same core with fake
+switches and agents that carry out the same steps (faucet's valve/shim
+split), so every decision, and every failure between two steps, can be
+exercised without a network.
+
+Steps carry their OpenFlow messages ready-built (os-ken OF1.0 message
+objects with no datapath; the shim attaches it), so what a test's fake
+switch applies is exactly what a real switch receives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from client_lib.api.route import Route
+from controller.arp import ArpMessage
+
+# -- events: what the core is told ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SwitchUp:
+    dpid: int
+
+
+@dataclass(frozen=True)
+class SwitchDown:
+    dpid: int
+
+
+@dataclass(frozen=True)
+class LinkUp:
+    a: int
+    port_a: int
+    b: int
+    port_b: int
+
+
+@dataclass(frozen=True)
+class LinkDown:
+    a: int
+    port_a: int
+    b: int
+    port_b: int
+
+
+@dataclass(frozen=True)
+class PortDown:
+    dpid: int
+    port: int
+
+
+@dataclass(frozen=True)
+class PortUp:
+    dpid: int
+    port: int
+
+
+@dataclass(frozen=True)
+class ArpIn:
+    """An ARP frame a switch sent up (packet-in)."""
+
+    dpid: int
+    port: int
+    message: ArpMessage
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passes: build once discovery settles, check heartbeats, start splits."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """Something a REST caller waits for; `reply` is the shim's handle for the
+    answer (the core only passes it back in an `Answer` step)."""
+
+    reply: object = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Register(Request):
+    registration: Any = None   # client_lib.api.rest.Registration
+
+
+@dataclass(frozen=True)
+class Heartbeat(Request):
+    name: str = ""
+    beat: Any = None           # client_lib.api.rest.Heartbeat
+
+
+@dataclass(frozen=True)
+class SplitNow(Request):
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class FailNow(Request):
+    name: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StepDone:
+    step: int
+    result: object = None
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    step: int
+    error: str
+
+
+Event = (SwitchUp | SwitchDown | LinkUp | LinkDown | PortDown | PortUp | ArpIn | Tick | Register
+         | Heartbeat | SplitNow | FailNow | StepDone | StepFailed)
+
+
+# -- steps: what the core asks for -----------------------------------------------
+
+
+@dataclass
+class Step:
+    """`id` is set by the core when it issues the step; its outcome comes
+    back as `StepDone(id, result)` or `StepFailed(id, error)`."""
+
+    id: int = field(default=0, init=False)
+
+
+@dataclass
+class SendFlows(Step):
+    """Send OpenFlow messages to one switch, then a barrier; done when the
+    barrier reply is back (failed: not connected, or no reply in time)."""
+
+    dpid: int = 0
+    messages: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class ReadFlows(Step):
+    """The switch's flow stats (os-ken OFPFlowStats list) as the result."""
+
+    dpid: int = 0
+
+
+@dataclass
+class PacketOut(Step):
+    """Send one frame out of a switch port; nothing to wait for."""
+
+    dpid: int = 0
+    port: int = 0
+    data: bytes = b""
+
+
+@dataclass
+class CallAgent(Step):
+    """One admin API call to an agent; the typed response is the result."""
+
+    server: str = ""
+    url: str = ""
+    route: Route[Any, Any] | None = None
+    body: object = None
+    params: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Answer(Step):
+    """Give a waiting REST caller its answer (an `Outcome`, a body, or an
+    exception to raise); nothing comes back."""
+
+    reply: object = None
+    value: object = None
+
+
+def needs_outcome(step: Step) -> bool:
+    """Whether the shim must report this step's outcome back to the core."""
+    return not isinstance(step, (Answer, PacketOut))

@@ -1,0 +1,594 @@
+"""A world for the controller core without a network: fake switches that
+apply the real OpenFlow 1.0 messages the core emits (faucet's FakeOFTable),
+fake agents that follow the admin API's migration protocol over the
+agent's real ownership logic, and a driver that carries out the core's
+steps one by one, so a test can fail any step, kill the core between any
+two, and then send packets through what the switches really hold.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+from os_ken.ofproto import ofproto_v1_0 as ofp
+from os_ken.ofproto import ofproto_v1_0_parser as parser
+
+from btree.bootstrap import Bootstrap
+from btree.split import SplitBounds
+from client_lib.api.admin import (
+    ADMIN,
+    BlockKeys,
+    BlocksReport,
+    Counts,
+    Discarded,
+    DisownReply,
+    Health,
+    ImportProgress,
+    Importing,
+    MigrationList,
+    MigrationReport,
+    OwnReply,
+    OwnRequest,
+)
+from client_lib.api.rest import Heartbeat as HeartbeatBody
+from client_lib.api.rest import Registration
+from client_lib.cidr import Block
+from client_lib.constants import METAFLOW_PORT
+from client_lib.errors import ApiError, Conflict, NotFound
+from controller.arp import ArpMessage
+from controller.core import MetaFlowCore
+from controller.settings import Settings
+from controller.steps import (
+    Answer,
+    ArpIn,
+    CallAgent,
+    Heartbeat,
+    LinkUp,
+    PacketOut,
+    PortDown,
+    ReadFlows,
+    Register,
+    SendFlows,
+    Step,
+    StepDone,
+    StepFailed,
+    SwitchUp,
+    Tick,
+)
+from nat_agent.ownership import Ownership, Verdict
+from topology.builders import client_hosts, port, storage_hosts
+
+SPACE = Block.parse("100.64.0.0/10")
+SECRET = b"test secret for the controller core"
+
+
+# -- switches ------------------------------------------------------------------------
+
+
+def _match_key(match: Any) -> tuple[Any, ...]:
+    w = match.wildcards
+    plen = max(0, 32 - ((w & ofp.OFPFW_NW_DST_MASK) >> ofp.OFPFW_NW_DST_SHIFT))
+    return (None if w & ofp.OFPFW_DL_TYPE else match.dl_type,
+            None if w & ofp.OFPFW_NW_PROTO else match.nw_proto,
+            None if w & ofp.OFPFW_TP_DST else match.tp_dst,
+            (match.nw_dst >> (32 - plen) << (32 - plen) if plen else 0, plen))
+
+
+@dataclass
+class Flow:
+    match: Any
+    priority: int
+    cookie: int
+    actions: list[Any]
+
+
+class FakeSwitch:
+    """One OF1.0 flow table: applies flow mods as a switch does and
+    forwards a packet by the highest-priority matching entry."""
+
+    def __init__(self, dpid: int) -> None:
+        self.dpid = dpid
+        self.flows: dict[tuple[int, tuple[Any, ...]], Flow] = {}
+        self.mods = 0
+
+    def apply(self, msg: Any) -> None:
+        if not isinstance(msg, parser.OFPFlowMod):
+            raise TypeError(f"a switch table takes flow mods, not {msg!r}")
+        self.mods += 1
+        key = (msg.priority, _match_key(msg.match))
+        if msg.command == ofp.OFPFC_ADD:
+            self.flows[key] = Flow(msg.match, msg.priority, msg.cookie, list(msg.actions))
+        elif msg.command == ofp.OFPFC_MODIFY_STRICT:
+            old = self.flows.get(key)
+            cookie = old.cookie if old else msg.cookie
+            self.flows[key] = Flow(msg.match, msg.priority, cookie, list(msg.actions))
+        elif msg.command == ofp.OFPFC_DELETE_STRICT:
+            self.flows.pop(key, None)
+        else:
+            raise NotImplementedError(f"flow mod command {msg.command}")
+
+    def stats(self) -> list[Any]:
+        out = []
+        for flow in self.flows.values():
+            stat = parser.OFPFlowStats()
+            stat.match, stat.priority, stat.cookie, stat.actions = (flow.match, flow.priority,
+                                                                    flow.cookie, flow.actions)
+            out.append(stat)
+        return out
+
+    def lookup(self, nw_dst: int, nw_proto: int = 6, tp_dst: int = METAFLOW_PORT) -> Flow | None:
+        best: Flow | None = None
+        for (priority, (dl_type, proto, port_, (first, plen))), flow in self.flows.items():
+            if dl_type not in (None, 0x0800) or proto not in (None, nw_proto):
+                continue
+            if port_ not in (None, tp_dst):
+                continue
+            if plen and nw_dst >> (32 - plen) << (32 - plen) != first:
+                continue
+            if best is None or priority > best.priority:
+                best = flow
+        return best
+
+
+# -- agents --------------------------------------------------------------------------
+
+
+@dataclass
+class FakeMigration:
+    id: str
+    blocks: list[Block]
+    target: str
+    state: str
+    keys: int
+    lease_until: float | None = None
+
+
+@dataclass
+class FakeAgent:
+    """An agent's admin API and data, in memory, over the real `Ownership`."""
+
+    name: str
+    ip: str
+    mac: str
+    world: World
+    ownership: Ownership = field(default_factory=Ownership)
+    records: dict[int, bytes] = field(default_factory=dict)
+    migrations: dict[str, FakeMigration] = field(default_factory=dict)
+    imports: dict[str, list[Block]] = field(default_factory=dict)
+    reachable: bool = True
+    dead: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.name}.mgmt:9001"
+
+    # data path, as the metadata service decides it
+    def put(self, mdid: int, value: bytes) -> str:
+        verdict = self.ownership.decide(mdid, write=True).verdict
+        if verdict is Verdict.SERVE:
+            self.records[mdid] = value
+        return verdict.value
+
+    def get(self, mdid: int) -> tuple[str, bytes | None]:
+        verdict = self.ownership.decide(mdid, write=False).verdict
+        return verdict.value, self.records.get(mdid) if verdict is Verdict.SERVE else None
+
+    def _drop(self, block: Block) -> None:
+        for mdid in [m for m in self.records if block.contains(m)]:
+            del self.records[mdid]
+
+    def expire_leases(self, now: float) -> None:
+        for m in self.migrations.values():
+            if m.state == "copied" and m.lease_until is not None and now >= m.lease_until:
+                self._abort_migration(m)
+
+    # the admin API: one method per route, named after it
+    def _health(self, _: None) -> Health:
+        return Health("ok", self.name, "fake", SPACE, self.ip, self.mac, 9000, self.url, 100,
+                      len(self.records), self.ownership.owned, self.ownership.frozen, sorted(self.imports), 0.0)
+
+    def _blocks(self, _: None) -> BlocksReport:
+        return BlocksReport([BlockKeys(b, self._keys_in(b.first, b.last), False)
+                             for b in self.ownership.owned], len(self.records))
+
+    def _keys_in(self, first: int, last: int) -> int:
+        return sum(1 for m in self.records if first <= m <= last)
+
+    def _count(self, body: Any) -> Counts:
+        return Counts([self._keys_in(a, b) for a, b in body.ranges])
+
+    def _own(self, body: Any) -> OwnReply:
+        kept = set(self.imports.pop(body.migration, [])) if body.migration else set()
+        if body.migration and not kept:
+            raise NotFound(f"no import {body.migration!r}")
+        for block in body.blocks:
+            if block not in kept and not self.ownership.owns_all([block]):
+                self._drop(block)
+        added = self.ownership.own(body.blocks)
+        return OwnReply(self.ownership.owned, added, f"{self.ip}:9000")
+
+    def _disown(self, body: Any) -> DisownReply:
+        released = self.ownership.disown(body.blocks, body.moved_to)
+        if body.delete:
+            for block in released:
+                self._drop(block)
+        return DisownReply(self.ownership.owned, released)
+
+    def _migrations(self, _: None) -> MigrationList:
+        return MigrationList([self._report(m) for m in self.migrations.values()])
+
+    def _migration(self, _: None, id: str) -> MigrationReport:
+        if id not in self.migrations:
+            raise NotFound(f"no migration {id!r}")
+        return self._report(self.migrations[id])
+
+    def _report(self, m: FakeMigration) -> MigrationReport:
+        return MigrationReport(m.id, m.blocks, m.target, m.state, m.keys, None, 0.0)
+
+    def _migrate(self, body: Any) -> MigrationReport:
+        if not self.ownership.owns_all(body.blocks):
+            raise Conflict("not all owned here")
+        if any(f.covers(b) or b.covers(f) for f in self.ownership.frozen for b in body.blocks):
+            raise Conflict("already being migrated")
+        m = FakeMigration(f"{self.name}-m{next(self.world.ids)}", list(body.blocks), body.target.rstrip("/"),
+                          "copying", 0)
+        self.migrations[m.id] = m
+        self.ownership.freeze(body.blocks)
+        target = self.world.agent_at(m.target)
+        if target is None or not target.reachable:
+            self._abort_migration(m)
+            raise ApiError(f"migration {m.id} aborted: target unreachable", 502)
+        rows = {i: v for i, v in self.records.items() if any(b.contains(i) for b in m.blocks)}
+        target._prepare_import(m.id, m.blocks)
+        target.records.update(rows)
+        m.keys, m.state = len(rows), "copied"
+        m.lease_until = self.world.now + body.lease_s
+        return self._report(m)
+
+    def _prepare_import(self, ident: str, blocks: list[Block]) -> None:
+        for block in blocks:
+            self._drop(block)
+        self.imports[ident] = list(blocks)
+
+    def _commit(self, _: None, id: str) -> MigrationReport:
+        m = self.migrations.get(id)
+        if m is None:
+            raise NotFound(f"no migration {id!r}")
+        if m.state != "copied":
+            raise Conflict(f"migration {id} is {m.state}, not copied")
+        target = self.world.agent_at(m.target)
+        if target is None or not target.reachable:
+            self._abort_migration(m)
+            raise ApiError(f"migration {id} aborted: cut-over failed", 502)
+        target._own(OwnRequest(m.blocks, m.id))
+        self.ownership.disown(m.blocks, f"{target.ip}:9000")
+        for block in m.blocks:
+            self._drop(block)
+        m.state = "committed"
+        return self._report(m)
+
+    def _abort(self, _: None, id: str) -> MigrationReport:
+        m = self.migrations.get(id)
+        if m is None:
+            raise NotFound(f"no migration {id!r}")
+        if m.state in ("committed", "aborted"):
+            raise Conflict(f"migration {id} is already {m.state}")
+        self._abort_migration(m)
+        return self._report(m)
+
+    def _abort_migration(self, m: FakeMigration) -> None:
+        self.ownership.unfreeze(m.blocks)
+        m.state = "aborted"
+        target = self.world.agent_at(m.target)
+        if target is not None and target.reachable:
+            target._import_discard(None, m.id)
+
+    def _import_discard(self, _: None, id: str) -> Discarded:
+        blocks = self.imports.pop(id, [])
+        for block in blocks:
+            if not self.ownership.owns_all([block]):
+                self._drop(block)
+        return Discarded(id)
+
+    def _import_begin(self, body: Any, id: str) -> Importing:
+        self._prepare_import(id, body.blocks)
+        return Importing(body.blocks)
+
+    def _import_records(self, body: Any, id: str) -> ImportProgress:
+        raise NotImplementedError("the fake copies records directly")
+
+
+def _route_name(route: Any) -> str:
+    return next(k for k, v in vars(ADMIN).items() if v is route)
+
+
+# -- the world -----------------------------------------------------------------------
+
+
+class ControllerKilled(Exception):
+    """The fault hook killed the controller right after a step was carried out:
+    that step's outcome, and every event queued, is lost with it."""
+
+
+@dataclass
+class Delivery:
+    host: str | None
+    hops: int
+    why: str = ""
+
+
+class World:
+    """Switches, agents and a core, with the core's steps carried out one at a time."""
+
+    def __init__(self, graph: nx.Graph, **settings: Any) -> None:
+        self.graph = graph
+        self.now = 0.0
+        self.ids = itertools.count(1)
+        defaults: dict[str, Any] = dict(space=SPACE, bounds=SplitBounds(), capacity=100,
+                                        bootstrap=Bootstrap("preallocate"), settle_s=1.0,
+                                        heartbeat_timeout_s=5.0, migration_lease_s=30.0, locate_timeout_s=3.0,
+                                        secret=SECRET)
+        defaults.update(settings)
+        self.settings = Settings(**defaults)
+        self.switches = {d["dpid"]: FakeSwitch(d["dpid"]) for _, d in graph.nodes(data=True)
+                         if d["kind"] == "switch"}
+        self.agents = {h: FakeAgent(h, graph.nodes[h]["ip"], graph.nodes[h]["mac"], self)
+                       for h in storage_hosts(graph)}
+        self.queue: deque[Any] = deque()
+        self.answers: dict[int, Any] = {}
+        self.executed: list[Step] = []
+        self.inject: Callable[[Step], str | None] = lambda step: None
+        self.down_ports: set[tuple[int, int]] = set()
+        self.core = self.new_core()
+
+    # driving
+    def clock(self) -> float:
+        return self.now
+
+    def new_core(self) -> MetaFlowCore:
+        """A (re)started controller: switches and agents keep their state."""
+        self.queue.clear()
+        self.core = MetaFlowCore(self.settings, self.clock)
+        return self.core
+
+    def agent_at(self, url: str) -> FakeAgent | None:
+        return next((a for a in self.agents.values() if a.url == url.rstrip("/") and not a.dead), None)
+
+    def post(self, event: Any) -> None:
+        self.queue.append(event)
+
+    def run(self, limit: int | None = None) -> int:
+        """Carry out steps until nothing is pending (or `limit` steps); returns how many."""
+        done = 0
+        while self.queue and (limit is None or done < limit):
+            event = self.queue.popleft()
+            for step in self.core.handle(event):
+                self.execute(step)
+                done += 1
+        return done
+
+    def execute(self, step: Step) -> None:
+        self.executed.append(step)
+        if isinstance(step, Answer):
+            self.answers[step.reply] = step.value   # type: ignore[index]
+            return
+        if isinstance(step, PacketOut):
+            return
+        failure = self.inject(step)
+        if failure == "kill":
+            self._carry_out(step, None)
+            raise ControllerKilled(str(step))
+        self._carry_out(step, failure)
+
+    def _carry_out(self, step: Step, failure: str | None) -> None:
+        """`failure`: None (works), "unreachable" (not carried out), "reply lost"
+        (carried out, reported failed), "barrier timeout" (applied, reported
+        failed), "barrier timeout, not applied"."""
+        if isinstance(step, SendFlows):
+            switch = self.switches.get(step.dpid)
+            if failure != "barrier timeout, not applied":
+                for msg in step.messages:
+                    switch.apply(msg)
+            if failure is not None:
+                self.post(StepFailed(step.id, failure))
+            else:
+                self.post(StepDone(step.id))
+        elif isinstance(step, ReadFlows):
+            if failure is not None:
+                self.post(StepFailed(step.id, failure))
+            else:
+                self.post(StepDone(step.id, self.switches[step.dpid].stats()))
+        elif isinstance(step, CallAgent):
+            agent = self.agent_at(step.url)
+            if failure not in (None, "reply lost") or agent is None or not agent.reachable:
+                self.post(StepFailed(step.id, failure or f"{step.url}: connection refused"))
+                return
+            name = _route_name(step.route)
+            handler = getattr(agent, f"_{name}")
+            try:
+                result = handler(step.body, **step.params)
+            except Exception as exc:
+                self.post(StepFailed(step.id, str(exc)))
+            else:
+                self.post(StepFailed(step.id, "timed out") if failure else StepDone(step.id, result))
+        else:
+            raise TypeError(step)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for agent in self.agents.values():
+            if not agent.dead:
+                agent.expire_leases(self.now)
+
+    # discovery, as the shim would report it
+    def boot(self, register: bool = True) -> None:
+        g = self.graph
+        for _, data in g.nodes(data=True):
+            if data["kind"] == "switch":
+                self.post(SwitchUp(data["dpid"]))
+        for a, b in g.edges():
+            if g.nodes[a]["kind"] == g.nodes[b]["kind"] == "switch":
+                self.post(LinkUp(g.nodes[a]["dpid"], port(g, a, b), g.nodes[b]["dpid"], port(g, b, a)))
+        for dpid, number in sorted(self.down_ports):   # what a switch's features say
+            self.post(PortDown(dpid, number))
+        if register:
+            self.register_all()
+        for host in storage_hosts(g) + client_hosts(g):
+            if not self._cut_off(host):
+                self.arp(host)
+        self.run()
+        started = self.now
+        while self.core.tree is None and self.now - started <= self.settings.locate_timeout_s + 2:
+            self.advance(self.settings.settle_s)
+            self.heartbeats()
+            self.tick()
+
+    def cut(self, host: str) -> None:
+        """The host's edge port goes down (its agent still answers on the management network)."""
+        g = self.graph
+        (switch,) = [n for n in g.neighbors(host) if g.nodes[n]["kind"] == "switch"]
+        self.down_ports.add((g.nodes[switch]["dpid"], port(g, switch, host)))
+        self.post(PortDown(g.nodes[switch]["dpid"], port(g, switch, host)))
+
+    def _cut_off(self, host: str) -> bool:
+        g = self.graph
+        (switch,) = [n for n in g.neighbors(host) if g.nodes[n]["kind"] == "switch"]
+        return (g.nodes[switch]["dpid"], port(g, switch, host)) in self.down_ports
+
+    def register_all(self) -> None:
+        for agent in self.agents.values():
+            if not agent.dead:
+                self.register(agent)
+
+    def register(self, agent: FakeAgent) -> Any:
+        reply = next(self.ids)
+        self.post(Register(reply, Registration(agent.name, agent.ip, agent.mac, 9000, agent.url, "fake",
+                                               100, SPACE, agent.ownership.owned)))
+        self.run()
+        return self.answers[reply]
+
+    def arp(self, host: str, ip: str | None = None, mac: str | None = None, at: str | None = None) -> None:
+        g = self.graph
+        (switch,) = [n for n in g.neighbors(at or host) if g.nodes[n]["kind"] == "switch"]
+        message = ArpMessage(ip or g.nodes[host]["ip"], mac or g.nodes[host]["mac"], "10.255.255.254", True)
+        self.post(ArpIn(g.nodes[switch]["dpid"], port(g, switch, at or host), message))
+
+    def heartbeats(self) -> None:
+        for agent in self.agents.values():
+            if agent.reachable and not agent.dead:
+                self.post(Heartbeat(next(self.ids), agent.name,
+                                    HeartbeatBody(len(agent.records), agent.ownership.owned,
+                                                  agent.ownership.frozen)))
+        self.run()
+
+    def tick(self) -> None:
+        self.post(Tick())
+        self.run()
+
+    def ask(self, event_type: Any, **fields: Any) -> Any:
+        reply = next(self.ids)
+        self.post(event_type(reply, **fields))
+        self.run()
+        return self.answers.get(reply)
+
+    # the data path, through what the switches hold
+    def deliver(self, mdid: int, client: str | None = None) -> Delivery:
+        g = self.graph
+        client = client or client_hosts(g)[0]
+        (node,) = [n for n in g.neighbors(client) if g.nodes[n]["kind"] == "switch"]
+        for hops in range(1, 16):
+            flow = self.switches[g.nodes[node]["dpid"]].lookup(mdid)
+            if flow is None:
+                return Delivery(None, hops, f"no entry on {node}")
+            out = next(a.port for a in flow.actions if isinstance(a, parser.OFPActionOutput))
+            if (g.nodes[node]["dpid"], out) in self.down_ports:
+                return Delivery(None, hops, f"{node} port {out} is down")
+            peer = next(n for n in g.neighbors(node) if port(g, node, n) == out)
+            if g.nodes[peer]["kind"] == "host":
+                set_dst = [a for a in flow.actions if isinstance(a, parser.OFPActionSetDlDst)]
+                if not set_dst or ":".join(f"{b:02x}" for b in set_dst[0].dl_addr) != g.nodes[peer]["mac"]:
+                    return Delivery(None, hops, f"{peer} reached without its MAC")
+                return Delivery(peer, hops)
+            node = peer
+        return Delivery(None, 16, "loop")
+
+    def write(self, mdid: int, value: bytes) -> str:
+        """A client's write through the switches: the agent's verdict (or why nothing got there)."""
+        delivery = self.deliver(mdid)
+        if delivery.host is None:
+            return f"undelivered: {delivery.why}"
+        agent = self.agents[delivery.host]
+        if agent.dead or not agent.reachable:
+            return "unreachable"
+        return agent.put(mdid, value)
+
+    def read(self, mdid: int) -> tuple[str, bytes | None]:
+        delivery = self.deliver(mdid)
+        if delivery.host is None:
+            return f"undelivered: {delivery.why}", None
+        agent = self.agents[delivery.host]
+        if agent.dead:
+            return "unreachable", None
+        return agent.get(mdid)
+
+
+# -- what must hold after anything ------------------------------------------------------
+
+
+def sample_ids(world: World, per_block: int = 2) -> list[int]:
+    """The ends of every owned block and a few IDs inside each."""
+    tree = world.core.tree
+    assert tree is not None
+    out = []
+    for block, _ in tree.partition():
+        step = max(1, block.size // (per_block + 1))
+        out += [block.first, block.last] + [block.first + step * i for i in range(1, per_block + 1)]
+    return out
+
+
+def check_consistent(world: World, acked: dict[int, bytes], lost: list[Block] = ()) -> None:
+    """After the leases have run out: every ID is routed by the switches to a
+    server that serves it (owned, not frozen), the controller's tree agrees,
+    and every acknowledged write outside `lost` blocks reads back."""
+    world.advance(world.settings.migration_lease_s + 1)
+    world.heartbeats()
+    world.tick()
+    tree = world.core.tree
+    assert tree is not None
+    tree.check()
+    for mdid in sample_ids(world) + list(acked):
+        delivery = world.deliver(mdid)
+        assert delivery.host == tree.owner(mdid), (SPACE.address(mdid), delivery, tree.owner(mdid))
+        agent = world.agents[delivery.host]
+        assert not agent.dead
+        verdict = agent.ownership.decide(mdid, write=True).verdict
+        assert verdict is Verdict.SERVE, (SPACE.address(mdid), delivery.host, verdict)
+    for agent in world.agents.values():
+        assert agent.dead or not agent.ownership.frozen, (agent.name, agent.ownership.frozen)
+    for mdid, value in acked.items():
+        if any(b.contains(mdid) for b in lost):
+            continue
+        assert world.read(mdid) == ("serve", value), (SPACE.address(mdid), world.read(mdid))
+
+
+def fill(world: World, server: str, count: int, seed: int = 0) -> dict[int, bytes]:
+    """`count` acknowledged writes into `server`'s blocks, through the switches."""
+    import random
+
+    rng = random.Random(seed)
+    tree = world.core.tree
+    assert tree is not None
+    blocks = tree.blocks(server)
+    acked = {}
+    while len(acked) < count:
+        block = rng.choice(blocks)
+        mdid = rng.randrange(block.first, block.last + 1)
+        value = f"v{mdid}".encode()
+        if world.write(mdid, value) == "serve":
+            acked[mdid] = value
+    return acked
