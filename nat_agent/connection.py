@@ -8,10 +8,26 @@ store, a command's coroutine never actually waits, so it is driven by hand
 all. Only a command that really suspends (the Redis store's round trip) is
 handed to a task, and the connection reads no further commands until it is
 answered, so replies stay in request order. (Python 3.12's eager task
-factory does the same; this runs on 3.11.)
+factory does the same; this runs on 3.11.) Code that a command runs must
+therefore not need a current task (no `asyncio.timeout` on its first step).
+
+No client can make the agent hold much on its behalf:
+
+* Unsent replies are bounded. Replies are written in batches of up to
+  `FLUSH_BYTES`; once the transport holds `UNSENT_HIGH` bytes that the client
+  has not read, the connection stops answering *and* reading, and resumes
+  when the client has drained it below `UNSENT_LOW`. A client that pipelines
+  a thousand GETs of a 1 MiB value and never reads costs about
+  `UNSENT_HIGH + FLUSH_BYTES` plus one value.
+* Unanswered requests are bounded: while a command waits in the store, at
+  most `READ_AHEAD` bytes more are read.
+* A request has a deadline (`--read-timeout`) counted from its first byte,
+  which later bytes do not extend: a byte a second cannot hold a connection.
+  Only answering a command starts a new request's clock.
 
 Timeouts are enforced by one sweeper per service rather than a timer per
-request: every connection records when it last made progress.
+request: every connection records when it last made useful progress (a
+command answered, replies drained) and when its current request began.
 """
 
 from __future__ import annotations
@@ -19,11 +35,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Coroutine, Protocol
+from collections import Counter
+from collections.abc import Awaitable, Coroutine
+from typing import Any, Protocol, cast
 
 from client_lib.resp import (
     OK,
-    BulkTooLarge,
+    ArgLimit,
+    ArgumentTooLarge,
     ErrorReply,
     ProtocolError,
     RespParser,
@@ -32,19 +51,33 @@ from client_lib.resp import (
 
 log = logging.getLogger("metaflow.agent.service")
 
+UNSENT_HIGH = 1 << 20
+"""Unsent reply bytes at which a connection stops reading and answering."""
+UNSENT_LOW = 256 << 10
+"""...and below which it starts again."""
+FLUSH_BYTES = 64 << 10
+"""Replies are gathered up to this many bytes per write (small pipelined
+replies go out together; large ones reach the transport's accounting at once)."""
+READ_AHEAD = 256 << 10
+"""Bytes read beyond the command a connection waits on before it stops reading."""
+
 
 class Host(Protocol):
     """What a connection needs from the service that owns it."""
 
-    stats: Any
-    max_bulk: int
+    @property
+    def stats(self) -> Counter[str]: ...
+    @property
+    def max_bulk(self) -> int: ...  # the hard cap of any bulk string (closes the connection)
+    @property
+    def arg_limit(self) -> ArgLimit | None: ...  # per-argument limits (refuse the command)
 
-    def execute(self, command: list[bytes]) -> Coroutine[Any, Any, bytes]: ...
+    def execute(self, command: list[bytes], conn: Connection) -> Coroutine[Any, Any, bytes]: ...
     def attach(self, conn: Connection) -> ErrorReply | None: ...  # a refusal, or None
     def detach(self, conn: Connection) -> None: ...
 
 
-async def _resume(coro: Coroutine[Any, Any, bytes], waiting: Awaitable | None) -> bytes:
+async def _resume(coro: Coroutine[Any, Any, bytes], waiting: Any) -> bytes:
     """Finish a coroutine that was started by hand and suspended on `waiting`
     (an asyncio future, or None for a bare yield to the loop)."""
     while True:
@@ -65,38 +98,67 @@ async def _resume(coro: Coroutine[Any, Any, bytes], waiting: Awaitable | None) -
         try:
             waiting = coro.send(None)
         except StopIteration as done:
-            return done.value
+            return cast(bytes, done.value)
 
 
 class Connection(asyncio.Protocol):
-    """One client. Pipelined commands are answered in order."""
+    """One client. Pipelined commands are answered in order.
+
+    `resp3` is the reply protocol the client chose with HELLO (RESP2 until
+    then); `ident` is the number the service gave the connection.
+    """
 
     def __init__(self, host: Host) -> None:
         self.host = host
-        self.parser = RespParser(max_bulk=host.max_bulk)
-        self.transport: asyncio.Transport | None = None
+        self.parser = RespParser(max_bulk=host.max_bulk, limit=host.arg_limit)
+        self.transport: asyncio.Transport  # set by connection_made, before any other callback
         self.peer: object = None
-        self.last_progress = time.monotonic()
-        self._waiting: asyncio.Task | None = None   # a command suspended in the store
+        self.ident = 0
+        self.resp3 = False
+        self.useful = time.monotonic()     # last useful progress: connected, answered, drained
+        self.started = self.useful         # when the current (incomplete) request began
+        self._waiting: asyncio.Task[None] | None = None   # a command suspended in the store
+        self._paused = False                # the client is not reading its replies
+        self._reading = True
         self._closing = False
+        self._closed_at = 0.0
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a command of this connection is suspended in the store."""
+        return self._waiting is not None
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     # -- asyncio callbacks ---------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A cast, not an isinstance check: uvloop's transports do not subclass asyncio's.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=UNSENT_HIGH, low=UNSENT_LOW)
         self.peer = transport.get_extra_info("peername")
         refusal = self.host.attach(self)
         if refusal is not None:
             self.close_with(refusal)
 
     def data_received(self, data: bytes) -> None:
-        self.last_progress = time.monotonic()
-        self.parser.feed(data)
-        if self._waiting is None and not self._closing:
-            self._answer()
+        now = time.monotonic()
+        parser = self.parser
+        if not parser.busy:
+            self.started = now  # the first byte of a new request
+        parser.feed(data)
+        if self._closing:
+            return
+        if self._waiting is None:
+            if not self._paused:
+                self._answer(now)
+        elif parser.pending > READ_AHEAD:
+            self._pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.parser.pending and not self._closing:
+        if self.parser.busy and not self._closing:
             self.host.stats["dropped_connections"] += 1
             log.info("client %s closed mid-request with %d bytes unread", self.peer, self.parser.pending)
         self._closing = True
@@ -105,49 +167,92 @@ class Connection(asyncio.Protocol):
         self.host.detach(self)
 
     def pause_writing(self) -> None:
-        """The client is not reading its replies: stop reading its requests."""
-        self.transport.pause_reading()
+        """The client is not reading its replies: stop answering and reading."""
+        self._paused = True
+        self._pause_reading()
 
     def resume_writing(self) -> None:
-        self.transport.resume_reading()
+        self._paused = False
+        if self._closing:
+            return
+        now = time.monotonic()
+        self.useful = now
+        if self._waiting is None:
+            self._resume_reading()
+            self._answer(now)
+
+    def _pause_reading(self) -> None:
+        if self._reading and not self._closing:
+            self._reading = False
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if not self._reading and not self._closing:
+            self._reading = True
+            self.transport.resume_reading()
 
     # -- answering -------------------------------------------------------------
 
-    def _answer(self) -> None:
-        """Answer every complete command; stop at one that must wait."""
+    def _answer(self, now: float) -> None:
+        """Answer every complete command; stop at one that must wait, or once
+        the client has too many unread replies (`resume_writing` goes on)."""
+        transport = self.transport
+        parser = self.parser
         replies: list[bytes] = []
-        try:
-            while (command := self.parser.next_command()) is not None:
+        size = 0
+        while True:
+            try:
+                command = parser.next_command()
+            except ArgumentTooLarge as exc:
+                self.host.stats["oversized_arguments"] += 1
+                reply = encode_reply(ErrorReply(f"ERR {exc}"))
+            except ProtocolError as exc:
+                self.host.stats["protocol_errors"] += 1
+                log.warning("client %s: protocol error: %s; closing", self.peer, exc)
+                transport.write(b"".join(replies))
+                self.close_with(ErrorReply(f"ERR protocol error: {exc}"))
+                return
+            else:
+                if command is None:
+                    break
                 if command[0].upper() == b"QUIT":
-                    self.transport.write(b"".join(replies) + encode_reply(OK))
+                    transport.write(b"".join(replies) + encode_reply(OK))
                     self.close()
                     return
-                coro = self.host.execute(command)
+                coro = self.host.execute(command, self)
                 try:
                     waiting = coro.send(None)
                 except StopIteration as done:
-                    replies.append(done.value)
-                    continue
-                self.transport.write(b"".join(replies))
-                self._waiting = asyncio.get_running_loop().create_task(self._finish(coro, waiting))
-                return
-        except ProtocolError as exc:
-            self.host.stats["protocol_errors"] += 1
-            log.warning("client %s: protocol error: %s; closing", self.peer, exc)
-            self.transport.write(b"".join(replies))
-            detail = "value too large" if isinstance(exc, BulkTooLarge) else "protocol error"
-            self.close_with(ErrorReply(f"ERR {detail}: {exc}"))
-            return
+                    reply = done.value
+                else:
+                    transport.write(b"".join(replies))
+                    self.useful = self.started = now
+                    self._waiting = asyncio.get_running_loop().create_task(self._finish(coro, waiting))
+                    return
+            replies.append(reply)
+            size += len(reply)
+            if size >= FLUSH_BYTES:
+                transport.write(b"".join(replies))  # may call pause_writing
+                replies.clear()
+                size = 0
+                self.useful = self.started = now
+                if self._paused:
+                    return
         if replies:
-            self.transport.write(b"".join(replies))
+            transport.write(b"".join(replies))
+            self.useful = self.started = now
 
-    async def _finish(self, coro: Coroutine[Any, Any, bytes], waiting: Awaitable | None) -> None:
+    async def _finish(self, coro: Coroutine[Any, Any, bytes], waiting: Awaitable[Any] | None) -> None:
         reply = await _resume(coro, waiting)
         self._waiting = None
-        if not self._closing:
-            self.transport.write(reply)
-            self.last_progress = time.monotonic()
-            self._answer()
+        if self._closing:
+            return
+        self.transport.write(reply)
+        now = time.monotonic()
+        self.useful = self.started = now
+        if not self._paused:
+            self._resume_reading()
+            self._answer(now)
 
     # -- closing ---------------------------------------------------------------
 
@@ -157,18 +262,56 @@ class Connection(asyncio.Protocol):
             self.close()
 
     def close(self) -> None:
+        """Close once the replies written so far are sent (the sweeper aborts
+        a close that the client does not let finish)."""
+        if not self._closing:
+            self._closing = True
+            self._closed_at = time.monotonic()
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection and whatever is unsent, at once."""
         self._closing = True
-        self.transport.close()
+        self.transport.abort()
+        self.host.detach(self)
+
+    def reclaim(self, why: str) -> None:
+        """Free this connection's slot for another client (see `staleness`)."""
+        if self._closing or self._paused:
+            self.abort()
+        elif self.parser.busy:
+            self.close_with(ErrorReply(f"ERR connection reclaimed: {why}"))
+            self.host.detach(self)
+        else:
+            self.close()  # idle: a silent close, as for an idle timeout
+            self.host.detach(self)
+
+    def staleness(self) -> tuple[bool, bool, float]:
+        """Sort key, most reclaimable first: connections already closing, then
+        the one whose last useful progress is oldest (idle the longest, or
+        stuck in an old incomplete request, or not reading its replies); one
+        waiting on the store is reclaimed last, if ever."""
+        return self._waiting is not None, not self._closing, self.useful
 
     def expire(self, now: float, read_timeout: float, idle_timeout: float) -> None:
-        """Called by the sweeper: close a half-sent request or an idle client."""
-        if self._closing or self._waiting is not None:
+        """Called by the sweeper: close an overdue request or an idle client."""
+        if self._closing:
+            if now - self._closed_at > read_timeout:
+                self.abort()  # its last replies were never read
             return
-        quiet = now - self.last_progress
-        if self.parser.pending and quiet > read_timeout:
-            self.host.stats["timeouts"] += 1
-            log.warning("client %s sent half a request (%d bytes) and stalled for %.1f s; closing",
-                        self.peer, self.parser.pending, quiet)
-            self.close_with(ErrorReply(f"ERR timeout: request incomplete after {read_timeout:g} s"))
-        elif not self.parser.pending and quiet > idle_timeout:
+        if self._waiting is not None:
+            return
+        if self._paused:
+            if now - self.useful > idle_timeout:
+                log.info("client %s read none of its replies for %.0f s; dropping it",
+                         self.peer, now - self.useful)
+                self.abort()
+        elif self.parser.busy:
+            if now - self.started > read_timeout:
+                self.host.stats["timeouts"] += 1
+                log.warning("client %s started a request %.1f s ago and has not finished it "
+                            "(%d bytes so far); closing", self.peer, now - self.started,
+                            self.parser.pending)
+                self.close_with(ErrorReply(f"ERR timeout: request incomplete after {read_timeout:g} s"))
+        elif now - self.useful > idle_timeout:
             self.close()

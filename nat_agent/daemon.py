@@ -43,7 +43,7 @@ from nat_agent.migration import Migrator
 from nat_agent.registration import Registrar
 from nat_agent.rewrite import Rewriter
 from nat_agent.service import MetadataService, ServiceLimits
-from nat_agent.store import open_store
+from nat_agent.store_spec import open_store
 
 log = logging.getLogger("metaflow.agent")
 

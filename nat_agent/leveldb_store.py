@@ -22,15 +22,18 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Sequence
+from typing import Any, cast
 
 import plyvel
 from sortedcontainers import SortedList
 
 from nat_agent.store import (
+    Condition,
     Record,
     Store,
     check_batch,
     check_width,
+    condition_holds,
     decode_mdid,
     key_range,
     record_key,
@@ -82,11 +85,26 @@ class LevelDBStore(Store):
             )
 
     async def get(self, mdid: int, path: str) -> bytes | None:
-        return self._records.get(record_key(mdid, path, self.width))
+        return cast(bytes | None, self._records.get(record_key(mdid, path, self.width)))
 
     async def put(self, mdid: int, path: str, value: bytes) -> None:
         key = record_key(mdid, path, self.width)
-        is_new = self._records.get(key) is None
+        self._write(mdid, key, value, self._records.get(key) is None)
+
+    async def put_if(
+        self, mdid: int, path: str, value: bytes, when: Condition | None = None
+    ) -> tuple[bool, bytes | None]:
+        """Atomic without a lock: nothing else runs between the read and the
+        write, since plyvel is called synchronously on the event loop."""
+        key = record_key(mdid, path, self.width)
+        old = cast(bytes | None, self._records.get(key))
+        if not condition_holds(when, old is not None):
+            return False, old
+        self._write(mdid, key, value, old is None)
+        return True, old
+
+    def _write(self, mdid: int, key: bytes, value: bytes, is_new: bool) -> None:
+        """Write a record, and count its mdid if it is new."""
         self._records.put(key, value)
         if is_new:
             self._mdids.add(mdid)
@@ -154,11 +172,11 @@ class LevelDBStore(Store):
     async def total(self) -> int:
         return len(self._mdids)
 
-    async def load_state(self) -> dict | None:
+    async def load_state(self) -> dict[str, Any] | None:
         raw = self._meta.get(_STATE_KEY)
-        return None if raw is None else json.loads(raw)
+        return None if raw is None else cast(dict[str, Any], json.loads(raw))
 
-    async def save_state(self, state: dict) -> None:
+    async def save_state(self, state: dict[str, Any]) -> None:
         # Synced, unlike records: losing the owned blocks would make the agent
         # disown (and answer MOVED for) keys it still holds.
         self._meta.put(_STATE_KEY, json.dumps(state, sort_keys=True).encode(), sync=True)

@@ -229,18 +229,36 @@ class RedisConnection:
             return self._protocol
 
     async def _open(self) -> _RespProtocol:
+        """A new socket (with ``db`` selected), within ``connect_timeout``.
+
+        The attempt is a task of its own, timed by `asyncio.wait`, because the
+        caller may not be a task: the metadata service drives a command's
+        coroutine by hand, and a reconnect happens on that path, where
+        `asyncio.timeout` (and 3.12's `wait_for`) fail for want of a current task.
+        """
+        attempt = asyncio.get_running_loop().create_task(self._connect())
+        try:
+            await asyncio.wait({attempt}, timeout=self.connect_timeout)
+        finally:
+            if not attempt.done():
+                attempt.cancel()  # timed out, or our caller was cancelled
+        if attempt.cancelled():
+            raise ConnectionError(
+                f"cannot connect to redis at {self.address}: no answer within {self.connect_timeout:g} s")
+        return attempt.result()
+
+    async def _connect(self) -> _RespProtocol:
         loop = asyncio.get_running_loop()
 
         def factory() -> _RespProtocol:
             return _RespProtocol(loop, self.address)
 
         try:
-            async with asyncio.timeout(self.connect_timeout):
-                if self.unix_socket is not None:
-                    _, protocol = await loop.create_unix_connection(factory, self.unix_socket)
-                else:
-                    _, protocol = await loop.create_connection(factory, self.host, self.port)
-        except (OSError, TimeoutError) as exc:
+            if self.unix_socket is not None:
+                _, protocol = await loop.create_unix_connection(factory, self.unix_socket)
+            else:
+                _, protocol = await loop.create_connection(factory, cast(str, self.host), self.port)
+        except OSError as exc:
             raise ConnectionError(f"cannot connect to redis at {self.address}: {exc}") from exc
         if self.db:
             try:

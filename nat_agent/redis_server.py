@@ -83,6 +83,16 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         """Start the server and return once it answers PING."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> RedisServer:
+        """Start the process without waiting for it to answer (quick).
+
+        The calling *thread* is the server's parent for ``PR_SET_PDEATHSIG``:
+        the server is stopped when that thread ends. So launch from a thread
+        that lives as long as the server should (the event loop's, not a
+        worker's), and wait in a worker if need be.
+        """
         if self._process is not None:
             raise RedisServerError(f"redis-server {self.pid} is already running")
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -104,6 +114,11 @@ class RedisServer:
         except OSError as exc:
             self._close_log()
             raise RedisServerError(f"cannot run {self.executable!r}: {exc}") from exc
+        return self
+
+    def wait_ready(self) -> RedisServer:
+        """Block until the launched server answers PING; if it exits or stays
+        silent for ``start_timeout``, stop it and raise `RedisServerError`."""
         try:
             self._wait_until_ready()
         except BaseException:
@@ -129,7 +144,8 @@ class RedisServer:
 
     def _wait_until_ready(self) -> None:
         assert self._process is not None
-        address: Path | int = self.unix_socket if self.unix_socket is not None else self.port
+        address: Path | int | None = self.unix_socket if self.unix_socket is not None else self.port
+        assert address is not None  # __init__ insists on one of them
         deadline = time.monotonic() + self.start_timeout
         while not _answers_ping(address):
             if self._process.poll() is not None:
@@ -143,6 +159,16 @@ class RedisServer:
                     f"{self.start_timeout} s; log tail:\n{self._log_tail()}"
                 )
             time.sleep(0.02)
+
+    def reap(self) -> int | None:
+        """After the process has died: collect its exit status (negative: the
+        signal) and forget it, so that `start` may run again. None if it is
+        still running."""
+        if self._process is None or self._process.poll() is None:
+            return None
+        status = self._process.returncode
+        self.stop()  # removes the socket a killed server leaves, closes the log
+        return status
 
     def _log_tail(self) -> str:
         """The last lines this start wrote to the log (not earlier runs')."""
@@ -196,10 +222,8 @@ def _answers_ping(address: Path | int) -> bool:
     A server still loading its append-only file answers ``-LOADING``, which
     counts as not ready.
     """
-    if isinstance(address, Path):
-        family, target = socket.AF_UNIX, str(address)
-    else:
-        family, target = socket.AF_INET, ("127.0.0.1", address)
+    family, target = ((socket.AF_UNIX, str(address)) if isinstance(address, Path)
+                      else (socket.AF_INET, ("127.0.0.1", address)))
     try:
         with socket.socket(family, socket.SOCK_STREAM) as conn:
             conn.settimeout(1.0)
@@ -214,7 +238,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the process that started us
-    dies. An agent killed with SIGKILL cannot stop its redis-server itself;
-    the kernel does it, so nothing outlives the agent."""
+    """In the child, before exec: SIGTERM when the thread that started us
+    ends (with its process). An agent killed with SIGKILL cannot stop its
+    redis-server itself; the kernel does it, so nothing outlives the agent."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -12,11 +12,24 @@ Layout, every key under the store's ``prefix``:
 
 Writes change a value and its index member in one MULTI/EXEC transaction,
 so the two never disagree. Because a path always has the same mdid, the
-member of a value key is known without reading anything.
+member of a value key is known without reading anything. A conditional write
+(`put_if`, for SET NX/XX/GET) must read before it writes, which MULTI/EXEC
+cannot express, so it is one small Lua script: Redis runs a script alone,
+so the check, the value and the index change together.
 
 Every command goes through one pipelining `RedisConnection`, shared by all
 of the service's coroutines: the store is on the hot path of every client
-request, and that connection costs little more than the round trip.
+request, and that connection costs little more than the round trip. It
+reconnects by itself, from the next request, after the server went away.
+
+With ``redis-server:DIR`` the store runs its own server and keeps it
+running: a `ServerKeeper` watches the process (a pidfd on the event loop, no
+polling) and restarts it when it dies; its append-only file brings the data
+back. Requests in between get ``TRYAGAIN`` from the service. A server that
+keeps dying (more than `RESTARTS_ALLOWED` times in `RESTART_WINDOW` seconds)
+or cannot be started is not worth retrying: the keeper logs it as critical
+and makes the agent exit with an error, so that whatever supervises the
+agent sees it.
 """
 
 from __future__ import annotations
@@ -24,13 +37,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator, Sequence
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from nat_agent.redis_conn import RedisConnection
-from nat_agent.redis_server import RedisServer
+from nat_agent.redis_server import RedisServer, RedisServerError
 from nat_agent.store import (
+    Condition,
     KeyRange,
     Record,
     Store,
@@ -42,11 +60,113 @@ from nat_agent.store import (
     split_record_key,
 )
 
-__all__ = ["RedisStore"]
+__all__ = ["RESTARTS_ALLOWED", "RESTART_WINDOW", "RedisStore", "ServerKeeper"]
+
+log = logging.getLogger("metaflow.agent.store")
 
 _SOCKET_NAME = "redis.sock"
 _DELETE_BATCH = 1000
 """Records removed per transaction by `RedisStore.delete_range`."""
+
+RESTARTS_ALLOWED = 3
+RESTART_WINDOW = 60.0
+"""An own redis-server is restarted at most RESTARTS_ALLOWED times within
+RESTART_WINDOW seconds; one more death and the agent gives up."""
+
+# KEYS: value key, index. ARGV: value, condition ("absent", "present" or ""), index member.
+# Returns {written (0/1), previous value or nil}.
+_PUT_IF = b"""
+local old = redis.call('GET', KEYS[1])
+if (ARGV[2] == 'absent' and old) or (ARGV[2] == 'present' and not old) then
+  return {0, old}
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], 0, ARGV[3])
+return {1, old}
+"""
+
+
+def _exit_agent(reason: str) -> None:
+    """Give up on the store by ending the process loudly. SystemExit raised
+    in a loop callback leaves the event loop; the daemon's shutdown then runs
+    as on SIGTERM (rules removed, store closed) and the exit status is 1."""
+    log.critical("giving up: %s; the agent exits", reason)
+    raise SystemExit(f"metaflow-agent: {reason}")
+
+
+class ServerKeeper:
+    """Restarts a store's own redis-server when it dies; gives up (calls
+    `give_up` with the reason, from a loop callback) when it dies too often
+    or will not start."""
+
+    def __init__(
+        self,
+        server: RedisServer,
+        give_up: Callable[[str], None] = _exit_agent,
+        restarts: int = RESTARTS_ALLOWED,
+        window: float = RESTART_WINDOW,
+    ) -> None:
+        self.server = server
+        self.restarts = 0
+        self._loop = asyncio.get_running_loop()
+        self._give_up = give_up
+        self._allowed = restarts
+        self._window = window
+        self._deaths: deque[float] = deque()
+        self._pidfd: int | None = None
+        self._restarting: asyncio.Task[None] | None = None
+        self._watch()
+
+    def _watch(self) -> None:
+        pid = self.server.pid
+        assert pid is not None
+        self._pidfd = os.pidfd_open(pid)  # readable once the process has exited
+        self._loop.add_reader(self._pidfd, self._died)
+
+    def _unwatch(self) -> None:
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def _died(self) -> None:
+        self._unwatch()
+        pid, status = self.server.pid, self.server.reap()
+        now = time.monotonic()
+        self._deaths.append(now)
+        while self._deaths[0] < now - self._window:
+            self._deaths.popleft()
+        if len(self._deaths) > self._allowed:
+            self._fail(f"redis-server {pid} died {len(self._deaths)} times within "
+                       f"{self._window:g} s (last status {status})")
+            return
+        log.error("redis-server %s died (status %s); restarting it from its append-only file",
+                  pid, status)
+        self._restarting = self._loop.create_task(self._restart())
+
+    async def _restart(self) -> None:
+        try:
+            self.server.launch()  # on the loop's thread: see RedisServer.launch
+            await asyncio.to_thread(self.server.wait_ready)
+        except RedisServerError as exc:
+            self._fail(f"cannot restart redis-server: {exc}")
+            return
+        finally:
+            self._restarting = None
+        self.restarts += 1
+        log.warning("redis-server restarted as %s", self.server.pid)
+        self._watch()
+
+    def _fail(self, reason: str) -> None:
+        self._loop.call_soon(self._give_up, reason)  # a callback, so SystemExit leaves the loop
+
+    async def close(self) -> None:
+        """Stop watching (before the server is stopped on purpose); waits for a
+        restart under way, so that no server is started behind our back."""
+        self._unwatch()
+        if self._restarting is not None:
+            await asyncio.wait({self._restarting})
+            self._unwatch()
 
 class RedisStore(Store):
     """Records in a redis-server reached through ``conn``.
@@ -73,6 +193,7 @@ class RedisStore(Store):
         self._state = prefix + b"state"
         self._values = prefix + b"k:"
         self._closed = False
+        self.keeper: ServerKeeper | None = None
 
     @classmethod
     def connect(
@@ -95,14 +216,25 @@ class RedisStore(Store):
         return cls(conn, width, prefix=prefix, server=server)
 
     @classmethod
-    def with_own_server(cls, directory: Path, width: int) -> RedisStore:
+    def with_own_server(
+        cls, directory: Path, width: int, give_up: Callable[[str], None] = _exit_agent
+    ) -> RedisStore:
         """Start a redis-server in ``directory`` (unix socket only) and store there.
 
-        Blocks until the server answers; closing the store stops it.
+        Blocks until the server answers; closing the store stops it. Call it in
+        the running event loop: a `ServerKeeper` on that loop restarts the
+        server when it dies, and calls `give_up` (default: the agent exits
+        with an error) when it keeps dying.
         """
         check_width(width)
         server = RedisServer(directory, unix_socket=directory / _SOCKET_NAME).start()
-        return cls.connect(width, unix_socket=str(server.unix_socket), server=server)
+        store = cls.connect(width, unix_socket=str(server.unix_socket), server=server)
+        try:
+            store.keeper = ServerKeeper(server, give_up)
+        except BaseException:
+            server.stop()
+            raise
+        return store
 
     def _value_key(self, path_bytes: bytes) -> bytes:
         return self._values + path_bytes
@@ -121,6 +253,14 @@ class RedisStore(Store):
         await self._conn.transaction(
             [(b"SET", value_key, value), (b"ZADD", self._index, 0, member)]
         )
+
+    async def put_if(
+        self, mdid: int, path: str, value: bytes, when: Condition | None = None
+    ) -> tuple[bool, bytes | None]:
+        value_key, member = self._keys(mdid, path)
+        written, old = cast(list[Any], await self._conn.call(
+            b"EVAL", _PUT_IF, 2, value_key, self._index, value, when or b"", member))
+        return written == 1, old
 
     async def delete(self, mdid: int, path: str) -> bool:
         value_key, member = self._keys(mdid, path)
@@ -174,7 +314,7 @@ class RedisStore(Store):
             values = cast(list[bytes | None], await self._conn.call(b"MGET", *keys))
             chunk = [
                 (*split_record_key(member, self.width), value)
-                for member, value in zip(members, values)
+                for member, value in zip(members, values, strict=True)
                 if value is not None
             ]
             if chunk:
@@ -219,17 +359,19 @@ class RedisStore(Store):
     async def total(self) -> int:
         return cast(int, await self._conn.call(b"ZCARD", self._index))
 
-    async def load_state(self) -> dict | None:
+    async def load_state(self) -> dict[str, Any] | None:
         raw = cast(bytes | None, await self._conn.call(b"GET", self._state))
-        return None if raw is None else json.loads(raw)
+        return None if raw is None else cast(dict[str, Any], json.loads(raw))
 
-    async def save_state(self, state: dict) -> None:
+    async def save_state(self, state: dict[str, Any]) -> None:
         await self._conn.call(b"SET", self._state, json.dumps(state, sort_keys=True).encode())
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self.keeper is not None:
+            await self.keeper.close()
         await self._conn.close()
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)

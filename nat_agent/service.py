@@ -1,4 +1,4 @@
-"""The metadata service on port 9000: a RESP subset over the server's store.
+"""The metadata service on port 9000: a Redis-compatible subset over the server's store.
 
 Why RESP: every Redis client and `redis-cli -h <mdid> -p 9000` work against
 it, so a person can poke at any MetaDataID from a shell. Why re-check
@@ -6,12 +6,40 @@ ownership on the server: the switches route by flow entries that change a
 little later (or earlier) than the data moves, so the last word on whether a
 key may be served here is the agent's own view (`ownership.Ownership`).
 
-Connection handling is defensive because this port faces every client of the
-file system: a frame that is not RESP, a value over the limit, or a client
-that stops halfway through a frame gets one error line and a closed
-connection; nothing of another client's is touched. Commands on one
-connection are answered in order (pipelining works); the connection handling
-itself is in `connection.py`.
+What a Redis client sees:
+
+* ``GET``, ``SET key value [NX|XX] [GET]`` (Redis semantics, atomic in both
+  stores; expiry options are refused: metadata does not expire), ``DEL``,
+  ``EXISTS``, ``PING``, ``ECHO``, ``INFO``, ``QUIT``, and ``STAT key`` (where a
+  key lives and why, never redirected).
+* ``HELLO [2|3]`` switches the connection to RESP3 (redis-py 8's default) and
+  answers the map Redis answers; ``CLIENT SETNAME/SETINFO`` are accepted.
+* A key this server does not own gets ``-MOVED <mdid> <ip>:<port>``, the
+  shape Redis Cluster uses (`client_lib.resp.moved_message`), naming the new
+  owner when a hand-off told us (``moved_to``), else the MetaDataID's own
+  address on port 9000, which the switches route to whoever owns it now. A
+  write to a block being migrated gets ``-TRYAGAIN``, and so does any request
+  while the store cannot be reached (a restarting redis-server): both pass.
+* Commands that make no sense here (transactions, pub/sub, ``SELECT`` other
+  than 0, ...) get an ``-ERR`` saying so; the connection stays usable.
+
+Limits, so that this port, which faces every client of the file system,
+cannot be starved by one of them (the mechanics are in `connection.py`):
+
+* a key (and any argument but SET's value) may have `MAX_KEY` bytes and a
+  value ``--max-value``; both are checked at the bulk header, before the
+  bytes are read, and an argument over its limit gets an error while the rest
+  of its command is discarded unbuffered (the connection stays usable);
+  a bulk header over `PROTO_MAX_BULK` is a protocol error and closes it;
+* a request must arrive in full within ``--read-timeout`` of its first byte,
+  an idle connection is closed after ``--idle-timeout``, and a client that
+  reads none of its replies stops being read once `connection.UNSENT_HIGH`
+  bytes are waiting for it;
+* at ``--max-clients`` a new connection reclaims the slot of the connection
+  that made useful progress least recently (idle the longest, stuck in the
+  oldest incomplete request, or not reading), so slow or idle clients can
+  never lock out a working one. Only when every connection is waiting on the
+  store is a newcomer refused (``-TRYAGAIN``).
 """
 
 from __future__ import annotations
@@ -20,25 +48,56 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
-from client_lib.mdid import PATH_MAX, mdid_of_key, normalize_path
-from client_lib.resp import OK, PONG, ErrorReply, Reply, encode_reply
+from client_lib.constants import MAX_KEY, MAX_VALUE, METAFLOW_PORT
+from client_lib.mdid import mdid_of_key, normalize_path
+from client_lib.resp import (
+    OK,
+    PONG,
+    ArgLimit,
+    ErrorReply,
+    Reply,
+    encode_reply,
+    moved_message,
+    parse_moved,
+)
+from client_lib.version import version
 from nat_agent.agent import Agent
 from nat_agent.connection import Connection
 from nat_agent.ownership import Decision, Verdict
+from nat_agent.store import Condition
 
 log = logging.getLogger("metaflow.agent.service")
 T = TypeVar("T")
 
+PROTO_MAX_BULK = 512 << 20
+"""A bulk header announcing more than this closes the connection (Redis's
+proto-max-bulk-len); below it, an argument over its own limit is refused and
+skipped."""
+
+_VERSION = version().encode()
+
+_UNSUPPORTED = {
+    **dict.fromkeys([b"MULTI", b"EXEC", b"DISCARD", b"WATCH", b"UNWATCH"],
+                    "transactions (each command is atomic, and keys live on different servers)"),
+    **dict.fromkeys([b"SUBSCRIBE", b"UNSUBSCRIBE", b"PSUBSCRIBE", b"PUNSUBSCRIBE", b"SSUBSCRIBE",
+                     b"SUNSUBSCRIBE", b"PUBLISH", b"SPUBLISH"], "publish/subscribe"),
+    **dict.fromkeys([b"MONITOR", b"SYNC", b"PSYNC", b"REPLICAOF", b"SLAVEOF"],
+                    "replication or monitoring"),
+    b"AUTH": "authentication (port 9000 is open to every client by design)",
+}
+"""Redis commands a client might send that MetaFlow refuses, and why."""
+
 
 @dataclass(frozen=True)
 class ServiceLimits:
-    max_value: int = 1 << 20      # bytes in one value
-    read_timeout: float = 5.0     # seconds a started frame may take to complete
+    max_value: int = MAX_VALUE    # bytes in one value
+    read_timeout: float = 5.0     # seconds from a request's first byte to its last
     idle_timeout: float = 300.0   # seconds a connection may sit without a request
-    max_clients: int = 4096       # open connections; more are refused at once
+    max_clients: int = 4096       # open connections; beyond, the least useful one is reclaimed
 
 
 class CommandError(Exception):
@@ -49,11 +108,13 @@ class CommandError(Exception):
         self.reply = ErrorReply(message)
 
 
-Handler = Callable[[list[bytes]], Awaitable[Reply]]
+Handler = Callable[[Connection, list[bytes]], Awaitable[Reply]]
 
 
 class MetadataService:
     """One server's RESP endpoint. `stats` counts what happened, for the admin API."""
+
+    max_bulk = PROTO_MAX_BULK
 
     def __init__(self, agent: Agent, limits: ServiceLimits = ServiceLimits()) -> None:
         self.agent = agent
@@ -62,30 +123,37 @@ class MetadataService:
         self.space = agent.space
         self.limits = limits
         self.stats: Counter[str] = Counter()
+        self.arg_limit: ArgLimit = self._arg_limit
         self._connections: set[Connection] = set()
         self._started = time.monotonic()
         self._server: asyncio.AbstractServer | None = None
-        self._sweeper: asyncio.Task | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         # name: (handler, min args, max args, stats counter); args after the name
         self._commands: dict[bytes, tuple[Handler, int, int, str]] = {
             name: (handler, least, most, "cmd_" + name.decode().lower())
             for name, handler, least, most in (
                 (b"PING", self._ping, 0, 1),
+                (b"ECHO", self._echo, 1, 1),
                 (b"GET", self._get, 1, 1),
-                (b"SET", self._set, 2, 2),
+                (b"SET", self._set, 2, 6),
                 (b"DEL", self._del, 1, 64),
                 (b"EXISTS", self._exists, 1, 64),
                 (b"STAT", self._stat, 1, 1),
                 (b"INFO", self._info, 0, 1),
                 (b"COMMAND", self._command, 0, 8),
+                (b"HELLO", self._hello, 0, 6),
+                (b"CLIENT", self._client, 1, 8),
+                (b"SELECT", self._select, 1, 1),
             )
         }
 
-    # -- lifecycle ---------------------------------------------------------
+    def _arg_limit(self, name: bytes, index: int) -> int:
+        """Only SET's value may be long; every other argument is a key or a word."""
+        if index == 2 and name.upper() == b"SET":
+            return self.limits.max_value
+        return MAX_KEY
 
-    @property
-    def max_bulk(self) -> int:
-        return max(self.limits.max_value, PATH_MAX + 64)
+    # -- lifecycle ---------------------------------------------------------
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port; returns the bound port (port 0 picks one)."""
@@ -93,7 +161,7 @@ class MetadataService:
         self._server = await loop.create_server(lambda: Connection(self), host, port,
                                                 backlog=1024, reuse_address=True)
         self._sweeper = loop.create_task(self._sweep(), name="connection-sweeper")
-        return self._server.sockets[0].getsockname()[1]
+        return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         """Stop accepting, then close every client connection."""
@@ -101,28 +169,44 @@ class MetadataService:
             return
         self._server.close()
         for conn in list(self._connections):
-            conn.close()
-        self._sweeper.cancel()
+            conn.reclaim("the server is shutting down")
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         await self._server.wait_closed()
         self._server = None
 
     # -- connections (called by `Connection`) ----------------------------------
 
     def attach(self, conn: Connection) -> ErrorReply | None:
-        if len(self._connections) >= self.limits.max_clients:
+        if len(self._connections) >= self.limits.max_clients and not self._reclaim_one():
             self.stats["refused_connections"] += 1
-            if self.stats["refused_connections"] % 100 == 1:
-                log.warning("refusing %s: %d clients connected (limit %d), %d refused so far",
-                            conn.peer, len(self._connections), self.limits.max_clients,
-                            self.stats["refused_connections"])
             # TRYAGAIN, not ERR: overload is transient and clients back off and retry.
-            return ErrorReply(f"TRYAGAIN max number of clients reached ({self.limits.max_clients})")
+            return ErrorReply(f"TRYAGAIN max number of clients reached ({self.limits.max_clients}), "
+                              "all of them busy")
         self._connections.add(conn)
         self.stats["connections"] += 1
+        conn.ident = self.stats["connections"]
         return None
 
     def detach(self, conn: Connection) -> None:
         self._connections.discard(conn)
+
+    def _reclaim_one(self) -> bool:
+        """At the limit: free the slot of the least recently useful connection
+        (a scan, but only at the limit; nothing is kept up to date per request)."""
+        if not self._connections:
+            return False
+        victim = min(self._connections, key=Connection.staleness)
+        if victim.waiting:
+            return False  # everyone is waiting on the store: nobody is idle
+        self.stats["reclaimed_connections"] += 1
+        if self.stats["reclaimed_connections"] % 100 == 1:
+            log.warning("at the limit of %d clients: reclaiming %s, idle or stalled for %.1f s "
+                        "(%d reclaimed so far)", self.limits.max_clients, victim.peer,
+                        time.monotonic() - victim.useful, self.stats["reclaimed_connections"])
+        victim.reclaim(f"the server is at its limit of {self.limits.max_clients} clients "
+                       "and this connection was the least recently active")
+        return True
 
     async def _sweep(self) -> None:
         limits = self.limits
@@ -135,23 +219,39 @@ class MetadataService:
 
     # -- commands ----------------------------------------------------------
 
-    async def execute(self, command: list[bytes]) -> bytes:
+    async def execute(self, command: list[bytes], conn: Connection) -> bytes:
         name = command[0].upper()
         spec = self._commands.get(name)
         if spec is None:
-            self.stats["unknown_commands"] += 1
-            shown = command[0][:64].decode("utf-8", "replace")
-            return encode_reply(ErrorReply(f"ERR unknown command '{shown}'"))
+            return encode_reply(self._unknown(command[0], name))
         handler, least, most, counter = spec
         if not least <= len(command) - 1 <= most:
             return encode_reply(ErrorReply(
                 f"ERR wrong number of arguments for '{name.decode().lower()}' command"))
         self.stats[counter] += 1
         try:
-            return encode_reply(await handler(command[1:]))
+            return encode_reply(await handler(conn, command[1:]), conn.resp3)
         except CommandError as exc:
             self.stats["errors"] += 1
             return encode_reply(exc.reply)
+        except ConnectionError as exc:
+            # The store is out of reach (a redis-server restarting): transient, so
+            # TRYAGAIN, which clients retry; the store reconnects by itself.
+            self.stats["store_unavailable"] += 1
+            return encode_reply(ErrorReply(f"TRYAGAIN store unavailable: {exc}"))
+        except Exception as exc:
+            self.stats["internal_errors"] += 1
+            log.exception("command %s from %s failed", name.decode(errors="replace"), conn.peer)
+            return encode_reply(ErrorReply(f"ERR internal error: {exc}"))
+
+    def _unknown(self, raw: bytes, name: bytes) -> ErrorReply:
+        shown = raw[:64].decode("utf-8", "replace")
+        why = _UNSUPPORTED.get(name)
+        if why is not None:
+            self.stats["unsupported_commands"] += 1
+            return ErrorReply(f"ERR MetaFlow does not support '{shown.lower()}': no {why}")
+        self.stats["unknown_commands"] += 1
+        return ErrorReply(f"ERR unknown command '{shown}'")
 
     def _key(self, raw: bytes, write: bool) -> tuple[int, str, Decision]:
         """Normalize a key, compute its MetaDataID, and decide who answers."""
@@ -169,16 +269,21 @@ class MetadataService:
         ident, path, decision = self._key(raw, write)
         if decision.verdict is Verdict.SERVE:
             return ident, path
-        address = self.space.address(ident)
         if decision.verdict is Verdict.TRYAGAIN:
             self.stats["tryagain"] += 1
-            raise CommandError(f"TRYAGAIN {address} block {decision.block} is migrating")
+            raise CommandError(f"TRYAGAIN {self.space.address(ident)} block {decision.block} is migrating")
         self.stats["moved"] += 1
-        hint = f" {decision.hint}" if decision.hint else ""
-        raise CommandError(f"MOVED {address}{hint}")
+        raise CommandError(self._redirect(ident, decision.hint))
 
-    async def _ping(self, args: list[bytes]) -> Reply:
-        return args[0] if args else PONG
+    def _redirect(self, ident: int, hint: str | None) -> str:
+        """MOVED to the new owner's data address if a hand-off named it, else to
+        the MetaDataID itself, which the switches route to the current owner."""
+        if hint:
+            try:
+                return moved_message(*parse_moved(f"MOVED {ident} {hint}"))
+            except ValueError:
+                log.warning("ignoring a moved_to hint that is not HOST:PORT: %r", hint)
+        return moved_message(ident, self.space.address(ident), METAFLOW_PORT)
 
     async def _admitted(self, work: Awaitable[T]) -> T:
         """Run store work that passed the ownership check, visible to
@@ -189,28 +294,34 @@ class MetadataService:
         finally:
             self.agent.inflight.end(token)
 
-    async def _get(self, args: list[bytes]) -> Reply:
+    # -- data commands -------------------------------------------------------
+
+    async def _get(self, conn: Connection, args: list[bytes]) -> Reply:
         ident, path = self._owned_key(args[0], write=False)
         return await self._admitted(self.store.get(ident, path))
 
-    async def _set(self, args: list[bytes]) -> Reply:
-        value = args[1]
-        if len(value) > self.limits.max_value:
-            raise CommandError(f"ERR value of {len(value)} bytes exceeds the limit of "
-                               f"{self.limits.max_value} bytes")
+    async def _set(self, conn: Connection, args: list[bytes]) -> Reply:
+        """``SET key value [NX|XX] [GET]``, as Redis: nil when NX/XX stops the
+        write, and with GET the previous value (nil if none) either way."""
+        when, get = _set_options(args[2:])
         ident, path = self._owned_key(args[0], write=True)
-        await self._admitted(self.store.put(ident, path, value))
-        return OK
+        if when is None and not get:
+            await self._admitted(self.store.put(ident, path, args[1]))
+            return OK
+        written, old = await self._admitted(self.store.put_if(ident, path, args[1], when))
+        if get:
+            return old
+        return OK if written else None
 
     def _keys(self, args: list[bytes], write: bool) -> list[tuple[int, str]]:
         """All keys of a multi-key command, checked before any is touched."""
         return [self._owned_key(raw, write) for raw in args]
 
-    async def _del(self, args: list[bytes]) -> Reply:
+    async def _del(self, conn: Connection, args: list[bytes]) -> Reply:
         keys = self._keys(args, write=True)
         return await self._admitted(self._sum(self.store.delete, keys))
 
-    async def _exists(self, args: list[bytes]) -> Reply:
+    async def _exists(self, conn: Connection, args: list[bytes]) -> Reply:
         keys = self._keys(args, write=False)
         return await self._admitted(self._sum(self.store.exists, keys))
 
@@ -218,7 +329,7 @@ class MetadataService:
     async def _sum(check: Callable[[int, str], Awaitable[bool]], keys: list[tuple[int, str]]) -> int:
         return sum([await check(ident, path) for ident, path in keys])
 
-    async def _stat(self, args: list[bytes]) -> Reply:
+    async def _stat(self, conn: Connection, args: list[bytes]) -> Reply:
         """Where a key lives and whether it is here: a debugging aid that never
         answers MOVED, so it also explains *why* a key is not served."""
         ident, path, decision = self._key(args[0], write=False)
@@ -231,7 +342,52 @@ class MetadataService:
                 b"state", state[decision.verdict].encode(),
                 b"exists", int(value is not None), b"bytes", len(value) if value is not None else 0]
 
-    async def _info(self, args: list[bytes]) -> Reply:
+    # -- connection and server commands ----------------------------------------
+
+    async def _ping(self, conn: Connection, args: list[bytes]) -> Reply:
+        return args[0] if args else PONG
+
+    async def _echo(self, conn: Connection, args: list[bytes]) -> Reply:
+        return args[0]
+
+    async def _hello(self, conn: Connection, args: list[bytes]) -> Reply:
+        """``HELLO [protover [AUTH user pass] [SETNAME name]]``: the reply protocol
+        for this connection (2 or 3), and the server's description as Redis gives it."""
+        protocol = 3 if conn.resp3 else 2
+        if args:
+            if not args[0].isdigit():
+                raise CommandError("ERR Protocol version is not an integer or out of range")
+            protocol = int(args[0])
+            if protocol not in (2, 3):
+                raise CommandError("NOPROTO unsupported protocol version")
+            options = args[1:]
+            while options:
+                option = options[0].upper()
+                if option == b"AUTH" and len(options) >= 3:
+                    raise CommandError(f"ERR MetaFlow does not support 'auth': no {_UNSUPPORTED[b'AUTH']}")
+                if option != b"SETNAME" or len(options) < 2:
+                    raise CommandError(f"ERR syntax error in HELLO option "
+                                       f"'{options[0][:32].decode('utf-8', 'replace')}'")
+                options = options[2:]
+        conn.resp3 = protocol == 3
+        return {b"server": b"metaflow", b"version": _VERSION, b"proto": protocol, b"id": conn.ident,
+                b"mode": b"standalone", b"role": b"master", b"modules": []}
+
+    async def _client(self, conn: Connection, args: list[bytes]) -> Reply:
+        """What client libraries send on connect: accepted (and forgotten)."""
+        sub = args[0].upper()
+        if sub in (b"SETNAME", b"SETINFO") and len(args) >= 2:
+            return OK
+        if sub == b"ID" and len(args) == 1:
+            return conn.ident
+        raise CommandError("ERR MetaFlow supports only CLIENT SETNAME, SETINFO and ID")
+
+    async def _select(self, conn: Connection, args: list[bytes]) -> Reply:
+        if args[0] == b"0":
+            return OK
+        raise CommandError("ERR MetaFlow has one keyspace: only SELECT 0")
+
+    async def _info(self, conn: Connection, args: list[bytes]) -> Reply:
         lines = [
             "# metaflow-agent",
             f"store:{self.store.kind}",
@@ -245,7 +401,25 @@ class MetadataService:
         lines += [f"{k}:{v}" for k, v in sorted(self.stats.items())]
         return "\r\n".join(lines).encode() + b"\r\n"
 
-    async def _command(self, args: list[bytes]) -> Reply:
+    async def _command(self, conn: Connection, args: list[bytes]) -> Reply:
         """`redis-cli` asks for COMMAND DOCS in interactive mode; we have none."""
         return []
 
+
+def _set_options(options: list[bytes]) -> tuple[Condition | None, bool]:
+    """SET's ``NX``/``XX`` and ``GET``; expiry options are refused, anything
+    else is a syntax error (as Redis says it)."""
+    when: Condition | None = None
+    get = False
+    for raw in options:
+        option = raw.upper()
+        if option in (b"NX", b"XX") and when is None:
+            when = "absent" if option == b"NX" else "present"
+        elif option == b"GET" and not get:
+            get = True
+        elif option in (b"EX", b"PX", b"EXAT", b"PXAT", b"KEEPTTL"):
+            raise CommandError(f"ERR MetaFlow keeps metadata until it is deleted: "
+                               f"SET option '{option.decode()}' (expiry) is not supported")
+        else:
+            raise CommandError("ERR syntax error")
+    return when, get

@@ -26,10 +26,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
-from typing import ClassVar
-from urllib.parse import parse_qsl, urlsplit
+from typing import Any, ClassVar, Literal
 
 from client_lib.cidr import WIDTHS
 
@@ -37,20 +35,30 @@ __all__ = [
     "Record",
     "KeyRange",
     "Store",
+    "Condition",
     "check_batch",
     "check_width",
+    "condition_holds",
     "decode_mdid",
     "decode_path",
     "encode_mdid",
     "encode_path",
     "key_range",
-    "open_store",
     "record_key",
     "split_record_key",
 ]
 
 Record = tuple[int, str, bytes]
 """``(mdid, path, value)``: one metadata record as scans return it."""
+
+Condition = Literal["absent", "present"]
+"""When `Store.put_if` writes: only if the record is absent (SET NX) or present (SET XX)."""
+
+
+def condition_holds(when: Condition | None, exists: bool) -> bool:
+    """Whether a conditional write may go ahead (None: unconditional)."""
+    return when is None or exists == (when == "present")
+
 
 def check_width(width: int) -> int:
     """Validate an mdid width; returns its size in bytes."""
@@ -146,6 +154,13 @@ class Store(ABC):
         """Create or overwrite a record; value and range index change atomically."""
 
     @abstractmethod
+    async def put_if(
+        self, mdid: int, path: str, value: bytes, when: Condition | None = None
+    ) -> tuple[bool, bytes | None]:
+        """Write the record if `when` holds, atomically with the check;
+        returns (whether it was written, the value it had before)."""
+
+    @abstractmethod
     async def delete(self, mdid: int, path: str) -> bool:
         """Remove a record; True if it existed."""
 
@@ -178,11 +193,11 @@ class Store(ABC):
         """How many records the store holds."""
 
     @abstractmethod
-    async def load_state(self) -> dict | None:
+    async def load_state(self) -> dict[str, Any] | None:
         """The state document last saved, or None if none was."""
 
     @abstractmethod
-    async def save_state(self, state: dict) -> None:
+    async def save_state(self, state: dict[str, Any]) -> None:
         """Replace the state document (small, JSON-serializable)."""
 
     @abstractmethod
@@ -205,95 +220,3 @@ def check_batch(batch: int) -> None:
     """Shared by both `scan`s: a batch of zero records would never advance."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, not {batch}")
-
-
-_SPEC_HELP = (
-    "expected leveldb:PATH, redis://HOST[:PORT][/DB][?prefix=P], "
-    "unix:///SOCKET[?db=N&prefix=P] or redis-server:DIR"
-)
-
-
-def open_store(spec: str, width: int) -> Store:
-    """Open the store a spec names; ``ValueError`` for a spec that names none.
-
-    Specs:
-
-    * ``leveldb:PATH`` -- a LevelDB directory, created if missing.
-    * ``redis://HOST[:PORT][/DB][?prefix=P]`` -- an existing redis-server over
-      TCP (port 6379 and database 0 by default; ``[::1]`` for IPv6 hosts).
-    * ``unix:///path/to/sock[?db=N][&prefix=P]`` -- an existing redis-server
-      on a unix socket.
-    * ``redis-server:DIR`` -- start our own redis-server with its unix socket
-      ``DIR/redis.sock`` (no TCP port) and append-only persistence in DIR,
-      and stop it when the store is closed. This blocks until the server
-      answers, so call it before serving.
-
-    ``prefix`` (URL-encoded if it holds ``&``, ``#`` or ``%``) is prepended
-    to every Redis key the store uses, so several agents can share one
-    redis-server, e.g. ``redis://127.0.0.1:6379/0?prefix=agent1:``.
-
-    The Redis client connects lazily; open Redis stores inside the event loop
-    that will use them.
-    """
-    check_width(width)
-    scheme, sep, rest = spec.partition(":")
-    if not sep:
-        raise ValueError(f"store spec {spec!r} has no scheme; {_SPEC_HELP}")
-    if scheme == "leveldb":
-        if not rest:
-            raise ValueError(f"store spec {spec!r} names no directory; {_SPEC_HELP}")
-        # Imported here: the store modules import this one for `Store`.
-        from nat_agent.leveldb_store import LevelDBStore
-
-        return LevelDBStore(rest, width)
-    if scheme == "redis-server":
-        if not rest:
-            raise ValueError(f"store spec {spec!r} names no directory; {_SPEC_HELP}")
-        from nat_agent.redis_store import RedisStore
-
-        return RedisStore.with_own_server(Path(rest), width)
-    if scheme in ("redis", "unix"):
-        return _open_redis_url(spec, width)
-    raise ValueError(f"unknown store kind {scheme!r} in {spec!r}; {_SPEC_HELP}")
-
-
-def _open_redis_url(spec: str, width: int) -> Store:
-    """``redis://`` and ``unix://`` specs: a client of an existing redis-server."""
-    from nat_agent.redis_store import RedisStore
-
-    url = urlsplit(spec)
-    if url.fragment or url.username is not None or url.password is not None:
-        raise ValueError(f"store spec {spec!r}: credentials and fragments are not supported")
-    try:
-        pairs = parse_qsl(url.query, keep_blank_values=True, strict_parsing=bool(url.query))
-    except ValueError as exc:
-        raise ValueError(f"store spec {spec!r} has a malformed query: {exc}") from None
-    options = dict(pairs)
-    allowed = {"prefix"} if url.scheme == "redis" else {"prefix", "db"}
-    unknown = [name for name, _ in pairs if name not in allowed]
-    if unknown or len(options) != len(pairs):
-        raise ValueError(
-            f"store spec {spec!r}: options must be distinct and among {sorted(allowed)}"
-        )
-    prefix = encode_path(options.get("prefix", ""))
-
-    if url.scheme == "unix":
-        if url.netloc or not url.path:
-            raise ValueError(f"store spec {spec!r}: write unix:///absolute/path/to/socket")
-        db = _parse_db(options.get("db", "0"), spec)
-        return RedisStore.connect(width, unix_socket=url.path, db=db, prefix=prefix)
-
-    if not url.hostname:
-        raise ValueError(f"store spec {spec!r} names no host; {_SPEC_HELP}")
-    try:
-        port = 6379 if url.port is None else url.port
-    except ValueError:
-        raise ValueError(f"store spec {spec!r} has a bad port; {_SPEC_HELP}") from None
-    db = _parse_db(url.path.lstrip("/") or "0", spec)
-    return RedisStore.connect(width, host=url.hostname, port=port, db=db, prefix=prefix)
-
-
-def _parse_db(text: str, spec: str) -> int:
-    if not text.isdigit():
-        raise ValueError(f"store spec {spec!r}: database must be a number, not {text!r}")
-    return int(text)

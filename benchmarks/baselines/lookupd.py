@@ -83,6 +83,7 @@ class LookupService:
     """The `nat_agent.connection.Host` of every lookup connection."""
 
     max_bulk = 64 << 20   # GADD batches and filters
+    arg_limit = None      # no per-argument limits: peers are trusted
 
     def __init__(self, name: str, membership: Membership) -> None:
         if name not in membership.data_ip:
@@ -123,7 +124,7 @@ class LookupService:
     def detach(self, conn: Connection) -> None:
         self._connections.discard(conn)
 
-    async def execute(self, command: list[bytes]) -> bytes:
+    async def execute(self, command: list[bytes], conn: Connection) -> bytes:
         handler = self._commands.get(command[0].upper())
         if handler is None:
             name = command[0][:64].decode("utf-8", "replace")

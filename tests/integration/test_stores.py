@@ -6,7 +6,9 @@ import asyncio
 import itertools
 import math
 import os
+import signal
 import socket
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +23,9 @@ from hypothesis import strategies as st
 
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.redis_server import RedisServer, RedisServerError
-from nat_agent.redis_store import RedisStore
-from nat_agent.store import Record, Store, encode_mdid, encode_path, open_store
+from nat_agent.redis_store import RESTART_WINDOW, RESTARTS_ALLOWED, RedisStore
+from nat_agent.store import Record, Store, encode_mdid, encode_path
+from nat_agent.store_spec import open_store
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -192,6 +195,48 @@ def test_empty_and_invalid_ranges(backend: Backend) -> None:
             with pytest.raises(ValueError, match="batch"):
                 await scan_batches(store, 0, top, batch=0)
             assert await store.total() == 1
+
+    run(body)
+
+
+@given(ops=st.lists(st.tuples(st.sampled_from(["/a", "/b", "/c"]),
+                               st.sampled_from([None, "absent", "present"]),
+                               st.binary(max_size=4)), min_size=1, max_size=12))
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_put_if_has_set_nx_xx_get_semantics(backend: Backend, ops: list[tuple[str, Any, bytes]]) -> None:
+    """Against a dict: written when the condition holds, the previous value
+    returned either way, and the index (count, scan) kept in step."""
+    ids = {"/a": 3, "/b": 3, "/c": backend.top}
+
+    async def body() -> None:
+        model: dict[str, bytes] = {}
+        async with backend.open() as store:
+            for path, when, value in ops:
+                old = model.get(path)
+                holds = when is None or (old is not None) == (when == "present")
+                assert await store.put_if(ids[path], path, value, when) == (holds, old)
+                if holds:
+                    model[path] = value
+            assert await store.total() == await store.count(0, backend.top) == len(model)
+            assert await scan_all(store, 0, backend.top) == ordered(
+                [(ids[p], p, v) for p, v in model.items()])
+
+    run(body)
+
+
+def test_put_if_is_atomic_under_concurrent_writers(backend: Backend) -> None:
+    """Fifty writers race SET NX on one path: exactly one wins, and every
+    loser sees the winner's value (a read-then-write would let several win)."""
+
+    async def body() -> None:
+        async with backend.open() as store:
+            results = await asyncio.gather(
+                *(store.put_if(42, "/race", b"%d" % i, "absent") for i in range(50)))
+            winners = [i for i, (written, _) in enumerate(results) if written]
+            assert len(winners) == 1
+            assert {old for written, old in results if not written} == {b"%d" % winners[0]}
+            assert await store.get(42, "/race") == b"%d" % winners[0]
+            assert await store.count(42, 42) == 1
 
     run(body)
 
@@ -558,3 +603,69 @@ def test_redis_server_needs_an_address(tmp_path: Path) -> None:
         RedisServer(tmp_path)
     with pytest.raises(ValueError, match="longer than"):
         RedisServer(tmp_path, unix_socket=tmp_path / ("s" * 120))
+
+
+def _kill(pid: int | None) -> None:
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+
+async def _until(check: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def _put_until_it_works(store: Store, mdid: int, path: str, value: bytes) -> None:
+    """Writes fail while the server restarts; the store reconnects by itself."""
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            await store.put(mdid, path, value)
+            return
+        except ConnectionError:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+
+
+def test_own_redis_server_is_restarted_when_it_dies(tmp_path: Path) -> None:
+    """Found: the agent's own redis-server died and nothing restarted it.
+    Killed with SIGKILL, it comes back with what it had acknowledged."""
+
+    async def body() -> None:
+        store = RedisStore.with_own_server(tmp_path / "rs", 32, give_up=pytest.fail)
+        async with store:
+            assert store.server is not None and store.keeper is not None
+            await store.put(7, "/before", b"kept")
+            first = store.server.pid
+            _kill(first)
+            await _until(lambda: store.keeper is not None and store.keeper.restarts == 1)
+            assert store.server.pid not in (None, first)
+            await _put_until_it_works(store, 8, "/after", b"new")
+            assert await store.get(7, "/before") == b"kept"  # from the append-only file
+            assert await store.total() == 2
+
+    run(body)
+
+
+def test_own_redis_server_that_keeps_dying_is_given_up(tmp_path: Path) -> None:
+    """Restarted RESTARTS_ALLOWED times within RESTART_WINDOW; one death more and
+    the keeper gives up (the agent's `give_up` makes it exit)."""
+    reasons: list[str] = []
+
+    async def body() -> None:
+        store = RedisStore.with_own_server(tmp_path / "rs", 32, give_up=reasons.append)
+        keeper, server = store.keeper, store.server
+        assert keeper is not None and server is not None
+        for restarts in range(1, RESTARTS_ALLOWED + 1):
+            _kill(server.pid)
+            await _until(lambda: keeper.restarts == restarts)  # noqa: B023 (awaited at once)
+        _kill(server.pid)
+        await _until(lambda: bool(reasons))
+        assert server.pid is None  # not restarted again
+        await store.close()
+
+    run(body)
+    assert len(reasons) == 1
+    assert f"died {RESTARTS_ALLOWED + 1} times within {RESTART_WINDOW:g} s" in reasons[0]

@@ -1,0 +1,203 @@
+"""Port 9000 under clients that try to starve it, against the real daemon.
+
+Each test is one finding of issue 10: a client that pipelines huge replies
+and never reads, a request trickled a byte at a time, more slow connections
+than `--max-clients`, and keys as long as values. In each, the agent must
+stay small and keep serving a well-behaved client.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from client_lib.api.admin import ADMIN
+from client_lib.resp import OK, PONG, ErrorReply, Reply, RespParser, encode_command
+from mininet_scenarios.daemons import AgentProcess
+
+SPACE = "100.64.0.0/10"
+MIB = 1 << 20
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process, from /proc (VmRSS is in kB)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def read_replies(sock: socket.socket, count: int) -> list[Reply]:
+    parser, replies = RespParser(max_bulk=64 * MIB), []
+    while len(replies) < count:
+        data = sock.recv(1 << 16)
+        assert data, f"closed after {len(replies)} replies: {replies}"
+        parser.feed(data)
+        while (reply := parser.next_reply())[0]:
+            replies.append(reply[1])
+    return replies
+
+
+def exchange(agent: AgentProcess, *commands: tuple[bytes, ...], timeout: float = 5.0) -> list[Reply]:
+    """Send commands on a fresh connection and return their replies."""
+    with socket.create_connection((agent.host, agent.port), timeout=timeout) as sock:
+        sock.sendall(b"".join(encode_command(*c) for c in commands))
+        return read_replies(sock, len(commands))
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[AgentProcess]:
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--read-timeout", "1", own=[SPACE],
+                      log_path=tmp_path / "agent.log") as proc:
+        yield proc
+
+
+def test_a_client_that_never_reads_its_replies_cannot_grow_the_agent(agent: AgentProcess) -> None:
+    """Found: 1,000 pipelined GETs of a 1 MiB value, never read, took the
+    agent to 2 GB. Now it stops answering (and reading) that client once about
+    a mebibyte is waiting for it, and serves everyone else meanwhile."""
+    assert exchange(agent, (b"SET", b"/big", b"x" * MIB), (b"GET", b"/big"))[1] == b"x" * MIB
+    baseline = rss_mib(agent.proc.pid)
+    hog = socket.socket()
+    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing, buffers little
+    hog.connect((agent.host, agent.port))
+    try:
+        hog.sendall(encode_command(b"GET", b"/big") * 1000)
+        peak = baseline
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            peak = max(peak, rss_mib(agent.proc.pid))
+            assert peak - baseline < 64, f"the agent grew from {baseline:.0f} to {peak:.0f} MiB"
+            assert exchange(agent, (b"SET", b"/small", b"s"), (b"GET", b"/small")) == [OK, b"s"]
+            time.sleep(0.2)
+        # It is paused, not forgotten: once it reads, it gets every reply, in order.
+        hog.settimeout(10)
+        hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        assert read_replies(hog, 1000) == [b"x" * MIB] * 1000
+    finally:
+        hog.close()
+    assert exchange(agent, (b"PING",)) == [PONG]
+
+
+def test_a_request_trickled_a_byte_at_a_time_still_meets_its_deadline(agent: AgentProcess) -> None:
+    """Found: every byte restarted --read-timeout, so a byte a second held a
+    connection for as long as the request was long. The deadline now runs
+    from the request's first byte."""
+    frame = encode_command(b"SET", b"/slow", b"v" * 200)
+    with socket.create_connection((agent.host, agent.port), timeout=10) as sock:
+        start = time.monotonic()
+        for i in range(len(frame) - 1):  # never the last byte
+            if _answered(sock):
+                break
+            sock.sendall(frame[i:i + 1])
+            time.sleep(0.1)
+        reply = read_until_closed(sock)
+        elapsed = time.monotonic() - start
+    assert reply.startswith(b"-ERR timeout: request incomplete after 1 s"), reply
+    assert elapsed < 3, f"closed only after {elapsed:.1f} s, for a 1 s deadline"
+    assert exchange(agent, (b"GET", b"/slow")) == [None]  # nothing half-stored
+
+
+def _answered(sock: socket.socket) -> bool:
+    """Whether the agent has sent something or closed (nothing is consumed)."""
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
+
+
+class Tricklers:
+    """`count` connections that each send one byte of a request a second and
+    never finish it; a connection the agent closes is opened again at once,
+    as an attacker would."""
+
+    FRAME = encode_command(b"SET", b"/trickle", b"x" * 1000)
+
+    def __init__(self, agent: AgentProcess, count: int) -> None:
+        self.agent = agent
+        self.socks = [self._open() for _ in range(count)]
+        self.sent = [0] * count
+        self.reopened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self) -> socket.socket:
+        sock = socket.create_connection((self.agent.host, self.agent.port))
+        sock.setblocking(False)
+        return sock
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            for n, sock in enumerate(self.socks):
+                try:
+                    if _answered(sock):
+                        raise ConnectionError("the agent closed it")
+                    sock.send(self.FRAME[self.sent[n]:self.sent[n] + 1])
+                    self.sent[n] += 1
+                except OSError:
+                    sock.close()
+                    self.socks[n], self.sent[n] = self._open(), 0
+                    self.reopened += 1
+
+    def __enter__(self) -> Tricklers:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        for sock in self.socks:
+            sock.close()
+
+
+def test_slow_connections_beyond_max_clients_do_not_lock_out_a_working_client(tmp_path: Path) -> None:
+    """Found: 4,200 connections sending a byte a second held every slot and
+    no good client was served. At the limit, a new connection now reclaims the
+    slot of the least recently useful one."""
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--max-clients", "64", own=[SPACE],
+                      log_path=tmp_path / "agent.log") as agent, Tricklers(agent, 150) as slow:
+        time.sleep(1.5)  # every trickler has sent something and holds (or wants) a slot
+        waits = []
+        for i in range(20):
+            start = time.monotonic()
+            assert exchange(agent, (b"SET", b"/good/%d" % i, b"v"), (b"GET", b"/good/%d" % i)) == [OK, b"v"]
+            waits.append(time.monotonic() - start)
+            time.sleep(0.1)
+        assert max(waits) < 1.0, waits
+        assert slow.reopened > 0  # the tricklers were the ones reclaimed
+        stats = agent.call(ADMIN.stats).service
+    assert stats["reclaimed_connections"] >= 20 and stats.get("refused_connections", 0) == 0
+    assert "reclaiming" in agent.log()
+
+
+def test_keys_are_held_to_their_own_limit_at_the_header(agent: AgentProcess) -> None:
+    """Found: keys shared the 1 MiB value limit, so clients streaming 1 MiB
+    keys slowed everyone. A key header over 4,096 bytes is refused before the
+    key is read; its bytes are skipped and the connection stays usable."""
+    with socket.create_connection((agent.host, agent.port), timeout=5) as sock:
+        sock.sendall(b"*2\r\n$3\r\nGET\r\n$1000000\r\n")
+        first = sock.recv(1000)  # answered at the header, before any of the key
+        assert first.startswith(b"-ERR argument 1 of 'get' of 1000000 bytes exceeds the limit of 4096")
+        baseline = rss_mib(agent.proc.pid)
+        for _ in range(100):
+            sock.sendall(b"/" * 10_000)
+        sock.sendall(b"\r\n" + encode_command(b"SET", b"/k", b"v" * 100_000) + encode_command(b"GET", b"/k"))
+        assert read_replies(sock, 2) == [OK, b"v" * 100_000]
+        assert rss_mib(agent.proc.pid) - baseline < 16
+    assert exchange(agent, (b"SET", b"/" + b"k" * 4095, b"at the limit"))[0] == OK
+    reply = exchange(agent, (b"SET", b"/" + b"k" * 4096, b"v"))[0]
+    assert isinstance(reply, ErrorReply) and "exceeds the limit of 4096" in reply.message
