@@ -7,11 +7,14 @@ the core never depends on networkx or on how the topology was found.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Literal, TypeAlias
 
 Port = tuple[int, int]
 """(dpid, port number)."""
+Peer: TypeAlias = tuple[Literal["switch"], Port] | tuple[Literal["host"], str]
+"""What a switch port leads to: another switch's port, or a host."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class Fabric:
                 out.setdefault(sw.group, []).append(sw.dpid)
         return out
 
-    def peer(self, dpid: int, port: int) -> tuple[str, object] | None:
+    def peer(self, dpid: int, port: int) -> Peer | None:
         """What is on the other end of a switch port: ('switch', (dpid, port)),
         ('host', host id), or None for an unused port."""
         if (dpid, port) in self.links:

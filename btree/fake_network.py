@@ -10,9 +10,11 @@ so a planner can check every ID of the space, not a sample).
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Mapping
+from itertools import pairwise
+from typing import Generic, Protocol, TypeVar
 
 from client_lib.cidr import Block
 from client_lib.constants import METAFLOW_BASE_PRIORITY, METAFLOW_PORT
@@ -20,8 +22,10 @@ from client_lib.constants import METAFLOW_BASE_PRIORITY, METAFLOW_PORT
 from .fabric import Fabric
 from .flows import FlowEntry, FlowPlanner, Table, uprules
 
-Interval = tuple[int, int, object]
-"""(first, last, where): where is a host id, or None for a drop / no MetaFlow match."""
+Interval = tuple[int, int, str | None]
+"""(first, last, where): where is a host id (or "loop", "<host> (wrong dl_dst)"), or
+None for a drop / no MetaFlow match."""
+Payload = TypeVar("Payload")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +37,11 @@ class Delivery:
 
 
 class FakeNetwork:
-    def __init__(self, fabric: Fabric, tables: Mapping[int, Table], width: int = 32):
+    def __init__(self, fabric: Fabric, tables: Mapping[int, Table], width: int = 32) -> None:
         """A network of explicit per-switch tables (what a controller would install)."""
         self.fabric, self.width = fabric, width
         self._tables: dict[int, _Lookup] = {
-            dpid: _Lookup([_Index([(e.priority, e.prefix, e) for e in table.values()])])
+            dpid: _Lookup([_explicit(table.values())])
             for dpid, table in tables.items()}
         self._whole: dict[int, list[Interval]] = {}
         self._partial: dict[tuple[int, int, int], list[Interval]] = {}
@@ -49,14 +53,13 @@ class FakeNetwork:
         own FlowEntry (ports) only when it is used. For the paper-scale tables of
         `metaflowctl plan` (hundreds of switches carrying thousands of entries)."""
         net = cls(planner.fabric, {}, planner.space.width)
-        shared = {group: _Index([(METAFLOW_BASE_PRIORITY + b.plen, b, v)
-                                 for b, v in planner.group_entries(group)])
+        shared = {group: _Prefixes([(METAFLOW_BASE_PRIORITY + b.plen, b, v)
+                                    for b, v in planner.group_entries(group)])
                   for group in planner.groups()}
         for dpid, switch in planner.fabric.switches.items():
-            parts = [_Index([(e.priority, e.prefix, e) for e in uprules(switch, planner.space)])]
+            parts: list[_Matcher] = [_explicit(uprules(switch, planner.space))]
             if switch.group is not None:
-                make = partial(planner.entry, switch)
-                parts.insert(0, _Index(shared[switch.group], make))
+                parts.insert(0, _Index(shared[switch.group], partial(planner.entry, switch)))
             net._tables[dpid] = _Lookup(parts)
         return net
 
@@ -65,7 +68,7 @@ class FakeNetwork:
         """Send one packet from a host and follow it through the MetaFlow entries."""
         dpid, _ = self.fabric.hosts[src_host]
         hops: list[int] = []
-        dl_dst = None
+        dl_dst: str | None = None
         while len(hops) < max_hops:
             hops.append(dpid)
             entry = None
@@ -77,10 +80,9 @@ class FakeNetwork:
             peer = self.fabric.peer(dpid, entry.out_port)
             if peer is None:
                 return Delivery(None, tuple(hops), dl_dst, "dead port")
-            kind, where = peer
-            if kind == "host":
-                return Delivery(where, tuple(hops), dl_dst, "delivered")
-            dpid = where[0]
+            if peer[0] == "host":
+                return Delivery(peer[1], tuple(hops), dl_dst, "delivered")
+            dpid = peer[1][0]
         return Delivery(None, tuple(hops), dl_dst, "loop")
 
     def resolve(self, dpid: int) -> list[Interval]:
@@ -106,7 +108,7 @@ class FakeNetwork:
         out: list[Interval] = []
         for first, last, entry in self._tables[dpid].intervals(lo, hi):
             peer = None if entry is None else self.fabric.peer(dpid, entry.out_port)
-            if peer is None:
+            if entry is None or peer is None:
                 out.append((first, last, None))
             elif peer[0] == "host":
                 host = peer[1]
@@ -123,26 +125,36 @@ class FakeNetwork:
         return result
 
 
-class _Index:
+class _Prefixes(Generic[Payload]):
     """Prefix entries indexed by priority and masked address, for matching and for
-    listing the entries that overlap a range. `make` turns a stored payload into the
-    FlowEntry of the switch asking (identity for explicit tables)."""
+    listing the entries that overlap a range. Members of a switch group share one."""
 
-    def __init__(self, items: list[tuple[int, Block, object]] | _Index, make=None):
-        if isinstance(items, _Index):   # share another index's data, with our own `make`
-            self._levels, self._sorted, self._firsts = items._levels, items._sorted, items._firsts
-        else:
-            levels: dict[tuple[int, int], dict[int, tuple[Block, object]]] = {}
-            for priority, prefix, payload in items:
-                shift = prefix.width - prefix.plen
-                levels.setdefault((priority, shift), {})[prefix.first >> shift] = (prefix, payload)
-            self._levels = [(p, shift, d) for (p, shift), d in sorted(levels.items(), key=lambda x: -x[0][0])]
-            self._sorted = sorted((prefix.first, prefix.last) for _, prefix, _ in items)
-            self._firsts = [first for first, _ in self._sorted]
-        self._make = make or (lambda _prefix, payload: payload)
+    def __init__(self, items: Sequence[tuple[int, Block, Payload]]) -> None:
+        levels: dict[tuple[int, int], dict[int, tuple[Block, Payload]]] = {}
+        for priority, prefix, payload in items:
+            shift = prefix.width - prefix.plen
+            levels.setdefault((priority, shift), {})[prefix.first >> shift] = (prefix, payload)
+        self.levels = [(p, shift, d) for (p, shift), d in sorted(levels.items(), key=lambda x: -x[0][0])]
+        self.sorted = sorted((prefix.first, prefix.last) for _, prefix, _ in items)
+        self.firsts = [first for first, _ in self.sorted]
+
+
+class _Matcher(Protocol):
+    def match(self, addr: int) -> tuple[int, FlowEntry] | None: ...
+
+    def boundaries(self, lo: int, hi: int) -> set[int]: ...
+
+
+class _Index(Generic[Payload]):
+    """Shared prefixes as one switch's entries: `make` turns a stored payload into
+    the FlowEntry of the switch asking."""
+
+    def __init__(self, prefixes: _Prefixes[Payload], make: Callable[[Block, Payload], FlowEntry]) -> None:
+        self._prefixes = prefixes
+        self._make = make
 
     def match(self, addr: int) -> tuple[int, FlowEntry] | None:
-        for priority, shift, entries in self._levels:
+        for priority, shift, entries in self._prefixes.levels:
             hit = entries.get(addr >> shift)
             if hit is not None:
                 return priority, self._make(*hit)
@@ -151,21 +163,27 @@ class _Index:
     def boundaries(self, lo: int, hi: int) -> set[int]:
         """Points in (lo, hi] where some entry starts or ends+1."""
         points = set()
-        for _, shift, entries in self._levels:       # entries that contain lo
+        for _, shift, entries in self._prefixes.levels:       # entries that contain lo
             hit = entries.get(lo >> shift)
             if hit is not None and hit[0].last < hi:
                 points.add(hit[0].last + 1)
-        for first, last in self._sorted[bisect_left(self._firsts, lo + 1):bisect_right(self._firsts, hi)]:
+        firsts = self._prefixes.firsts
+        for first, last in self._prefixes.sorted[bisect_left(firsts, lo + 1):bisect_right(firsts, hi)]:
             points.add(first)
             if last < hi:
                 points.add(last + 1)
         return points
 
 
+def _explicit(entries: Iterable[FlowEntry]) -> _Index[FlowEntry]:
+    """A switch's own entries (an explicit table, or its up-rules)."""
+    return _Index(_Prefixes([(e.priority, e.prefix, e) for e in entries]), lambda _prefix, entry: entry)
+
+
 class _Lookup:
     """One switch's table: one or more indexes, highest priority wins."""
 
-    def __init__(self, parts: list[_Index]):
+    def __init__(self, parts: list[_Matcher]) -> None:
         self.parts = parts
 
     def match(self, addr: int) -> FlowEntry | None:
@@ -182,7 +200,7 @@ class _Lookup:
         for part in self.parts:
             points |= part.boundaries(lo, hi)
         bounds = sorted(points)
-        return [(a, b - 1, self.match(a)) for a, b in zip(bounds, bounds[1:])]
+        return [(a, b - 1, self.match(a)) for a, b in pairwise(bounds)]
 
 
 def _slice(intervals: list[Interval], first: int, last: int) -> list[Interval]:
@@ -210,7 +228,7 @@ def _merge(intervals: list[Interval]) -> list[Interval]:
     return out
 
 
-def expected_intervals(partition: list[tuple[Block, str]], width: int) -> list[Interval]:
+def expected_intervals(partition: Sequence[tuple[Block, str]], width: int) -> list[Interval]:
     """The ideal fate of every address: the owner inside owned blocks, a drop elsewhere."""
     out: list[Interval] = []
     cursor = 0

@@ -20,8 +20,8 @@ knows about OpenFlow messages.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from client_lib.cidr import Block
 from client_lib.constants import METAFLOW_BASE_PRIORITY, UPRULE_PRIORITY
@@ -127,7 +127,7 @@ class FlowPlanner:
         missing = set(self._members) - set(tree.inner_nodes())
         if missing:
             raise ValueError(f"switch groups {sorted(missing)} are not nodes of the tree")
-        self._tries: dict[str, LpmTrie] = {}
+        self._tries: dict[str, LpmTrie[str | None]] = {}
         self.rebuild()
 
     # -- group level ----------------------------------------------------------------
@@ -150,7 +150,7 @@ class FlowPlanner:
             self._tries[group] = LpmTrie.from_partition(self.space, items, outside, outside,
                                                         self.minimize)
 
-    def group_entries(self, group: str) -> list[tuple[Block, str]]:
+    def group_entries(self, group: str) -> list[tuple[Block, str | None]]:
         """The group's table as (prefix, next hop), next hop a child id or UP."""
         return self._tries[group].entries()
 
@@ -171,7 +171,7 @@ class FlowPlanner:
     def tables(self) -> dict[int, Table]:
         return {dpid: self.table(dpid) for dpid in self.fabric.switches}
 
-    def entry(self, switch: SwitchPorts, block: Block, value: str) -> FlowEntry:
+    def entry(self, switch: SwitchPorts, block: Block, value: str | None) -> FlowEntry:
         """One group entry on one member switch's ports."""
         priority = METAFLOW_BASE_PRIORITY + block.plen
         if value is None:
@@ -190,9 +190,9 @@ class FlowPlanner:
 
     # -- changes ----------------------------------------------------------------------
 
-    def _changed_groups(self, moves: Sequence[Move]) -> dict[str, list[tuple[Block, str]]]:
+    def _changed_groups(self, moves: Sequence[Move]) -> dict[str, list[tuple[Block, str | None]]]:
         """Groups whose function changes, with the new value on each moved block."""
-        out: dict[str, list[tuple[Block, str]]] = {}
+        out: dict[str, list[tuple[Block, str | None]]] = {}
         for move in moves:
             path_nodes = set(self.tree.path(move.target)[:-1])
             if move.source is not None:

@@ -23,34 +23,38 @@ costs work in proportion to what it changes, not to the size of the table.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 from sortedcontainers import SortedDict
 
 from client_lib.cidr import Block
 
-Value = Hashable
+Value = TypeVar("Value", bound=Hashable)
+"""What the function maps IDs to (a next hop: a child id, UP, or None)."""
 Key = tuple[int, int]
 _UNSEEN = object()
 
 
-class LpmTrie:
+class LpmTrie(Generic[Value]):
     """A total function on a space, with its current prefix table.
 
     `default` is what unmatched IDs get without any entry (UP through the
-    default up-rules, or None at the root, which has no default).
+    default up-rules, or None at the root, which has no default). `order`
+    breaks ties between equally cheap values, so tables are deterministic.
     """
 
     def __init__(self, space: Block, background: Value, default: Value | None,
-                 minimal: bool = True, order=repr, items: Sequence[tuple[Block, Value]] = ()):
+                 minimal: bool = True, order: Callable[[Value], str] = repr,
+                 items: Sequence[tuple[Block, Value]] = ()) -> None:
         """`items`: sorted, non-overlapping blocks with values; the rest takes `background`."""
         self.space, self.width = space, space.width
         self.default, self.minimal, self.order = default, minimal, order
         self._leaf: dict[Key, Value] = {}
-        self._inner: dict[Key, tuple[int, frozenset]] = {}
-        self._entries: SortedDict = SortedDict()        # key -> value placed there
-        self._inherited: dict[Key, object] = {}         # key -> value it inherited last placement
+        self._inner: dict[Key, tuple[int, frozenset[Value]]] = {}
+        self._entries: SortedDict[Key, Value] = SortedDict()   # key -> value placed there
+        self._inherited: dict[Key, Value | None] = {}         # key -> value it inherited last placement
         self._dirty: set[Key] = set()
         self._gone: set[Key] = set()                    # nodes removed since the last refresh
         firsts = [block.first for block, _ in items]
@@ -59,7 +63,8 @@ class LpmTrie:
 
     @classmethod
     def from_partition(cls, space: Block, items: Sequence[tuple[Block, Value]], background: Value,
-                       default: Value | None, minimal: bool = True, order=repr) -> LpmTrie:
+                       default: Value | None, minimal: bool = True,
+                       order: Callable[[Value], str] = repr) -> LpmTrie[Value]:
         """Build in one pass from sorted, non-overlapping blocks; gaps take `background`."""
         return cls(space, background, default, minimal, order, items)
 
@@ -87,7 +92,7 @@ class LpmTrie:
         first, plen = key
         return (first, plen + 1), (first + (1 << (self.width - plen - 1)), plen + 1)
 
-    def _summary(self, key: Key) -> tuple[int, frozenset]:
+    def _summary(self, key: Key) -> tuple[int, frozenset[Value]]:
         if key in self._leaf:
             return 0, frozenset((self._leaf[key],))
         return self._inner[key]
@@ -163,7 +168,7 @@ class LpmTrie:
         cost, candidates = self._summary((self.space.first, self.space.plen))
         return cost if self.default in candidates else cost + 1
 
-    def refresh(self) -> TableChange:
+    def refresh(self) -> TableChange[Value]:
         """Re-place entries where something changed, and say which entries did."""
         old: dict[Key, Value] = {}
         new: dict[Key, Value] = {}
@@ -175,22 +180,22 @@ class LpmTrie:
                 old.setdefault(key, self._entries.pop(key))
         self._dirty.clear()
         self._gone.clear()
-        change = TableChange()
+        change: TableChange[Value] = TableChange()
         for key in sorted(old.keys() | new.keys()):
-            before, after = old.get(key, _UNSEEN), new.get(key, _UNSEEN)
-            if after is _UNSEEN:
-                change.removed.append((self._block(key), before))
-            elif before is _UNSEEN:
-                change.added.append((self._block(key), after))
-            elif before != after:
-                change.modified.append((self._block(key), after))
+            if key not in new:
+                change.removed.append((self._block(key), old[key]))
+            elif key not in old:
+                change.added.append((self._block(key), new[key]))
+            elif old[key] != new[key]:
+                change.modified.append((self._block(key), new[key]))
         return change
 
     def _block(self, key: Key) -> Block:
         return Block(key[0], key[1], self.width)
 
-    def _place(self, key: Key, inherited: Value | None, old: dict, new: dict) -> None:
-        stack = [(key, inherited)]
+    def _place(self, key: Key, inherited: Value | None, old: dict[Key, Value],
+               new: dict[Key, Value]) -> None:
+        stack: list[tuple[Key, Value | None]] = [(key, inherited)]
         while stack:
             key, inherited = stack.pop()
             if key not in self._dirty and self._inherited.get(key, _UNSEEN) == inherited:
@@ -225,7 +230,7 @@ class LpmTrie:
 
 
 @dataclass
-class TableChange:
+class TableChange(Generic[Value]):
     """What one refresh did to a group's table, in address order. `removed` carries
     the value the entry had, so a caller can still name the port it pointed to."""
 
