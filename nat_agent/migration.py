@@ -136,10 +136,17 @@ def _by_size(records: list[Record]) -> list[list[Record]]:
     return runs
 
 
-def _same_endpoint(a: str, b: str) -> bool:
-    ua, ub = urlsplit(a), urlsplit(b)
-    return (ua.hostname or "").lower() == (ub.hostname or "").lower() and \
-        (ua.port or 80) == (ub.port or 80)
+def _endpoint(url: str) -> tuple[str, int]:
+    """(host, port) of an admin URL; InvalidArgument unless it is http://HOST[:PORT]."""
+    wrong = InvalidArgument(f"target must be an agent's admin URL, http://HOST:PORT, not {url!r}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 80
+    except ValueError:
+        raise wrong from None
+    if parts.scheme != "http" or not parts.hostname:
+        raise wrong
+    return parts.hostname.lower(), port
 
 
 class Migrator:
@@ -193,7 +200,7 @@ class Migrator:
             raise InvalidArgument("nothing to migrate: no blocks given")
         if not (math.isfinite(request.lease_s) and request.lease_s > 0):
             raise InvalidArgument(f"lease_s must be a positive number of seconds, not {request.lease_s}")
-        if _same_endpoint(target, self.agent.identity.admin_url):
+        if _endpoint(target) == _endpoint(self.agent.identity.admin_url):
             raise InvalidArgument(f"target {target} is this agent's own admin API")
         for block in blocks:
             self.agent.check_block(block)
@@ -304,9 +311,8 @@ class Migrator:
                 migration.error = "the agent is shutting down"
             self._stop_task(migration)
         await asyncio.gather(*tasks, return_exceptions=True)
-        for migration in list(self.migrations.values()):
-            if migration.state == COPIED:
-                await self._abort(migration, "the agent is shutting down")
+        await asyncio.gather(*(self._abort(m, "the agent is shutting down")
+                               for m in self.migrations.values() if m.state == COPIED))
 
     # -- compensations ---------------------------------------------------------
 

@@ -283,6 +283,8 @@ def test_an_agent_refuses_itself_and_impossible_migrations_as_a_target(tmp_path)
         other = "http://127.0.0.1:1"
         for request, status in ((MigrateRequest([], other), 400),
                                 (MigrateRequest([ROOT.halves()[0]], other, lease_s=0), 400),
+                                (MigrateRequest([ROOT.halves()[0]], "http://127.0.0.1:port"), 400),
+                                (MigrateRequest([ROOT.halves()[0]], "ftp://127.0.0.1:1"), 400),
                                 (MigrateRequest([ROOT.halves()[1]], other), 409)):
             with pytest.raises(ApiError) as failed:
                 a.call(ADMIN.migrate, request)
