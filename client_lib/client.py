@@ -1,38 +1,122 @@
-"""What a distributed file system imports on its metadata path.
+"""The MetaFlow client: what a distributed file system imports on its metadata path.
 
-There is no lookup: the client hashes the path into a MetaDataID and sends
-the request to that ID *as an address* on port 9000; the switches deliver it
-to the owner. So a request is one TCP round trip (plus the connect, as in the
-paper, which opens a connection per request). An open connection to the same
-MetaDataID is reused, since it reaches the same server.
+    from client_lib import FileMetadata, MetaFlowClient, MetaFlowError
 
-Retries: while a block moves between servers the old owner answers
-TRYAGAIN (writes frozen) and then MOVED (flows not yet updated, or a stale
-route), and a connection may time out; all three are retried with capped
-exponential backoff and jitter. Everything else is an error of the caller's
-(`InvalidPath`, `ServerError`) or a broken peer (`BadReply`); after the last
-retry, `Unavailable` says what kept failing.
+    with MetaFlowClient() as mf:                    # one per process; thread-safe
+        mf.put("/user/a/data.csv", FileMetadata.new_file("/user/a/data.csv", 1 << 30, now_ms))
+        meta = mf.stat("/user/a/data.csv")         # a FileMetadata, or None if absent
 
-Every request is idempotent (SET of the same value, GET, EXISTS, DEL), which
-is what makes retrying after a timeout safe; the one visible effect is that
-a DEL whose reply was lost reports False on its retry.
+The contract
+------------
+There is no lookup and no map of servers. The client hashes the path into its
+MetaDataID (`client_lib.mdid`, the same function every agent and the
+controller use) and sends the request to that ID *as an IP address* on port
+9000; the switches' longest-prefix flows deliver it to the server that owns
+the ID. A request is therefore one round trip on a connection (plus a TCP
+connect when none is open to that ID). The client host needs one route: the
+MetaDataID space (default ``100.64.0.0/10``) towards the fabric.
 
-`MetaFlowClient` is blocking and thread-safe (connections are pooled under a
-lock); `AsyncMetaFlowClient` has the same methods as coroutines.
+Methods, the same on both clients: ``get`` (the raw value), ``put`` (bytes or
+a `FileMetadata`), ``delete`` and ``exists`` (booleans), ``stat`` (a
+`FileMetadata`). A path is ``str`` (UTF-8; names from ``os.fsdecode`` keep
+their bytes) or ``bytes``, absolute, and normalized lexically on both sides,
+so ``/a//b/.`` is ``/a/b``.
+
+Without the fabric: one agent directly
+--------------------------------------
+``via="HOST[:PORT]"`` sends every request to one agent (``PORT`` defaults to
+``port``): ``metaflow-agent --own 100.64.0.0/10 --listen 127.0.0.1:9000``
+serves the whole space, and ``MetaFlowClient(via="127.0.0.1:9000")`` talks to
+it. ``route=`` is the general form: a function from the MetaDataID address
+(text) to ``(host, port)``, for emulating the fabric's table over several
+agents (tests, benchmarks). Everything else below is the same.
+
+Retries and the deadline
+------------------------
+Each call has an overall ``deadline`` (seconds, default 5): no call takes
+longer, whatever the network does. Within it the client retries what may pass:
+
+* TRYAGAIN: the ID's block is frozen while it migrates (writes only);
+* MOVED: the server no longer owns the ID (a stale pooled connection, or the
+  flows not yet updated). A ``MOVED <id> <ip>:<port>`` reply that names the
+  new owner's address is followed at once, once per call (``follow_moved``);
+  after that the switches decide again, so a wrong hint cannot send a call in
+  circles. One that names a MetaDataID (the agent's "ask the switches") is
+  retried through the route;
+* a timeout, a refused, reset or closed connection.
+
+Retries back off exponentially with full jitter (`RetryPolicy`: at most
+``attempts`` tries, pauses from ``base`` up to ``cap``); each attempt
+(connect, send, reply) is bounded by ``timeout`` and by what is left of the
+deadline. When either runs out, `Unavailable` says how many attempts were made
+and the last reason.
+
+Idempotency
+-----------
+Every request is idempotent (GET and EXISTS read; SET writes the whole value;
+DEL removes), which is what makes retrying after a timeout safe even when the
+first attempt was applied. The one visible effect: a DEL whose reply was lost
+reports False (nothing to delete) on its retry.
+
+Pooling
+-------
+After a reply, the connection stays open and is reused for the same
+MetaDataID (it leads to the same server). At most ``max_idle`` idle
+connections are kept in all; beyond that the least recently used one is
+closed. A connection that answered MOVED or TRYAGAIN, failed or timed out is
+closed, never reused, and an idle one the server has since closed is noticed
+and dropped before it is used. ``reuse=False`` opens a connection per request
+(the paper's setting).
+
+Threads and event loops
+-----------------------
+`MetaFlowClient` blocks and is thread-safe: share one per process (the pool
+is under a lock; requests run in parallel). `AsyncMetaFlowClient` has the same
+methods as coroutines and belongs to the event loop it is used on. Close
+either (``close()``, or ``with`` / ``async with``) to close its connections.
+
+Errors
+------
+Everything the client raises is a `MetaFlowError` (`client_lib.errors`):
+
+* `InvalidPath`, `InvalidArgument` (also ``ValueError``): the caller's input,
+  such as a relative path or a malformed space; nothing was sent.
+* `ServerError`: the server refused (``-ERR ...``, say a value above its
+  limit); not retried.
+* `BadReply`: the peer does not speak RESP or answered out of protocol (the
+  wrong port?); not retried.
+* `MetadataFormatError`: ``stat`` found a value that is not a `FileMetadata`
+  (``get`` returns it raw).
+* `Unavailable`: the deadline or the attempts ran out; ``.attempts`` and
+  ``.reason`` say how.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import itertools
+import math
 import random
 import socket
 import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Callable, Generic, TypeVar
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Self, TypeVar
 
 from client_lib.cidr import Block
+from client_lib.constants import METAFLOW_PORT
+from client_lib.errors import (
+    BadReply,
+    InvalidArgument,
+    InvalidPath,
+    MetadataFormatError,
+    MetaFlowError,
+    ServerError,
+    Unavailable,
+)
 from client_lib.mdid import DEFAULT_SPACE, mdid_of_key, normalize_path
 from client_lib.metadata import FileMetadata
 from client_lib.resp import (
@@ -42,61 +126,92 @@ from client_lib.resp import (
     RespParser,
     SimpleString,
     encode_command,
+    parse_moved,
 )
+
+__all__ = [
+    "DEFAULT_DEADLINE",
+    "DEFAULT_TIMEOUT",
+    "AsyncMetaFlowClient",
+    "BadReply",
+    "ClientStats",
+    "InvalidArgument",
+    "InvalidPath",
+    "MetaFlowClient",
+    "MetaFlowError",
+    "MetadataFormatError",
+    "RetryPolicy",
+    "Route",
+    "ServerError",
+    "Unavailable",
+    "exchange_async",
+]
 
 T = TypeVar("T")
 C = TypeVar("C")
 Route = Callable[[str], tuple[str, int]]
+"""Where a request for a MetaDataID address (text) goes: ``(host, port)``."""
+Destination = tuple[str, int]
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
+DEFAULT_TIMEOUT = 2.0
+"""Seconds one attempt (connect, send, reply) may take."""
+DEFAULT_DEADLINE = 5.0
+"""Seconds one call may take, all its attempts and pauses included."""
 
-class MetaFlowError(Exception):
-    """Base of every error the client raises."""
-
-
-class InvalidPath(MetaFlowError, ValueError):
-    """The path cannot be a key: not absolute, NUL, too long."""
-
-
-class ServerError(MetaFlowError):
-    """The server refused the request (`-ERR ...`): retrying would not help."""
-
-
-class BadReply(MetaFlowError):
-    """The peer's bytes are not the reply we expected (not a MetaFlow server?)."""
-
-
-class Unavailable(MetaFlowError):
-    """Every attempt failed with a retryable condition; `reason` is the last."""
-
-    def __init__(self, path: str, attempts: int, reason: str) -> None:
-        super().__init__(f"{path}: gave up after {attempts} attempts: {reason}")
-        self.reason = reason
-
-
-class _Retry(Exception):
-    """Internal: this attempt failed in a way the next one may not."""
+_MAX_REPLY = 1 << 30
+"""Largest bulk reply accepted: the agent's value limit is its own setting
+(``--max-value``), so the client only guards against a nonsense header."""
+_MIN_ATTEMPT = 0.01
+"""Seconds an attempt needs to be worth starting; a pause is shortened to
+leave this much of the deadline, and a call with less left gives up."""
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """How many attempts a call may make and how long to pause between them;
+    the call's deadline bounds them in time."""
+
     attempts: int = 10
     base: float = 0.005   # seconds before the first retry
     cap: float = 0.5      # longest pause between attempts
 
-    def delay(self, attempt: int) -> float:
-        """Full jitter on a capped exponential: spreads out clients that all
-        hit the same frozen block at once."""
-        return random.uniform(0.5, 1.0) * min(self.cap, self.base * (2 ** attempt))
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise InvalidArgument(f"attempts must be a positive integer, not {self.attempts!r}")
+        if not 0 <= self.base <= self.cap < math.inf:
+            raise InvalidArgument(f"need 0 <= base <= cap < inf, not base={self.base!r} cap={self.cap!r}")
+
+    def delay(self, retry: int) -> float:
+        """The pause before retry number `retry` (0 first): full jitter on a
+        capped exponential, which spreads out clients that all hit the same
+        frozen block at once."""
+        return random.uniform(0.5, 1.0) * min(self.cap, self.base * (1 << min(retry, 62)))
+
+
+_DEFAULT_RETRY = RetryPolicy()
 
 
 @dataclass
 class ClientStats:
+    """What a client has done, for monitoring (``vars(client.stats)``)."""
+
     requests: int = 0
     retries: int = 0
     moved: int = 0
     tryagain: int = 0
     timeouts: int = 0
     connects: int = 0
+    hints: int = 0      # MOVED hints followed
+
+
+class _Retry(Exception):
+    """Internal: this attempt failed in a way the next one may not; `hint` is
+    where a MOVED reply said the ID went."""
+
+    def __init__(self, reason: str, hint: Destination | None = None) -> None:
+        super().__init__(reason)
+        self.hint = hint
 
 
 @dataclass(frozen=True)
@@ -109,74 +224,237 @@ class _Op(Generic[T]):
     decode: Callable[[Reply], T]
 
 
-class _IdlePool(Generic[C]):
-    """Open connections by MetaDataID address, least recently used evicted
-    first once more than `limit` are idle."""
+@dataclass(frozen=True)
+class _Attempt:
+    """One try of a call: after `pause`, to `hint` if a MOVED reply named the
+    owner (else through the route), done by `until` (monotonic seconds)."""
 
-    def __init__(self, limit: int, close: Callable[[C], None]) -> None:
+    hint: Destination | None
+    pause: float
+    until: float
+    seconds: float
+
+    def left(self) -> float:
+        """Seconds left for this attempt; none left is a timeout, checked before
+        every blocking step (a socket timeout of 0 would mean non-blocking)."""
+        left = self.until - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("attempt deadline passed")
+        return left
+
+
+class _Call:
+    """The retry budget of one call: which attempt comes next, when, and with
+    how much time, or that the call is over. Sans-I/O, so both clients share
+    the deadline arithmetic and only sleep and exchange their own way."""
+
+    def __init__(self, surface: _Surface[Any], what: str) -> None:
+        self._surface = surface
+        self._what = what
+        self._end = time.monotonic() + surface.deadline
+        self._made = 0
+        self._reason = ""
+        self._hint: Destination | None = None
+        self._hinted = False
+        self._late = False
+
+    def next(self) -> _Attempt | None:
+        """The next attempt, or None when the attempts or the deadline ran out."""
+        surface = self._surface
+        if self._made >= surface.retry.attempts:
+            return None
+        hint, self._hint = self._hint, None
+        pause = 0.0 if hint or not self._made else surface.retry.delay(self._made - 1)
+        left = self._end - time.monotonic()
+        if self._made and left < _MIN_ATTEMPT:
+            self._late = True
+            return None
+        pause = min(pause, max(0.0, left - _MIN_ATTEMPT))
+        start = time.monotonic() + pause
+        until = min(start + surface.timeout, self._end)
+        if self._made:
+            surface._count("retries")
+        if hint:
+            surface._count("hints")
+        self._made += 1
+        return _Attempt(hint, pause, until, until - start)
+
+    def failed(self, retry: _Retry) -> None:
+        self._reason = str(retry)
+        if retry.hint and not self._hinted and self._surface.follow_moved:
+            self._hint, self._hinted = retry.hint, True
+
+    def gave_up(self) -> Unavailable:
+        what = self._what
+        if self._late:
+            what += f" (deadline {self._surface.deadline:g} s)"
+        return Unavailable(what, self._made, self._reason)
+
+
+class _IdlePool(Generic[C]):
+    """Idle connections by MetaDataID address, at most `limit` in all.
+
+    Beyond the limit the least recently returned connection is closed: one
+    connection, whatever its address, so the pool keeps exactly `limit`.
+    Connections are tickets in one LRU order, and each address keeps its own
+    tickets oldest first; so the oldest ticket overall is always the first of
+    its address, and take, give and evict are O(1).
+    """
+
+    def __init__(self, limit: int, close: Callable[[C], object]) -> None:
         self.limit = limit
         self._close = close
-        self._idle: OrderedDict[str, list[C]] = OrderedDict()
-        self._count = 0
+        self._lru: OrderedDict[int, tuple[str, C]] = OrderedDict()
+        self._tickets: dict[str, deque[int]] = {}
+        self._next = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._lru)
 
     def take(self, address: str) -> C | None:
-        conns = self._idle.get(address)
-        if not conns:
+        """The most recently returned connection to `address` (the likeliest
+        still open), or None."""
+        tickets = self._tickets.get(address)
+        if not tickets:
             return None
-        self._count -= 1
-        conn = conns.pop()
-        if not conns:
-            del self._idle[address]
-        return conn
+        ticket = tickets.pop()
+        if not tickets:
+            del self._tickets[address]
+        return self._lru.pop(ticket)[1]
 
     def give(self, address: str, conn: C) -> None:
-        self._idle.setdefault(address, []).append(conn)
-        self._idle.move_to_end(address)
-        self._count += 1
-        while self._count > self.limit:
-            _, conns = self._idle.popitem(last=False)
-            self._count -= len(conns)
-            for old in conns:
-                self._close(old)
+        ticket = next(self._next)
+        self._lru[ticket] = (address, conn)
+        self._tickets.setdefault(address, deque()).append(ticket)
+        while len(self._lru) > self.limit:
+            _, (oldest, old) = self._lru.popitem(last=False)
+            tickets = self._tickets[oldest]
+            tickets.popleft()
+            if not tickets:
+                del self._tickets[oldest]
+            self._close(old)
 
-    def clear(self) -> None:
-        idle, self._idle, self._count = self._idle, OrderedDict(), 0
-        for conns in idle.values():
-            for conn in conns:
-                self._close(conn)
+    def drain(self) -> list[C]:
+        """Empty the pool and hand back its connections for closing."""
+        conns = [conn for _, conn in self._lru.values()]
+        self._lru.clear()
+        self._tickets.clear()
+        return conns
 
 
-@dataclass
-class _Surface:
-    """The shared part of both clients: ID math and request preparation."""
+def _host_port(text: str, default_port: int) -> Destination:
+    """'HOST', 'HOST:PORT', '[IPV6]:PORT' or a bare IPv6 address."""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise InvalidArgument(f"via {text!r}: expected [IPV6]:PORT")
+        port = rest[1:]
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = text, ""
+    try:
+        number = int(port) if port else default_port
+    except ValueError:
+        number = -1
+    if not host or not 0 < number < 65536:
+        raise InvalidArgument(f"via {text!r}: expected HOST[:PORT] with a port in 1..65535")
+    return host, number
 
-    space: Block | str = DEFAULT_SPACE
-    port: int = 9000
-    timeout: float = 2.0
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    reuse: bool = True
-    max_idle: int = 64
-    route: Route | None = None
-    stats: ClientStats = field(default_factory=ClientStats)
 
-    def __post_init__(self) -> None:
-        if isinstance(self.space, str):
-            self.space = Block.parse(self.space)
+def _moved_hint(reply: ErrorReply, space: Block) -> Destination | None:
+    """The server a MOVED reply names as the ID's new owner, if it names one:
+    ``MOVED <id> <host>:<port>`` with a host outside the MetaDataID space. A
+    MetaDataID there (the agent's "ask the switches") and the older
+    ``MOVED <mdid-ip>`` name no one, so the route is tried again."""
+    try:
+        _, host, port = parse_moved(reply.message)
+    except ProtocolError:
+        return None
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host, port  # a name: not an ID
+    if (ip.max_prefixlen == space.width) and space.contains(int(ip)):
+        return None
+    return host, port
+
+
+def _positive(name: str, value: float, finite: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 \
+            or (finite and not math.isfinite(value)):
+        raise InvalidArgument(f"{name} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+class _Surface(Generic[C]):
+    """The shared part of both clients: settings, ID math, request
+    preparation, the meaning of replies and failures, the pool of idle
+    connections of type C (each client says how one is closed)."""
+
+    def __init__(self, space: Block | str = DEFAULT_SPACE, *, port: int = METAFLOW_PORT,
+                 timeout: float = DEFAULT_TIMEOUT, deadline: float = DEFAULT_DEADLINE,
+                 retry: RetryPolicy = _DEFAULT_RETRY, reuse: bool = True, max_idle: int = 64,
+                 via: str | None = None, route: Route | None = None, follow_moved: bool = True) -> None:
+        """`space`: the MetaDataID space (a `Block` or CIDR text), the same as the
+        agents'. `port`: the metadata port. `timeout`: seconds per attempt;
+        `deadline`: seconds per call (may be ``math.inf``: then `retry.attempts`
+        alone bounds a call). `retry`: attempts and backoff. `reuse`, `max_idle`:
+        pooling. `via` or `route`: the standalone route (module docstring).
+        `follow_moved`: try the owner a MOVED reply names before the switches
+        (turn off where servers' own addresses are not reachable from clients)."""
+        try:
+            self.space = space if isinstance(space, Block) else Block.parse(space)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"space {space!r} is not a CIDR block: {exc}") from None
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise InvalidArgument(f"port must be in 1..65535, not {port!r}")
+        if isinstance(max_idle, bool) or not isinstance(max_idle, int) or max_idle < 0:
+            raise InvalidArgument(f"max_idle must be an integer >= 0, not {max_idle!r}")
+        if not isinstance(retry, RetryPolicy):
+            raise InvalidArgument(f"retry must be a RetryPolicy, not {retry!r}")
+        if via is not None and route is not None:
+            raise InvalidArgument("give via or route, not both")
+        self.port = port
+        self.timeout = _positive("timeout", timeout)
+        self.deadline = _positive("deadline", deadline, finite=False)
+        self.retry = retry
+        self.max_idle = max_idle if reuse else 0
+        self.follow_moved = follow_moved
+        if via is not None:
+            fixed = _host_port(via, port)
+            self.route: Route | None = lambda _address: fixed
+        else:
+            self.route = route
+        self.stats = ClientStats()
+        self._pool: _IdlePool[C] = _IdlePool(self.max_idle, self._discard)
+        self._lock = threading.Lock()  # the pool's and the stats' (one client, many threads)
+
+    @staticmethod
+    def _discard(conn: C) -> None:
+        """Close one connection that leaves the pool."""
+        raise NotImplementedError
 
     def mdid(self, path: str | bytes) -> int:
+        """The MetaDataID of `path` in this client's space."""
         return mdid_of_key(self._key(path), self.space)
 
     def address(self, path: str | bytes) -> str:
+        """The MetaDataID of `path` as the address a request for it is sent to."""
         return self.space.address(self.mdid(path))
 
-    def _destination(self, address: str) -> tuple[str, int]:
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
+
+    def _destination(self, address: str) -> Destination:
         return self.route(address) if self.route else (address, self.port)
 
     @staticmethod
     def _key(path: str | bytes) -> bytes:
         try:
             return normalize_path(path)
-        except (TypeError, ValueError) as exc:
+        except TypeError as exc:
             raise InvalidPath(str(exc)) from None
 
     def _op(self, decode: Callable[[Reply], T], command: str, path: str | bytes, *rest: bytes) -> _Op[T]:
@@ -184,43 +462,56 @@ class _Surface:
         return _Op(key.decode("utf-8", "replace"), self.space.address(mdid_of_key(key, self.space)),
                    encode_command(command, key, *rest), decode)
 
-    def _get(self, path):
+    def _get(self, path: str | bytes) -> _Op[bytes | None]:
         return self._op(_bulk, "GET", path)
 
-    def _put(self, path, value: bytes | FileMetadata):
-        data = value.to_bytes() if isinstance(value, FileMetadata) else bytes(value)
+    def _put(self, path: str | bytes, value: bytes | FileMetadata) -> _Op[None]:
+        if isinstance(value, FileMetadata):
+            data = value.to_bytes()
+        elif isinstance(value, bytes | bytearray | memoryview):
+            data = bytes(value)
+        else:
+            raise InvalidArgument(f"a value is bytes or a FileMetadata, not {type(value).__name__}")
         return self._op(_ok, "SET", path, data)
 
-    def _delete(self, path):
+    def _delete(self, path: str | bytes) -> _Op[bool]:
         return self._op(_flag, "DEL", path)
 
-    def _exists(self, path):
+    def _exists(self, path: str | bytes) -> _Op[bool]:
         return self._op(_flag, "EXISTS", path)
 
-    def _stat(self, path):
+    def _stat(self, path: str | bytes) -> _Op[FileMetadata | None]:
         return self._op(_metadata, "GET", path)
 
-    def _failure(self, exc: OSError | ProtocolError, address: str) -> Exception:
+    def _call(self, op: _Op[T]) -> _Call:
+        self._count("requests")
+        return _Call(self, op.path)
+
+    def _failure(self, exc: OSError | ProtocolError, where: str, attempt: _Attempt) -> Exception:
         """What a broken exchange means: bytes that are not RESP are the peer's
         fault (no retry); a timeout (socket's or asyncio's, both TimeoutError)
-        or a lost connection may pass, so it is retried."""
+        or a refused or lost connection may pass, so it is retried."""
         if isinstance(exc, ProtocolError):
-            return BadReply(f"{address}: {exc}")
+            return BadReply(f"{where}: {exc}")
         if isinstance(exc, TimeoutError):
-            self.stats.timeouts += 1
-            return _Retry(f"timeout after {self.timeout:g} s talking to {address}")
-        return _Retry(f"{address}: {exc}")
+            self._count("timeouts")
+            return _Retry(f"timeout after {attempt.seconds:.3g} s talking to {where}")
+        return _Retry(f"{where}: {exc}")
 
     def _check(self, reply: Reply) -> Reply:
         if isinstance(reply, ErrorReply):
             if reply.code == "MOVED":
-                self.stats.moved += 1
-                raise _Retry(reply.message)
+                self._count("moved")
+                raise _Retry(reply.message, _moved_hint(reply, self.space))
             if reply.code == "TRYAGAIN":
-                self.stats.tryagain += 1
+                self._count("tryagain")
                 raise _Retry(reply.message)
             raise ServerError(reply.message)
         return reply
+
+    @staticmethod
+    def _where(op: _Op[T], attempt: _Attempt) -> str:
+        return f"{attempt.hint[0]}:{attempt.hint[1]} (MOVED hint)" if attempt.hint else op.address
 
 
 def _redirected(reply: Reply) -> bool:
@@ -252,122 +543,159 @@ def _metadata(reply: Reply) -> FileMetadata | None:
     return None if data is None else FileMetadata.from_bytes(data)
 
 
-class MetaFlowClient(_Surface):
-    """Blocking client. `with MetaFlowClient() as c: c.put("/a", meta)`."""
+def _still_open(sock: socket.socket) -> bool:
+    """Whether an idle connection can carry a request: the peer has neither
+    closed it (a server reclaiming idle connections) nor sent anything unasked.
+    One non-blocking peek, so a reclaimed connection costs no failed attempt."""
+    sock.settimeout(0)
+    try:
+        sock.recv(1, socket.MSG_PEEK)  # b"" (closed) or unasked bytes: either way unusable
+    except BlockingIOError:
+        return True
+    except OSError:
+        pass
+    return False
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._pool: _IdlePool[socket.socket] = _IdlePool(self.max_idle, socket.socket.close)
-        self._lock = threading.Lock()
+
+class MetaFlowClient(_Surface[socket.socket]):
+    """Blocking, thread-safe client (module docstring: contract, retries, errors).
+
+    ``MetaFlowClient()`` goes through the fabric; ``MetaFlowClient(via="127.0.0.1:9000")``
+    talks to one agent directly. Keyword arguments are described on `_Surface.__init__`.
+    """
+
+    @staticmethod
+    def _discard(conn: socket.socket) -> None:
+        conn.close()
 
     def get(self, path: str | bytes) -> bytes | None:
+        """The value stored at `path`, or None."""
         return self._run(self._get(path))
 
     def put(self, path: str | bytes, value: bytes | FileMetadata) -> None:
+        """Store `value` at `path`, replacing what was there."""
         return self._run(self._put(path, value))
 
     def delete(self, path: str | bytes) -> bool:
+        """Remove `path`; whether it existed."""
         return self._run(self._delete(path))
 
     def exists(self, path: str | bytes) -> bool:
         return self._run(self._exists(path))
 
     def stat(self, path: str | bytes) -> FileMetadata | None:
+        """The `FileMetadata` stored at `path`, or None."""
         return self._run(self._stat(path))
 
     def close(self) -> None:
+        """Close the idle connections (the client stays usable)."""
         with self._lock:
-            self._pool.clear()
+            conns = self._pool.drain()
+        for sock in conns:
+            sock.close()
 
-    def __enter__(self) -> MetaFlowClient:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _run(self, op: _Op[T]) -> T:
-        self.stats.requests += 1
-        reason = ""
-        for attempt in range(self.retry.attempts):
-            if attempt:
-                self.stats.retries += 1
-                time.sleep(self.retry.delay(attempt - 1))
+        call = self._call(op)
+        while (attempt := call.next()) is not None:
+            if attempt.pause:
+                time.sleep(attempt.pause)
             try:
-                return op.decode(self._check(self._exchange(op)))
+                return op.decode(self._check(self._exchange(op, attempt)))
             except _Retry as exc:
-                reason = str(exc)
-        raise Unavailable(op.path, self.retry.attempts, reason)
+                call.failed(exc)
+        raise call.gave_up()
 
-    def _exchange(self, op: _Op) -> Reply:
-        sock = self._checkout(op.address)
+    def _exchange(self, op: _Op[T], attempt: _Attempt) -> Reply:
+        where = self._where(op, attempt)
+        sock: socket.socket | None = None
         try:
+            if attempt.hint:
+                sock = self._connect(attempt.hint, attempt)
+            else:
+                sock = self._checkout(op.address, attempt)
+            sock.settimeout(attempt.left())
             sock.sendall(op.frame)
-            parser = RespParser(max_bulk=1 << 30)
+            parser = RespParser(max_bulk=_MAX_REPLY)
             while True:
                 done, reply = parser.next_reply()
                 if done:
                     break
+                sock.settimeout(attempt.left())
                 data = sock.recv(65536)
                 if not data:
                     raise ConnectionResetError("server closed the connection")
                 parser.feed(data)
         except (OSError, ProtocolError) as exc:
-            sock.close()
-            raise self._failure(exc, op.address) from None
-        if _redirected(reply):
-            sock.close()
+            if sock is not None:
+                sock.close()
+            raise self._failure(exc, where, attempt) from None
+        if attempt.hint or _redirected(reply):
+            sock.close()  # a hint's server is not where the switches send this ID
         else:
-            self._checkin(op.address, sock)
+            with self._lock:
+                self._pool.give(op.address, sock)
         return reply
 
-    def _checkout(self, address: str) -> socket.socket:
-        with self._lock:
-            sock = self._pool.take(address)
-        if sock is not None:
-            return sock
-        self.stats.connects += 1
+    def _checkout(self, address: str, attempt: _Attempt) -> socket.socket:
+        while True:
+            with self._lock:
+                sock = self._pool.take(address)
+            if sock is None:
+                return self._connect(self._destination(address), attempt)
+            if _still_open(sock):
+                return sock
+            sock.close()
+
+    def _connect(self, destination: Destination, attempt: _Attempt) -> socket.socket:
+        self._count("connects")
+        sock = socket.create_connection(destination, timeout=attempt.left())
         try:
-            sock = socket.create_connection(self._destination(address), timeout=self.timeout)
-        except socket.timeout:
-            self.stats.timeouts += 1
-            raise _Retry(f"connect to {address} timed out") from None
-        except OSError as exc:
-            raise _Retry(f"connect to {address}: {exc}") from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            sock.close()
+            raise
         return sock
 
-    def _checkin(self, address: str, sock: socket.socket) -> None:
-        if not self.reuse:
-            sock.close()
-            return
-        with self._lock:
-            self._pool.give(address, sock)
 
-
-async def exchange_async(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frame: bytes,
-                         timeout: float) -> Reply:
-    """Send one request frame and read its one reply, each read within
-    `timeout`; a peer that closes first raises ConnectionResetError. Shared
-    with the benchmark's lookup RPCs, which talk RESP over the same streams."""
+async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frame: bytes) -> Reply:
+    """Send one request frame and read its one reply; a peer that closes first
+    raises ConnectionResetError. The caller bounds it in time."""
     writer.write(frame)
-    parser = RespParser(max_bulk=1 << 30)
+    await writer.drain()
+    parser = RespParser(max_bulk=_MAX_REPLY)
     while True:
         done, reply = parser.next_reply()
         if done:
             return reply
-        data = await asyncio.wait_for(reader.read(65536), timeout)
+        data = await reader.read(65536)
         if not data:
             raise ConnectionResetError("server closed the connection")
         parser.feed(data)
 
 
-class AsyncMetaFlowClient(_Surface):
-    """The asyncio twin of `MetaFlowClient`, for one event loop."""
+async def exchange_async(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frame: bytes,
+                         timeout: float) -> Reply:
+    """One request and its reply within `timeout` seconds in all (TimeoutError
+    otherwise). Shared with the benchmark's lookup RPCs, which talk RESP over
+    the same streams. `wait_for`, not `asyncio.timeout`: the lookup daemon
+    runs its handlers outside any task (`nat_agent.connection` drives them
+    eagerly), where `asyncio.timeout` refuses to start on Python 3.11."""
+    return await asyncio.wait_for(_request(reader, writer, frame), timeout)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._pool: _IdlePool[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = _IdlePool(
-            self.max_idle, lambda conn: conn[1].close())
+
+class AsyncMetaFlowClient(_Surface[Stream]):
+    """The asyncio twin of `MetaFlowClient`, for one event loop: the same
+    arguments, the same methods as coroutines."""
+
+    @staticmethod
+    def _discard(conn: Stream) -> None:
+        conn[1].close()
 
     async def get(self, path: str | bytes) -> bytes | None:
         return await self._run(self._get(path))
@@ -385,56 +713,62 @@ class AsyncMetaFlowClient(_Surface):
         return await self._run(self._stat(path))
 
     async def close(self) -> None:
-        self._pool.clear()
+        """Close the idle connections and wait until they are closed."""
+        writers = [writer for _, writer in self._pool.drain()]
+        for writer in writers:
+            writer.close()
+        await asyncio.gather(*(writer.wait_closed() for writer in writers), return_exceptions=True)
 
-    async def __aenter__(self) -> AsyncMetaFlowClient:
+    async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def _run(self, op: _Op[T]) -> T:
-        self.stats.requests += 1
-        reason = ""
-        for attempt in range(self.retry.attempts):
-            if attempt:
-                self.stats.retries += 1
-                await asyncio.sleep(self.retry.delay(attempt - 1))
+        call = self._call(op)
+        while (attempt := call.next()) is not None:
+            if attempt.pause:
+                await asyncio.sleep(attempt.pause)
             try:
-                return op.decode(self._check(await self._exchange(op)))
+                return op.decode(self._check(await self._exchange(op, attempt)))
             except _Retry as exc:
-                reason = str(exc)
-        raise Unavailable(op.path, self.retry.attempts, reason)
+                call.failed(exc)
+        raise call.gave_up()
 
-    async def _exchange(self, op: _Op) -> Reply:
-        reader, writer = await self._checkout(op.address)
+    async def _exchange(self, op: _Op[T], attempt: _Attempt) -> Reply:
         try:
-            reply = await exchange_async(reader, writer, op.frame, self.timeout)
-        except (OSError, ProtocolError) as exc:
-            writer.close()
-            raise self._failure(exc, op.address) from None
-        if self.reuse and not _redirected(reply):
-            self._pool.give(op.address, (reader, writer))
+            async with asyncio.timeout(attempt.left()):
+                conn = await (self._connect(attempt.hint) if attempt.hint else self._checkout(op.address))
+        except OSError as exc:
+            raise self._failure(exc, self._where(op, attempt), attempt) from None
+        try:
+            async with asyncio.timeout(attempt.left()):
+                reply = await _request(*conn, op.frame)
+        except BaseException as exc:  # a cancelled call closes its connection too
+            conn[1].close()
+            if isinstance(exc, OSError | ProtocolError):
+                raise self._failure(exc, self._where(op, attempt), attempt) from None
+            raise
+        if attempt.hint or _redirected(reply):
+            conn[1].close()
         else:
-            writer.close()
+            self._pool.give(op.address, conn)
         return reply
 
-    async def _checkout(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        conn = self._pool.take(address)
-        if conn is not None:
-            return conn
-        self.stats.connects += 1
-        host, port = self._destination(address)
-        try:
-            conn = await asyncio.wait_for(asyncio.open_connection(host, port), self.timeout)
-        except asyncio.TimeoutError:
-            self.stats.timeouts += 1
-            raise _Retry(f"connect to {address} timed out") from None
-        except OSError as exc:
-            raise _Retry(f"connect to {address}: {exc}") from None
-        try:
-            conn[1].get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError as exc:  # the peer closed it already (a refusal, a reset): the transport let go
+    async def _checkout(self, address: str) -> Stream:
+        while (conn := self._pool.take(address)) is not None:
+            if not (conn[1].is_closing() or conn[0].at_eof()):
+                return conn
             conn[1].close()
-            raise _Retry(f"connection to {address} closed at once: {exc}") from None
-        return conn
+        return await self._connect(self._destination(address))
+
+    async def _connect(self, destination: Destination) -> Stream:
+        self._count("connects")
+        reader, writer = await asyncio.open_connection(*destination)
+        try:
+            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:  # the peer closed it already (a refusal, a reset): the transport let go
+            writer.close()
+            raise
+        return reader, writer

@@ -20,7 +20,7 @@ from mininet_scenarios.workload import digest
 async def check(expected: dict[str, str], space: str, concurrency: int) -> dict:
     missing, wrong, errors = [], [], []
     paths = list(expected)
-    async with AsyncMetaFlowClient(space=space, timeout=3.0, retry=RetryPolicy(40, 0.01, 0.5),
+    async with AsyncMetaFlowClient(space=space, timeout=3.0, deadline=60.0, retry=RetryPolicy(40, 0.01, 0.5),
                                    max_idle=256) as client:
         async def worker(share: list[str]) -> None:
             for path in share:

@@ -94,7 +94,9 @@ async def main_async(args: argparse.Namespace) -> dict:
     read_lat: list[float] = []
     errors: list[str] = []
     retry = RetryPolicy(attempts=40, base=0.01, cap=0.5)
-    async with AsyncMetaFlowClient(space=args.space, timeout=3.0, retry=retry, max_idle=256) as client:
+    # A call rides out a fail-over or a controller restart (the scenarios check none fails).
+    async with AsyncMetaFlowClient(space=args.space, timeout=3.0, deadline=60.0, retry=retry,
+                                   max_idle=256) as client:
         started = time.perf_counter()
         with open(args.acked, "a") as acked:
             await write_all(client, paths, acked, args.concurrency, write_lat, errors)

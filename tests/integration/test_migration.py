@@ -75,7 +75,7 @@ class Routes:
 def _writer(n: int, routes: Routes, stop: threading.Event, acked: dict[str, bytes | None],
             errors: list[BaseException], stats: list) -> None:
     rng = random.Random(n)
-    client = MetaFlowClient(space=SPACE, route=routes, timeout=5.0,
+    client = MetaFlowClient(space=SPACE, route=routes, timeout=5.0, deadline=30.0,
                             retry=RetryPolicy(attempts=200, base=0.002, cap=0.05))
     try:
         seq = 0

@@ -1,0 +1,40 @@
+"""A file system installs `client_lib` alone: every module of it must import
+with the standard library only, and import nothing of the rest of MetaFlow."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import client_lib
+
+# Run in an isolated interpreter (-I: no environment, no user site; -S: no
+# site-packages at all), from a copy of the package alone, so a third-party
+# import or an import of a sibling package (btree, nat_agent...) fails there.
+_PROBE = """
+import importlib, json, pkgutil, sys
+sys.path.insert(0, sys.argv[1])
+import client_lib
+names = [m.name for m in pkgutil.walk_packages(client_lib.__path__, "client_lib.")]
+for name in names:
+    importlib.import_module(name)
+ours = {"client_lib", "__main__"}
+foreign = sorted({m.split(".")[0] for m in sys.modules} - set(sys.stdlib_module_names) - ours)
+print(json.dumps({"modules": names, "foreign": foreign}))
+"""
+
+
+def test_every_module_imports_with_the_standard_library_only(tmp_path: Path) -> None:
+    package = Path(client_lib.__file__).parent
+    shutil.copytree(package, tmp_path / "client_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE, str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["foreign"] == []
+    expected = {f"client_lib.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    assert expected <= set(result["modules"])  # the walk really saw the package
+    assert "client_lib.api.clients" in result["modules"]
