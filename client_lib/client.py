@@ -45,7 +45,7 @@ longer, whatever the network does. Within it the client retries what may pass:
   retried through the route;
 * a timeout, a refused, reset or closed connection.
 
-Retries back off exponentially with full jitter (`RetryPolicy`: at most
+Retries back off exponentially with jitter (`RetryPolicy`: at most
 ``attempts`` tries, pauses from ``base`` up to ``cap``); each attempt
 (connect, send, reply) is bounded by ``timeout`` and by what is left of the
 deadline. When either runs out, `Unavailable` says how many attempts were made
@@ -101,6 +101,7 @@ import random
 import socket
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -177,15 +178,16 @@ class RetryPolicy:
     cap: float = 0.5      # longest pause between attempts
 
     def __post_init__(self) -> None:
-        if not isinstance(self.attempts, int) or self.attempts < 1:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
             raise InvalidArgument(f"attempts must be a positive integer, not {self.attempts!r}")
-        if not 0 <= self.base <= self.cap < math.inf:
+        numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (self.base, self.cap))
+        if not numbers or not 0 <= self.base <= self.cap < math.inf:
             raise InvalidArgument(f"need 0 <= base <= cap < inf, not base={self.base!r} cap={self.cap!r}")
 
     def delay(self, retry: int) -> float:
-        """The pause before retry number `retry` (0 first): full jitter on a
-        capped exponential, which spreads out clients that all hit the same
-        frozen block at once."""
+        """The pause before retry number `retry` (0 first): a random half to
+        all of a capped exponential, which spreads out clients that all hit
+        the same frozen block at once."""
         return random.uniform(0.5, 1.0) * min(self.cap, self.base * (1 << min(retry, 62)))
 
 
@@ -344,6 +346,8 @@ class _IdlePool(Generic[C]):
 
 def _host_port(text: str, default_port: int) -> Destination:
     """'HOST', 'HOST:PORT', '[IPV6]:PORT' or a bare IPv6 address."""
+    if not isinstance(text, str):
+        raise InvalidArgument(f"via is text, HOST[:PORT], not {text!r}")
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
         if rest and not rest.startswith(":"):
@@ -375,7 +379,7 @@ def _moved_hint(reply: ErrorReply, space: Block) -> Destination | None:
         ip = ipaddress.ip_address(host)
     except ValueError:
         return host, port  # a name: not an ID
-    if (ip.max_prefixlen == space.width) and space.contains(int(ip)):
+    if ip.max_prefixlen == space.width and space.contains(int(ip)):
         return None
     return host, port
 
@@ -387,7 +391,7 @@ def _positive(name: str, value: float, finite: bool = True) -> float:
     return float(value)
 
 
-class _Surface(Generic[C]):
+class _Surface(ABC, Generic[C]):
     """The shared part of both clients: settings, ID math, request
     preparation, the meaning of replies and failures, the pool of idle
     connections of type C (each client says how one is closed)."""
@@ -431,9 +435,9 @@ class _Surface(Generic[C]):
         self._lock = threading.Lock()  # the pool's and the stats' (one client, many threads)
 
     @staticmethod
+    @abstractmethod
     def _discard(conn: C) -> None:
         """Close one connection that leaves the pool."""
-        raise NotImplementedError
 
     def mdid(self, path: str | bytes) -> int:
         """The MetaDataID of `path` in this client's space."""

@@ -62,6 +62,7 @@ class Unreachable:
     ({"via": "127.0.0.1:http"}, "HOST"),
     ({"via": "127.0.0.1:70000"}, "HOST"),
     ({"via": "[::1]x"}, "IPV6"),
+    ({"via": ("127.0.0.1", 9000)}, "via is text"),
     ({"via": "127.0.0.1:9000", "route": Unreachable()}, "not both"),
 ])
 @pytest.mark.parametrize("cls", [MetaFlowClient, AsyncMetaFlowClient])
@@ -70,8 +71,8 @@ def test_bad_settings_are_invalid_arguments(cls, kwargs, message):
         cls(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [{"attempts": 0}, {"attempts": 1.5}, {"base": -1},
-                                    {"base": 1, "cap": 0.5}])
+@pytest.mark.parametrize("kwargs", [{"attempts": 0}, {"attempts": 1.5}, {"attempts": True}, {"base": -1},
+                                    {"base": 1, "cap": 0.5}, {"base": "0.1"}, {"cap": math.inf}])
 def test_bad_retry_policies_are_invalid_arguments(kwargs):
     with pytest.raises(InvalidArgument):
         RetryPolicy(**kwargs)
