@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Callable, Collection, Sequence
 
 from client_lib.cidr import Block, cover, most_aligned, subtract
 
@@ -113,6 +113,7 @@ def plan_split(tree: LogicalBTree, leaf: str, oracle: Oracle, bounds: SplitBound
     targets = tree.nearest_leaves(leaf, State.IDLE, avoid)
     if not targets:
         return _refusal(leaf, "no idle leaf anywhere in the tree; add servers", total)
+    target: str | None
     if method == "traversal":
         move, moved, within, steps, why = _traversal(blocks, per_block, total, count, bounds)
         target = targets[0]
@@ -128,18 +129,22 @@ def _refusal(leaf: str, reason: str, total: int = 0) -> SplitPlan:
 
 def apply_split(tree: LogicalBTree, plan: SplitPlan) -> list[Move]:
     """Hand the plan's blocks to its target (after the data has moved, in a live system)."""
-    if not plan.ok:
+    if plan.target is None or not plan.move:
         raise ValueError(f"cannot apply a split that has no target or nothing to move: {plan.reason}")
     return tree.transfer(plan.move, plan.target)
 
 
 # -- the paper's traversal -----------------------------------------------------
 
+_Found = tuple[list[Block], int, bool, int, str]
+"""What a search found: blocks to move, keys they hold, within bounds, steps, why not."""
+
+
 def _traversal(blocks: list[Block], per_block: list[int], total: int, count: _Counter,
-               bounds: SplitBounds):
+               bounds: SplitBounds) -> _Found:
     low_keys, high_keys = bounds.low * total, bounds.high * total
     lo_keys, hi_keys = bounds.kept_range(total)
-    queue = list(zip(blocks, per_block))[::-1]   # a stack, next block last
+    queue = list(zip(blocks, per_block, strict=True))[::-1]   # a stack, next block last
     left_keys, steps, reason = 0, 0, ""
     while queue:
         block, keys = queue.pop()
@@ -179,7 +184,8 @@ class _Cut:
 
 
 def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list[int], total: int,
-             count: _Counter, bounds: SplitBounds, targets: list[str], cost: CostFn | None):
+             count: _Counter, bounds: SplitBounds, targets: list[str],
+             cost: CostFn | None) -> tuple[list[Block], int, bool, int, str, str | None]:
     prefix = [0]
     for keys in per_block:
         prefix.append(prefix[-1] + keys)
@@ -229,21 +235,21 @@ def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list
         cuts.sort(key=lambda c: (_extra_blocks(blocks, c.point), abs(c.left_keys - total / 2)))
     else:
         cuts = sorted(cuts, key=lambda c: abs(c.left_keys - total / 2))[:1]
-    sets = []   # (blocks that would move, keys they hold)
+    sets: list[tuple[list[Block], int]] = []   # (blocks that would move, keys they hold)
     for cut in cuts[:6]:
         sets.append((_side(blocks, cut.point, below=False), total - cut.left_keys))
         sets.append((_side(blocks, cut.point, below=True), cut.left_keys))
     if within:
-        for heavy, keys in _heavy_prefixes(blocks, per_block, count, total - hi, total - lo):
-            sets.append(([heavy], keys))
-            sets.append((_without(blocks, heavy), total - keys))
+        for dense, keys in _heavy_prefixes(blocks, per_block, count, total - hi, total - lo):
+            sets.append(([dense], keys))
+            sets.append((_without(blocks, dense), total - keys))
     representatives = _distinct_targets(tree, leaf, targets)
     options = [(move, moved, target) for move, moved in sets if move and 0 < moved < total
                for target in representatives]
     if not options:
         return [], 0, False, count.calls, reason or "every key sits on one ID; no cut separates them", None
 
-    def score(option) -> tuple:
+    def score(option: tuple[list[Block], int, str]) -> tuple[int, float, int]:
         move, moved, target = option
         entries = cost([Move(b, leaf, target) for b in move]) if cost else 0
         return entries, abs(moved - total / 2), len(move)
@@ -273,8 +279,8 @@ def _heavy_prefixes(blocks: list[Block], per_block: list[int], count: _Counter,
     """Single prefixes holding between `low` and `high` keys, found by walking down
     the heavier half of each block. Moving one prefix costs one carved-out entry,
     however deep and unaligned the keys are: the cheap split for clustered IDs."""
-    found = []
-    for block, keys in zip(blocks, per_block):
+    found: list[tuple[Block, int]] = []
+    for block, keys in zip(blocks, per_block, strict=True):
         while keys > high and block.plen < block.width:
             low_half, high_half = block.halves()
             low_keys = count(low_half.first, low_half.last)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Collection, Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
@@ -65,8 +65,8 @@ class LogicalBTree:
         self._parent: dict[str, str | None] = {root: None}
         self._path: dict[str, tuple[str, ...]] = {}
         self._state: dict[str, State] = {}
-        self._blocks: dict[str, SortedDict] = {}   # leaf -> first -> Block
-        self._index: dict[str, SortedDict] = {}    # inner -> first -> (Block, leaf)
+        self._blocks: dict[str, SortedDict[int, Block]] = {}             # leaf -> first -> Block
+        self._index: dict[str, SortedDict[int, tuple[Block, str]]] = {}  # inner -> first -> (Block, leaf)
         self._add_inner(root, None)
         queue = deque([root])   # breadth first: leaves come out in tree order
         while queue:
@@ -131,7 +131,7 @@ class LogicalBTree:
     def lca(self, a: str, b: str) -> str:
         pa, pb = self._path[a], self._path[b]
         common = self.root
-        for x, y in zip(pa, pb):
+        for x, y in zip(pa, pb, strict=False):   # the common prefix of two paths
             if x != y:
                 break
             common = x
@@ -370,7 +370,9 @@ class LogicalBTree:
             raise TreeError(f"only a failed or departed leaf that owns nothing can be removed, "
                             f"not {leaf!r}")
         del self._state[leaf], self._blocks[leaf], self._path[leaf]
-        self._children[self._parent.pop(leaf)].remove(leaf)
+        parent = self._parent.pop(leaf)
+        assert parent is not None, "only the root has no parent, and it is not a leaf"
+        self._children[parent].remove(leaf)
 
     # -- checks -----------------------------------------------------------------
 
