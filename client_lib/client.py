@@ -25,11 +25,16 @@ so ``/a//b/.`` is ``/a/b``.
 Without the fabric: one agent directly
 --------------------------------------
 ``via="HOST[:PORT]"`` sends every request to one agent (``PORT`` defaults to
-``port``): ``metaflow-agent --own 100.64.0.0/10 --listen 127.0.0.1:9000``
-serves the whole space, and ``MetaFlowClient(via="127.0.0.1:9000")`` talks to
-it. ``route=`` is the general form: a function from the MetaDataID address
-(text) to ``(host, port)``, for emulating the fabric's table over several
-agents (tests, benchmarks). Everything else below is the same.
+``port``). An agent that owns the whole space serves every path::
+
+    metaflowctl secret /tmp/secret
+    metaflow-agent --store leveldb:/tmp/md --listen 127.0.0.1:9000 --rewrite none \
+        --own 100.64.0.0/10 --secret-file /tmp/secret
+
+and ``MetaFlowClient(via="127.0.0.1:9000")`` talks to it. ``route=`` is the
+general form: a function from the MetaDataID address (text) to ``(host,
+port)``, for emulating the fabric's table over several agents (tests,
+benchmarks). Everything else below is the same.
 
 Retries and the deadline
 ------------------------
