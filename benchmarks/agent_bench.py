@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from tqdm import tqdm
@@ -52,8 +53,8 @@ def rewrite_round(mode: str, ops: int, workdir: Path, progress: tqdm) -> dict:
     with agent_in_pair(mode, workdir, mode, "mfbr") as (net, agent, via):
         result: dict = {"mode": mode}
         cpu_before = {"agent": cpu_seconds(pid_of(agent.proc))}
-        worker = agent.call(ADMIN.stats).rewrite.get("pid")
-        if worker:
+        worker = agent.call(ADMIN.stats).rewrite.get("pid")   # the NFQUEUE worker, if any
+        if isinstance(worker, int):
             cpu_before["worker"] = cpu_seconds(worker)
         for workload in ("get", "set"):
             out = net.client.run(sys.executable, "-m", "benchmarks.agent_load", "--ops", str(ops),
@@ -64,13 +65,20 @@ def rewrite_round(mode: str, ops: int, workdir: Path, progress: tqdm) -> dict:
             progress.update(1)
         stats = agent.call(ADMIN.stats).rewrite
         agent_cpu = cpu_seconds(pid_of(agent.proc)) - cpu_before["agent"]
-        if worker:
+        if isinstance(worker, int):
             worker_cpu = cpu_seconds(worker) - cpu_before["worker"]
             result["nat_cpu_share"] = round(worker_cpu / (worker_cpu + agent_cpu), 3)
-            result["us_per_packet_python"] = round(stats["us_translate_per_packet"], 1)
-            result["us_per_packet_callback"] = round(stats["us_callback_per_packet"], 1)
+            result["us_per_packet_python"] = round(_number(stats, "us_translate_per_packet"), 1)
+            result["us_per_packet_callback"] = round(_number(stats, "us_callback_per_packet"), 1)
             result["nat_cpu_us_per_op"] = round(worker_cpu * 1e6 / (2 * ops), 1)
     return result
+
+
+def _number(stats: Mapping[str, object], key: str) -> float:
+    value = stats.get(key)
+    if not isinstance(value, (int, float)):
+        raise RuntimeError(f"the agent's rewrite stats have {key}={value!r}, not a number")
+    return value
 
 
 def bench_rewrite(rounds: int, ops: int, workdir: Path, progress: tqdm) -> dict:
