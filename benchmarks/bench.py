@@ -50,6 +50,7 @@ from benchmarks.baselines.rpc import RpcPool
 from benchmarks.bench_client import SCHEMES
 from benchmarks.cpu import CpuMeter, pid_of
 from benchmarks.mix import entries
+from client_lib.api.rest import REST
 from client_lib.constants import LOOKUP_PORT
 from mininet_scenarios.daemons import ROOT
 from mininet_scenarios.metaflow_net import MetaFlowNet
@@ -221,13 +222,13 @@ def _pipe(stream: IO[str] | None) -> IO[str]:
 def write_membership(mf: MetaFlowNet, path: Path) -> tuple[Membership, dict[str, str]]:
     """The partition as the controller built it, plus where each lookupd
     listens; returns it and storage host node -> server name."""
-    servers = mf.rest("/metaflow/servers")
+    servers = mf.view(REST.servers).servers
     scenario = _scenario(mf)
     names = {node: scenario.topo.names[node] for node in mf.hosts("storage")}
     ordered = sorted(servers)
     data = {"space": scenario.space, "coordinator": ordered[0], "group_size": group_size_for(len(ordered)),
-            "servers": {name: {"data_ip": s["data_ip"], "lookup": f"{s['data_ip']}:{LOOKUP_PORT}",
-                               "blocks": s["blocks"]} for name, s in servers.items()}}
+            "servers": {name: {"data_ip": s.data_ip, "lookup": f"{s.data_ip}:{LOOKUP_PORT}",
+                               "blocks": [str(b) for b in s.blocks]} for name, s in servers.items()}}
     path.write_text(json.dumps(data, indent=1))
     return Membership.load(data), names
 

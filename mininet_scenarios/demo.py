@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from client_lib.api.rest import REST
 from client_lib.cidr import Block
 from mininet_scenarios.metaflow_net import MetaFlowNet
 from topology import builders
@@ -59,22 +60,22 @@ def run(args: argparse.Namespace) -> int:
         _say(f"\nphase 1: clients write {args.files} files (splits happen as servers fill up), then read them back")
         share = args.files // len(mf.hosts("client"))
         phase1 = mf.run_clients(share, workdir)
-        splits = mf.rest("/metaflow/splits")
+        splits = mf.view(REST.splits).splits
         for s in splits:
             _say(f"  split {s['server']} -> {s['target']}: {s['keys_moved']} of {s['keys_total']} keys, "
                  f"{s['flow_mods']} flow mods on {s['switches']} switches, copy {s['copy_s']} s, "
                  f"flows+barrier {s['flows_s']} s, total {s['total_s']} s")
         counts = _print_flows(mf, "after the splits")
-        servers = mf.rest("/metaflow/servers")
-        victim = max((n for n, s in servers.items() if s["state"] == "busy"), key=lambda n: servers[n]["keys"])
-        _say(f"\nphase 2: killing server {victim} ({servers[victim]['keys']} keys) while clients keep writing")
+        servers = mf.view(REST.servers).servers
+        victim = max((n for n, s in servers.items() if s.state == "busy"), key=lambda n: servers[n].keys)
+        _say(f"\nphase 2: killing server {victim} ({servers[victim].keys} keys) while clients keep writing")
         # Out of the scenario's hands: it would (rightly) complain at teardown
         # that this agent did not exit cleanly.
         mf.scenario.agents.pop(mf.scenario.topo.graph_names[victim]).kill()
         kill_time = time.monotonic()
         phase2 = mf.run_clients(share // 4, workdir, start=args.files, read_back=False)
-        takeover = next((e for e in mf.rest("/metaflow/events") if e["event"] == "takeover"), None)
-        lost = [e for e in mf.rest("/metaflow/events") if e["event"] == "DATA-LOST"]
+        takeover = next(iter(mf.events("takeover")), None)
+        lost = mf.events("DATA-LOST")
         if takeover:
             _say(f"  take-over: {takeover['successor']} took {takeover['blocks']} blocks of {victim} "
                  f"({takeover['why']}), {takeover['seconds']} s from decision to last barrier; "

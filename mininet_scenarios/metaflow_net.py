@@ -7,8 +7,8 @@ silent, and the controller learns attachments from ARP packet-ins), and
 waits until the controller has built the B-tree and programmed the switches.
 
     with MetaFlowNet(builders.fat_tree(4, servers=8), capacity=2000) as mf:
-        mf.rest("/metaflow/tree")
-        mf.flow_counts()       # MetaFlow entries per switch, read from OVS itself
+        mf.api.call(REST.tree)   # the controller's REST API, signed with the cluster's secret
+        mf.flow_counts()         # MetaFlow entries per switch, read from OVS itself
 """
 
 from __future__ import annotations
@@ -19,14 +19,19 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any, TypeVar
 
 import networkx as nx
 
 from btree.fake_network import FakeNetwork
+from client_lib.api.auth import load_secret
+from client_lib.api.clients import ApiClient
+from client_lib.api.rest import REST
+from client_lib.api.route import Route
 from client_lib.cidr import Block
+from client_lib.errors import ApiError
 from mininet_scenarios import ofdump
 from mininet_scenarios.daemons import free_port
 from mininet_scenarios.scenario import Scenario
@@ -34,15 +39,17 @@ from topology.classify import discovered_graph, map_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 
+Resp = TypeVar("Resp")
+
 
 class ControllerProcess:
-    """`metaflow-controller` as a subprocess, stopped with SIGTERM."""
+    """`metaflow-controller` as a subprocess, stopped with SIGTERM (or killed)."""
 
-    def __init__(self, of_port: int, rest_host: str, rest_port: int, log_path: Path,
+    def __init__(self, of_port: int, rest_host: str, rest_port: int, secret_file: Path, log_path: Path,
                  extra: Sequence[str] = ()) -> None:
         self.argv = [sys.executable, "-m", "controller.launcher", "--of-host", "127.0.0.1",
                      "--of-port", str(of_port), "--rest-host", rest_host, "--rest-port", str(rest_port),
-                     *extra]
+                     "--secret-file", str(secret_file), *extra]
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
 
@@ -50,6 +57,12 @@ class ControllerProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=log, stderr=log)
         return self
+
+    def kill(self) -> None:
+        """SIGKILL: a controller dying mid-operation, with no chance to clean up."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self, timeout: float = 15.0) -> int:
         if self.proc is None or self.proc.poll() is not None:
@@ -76,6 +89,7 @@ class MetaFlowNet:
         self.logdir = workdir or Path("/tmp")
         self.controller: ControllerProcess | None = None
         self.scenario: Scenario | None = None
+        self.api: ApiClient | None = None
         self.timings: dict[str, float] = {}
 
     # -- bring-up -------------------------------------------------------------
@@ -84,8 +98,12 @@ class MetaFlowNet:
         extra = [*self.controller_args, "--gateway", scenario.gateway, "--space", scenario.space]
         if self.capacity:
             extra += ["--capacity", str(self.capacity)]
+        assert scenario.secret_file is not None
         self.controller = ControllerProcess(self.of_port, scenario.mgmt.root_ip, self.rest_port,
+                                            scenario.secret_file,
                                             self.logdir / f"controller-{self.rest_port}.log", extra).start()
+        self.api = ApiClient(f"http://{scenario.mgmt.root_ip}:{self.rest_port}",
+                             load_secret(scenario.secret_file), timeout=120)
         return lambda: self.controller.stop()  # whichever controller runs at teardown
 
     def __enter__(self) -> MetaFlowNet:
@@ -118,14 +136,19 @@ class MetaFlowNet:
                                          f"{self.scenario.host(node).defaultIntf()} 2>/dev/null; "
                                          f"ping -c1 -W1 {self.scenario.gateway} >/dev/null 2>&1 &")
 
-    def restart_controller(self) -> float:
-        """Stop the controller and start a new one on the same ports; returns
-        seconds until the new one has rebuilt the network from the agents."""
+    def restart_controller(self, kill: bool = False) -> float:
+        """Stop (or SIGKILL) the controller and start a new one on the same
+        ports; returns seconds until the new one has rebuilt the network from
+        the switches and the agents."""
         started = time.monotonic()
         old = self.controller
-        old.stop()
+        if kill:
+            old.kill()
+        else:
+            old.stop()
         self.controller = ControllerProcess(self.of_port, self.scenario.mgmt.root_ip, self.rest_port,
-                                            old.log_path, old.argv[old.argv.index("--rest-port") + 2:]).start()
+                                            self.scenario.secret_file, old.log_path,
+                                            old.argv[old.argv.index("--secret-file") + 2:]).start()
         time.sleep(1.0)
         self.announce()
         self.wait_built()
@@ -135,15 +158,15 @@ class MetaFlowNet:
         deadline = time.monotonic() + self.build_timeout
         while time.monotonic() < deadline:
             try:
-                if self.rest("/metaflow/tree").get("built"):
+                if self.view(REST.tree).built:
                     return
-            except OSError:
+            except ApiError:
                 pass
             time.sleep(0.5)
             if int(time.monotonic() * 2) % 6 == 0:
                 self.announce()  # a host whose first ARP raced the switches' connection
         raise TimeoutError(f"controller did not build the network in {self.build_timeout} s; "
-                           f"topology: {self.rest('/metaflow/topology')}")
+                           f"topology: {self.view(REST.topology)}")
 
     # -- use ---------------------------------------------------------------------
 
@@ -151,13 +174,13 @@ class MetaFlowNet:
         return [n for n, d in self.graph.nodes(data=True)
                 if d.get("kind") == "host" and (role is None or d.get("role") == role)]
 
-    def rest(self, path: str, body: dict | None = None) -> dict:
-        url = f"http://{self.scenario.mgmt.root_ip}:{self.rest_port}{path}"
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return json.loads(response.read())
+    def view(self, route: Route[None, Resp]) -> Resp:
+        """One of the controller's REST views (`REST.tree`, `REST.servers`, ...)."""
+        assert self.api is not None
+        return self.api.call(route)
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.view(REST.events).events if kind is None or e["event"] == kind]
 
     def start_clients(self, files_each: int, workdir: Path, start: int = 0, read_back: bool = True,
                       concurrency: int = 8) -> list[subprocess.Popen]:
@@ -217,18 +240,18 @@ class MetaFlowNet:
         """A fake network of the entries the switches really hold, on the fabric
         as the controller sees it; with each storage server's blocks (from the
         controller) and the client host ids to send from."""
-        topo = self.rest("/metaflow/topology")
-        servers = self.rest("/metaflow/servers")
-        storage = {s["data_ip"]: name for name, s in servers.items()}
-        hosts = [(storage.get(h["ip"], f"h{h['ip']}"), h["dpid"], h["port"], h["mac"], h["ip"],
-                  "storage" if h["ip"] in storage else "client") for h in topo["hosts"]]
-        graph = discovered_graph([s["dpid"] for s in topo["switches"]], [tuple(l) for l in topo["links"]], hosts)
+        topo = self.view(REST.topology)
+        servers = self.view(REST.servers).servers
+        storage = {s.data_ip: name for name, s in servers.items()}
+        hosts = [(storage.get(h.ip, f"h{h.ip}"), h.dpid, h.port, h.mac, h.ip,
+                  "storage" if h.ip in storage else "client") for h in topo.hosts]
+        graph = discovered_graph([s.dpid for s in topo.switches], topo.links, hosts)
         _, _, fabric = map_topology(graph, Block.parse(self.scenario.space))
         tables = {}
         for node, data in self.graph.nodes(data=True):
             if data.get("kind") == "switch":
                 tables[data["dpid"]] = ofdump.parse_dump(self.dump_flows(node))
-        blocks = {name: [Block.parse(b) for b in s["blocks"]] for name, s in servers.items()}
+        blocks = {name: list(s.blocks) for name, s in servers.items()}
         clients = [h[0] for h in hosts if h[5] == "client"]
         return FakeNetwork(fabric, tables), blocks, clients
 

@@ -59,6 +59,7 @@ from mininet.link import OVSLink
 from mininet.net import Mininet
 from mininet.node import Host, OVSSwitch, RemoteController
 
+from client_lib.api.auth import write_secret
 from client_lib.constants import (
     ADMIN_PORT,
     DEFAULT_GATEWAY,
@@ -94,6 +95,7 @@ class Scenario:
     (`ManagementNetwork`; the controller is reachable at `mgmt.root_ip`),
     `agents` (builder host name -> `AgentProcess`, storage hosts only),
     `mgmt_ips` (builder host name -> management address), `workdir`,
+    `secret_file` (the cluster's secret, shared by the agents and the controller),
     `timings` (phase -> seconds; ``teardown`` after `close`). Nodes are
     addressed by their builder names throughout: `host`, `ns`.
     """
@@ -137,6 +139,7 @@ class Scenario:
         self.agent_timeout = agent_timeout
         self.net: Mininet | None = None
         self.workdir: Path | None = None
+        self.secret_file: Path | None = None
         self.agents: dict[str, AgentProcess] = {}
         self.mgmt_ips: dict[str, str] = {}
         self.netns_inodes: list[int] = []
@@ -174,6 +177,7 @@ class Scenario:
     def _bring_up(self) -> None:
         _preflight()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-"))
+        self.secret_file = write_secret(self.workdir / "cluster.secret")
         with self._timed("mgmt"):
             self.mgmt.up()
         if self.start_controller is not None:
@@ -219,7 +223,7 @@ class Scenario:
                 store, "--data-ip", self.graph.nodes[node]["ip"], "--space", self.space, *controller,
                 *self.agent_args, name=name, rewrite=self.rewrite, host="0.0.0.0", port=METAFLOW_PORT,
                 admin_host=self.mgmt_ips[node], admin_port=ADMIN_PORT, netns=self.ns(node),
-                admin_from_here=True, log_path=self.workdir / f"{name}.log")
+                admin_from_here=True, log_path=self.workdir / f"{name}.log", secret_file=self.secret_file)
             self.agents[node].launch()
         deadline = time.monotonic() + self.agent_timeout
         for agent in self.agents.values():
