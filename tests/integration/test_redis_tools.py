@@ -194,5 +194,6 @@ def test_redis_cli_follows_moved_to_the_metadataid_itself(tmp_path: Path) -> Non
 
             done = cli_in_client("-p", str(stale.port), "-c", "SET", path, "routed")
             assert done.returncode == 0 and done.stdout.strip() == "OK", done
-            direct = cli_in_client("-h", SPACE.address(mdid(path, SPACE)), "-p", str(METAFLOW_PORT), "GET", path)
+            address = SPACE.address(mdid(path, SPACE))
+            direct = cli_in_client("-h", address, "-p", str(METAFLOW_PORT), "GET", path)
             assert direct.stdout.strip() == "routed"
