@@ -103,6 +103,7 @@ import ipaddress
 import itertools
 import math
 import random
+import select
 import socket
 import threading
 import time
@@ -231,7 +232,7 @@ class _Op(Generic[T]):
     decode: Callable[[Reply], T]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Attempt:
     """One try of a call: after `pause`, to `hint` if a MOVED reply named the
     owner (else through the route), done by `until` (monotonic seconds)."""
@@ -255,6 +256,8 @@ class _Call:
     how much time, or that the call is over. Sans-I/O, so both clients share
     the deadline arithmetic and only sleep and exchange their own way."""
 
+    __slots__ = ("_surface", "_what", "_end", "_made", "_reason", "_hint", "_hinted", "_late")
+
     def __init__(self, surface: _Surface[Any], what: str) -> None:
         self._surface = surface
         self._what = what
@@ -268,22 +271,25 @@ class _Call:
     def next(self) -> _Attempt | None:
         """The next attempt, or None when the attempts or the deadline ran out."""
         surface = self._surface
-        if self._made >= surface.retry.attempts:
+        made = self._made
+        if made >= surface.retry.attempts:
             return None
-        hint, self._hint = self._hint, None
-        pause = 0.0 if hint or not self._made else surface.retry.delay(self._made - 1)
-        left = self._end - time.monotonic()
-        if self._made and left < _MIN_ATTEMPT:
-            self._late = True
-            return None
-        pause = min(pause, max(0.0, left - _MIN_ATTEMPT))
-        start = time.monotonic() + pause
-        until = min(start + surface.timeout, self._end)
-        if self._made:
+        now = time.monotonic()
+        hint, pause = None, 0.0
+        if made:  # a retry: at once to a hint, else after a pause that leaves time to try
+            left = self._end - now
+            if left < _MIN_ATTEMPT:
+                self._late = True
+                return None
+            hint, self._hint = self._hint, None
+            if not hint:
+                pause = min(surface.retry.delay(made - 1), left - _MIN_ATTEMPT)
             surface._count("retries")
-        if hint:
-            surface._count("hints")
-        self._made += 1
+            if hint:
+                surface._count("hints")
+        self._made = made + 1
+        start = now + pause
+        until = min(start + surface.timeout, self._end)
         return _Attempt(hint, pause, until, until - start)
 
     def failed(self, retry: _Retry) -> None:
@@ -553,17 +559,14 @@ def _metadata(reply: Reply) -> FileMetadata | None:
 
 
 def _still_open(sock: socket.socket) -> bool:
-    """Whether an idle connection can carry a request: the peer has neither
-    closed it (a server reclaiming idle connections) nor sent anything unasked.
-    One non-blocking peek, so a reclaimed connection costs no failed attempt."""
-    sock.settimeout(0)
-    try:
-        sock.recv(1, socket.MSG_PEEK)  # b"" (closed) or unasked bytes: either way unusable
-    except BlockingIOError:
-        return True
-    except OSError:
-        pass
-    return False
+    """Whether an idle connection can carry a request: it must not be readable,
+    since an idle connection that is has been closed by the peer (a server
+    reclaiming idle connections) or holds bytes nobody asked for. One poll
+    with no wait, so a reclaimed connection costs no failed attempt (poll,
+    not select: a file system's descriptors may be numbered past 1024)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return not poller.poll(0)
 
 
 class MetaFlowClient(_Surface[socket.socket]):
@@ -621,7 +624,6 @@ class MetaFlowClient(_Surface[socket.socket]):
         raise call.gave_up()
 
     def _exchange(self, op: _Op[T], attempt: _Attempt) -> Reply:
-        where = self._where(op, attempt)
         sock: socket.socket | None = None
         try:
             if attempt.hint:
@@ -643,7 +645,7 @@ class MetaFlowClient(_Surface[socket.socket]):
         except (OSError, ProtocolError) as exc:
             if sock is not None:
                 sock.close()
-            raise self._failure(exc, where, attempt) from None
+            raise self._failure(exc, self._where(op, attempt), attempt) from None
         if attempt.hint or _redirected(reply):
             sock.close()  # a hint's server is not where the switches send this ID
         else:
