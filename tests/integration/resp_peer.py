@@ -76,7 +76,8 @@ def resp(answer: Answer, delay: float = 0.0) -> Behaviour:
 
 
 def silent(conn: socket.socket) -> None:
-    conn.recv(1000)  # read the request, never answer
+    """Read the request and never answer, until the client hangs up."""
+    conn.recv(1000)
     conn.recv(1000)
 
 
@@ -86,6 +87,7 @@ def garbage(conn: socket.socket) -> None:
 
 
 def hang_up(conn: socket.socket) -> None:
+    """Read the request and close the connection (`Peer` closes on return)."""
     conn.recv(1000)
 
 
@@ -94,6 +96,7 @@ def value(_command: list[bytes]) -> bytes:
 
 
 def close_after_one(conn: socket.socket) -> None:
+    """Answer one request, then close: a server reclaiming an idle connection."""
     parser = RespParser()
     while data := conn.recv(65536):
         parser.feed(data)
