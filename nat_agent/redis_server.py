@@ -213,7 +213,7 @@ def _free_port() -> int:
     """A TCP port nobody listens on right now (the kernel's choice for port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        return int(probe.getsockname()[1])
 
 
 def _answers_ping(address: Path | int) -> bool:
