@@ -11,7 +11,7 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -32,7 +32,7 @@ from client_lib.api.rest import (
     ServersView,
     TreeView,
 )
-from client_lib.api.server import Call, Dispatcher
+from client_lib.api.server import Call, Dispatcher, wsgi_app
 from client_lib.cidr import Block
 from client_lib.errors import NotFound
 from controller.ctl import main
@@ -75,26 +75,10 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-def _app(dispatcher: Dispatcher) -> Callable[..., Iterable[bytes]]:
-    def app(environ: dict[str, Any], start_response: Callable[..., object]) -> Iterable[bytes]:
-        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-        headers = {k[5:].replace("_", "-").title(): v for k, v in environ.items() if k.startswith("HTTP_")}
-        call = dispatcher.resolve(environ["REQUEST_METHOD"], environ["PATH_INFO"],
-                                  environ.get("QUERY_STRING", ""), headers, body)
-        if isinstance(call, Call):
-            try:
-                if call.route not in VIEWS:
-                    raise NotFound(f"{call.route} is not served by this test")
-                response = dispatcher.reply(call, VIEWS[call.route])
-            except Exception as exc:
-                response = dispatcher.fail(call, exc)
-        else:
-            response = call
-        start_response(f"{response.status} X", [*response.headers.items(),
-                                                ("Content-Length", str(len(response.body)))])
-        return [response.body]
-
-    return app
+def _view(call: Call) -> object:
+    if call.route not in VIEWS:
+        raise NotFound(f"{call.route} is not served by this test")
+    return VIEWS[call.route]
 
 
 @pytest.fixture
@@ -103,7 +87,7 @@ def controller(request: pytest.FixtureRequest) -> Iterator[str]:
     test is parametrized with open_reads=True."""
     open_reads = getattr(request, "param", False)
     dispatcher = Dispatcher(REST.ALL, Verifier(SECRET.encode()), open_reads=open_reads)
-    httpd = make_server("127.0.0.1", 0, _app(dispatcher), handler_class=_Quiet)
+    httpd = make_server("127.0.0.1", 0, wsgi_app(dispatcher, _view), handler_class=_Quiet)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_port}"
