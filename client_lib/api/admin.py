@@ -184,34 +184,46 @@ class Discarded:
 class ADMIN:
     """The routes, by name (a namespace, not instantiated)."""
 
-    health = Route("GET", "/health", None, Health, changes=False,
-                   summary="identity, owned and frozen blocks, key total")
-    blocks = Route("GET", "/blocks", None, BlocksReport, changes=False,
-                   summary="owned blocks with key counts")
-    count = Route("POST", "/count", CountRequest, Counts, changes=False,
-                  summary="keys in each inclusive ID range")
-    stats = Route("GET", "/stats", None, Stats, changes=False,
-                  summary="service and rewrite counters")
-    own = Route("POST", "/own", OwnRequest, OwnReply, changes=True,
-                summary="start serving blocks")
-    disown = Route("POST", "/disown", DisownRequest, DisownReply, changes=True,
-                   summary="stop serving blocks (and delete their records)")
-    migrations = Route("GET", "/migrations", None, MigrationList, changes=False,
-                       summary="every migration this agent sends, with its state")
-    migration = Route("GET", "/migrations/{id}", None, MigrationReport, changes=False,
-                      summary="one migration")
-    migrate = Route("POST", "/migrations", MigrateRequest, MigrationReport, changes=True,
-                    summary="freeze blocks and copy them to another agent", waits=True)
-    commit = Route("POST", "/migrations/{id}/commit", None, MigrationReport, changes=True,
-                   summary="the target serves; this agent deletes", waits=True)
-    abort = Route("POST", "/migrations/{id}/abort", None, MigrationReport, changes=True,
-                  summary="unfreeze; the target discards its copy")
-    import_begin = Route("POST", "/import/{id}/begin", ImportBegin, Importing, changes=True,
-                         summary="receiving side: prepare for blocks")
-    import_records = Route("POST", "/import/{id}/records", ImportRecords, ImportProgress,
-                           changes=True, summary="receiving side: a batch of records")
-    import_discard = Route("POST", "/import/{id}/discard", None, Discarded, changes=True,
-                           summary="receiving side: drop an unfinished import")
+    health: Route[None, Health] = Route(
+        "GET", "/health", None, Health, changes=False,
+        summary="identity, owned and frozen blocks, key total")
+    blocks: Route[None, BlocksReport] = Route(
+        "GET", "/blocks", None, BlocksReport, changes=False,
+        summary="owned blocks with key counts")
+    count = Route(
+        "POST", "/count", CountRequest, Counts, changes=False,
+        summary="keys in each inclusive ID range")
+    stats: Route[None, Stats] = Route(
+        "GET", "/stats", None, Stats, changes=False,
+        summary="service and rewrite counters")
+    own = Route("POST", "/own", OwnRequest, OwnReply, changes=True, summary="start serving blocks")
+    disown = Route(
+        "POST", "/disown", DisownRequest, DisownReply, changes=True,
+        summary="stop serving blocks (and delete their records)")
+    migrations: Route[None, MigrationList] = Route(
+        "GET", "/migrations", None, MigrationList, changes=False,
+        summary="every migration this agent sends, with its state")
+    migration: Route[None, MigrationReport] = Route(
+        "GET", "/migrations/{id}", None, MigrationReport, changes=False,
+        summary="one migration")
+    migrate = Route(
+        "POST", "/migrations", MigrateRequest, MigrationReport, changes=True,
+        summary="freeze blocks and copy them to another agent", waits=True)
+    commit: Route[None, MigrationReport] = Route(
+        "POST", "/migrations/{id}/commit", None, MigrationReport, changes=True,
+        summary="the target serves; this agent deletes", waits=True)
+    abort: Route[None, MigrationReport] = Route(
+        "POST", "/migrations/{id}/abort", None, MigrationReport, changes=True,
+        summary="unfreeze; the target discards its copy")
+    import_begin = Route(
+        "POST", "/import/{id}/begin", ImportBegin, Importing, changes=True,
+        summary="receiving side: prepare for blocks")
+    import_records = Route(
+        "POST", "/import/{id}/records", ImportRecords, ImportProgress, changes=True,
+        summary="receiving side: a batch of records")
+    import_discard: Route[None, Discarded] = Route(
+        "POST", "/import/{id}/discard", None, Discarded, changes=True,
+        summary="receiving side: drop an unfinished import")
 
     ALL: tuple[Route[Any, Any], ...] = ()
 

@@ -126,7 +126,7 @@ class AsyncApiClient(_Surface):
         request = self._prepare(route, body, params)
         try:
             status, headers, data = await asyncio.wait_for(self._exchange(request), self._timeout(route))
-        except (OSError, asyncio.TimeoutError, EOFError, ValueError) as exc:
+        except (TimeoutError, OSError, EOFError, ValueError) as exc:
             raise ApiError(f"{request.where}: {_reason(exc)}") from None
         return self._answer(route, request, status, headers, data)
 

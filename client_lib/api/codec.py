@@ -95,7 +95,7 @@ def _convert(tp: Any, data: Json, strict: bool, where: str) -> Any:
             return Block.parse(data)
         except ValueError as exc:
             raise CodecError(f"{where}: {exc}") from None
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _dataclass(tp, data, strict, where)
     if tp is bool:
         if not isinstance(data, bool):
@@ -122,7 +122,8 @@ def _convert(tp: Any, data: Json, strict: bool, where: str) -> Any:
         items = get_args(tp)
         if not isinstance(data, list) or len(data) != len(items):
             raise CodecError(f"{where}: expected a list of {len(items)} values, got {_kind(data)}")
-        return tuple(_convert(t, v, strict, f"{where}[{i}]") for i, (t, v) in enumerate(zip(items, data)))
+        return tuple(_convert(t, v, strict, f"{where}[{i}]")
+                     for i, (t, v) in enumerate(zip(items, data, strict=True)))
     if origin is dict:
         key_type, value_type = get_args(tp)
         if key_type is not str or not isinstance(data, dict):
@@ -143,7 +144,8 @@ def _dataclass(cls: type, data: Json, strict: bool, where: str) -> Any:
     values = {}
     for name, field in fields.items():
         if name in data:
-            values[name] = _convert(hints[name], data[name], strict, f"{where}.{name}" if where != "body" else name)
+            inner = name if where == "body" else f"{where}.{name}"
+            values[name] = _convert(hints[name], data[name], strict, inner)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise CodecError(f"{where}: missing field {name!r}")
     try:

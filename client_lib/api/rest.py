@@ -186,28 +186,39 @@ class Outcome:
 class REST:
     """The routes, by name (a namespace, not instantiated)."""
 
-    topology = Route("GET", "/metaflow/topology", None, TopologyView, changes=False,
-                     summary="switches with layers and groups, links, hosts, pods")
-    tree = Route("GET", "/metaflow/tree", None, TreeView, changes=False,
-                 summary="the B-tree: inner nodes, leaves with state and blocks")
-    flows = Route("GET", "/metaflow/flows", None, FlowsView, changes=False,
-                  summary="MetaFlow entries per switch")
-    servers = Route("GET", "/metaflow/servers", None, ServersView, changes=False,
-                    summary="storage servers with key counts, capacity, state")
-    events = Route("GET", "/metaflow/events", None, EventsView, changes=False,
-                   summary="recent events (splits, take-overs, DATA-LOST, ...)")
-    splits = Route("GET", "/metaflow/splits", None, SplitsView, changes=False,
-                   summary="every split with its timings")
-    operations = Route("GET", "/metaflow/operations", None, OperationsView, changes=False,
-                       summary="splits and fail-overs under way")
-    register = Route("POST", "/metaflow/agents", Registration, Registered, changes=True,
-                     summary="an agent registers")
-    heartbeat = Route("POST", "/metaflow/agents/{name}/heartbeat", Heartbeat, Ack, changes=True,
-                      summary="an agent is alive (404: register again)")
-    split = Route("POST", "/metaflow/servers/{name}/split", None, Outcome, changes=True,
-                  summary="split a server now, and wait for the outcome", waits=True)
-    fail = Route("POST", "/metaflow/servers/{name}/fail", FailRequest, Outcome, changes=True,
-                 summary="take a server out of service, and wait for the take-over", waits=True)
+    topology: Route[None, TopologyView] = Route(
+        "GET", "/metaflow/topology", None, TopologyView, changes=False,
+        summary="switches with layers and groups, links, hosts, pods")
+    tree: Route[None, TreeView] = Route(
+        "GET", "/metaflow/tree", None, TreeView, changes=False,
+        summary="the B-tree: inner nodes, leaves with state and blocks")
+    flows: Route[None, FlowsView] = Route(
+        "GET", "/metaflow/flows", None, FlowsView, changes=False,
+        summary="MetaFlow entries per switch")
+    servers: Route[None, ServersView] = Route(
+        "GET", "/metaflow/servers", None, ServersView, changes=False,
+        summary="storage servers with key counts, capacity, state")
+    events: Route[None, EventsView] = Route(
+        "GET", "/metaflow/events", None, EventsView, changes=False,
+        summary="recent events (splits, take-overs, DATA-LOST, ...)")
+    splits: Route[None, SplitsView] = Route(
+        "GET", "/metaflow/splits", None, SplitsView, changes=False,
+        summary="every split with its timings")
+    operations: Route[None, OperationsView] = Route(
+        "GET", "/metaflow/operations", None, OperationsView, changes=False,
+        summary="splits and fail-overs under way")
+    register = Route(
+        "POST", "/metaflow/agents", Registration, Registered, changes=True,
+        summary="an agent registers")
+    heartbeat = Route(
+        "POST", "/metaflow/agents/{name}/heartbeat", Heartbeat, Ack, changes=True,
+        summary="an agent is alive (404: register again)")
+    split: Route[None, Outcome] = Route(
+        "POST", "/metaflow/servers/{name}/split", None, Outcome, changes=True,
+        summary="split a server now, and wait for the outcome", waits=True)
+    fail = Route(
+        "POST", "/metaflow/servers/{name}/fail", FailRequest, Outcome, changes=True,
+        summary="take a server out of service, and wait for the take-over", waits=True)
 
     ALL: tuple[Route[Any, Any], ...] = ()
 
