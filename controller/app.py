@@ -77,7 +77,7 @@ class _Query:
 _STOP = object()
 
 
-class MetaFlowApp(app_manager.OSKenApp):  # type: ignore[misc]
+class MetaFlowApp(app_manager.OSKenApp):
     OFP_VERSIONS = [ofproto_v1_0.OFP_VERSION]
 
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
@@ -198,12 +198,12 @@ class MetaFlowApp(app_manager.OSKenApp):  # type: ignore[misc]
             dp.send_msg(parser.OFPPacketOut(datapath=dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_NONE,
                                             data=step.data, actions=[parser.OFPActionOutput(step.port)]))
             return
+        parts: list[Any] | None = None   # a barrier's reply has no body; flow stats collect theirs
         if isinstance(step, SendFlows):
             for msg in step.messages:
                 msg.datapath = dp
                 dp.send_msg(msg)
             request = parser.OFPBarrierRequest(dp)
-            parts = None
         else:
             request = parser.OFPFlowStatsRequest(dp, 0, parser.OFPMatch(), 0xFF, ofp.OFPP_NONE)
             parts = []
@@ -229,7 +229,7 @@ class MetaFlowApp(app_manager.OSKenApp):  # type: ignore[misc]
 
     # -- OpenFlow events ----------------------------------------------------------------
 
-    @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])  # type: ignore[misc]
+    @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def _state(self, ev: Any) -> None:
         dp = ev.datapath
         if dp.id is None:
@@ -248,16 +248,17 @@ class MetaFlowApp(app_manager.OSKenApp):  # type: ignore[misc]
                 self.post(StepFailed(step, f"switch {dp.id} disconnected"))
             self.post(SwitchDown(dp.id))
 
-    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)  # type: ignore[misc]
+    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
     def _barrier(self, ev: Any) -> None:
         self._reply(ev.msg.datapath.id, ev.msg.xid, None, False)
 
-    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)  # type: ignore[misc]
+    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
     def _flow_stats(self, ev: Any) -> None:
         msg = ev.msg
-        self._reply(msg.datapath.id, msg.xid, msg.body, bool(msg.flags & msg.datapath.ofproto.OFPSF_REPLY_MORE))
+        more = bool(msg.flags & msg.datapath.ofproto.OFPSF_REPLY_MORE)
+        self._reply(msg.datapath.id, msg.xid, msg.body, more)
 
-    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)  # type: ignore[misc]
+    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
     def _port_status(self, ev: Any) -> None:
         msg = ev.msg
         ofp = msg.datapath.ofproto
@@ -265,17 +266,17 @@ class MetaFlowApp(app_manager.OSKenApp):  # type: ignore[misc]
         event = PortDown if down else PortUp
         self.post(event(msg.datapath.id, msg.desc.port_no))
 
-    @set_ev_cls(topo_event.EventLinkAdd)  # type: ignore[misc]
+    @set_ev_cls(topo_event.EventLinkAdd)
     def _link_add(self, ev: Any) -> None:
         link = ev.link
         self.post(LinkUp(link.src.dpid, link.src.port_no, link.dst.dpid, link.dst.port_no))
 
-    @set_ev_cls(topo_event.EventLinkDelete)  # type: ignore[misc]
+    @set_ev_cls(topo_event.EventLinkDelete)
     def _link_delete(self, ev: Any) -> None:
         link = ev.link
         self.post(LinkDown(link.src.dpid, link.src.port_no, link.dst.dpid, link.dst.port_no))
 
-    @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)  # type: ignore[misc]
+    @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def _packet_in(self, ev: Any) -> None:
         msg = ev.msg
         message = arp.parse(msg.data)

@@ -9,8 +9,8 @@ it to the owning server's MAC. The gateway exists nowhere else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from os_ken.lib.packet import arp, ethernet, packet
 from os_ken.lib.packet.ether_types import ETH_TYPE_ARP

@@ -50,8 +50,8 @@ from client_lib.cidr import Block
 from client_lib.errors import Conflict, NotFound
 from controller import arp, ofmsgs
 from controller.failover import failover_saga
-from controller.migrations import salvage_now
 from controller.inventory import Inventory
+from controller.migrations import salvage_now
 from controller.registry import Registry, Server
 from controller.routing import Routes, diff_routes, host_routes
 from controller.saga import Operation, Operations, Saga, StepError
@@ -206,7 +206,7 @@ class MetaFlowCore:
                        note="a switch that reconnects is re-synced")
             stats = failed.results
         sends = []
-        for dpid, have in zip(targets, stats):
+        for dpid, have in zip(targets, stats, strict=True):
             if have is None:
                 continue
             table, routes = ofmsgs.installed(have)
@@ -231,7 +231,7 @@ class MetaFlowCore:
     def own_empty(self, server: str, blocks: list[Block], lost_with: str | None, reason: str) -> Saga:
         """`server` serves `blocks` without their data, which died with
         `lost_with` (None: no agent claims them): said loudly, never silently."""
-        keys = self.registry[lost_with].keys if lost_with in self.registry else None
+        keys = self.registry[lost_with].keys if lost_with is not None and lost_with in self.registry else None
         lost = {"server": lost_with, "blocks": [str(b) for b in blocks],
                 "keys_lost_at_most": keys, "reason": reason}
         self.lost.append(lost)
@@ -358,8 +358,7 @@ class MetaFlowCore:
                 if (server.name not in busy and server.keys >= self.capacity(server)
                         and server.name in self.tree.leaves()
                         and self.tree.state(server.name) is State.BUSY):
-                    steps += self._start("split", server.name, {server.name},
-                                         lambda op, name=server.name: split_saga(self, op, name))
+                    steps += self._start_split(server.name)
                     busy = self.operations.reserved()
         return steps
 
@@ -375,7 +374,8 @@ class MetaFlowCore:
         if missing and now - self.first_registration < self.settings.locate_timeout_s:
             return []
         for name in missing:
-            self.registry[name].failed = f"not seen on the data plane within {self.settings.locate_timeout_s:g} s"
+            self.registry[name].failed = (f"not seen on the data plane within "
+                                          f"{self.settings.locate_timeout_s:g} s")
             self.event("server-failed", logging.ERROR, server=name, reason=self.registry[name].failed)
         graph = self._graph()
         try:
@@ -467,7 +467,7 @@ class MetaFlowCore:
             healths = yield [CallAgent(server=d.name, url=d.admin_url, route=ADMIN.health) for d in donors]
         except StepError as failed:
             healths = failed.results     # the dead ones cannot give anything
-        for donor, health in zip(donors, healths):
+        for donor, health in zip(donors, healths, strict=True):
             theirs = [b for b in rest if health is not None and any(o.covers(b) for o in health.owned)]
             if theirs:
                 rest = [b for b in rest if b not in theirs]
@@ -488,7 +488,7 @@ class MetaFlowCore:
         except StepError as failed:
             listings = failed.results
         aborts = [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.abort, params={"id": m.id})
-                  for s, listing in zip(servers, listings) if listing is not None
+                  for s, listing in zip(servers, listings, strict=True) if listing is not None
                   for m in listing.migrations if m.state in ("copying", "copied")]
         if aborts:
             self.event("leftover-migrations", count=len(aborts),
@@ -503,7 +503,8 @@ class MetaFlowCore:
         except StepError as failed:
             healths = failed.results
         discards = [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.import_discard, params={"id": i})
-                    for s, health in zip(servers, healths) if health is not None for i in health.imports]
+                    for s, health in zip(servers, healths, strict=True) if health is not None
+                    for i in health.imports]
         if discards:
             self.event("leftover-imports", count=len(discards), action="discarded")
             try:
@@ -532,8 +533,10 @@ class MetaFlowCore:
         refusal = self._why_not_split(event.name)
         if refusal is not None:
             return [self._issue_answer(event.reply, refusal)]
-        return self._start("split", event.name, {event.name},
-                           lambda op: split_saga(self, op, event.name), event.reply)
+        return self._start_split(event.name, event.reply)
+
+    def _start_split(self, name: str, reply: object = None) -> list[Step]:
+        return self._start("split", name, {name}, lambda op: split_saga(self, op, name), reply)
 
     def _why_not_split(self, name: str) -> Exception | Outcome | None:
         if name not in self.registry:
@@ -565,8 +568,8 @@ class MetaFlowCore:
             steps += self.operations.cancel(op, f"{name} failed: {reason}")
         if self.tree is None or name not in self.tree.leaves():
             if reply is not None:
-                steps.append(self._issue_answer(reply, Outcome("server-failed", name, True,
-                                                               {"reason": reason, "note": "not in the tree"})))
+                outcome = Outcome("server-failed", name, True, {"reason": reason, "note": "not in the tree"})
+                steps.append(self._issue_answer(reply, outcome))
             return steps
         return steps + self._start("failover", name, {name},
                                    lambda op: failover_saga(self, op, name, reason), reply)
@@ -576,7 +579,8 @@ class MetaFlowCore:
     def topology_view(self) -> TopologyView:
         c = self.classification
         return TopologyView(
-            switches=[SwitchInfo(d, c.layer.get(f"s{d}") if c else None, c.group_of.get(f"s{d}") if c else None)
+            switches=[SwitchInfo(d, c.layer.get(f"s{d}") if c else None,
+                                 c.group_of.get(f"s{d}") if c else None)
                       for d in sorted(self.inventory.dpids)],
             links=sorted(self.inventory.links),
             hosts=[HostInfo(h.ip, h.mac, h.dpid, h.port) for h in self.inventory.hosts.values()],

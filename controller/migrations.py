@@ -126,7 +126,8 @@ def salvage(core: MetaFlowCore, name: str, successor_url: str, blocks: list[Bloc
         for m in (yield from unfinished(core, name)):
             if not any(a.covers(b) or b.covers(a) for a in m.blocks for b in blocks):
                 continue
-            if m.state == "copied" and m.blocks == blocks and m.target.rstrip("/") == successor_url.rstrip("/"):
+            same_target = m.target.rstrip("/") == successor_url.rstrip("/")
+            if m.state == "copied" and m.blocks == blocks and same_target:
                 return m          # the copy happened; only its answer was lost
             yield from abort(core, name, m)   # a stale one (to a successor that died) holds them frozen
     core.event("salvage-impossible", server=name, reason=reason)

@@ -128,17 +128,19 @@ def installed(stats: list[Any]) -> tuple[Table, dict[str, int]]:
     table: Table = {}
     routes: dict[str, int] = {}
     for stat in stats:
-        match = stat.match
+        match, out = stat.match, _output(stat.actions)
+        if out is None:
+            continue   # not a shape we write: the resync's add replaces it
         if stat.cookie == COOKIE_METAFLOW and match.nw_proto == PROTOCOLS[0]:
             wild = (match.wildcards & ofp.OFPFW_NW_DST_MASK) >> ofp.OFPFW_NW_DST_SHIFT
             plen = max(0, 32 - wild)
             first = match.nw_dst & (((1 << plen) - 1) << (32 - plen)) if plen else 0
             dl_dst = next((":".join(f"{b:02x}" for b in a.dl_addr) for a in stat.actions
                            if hasattr(a, "dl_addr")), None)
-            entry = FlowEntry(stat.priority, Block(first, plen), _output(stat.actions), dl_dst)
+            entry = FlowEntry(stat.priority, Block(first, plen), out, dl_dst)
             table[entry.match] = entry
         elif stat.cookie == COOKIE_ROUTE:
-            routes[str(ipaddress.IPv4Address(match.nw_dst))] = _output(stat.actions)
+            routes[str(ipaddress.IPv4Address(match.nw_dst))] = out
     return table, routes
 
 

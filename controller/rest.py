@@ -24,7 +24,7 @@ from client_lib.api.rest import REST
 from client_lib.api.server import Call, Dispatcher, wsgi_app
 from client_lib.errors import ApiError
 from controller.core import MetaFlowCore
-from controller.steps import FailNow, Heartbeat, Register, Request, SplitNow
+from controller.steps import FailNow, Heartbeat, Register, SplitNow
 
 log = logging.getLogger("metaflow.controller.rest")
 
@@ -34,7 +34,7 @@ LONG_S = 900.0
 """How long a split or fail-over may take (a copy of a large block)."""
 
 Query = Callable[[Callable[[MetaFlowCore], object]], "Future[object]"]
-Post = Callable[[Request], None]
+Post = Callable[[Register | Heartbeat | SplitNow | FailNow], None]
 
 
 class RestApi:
@@ -65,7 +65,8 @@ class RestApi:
                              LONG_S, route)
         raise TypeError(f"no handler for {route}")
 
-    def _ask(self, make: Callable[[Future[object]], Request], timeout: float, route: object) -> object:
+    def _ask(self, make: Callable[[Future[object]], Register | Heartbeat | SplitNow | FailNow],
+             timeout: float, route: object) -> object:
         reply: Future[object] = Future()
         self._post(make(reply))
         value = _wait(reply, timeout, route)

@@ -21,7 +21,7 @@ cancellation are ignored.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from controller.steps import Step
 
 log = logging.getLogger("metaflow.controller.saga")
 
-Yielded = Step | list[Step]
+Yielded = Step | Sequence[Step]
 Saga = Generator[Yielded, Any, Any]
 
 
@@ -127,7 +127,7 @@ class Operations:
                 return out + self._finish(op, done.value)
             except Cancelled:
                 return out + self._finish(op, None)
-            op._single = not isinstance(wanted, list)
+            op._single = isinstance(wanted, Step)
             steps = [wanted] if isinstance(wanted, Step) else list(wanted)
             if not steps:
                 resume = _resumer(op, [])

@@ -23,6 +23,7 @@ target died.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,18 @@ if TYPE_CHECKING:
 
 class _NeedCounts(Exception):
     """The planner asked for a count not fetched yet."""
+
+
+def _oracle(counts: dict[tuple[int, int], int],
+            missing: list[tuple[int, int]]) -> Callable[[str, int, int], int]:
+    """Counts as the planner asks for them; one not fetched yet is noted in
+    `missing` and stops this replay of the planner."""
+    def oracle(_leaf: str, first: int, last: int) -> int:
+        if (first, last) not in counts:
+            missing.append((first, last))
+            raise _NeedCounts
+        return counts[(first, last)]
+    return oracle
 
 
 @dataclass(frozen=True)
@@ -121,15 +134,9 @@ def _plan(core: MetaFlowCore, op: Operation, name: str) -> Any:
         if wanted:
             reply = yield CallAgent(server=name, url=source.admin_url, route=ADMIN.count,
                                     body=CountRequest(wanted))
-            counts.update(zip(wanted, reply.counts))
+            counts.update(zip(wanted, reply.counts, strict=True))
         missing: list[tuple[int, int]] = []
-
-        def oracle(_leaf: str, first: int, last: int) -> int:
-            if (first, last) not in counts:
-                missing.append((first, last))
-                raise _NeedCounts
-            return counts[(first, last)]
-
+        oracle = _oracle(counts, missing)
         try:
             plan: SplitPlan = plan_split(tree, name, oracle, core.settings.bounds, method="aligned",
                                          cost=core.planner_or_raise().cost_of,
