@@ -12,6 +12,8 @@ from mininet_scenarios.daemons import ROOT
 
 COMMANDS = {
     "metaflowctl": "controller.ctl",
+    "metaflow-controller": "controller.launcher",
+    "metaflow-agent": "nat_agent.daemon",
     "metaflow-lookupd": "benchmarks.baselines.lookupd",
 }
 
