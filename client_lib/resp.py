@@ -308,12 +308,7 @@ class RespParser:
         args: list[bytes] = []
         limit = self.limit
         for index in range(count):
-            header = self._line()
-            if not header.startswith(b"$"):
-                raise ProtocolError(f"expected a bulk string, got {header[:1]!r}")
-            size = self._bulk_size(header[1:])
-            if size == -1:
-                raise ProtocolError("null bulk string in a command")
+            size = self._argument_size()
             if limit is not None:
                 name = args[0] if args else b""
                 most = limit(name, index)
@@ -322,6 +317,16 @@ class RespParser:
                     raise ArgumentTooLarge(name, index, size, most)
             args.append(self._bulk_body(size))
         return args
+
+    def _argument_size(self) -> int:
+        """The length a command argument's header announces (a bulk string, not null)."""
+        header = self._line()
+        if not header.startswith(b"$"):
+            raise ProtocolError(f"expected a bulk string, got {header[:1]!r}")
+        size = self._bulk_size(header[1:])
+        if size == -1:
+            raise ProtocolError("null bulk string in a command")
+        return size
 
     def _inline(self, line: bytes) -> list[bytes]:
         """Inline commands (`PING\\r\\n`), as typed into telnet or nc."""
@@ -354,12 +359,7 @@ class RespParser:
         while self._refused:
             if self._left < 0:
                 self._pos = 0
-                header = self._line()
-                if not header.startswith(b"$"):
-                    raise ProtocolError(f"expected a bulk string, got {header[:1]!r}")
-                size = self._bulk_size(header[1:])
-                if size == -1:
-                    raise ProtocolError("null bulk string in a command")
+                size = self._argument_size()
                 del buf[: self._pos]
                 self._pos = self._wanted = 0
                 self._left = size

@@ -228,6 +228,25 @@ def test_fuzz_command_parser_never_fails_otherwise(data):
 
 
 @settings(max_examples=1000)
+@given(st.lists(st.binary(max_size=100), max_size=5))
+def test_fuzz_refusals_never_fail_otherwise(chunks):
+    """With per-argument limits, any bytes (in any pieces) either parse, wait,
+    are refused one command at a time, or raise ProtocolError."""
+    parser = RespParser(max_bulk=64, max_line=128, limit=_key_limit)
+    for chunk in chunks:
+        parser.feed(chunk)
+        while True:
+            try:
+                if parser.next_command() is None:
+                    break
+            except ArgumentTooLarge:
+                continue
+            except ProtocolError:
+                return
+    assert parser.pending <= sum(map(len, chunks))
+
+
+@settings(max_examples=1000)
 @given(st.binary(max_size=300))
 def test_fuzz_reply_parser_never_fails_otherwise(data):
     parser = RespParser(max_bulk=64, max_line=128)
