@@ -12,8 +12,9 @@ flow generation cheap; `ipaddress` is used only to parse and print.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, TypeVar
+from typing import TypeVar
 
 WIDTHS = (32, 128)
 """Bits of an address: 32 for IPv4 spaces, 128 for IPv6 ones."""

@@ -33,7 +33,7 @@ from os_ken.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_c
 from os_ken.ofproto import ofproto_v1_0
 from os_ken.topology import event as topo_event
 
-from client_lib.api.auth import Verifier
+from client_lib.api.auth import Verifier, server_authority
 from client_lib.api.clients import ApiClient
 from client_lib.errors import MetaFlowError
 from controller import arp
@@ -90,7 +90,8 @@ class MetaFlowApp(app_manager.OSKenApp):
         self.deadlines: list[tuple[float, int, tuple[int, int]]] = []
         self.lock = threading.Lock()   # pending and deadlines: os-ken threads and ours
         self.agents = ThreadPoolExecutor(AGENT_WORKERS, thread_name_prefix="agent-call")
-        api = RestApi(self.query, self.post, Verifier(settings.secret), settings.open_reads)
+        verifier = Verifier(settings.secret, server_authority(settings.rest_host, settings.rest_port))
+        api = RestApi(self.query, self.post, verifier, settings.open_reads)
         self.rest = RestServer(api, settings.rest_host, settings.rest_port)
         self.threads = [threading.Thread(target=self._decide, name="decide", daemon=True),
                         threading.Thread(target=self._clock, name="clock", daemon=True)]

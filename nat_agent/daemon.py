@@ -6,7 +6,7 @@ reverse on SIGTERM or SIGINT, removing its iptables rules. A start that
 fails halfway undoes what it had done, so a bad flag never leaves rules
 behind. Standalone, on one machine:
 
-    (umask 077; metaflowctl secret > /tmp/metaflow.secret)
+    metaflowctl secret /tmp/metaflow.secret      # a new secret, in a file of mode 0600
     metaflow-agent --store leveldb:/tmp/md --listen 127.0.0.1:9000 \\
         --admin 127.0.0.1:9001 --rewrite none --own 100.64.0.0/10 \\
         --secret-file /tmp/metaflow.secret
@@ -29,7 +29,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from client_lib.api.admin import Stats
-from client_lib.api.auth import Verifier, load_secret
+from client_lib.api.auth import Verifier, load_secret, server_authority
 from client_lib.api.clients import DEFAULT_TIMEOUT
 from client_lib.cidr import Block
 from client_lib.constants import ADMIN_PORT, METAFLOW_PORT
@@ -115,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(exc))
     if args.secret_file is None:
         p.error("--secret-file FILE is required: the admin API accepts only requests signed with the "
-                "cluster's secret. Make one with `(umask 077; metaflowctl secret > FILE)` or "
+                "cluster's secret. Make one with `metaflowctl secret FILE` or "
                 "`python -c 'from client_lib.api.auth import write_secret; write_secret(\"FILE\")'`, "
                 "and give the same file to the controller and every agent")
     try:
@@ -175,7 +175,8 @@ async def run(args: argparse.Namespace) -> None:
         undo.callback(rewriter.stop)
         # The admin API comes up last: once /health answers, everything is in place.
         admin = AdminApi(agent, migrator, lambda: Stats(dict(service.stats), rewriter.stats()),
-                         Verifier(args.secret), open_reads=args.open_reads)
+                         Verifier(args.secret, server_authority(admin_host, admin_port)),
+                         open_reads=args.open_reads)
         await admin.start(admin_host, admin_port)
         undo.push_async_callback(admin.stop)
         if args.controller:

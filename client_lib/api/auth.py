@@ -6,10 +6,12 @@ A request carries::
 
     Authorization: MetaFlow-HMAC-SHA256 ts=<unix seconds>,nonce=<hex>,sig=<hex>
 
-where ``sig`` is HMAC-SHA256(secret, method, path, query, ts, nonce,
-SHA-256 of the body). The server refuses (401, changing nothing) a request
-without it, with a bad signature, a timestamp outside its window, or a
-nonce it has already seen within that window (a replay). Its response
+where ``sig`` is HMAC-SHA256(secret, the ``Host`` it is addressed to,
+method, path, query, ts, nonce, SHA-256 of the body). The server refuses
+(401, changing nothing) a request without it, with a bad signature, a
+timestamp outside its window, a nonce it has already seen within that
+window (a replay), or addressed to another server (a request for one agent
+replayed to another: each server knows its own address). Its response
 carries ``X-MetaFlow-Signature: sig=<hex>`` over the request's nonce, the
 status and the body, so the caller also knows it reached a holder of the
 secret and not whatever answers at that address: an agent that streams
@@ -60,7 +62,7 @@ def load_secret(path: str | os.PathLike[str]) -> bytes:
         raise InvalidArgument(f"secret file {file} is accessible by group or others; chmod 600 {file}")
     if len(secret) < MIN_SECRET_BYTES:
         raise InvalidArgument(f"secret file {file} holds {len(secret)} bytes; at least "
-                              f"{MIN_SECRET_BYTES} are needed (metaflowctl secret > FILE)")
+                              f"{MIN_SECRET_BYTES} are needed (metaflowctl secret FILE)")
     return secret
 
 
@@ -77,6 +79,13 @@ def write_secret(path: str | os.PathLike[str], secret: str | None = None) -> Pat
         out.write((secret or new_secret()) + "\n")
     os.chmod(file, 0o600)
     return file
+
+
+def server_authority(host: str, port: int) -> str | None:
+    """What requests to a server listening on host:port must be addressed to
+    (`Verifier`'s `authority`); None for a wildcard address, which cannot
+    know the names it is reached by."""
+    return None if host in ("", "0.0.0.0", "::") else f"{host}:{port}"
 
 
 def _digest(secret: bytes, *parts: str | bytes) -> str:
@@ -111,12 +120,14 @@ class Signer:
         self._secret = secret
         self._clock = clock
 
-    def sign(self, method: str, path: str, query: str, body: bytes) -> tuple[dict[str, str], str]:
-        """Headers to send, and the nonce to check the response against."""
+    def sign(self, authority: str, method: str, path: str, query: str,
+             body: bytes) -> tuple[dict[str, str], str]:
+        """Headers to send (``Host`` among them: it is signed), and the nonce
+        to check the response against. `authority`: the server's host:port."""
         ts = str(int(self._clock()))
         nonce = secrets.token_hex(16)
-        sig = _digest(self._secret, "request", method, path, query, ts, nonce, _body_hash(body))
-        return {AUTH_HEADER: f"{SCHEME} ts={ts},nonce={nonce},sig={sig}"}, nonce
+        sig = _digest(self._secret, "request", authority, method, path, query, ts, nonce, _body_hash(body))
+        return {"Host": authority, AUTH_HEADER: f"{SCHEME} ts={ts},nonce={nonce},sig={sig}"}, nonce
 
     def check_response(self, nonce: str, status: int, body: bytes, headers: Mapping[str, str],
                        where: str) -> None:
@@ -130,8 +141,12 @@ class Signer:
 class Verifier:
     """The serving side: checks requests and signs responses."""
 
-    def __init__(self, secret: bytes, window: float = WINDOW_S, clock: Clock = time.time) -> None:
+    def __init__(self, secret: bytes, authority: str | None = None, window: float = WINDOW_S,
+                 clock: Clock = time.time) -> None:
+        """`authority`: this server's host:port, which a request must be
+        addressed to (None: a server on a wildcard address takes any)."""
         self._secret = secret
+        self._authority = authority
         self._window = window
         self._clock = clock
         self._seen: dict[str, float] = {}   # nonce -> when it may be forgotten
@@ -143,9 +158,12 @@ class Verifier:
         if not (ts.isdigit() and nonce and sig):
             raise AuthError(f"{method} {path}: not signed; send {AUTH_HEADER}: {SCHEME} "
                             "with the cluster's secret (--secret-file)", 401)
-        want = _digest(self._secret, "request", method, path, query, ts, nonce, _body_hash(body))
+        host = _header(headers, "Host")
+        want = _digest(self._secret, "request", host, method, path, query, ts, nonce, _body_hash(body))
         if not hmac.compare_digest(sig, want):
             raise AuthError(f"{method} {path}: bad signature (a different secret?)", 401)
+        if self._authority is not None and host != self._authority:
+            raise AuthError(f"{method} {path}: signed for {host}, not for this server ({self._authority})", 401)
         now = self._clock()
         if abs(now - int(ts)) > self._window:
             raise AuthError(f"{method} {path}: timestamp {ts} is more than {self._window:g} s "

@@ -73,7 +73,8 @@ class _Surface:
                    "Host": f"{self.host}:{self.port}"}
         nonce = None
         if self._signer is not None:
-            signed, nonce = self._signer.sign(route.method, unquote(path), "", payload)
+            signed, nonce = self._signer.sign(f"{self.host}:{self.port}", route.method, unquote(path), "",
+                                              payload)
             headers.update(signed)
         return _Request(route.method, path, payload, headers, nonce, f"{route.method} {self.base_url}{path}")
 

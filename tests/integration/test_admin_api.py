@@ -61,7 +61,7 @@ def _send(proc: AgentProcess, method: str, path: str, body: bytes = b"",
 
 
 def _signed(proc: AgentProcess, method: str, path: str, body: bytes) -> dict[str, str]:
-    headers, _nonce = Signer(proc.secret).sign(method, path, "", body)
+    headers, _nonce = Signer(proc.secret).sign(urlsplit(proc.admin_url).netloc, method, path, "", body)
     return headers
 
 

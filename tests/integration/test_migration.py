@@ -275,11 +275,14 @@ def test_a_target_without_the_secret_receives_no_record(tmp_path, cluster_secret
 
 def test_an_agent_refuses_itself_and_impossible_migrations_as_a_target(tmp_path):
     with AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT.halves()[0])]) as a:
-        for url, why in ((a.admin_url, "own admin API"),
-                         (f"http://localhost:{a.admin_port}", f"is this agent \\({a.name}\\)")):
-            with pytest.raises(ApiError, match=why) as failed:
-                a.call(ADMIN.migrate, MigrateRequest([ROOT.halves()[0]], url))
-            assert failed.value.status == 400
+        with pytest.raises(ApiError, match="own admin API") as failed:
+            a.call(ADMIN.migrate, MigrateRequest([ROOT.halves()[0]], a.admin_url))
+        assert failed.value.status == 400
+        # Another name for itself: signed requests are bound to the address they
+        # are sent to, so the alias does not even pass the target check.
+        with pytest.raises(ApiError, match="refused before anything was frozen") as failed:
+            a.call(ADMIN.migrate, MigrateRequest([ROOT.halves()[0]], f"http://localhost:{a.admin_port}"))
+        assert failed.value.status == 502
         other = "http://127.0.0.1:1"
         for request, status in ((MigrateRequest([], other), 400),
                                 (MigrateRequest([ROOT.halves()[0]], other, lease_s=0), 400),

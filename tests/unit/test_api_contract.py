@@ -33,6 +33,7 @@ from client_lib.cidr import Block
 from client_lib.errors import AuthError, Conflict, InvalidArgument, NotFound
 
 SECRET = b"0123456789abcdef0123456789abcdef"
+HOST = "10.255.0.3:9001"
 BLOCK = Block.parse("100.64.0.0/12")
 
 
@@ -121,18 +122,19 @@ class Clock:
 def test_signed_request_is_accepted_once() -> None:
     clock = Clock()
     signer, verifier = Signer(SECRET, clock), Verifier(SECRET, clock=clock)
-    headers, nonce = signer.sign("POST", "/own", "", b"{}")
+    headers, nonce = signer.sign(HOST, "POST", "/own", "", b"{}")
     assert verifier.check("POST", "/own", "", headers, b"{}") == nonce
     with pytest.raises(AuthError, match="replayed"):
         verifier.check("POST", "/own", "", headers, b"{}")
 
 
-@pytest.mark.parametrize("tamper", ["method", "path", "query", "body", "secret", "missing", "stale"])
+@pytest.mark.parametrize("tamper", ["method", "path", "query", "body", "secret", "missing", "stale",
+                                    "host", "another server"])
 def test_tampered_or_unsigned_requests_are_refused(tamper: str) -> None:
     clock = Clock()
     signer = Signer(b"another secret, 16+ bytes" if tamper == "secret" else SECRET, clock)
-    verifier = Verifier(SECRET, clock=clock)
-    headers, _ = signer.sign("POST", "/own", "", b'{"blocks": []}')
+    verifier = Verifier(SECRET, "10.255.0.4:9001" if tamper == "another server" else HOST, clock=clock)
+    headers, _ = signer.sign(HOST, "POST", "/own", "", b'{"blocks": []}')
     method, path, query, body = "POST", "/own", "", b'{"blocks": []}'
     if tamper == "method":
         method = "PUT"
@@ -146,6 +148,8 @@ def test_tampered_or_unsigned_requests_are_refused(tamper: str) -> None:
         headers = {}
     elif tamper == "stale":
         clock.now += 120
+    elif tamper == "host":
+        headers = {**headers, "Host": "10.255.0.4:9001"}
     with pytest.raises(AuthError) as caught:
         verifier.check(method, path, query, headers, body)
     assert caught.value.status == 401
@@ -153,7 +157,7 @@ def test_tampered_or_unsigned_requests_are_refused(tamper: str) -> None:
 
 def test_responses_are_signed_for_the_request_nonce() -> None:
     signer, verifier = Signer(SECRET), Verifier(SECRET)
-    headers, nonce = signer.sign("GET", "/health", "", b"")
+    headers, nonce = signer.sign(HOST, "GET", "/health", "", b"")
     verifier.check("GET", "/health", "", headers, b"")
     reply = verifier.response_headers(nonce, 200, b"{}")
     signer.check_response(nonce, 200, b"{}", reply, "here")
@@ -181,7 +185,7 @@ def test_secret_files_must_be_private_and_long(tmp_path) -> None:
 # -- dispatcher ------------------------------------------------------------------
 
 def _signed(method: str, path: str, body: bytes = b"") -> tuple[dict[str, str], str]:
-    return Signer(SECRET).sign(method, path, "", body)
+    return Signer(SECRET).sign(HOST, method, path, "", body)
 
 
 def test_dispatcher_refuses_unsigned_changes_and_can_open_reads() -> None:
