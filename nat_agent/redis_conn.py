@@ -31,7 +31,7 @@ from typing import cast
 
 from client_lib.resp import ErrorReply, ProtocolError, Reply, RespParser, encode_command
 
-__all__ = ["Arg", "RedisConnection", "RedisReplyError"]
+__all__ = ["Arg", "RedisConnection", "RedisNotReady", "RedisReplyError"]
 
 Arg = bytes | str | int
 """A command argument, as `client_lib.resp.encode_command` takes it."""
@@ -57,6 +57,12 @@ class RedisReplyError(Exception):
     def code(self) -> str:
         """The error's first word: ``ERR``, ``WRONGTYPE``, ``EXECABORT``..."""
         return self.reply.code
+
+
+class RedisNotReady(RedisReplyError, ConnectionError):
+    """``-LOADING``: the server accepts connections but is still reading its
+    data back (just restarted). Also a `ConnectionError`, because to a caller
+    it is the same as a server not yet there: retry later."""
 
 
 class _Pending:
@@ -155,7 +161,8 @@ class RedisConnection:
     Connects at the first command, in the running event loop, and belongs to
     that loop from then on. When the socket is lost, every command awaiting
     a reply fails with `ConnectionError`; the next command reconnects (and
-    re-selects ``db``). Error replies raise `RedisReplyError`.
+    re-selects ``db``). Error replies raise `RedisReplyError`, and a server
+    still loading its data raises `RedisNotReady`, a `ConnectionError` too.
     """
 
     def __init__(
@@ -297,7 +304,7 @@ class RedisConnection:
 def _raise_errors(reply: Reply) -> None:
     """Raise the error reply, or the first error inside an array reply (EXEC's)."""
     if type(reply) is ErrorReply:
-        raise RedisReplyError(reply)
+        raise (RedisNotReady if reply.code == "LOADING" else RedisReplyError)(reply)
     if type(reply) is list:
         for item in reply:
             if type(item) is ErrorReply:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import uvloop
 
 from client_lib.resp import SimpleString
-from nat_agent.redis_conn import RedisConnection, RedisReplyError
+from nat_agent.redis_conn import RedisConnection, RedisNotReady, RedisReplyError
 from nat_agent.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -208,6 +209,36 @@ def test_a_reconnect_works_outside_any_task(run: Callable[[Body], None], tmp_pat
                 assert await drive_by_hand(conn.call(b"GET", b"k")) == b"v"
 
         run(body)
+    finally:
+        server.stop()
+
+
+def test_a_server_still_loading_its_data_is_not_ready_yet(tmp_path: Path) -> None:
+    """A restarted server accepts connections before its data is back and
+    answers -LOADING meanwhile: that is a ConnectionError (retry), not a failure."""
+    server = RedisServer(tmp_path, port=0).start()
+    try:
+
+        async def body() -> None:
+            fill = ["redis-benchmark", "-p", str(server.port), "-t", "set", "-n", "500000", "-r", "500000",
+                    "-P", "200", "-q"]  # enough keys to take a while to load
+            await asyncio.to_thread(subprocess.run, fill, check=True, capture_output=True)
+            async with RedisConnection(host="127.0.0.1", port=server.port) as conn:
+                await conn.call(b"SET", b"mine", b"back")
+            await asyncio.to_thread(server.stop)  # its append-only file now holds it all
+            server.launch()
+            seen: list[Exception] = []
+            async with RedisConnection(host="127.0.0.1", port=server.port) as conn:
+                while True:
+                    try:
+                        assert await conn.call(b"GET", b"mine") == b"back"
+                        break
+                    except ConnectionError as exc:
+                        seen.append(exc)
+                        await asyncio.sleep(0.01)
+            assert any(isinstance(exc, RedisNotReady) and exc.code == "LOADING" for exc in seen)
+
+        asyncio.run(body())
     finally:
         server.stop()
 
