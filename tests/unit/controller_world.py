@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from os_ken.ofproto import ofproto_v1_0_parser as parser
 
 from btree.bootstrap import Bootstrap
 from btree.split import SplitBounds
+from btree.tree import LogicalBTree
 from client_lib.api.admin import (
     ADMIN,
     BlockKeys,
@@ -28,8 +29,8 @@ from client_lib.api.admin import (
     Discarded,
     DisownReply,
     Health,
-    ImportProgress,
     Importing,
+    ImportProgress,
     MigrationList,
     MigrationReport,
     OwnReply,
@@ -190,7 +191,8 @@ class FakeAgent:
     # the admin API: one method per route, named after it
     def _health(self, _: None) -> Health:
         return Health("ok", self.name, "fake", SPACE, self.ip, self.mac, 9000, self.url, 100,
-                      len(self.records), self.ownership.owned, self.ownership.frozen, sorted(self.imports), 0.0)
+                      len(self.records), self.ownership.owned, self.ownership.frozen, sorted(self.imports),
+                      0.0)
 
     def _blocks(self, _: None) -> BlocksReport:
         return BlocksReport([BlockKeys(b, self._keys_in(b.first, b.last), False)
@@ -340,7 +342,7 @@ class World:
         self.agents = {h: FakeAgent(h, graph.nodes[h]["ip"], graph.nodes[h]["mac"], self)
                        for h in storage_hosts(graph)}
         self.queue: deque[Any] = deque()
-        self.answers: dict[int, Any] = {}
+        self.answers: dict[object, Any] = {}
         self.executed: list[Step] = []
         self.inject: Callable[[Step], str | None] = lambda step: None
         self.down_ports: set[tuple[int, int]] = set()
@@ -355,6 +357,13 @@ class World:
         self.queue.clear()
         self.core = MetaFlowCore(self.settings, self.clock)
         return self.core
+
+    @property
+    def tree(self) -> LogicalBTree:
+        """The controller's tree, for a world that has booted (boot() builds it)."""
+        tree = self.core.tree
+        assert tree is not None, "the controller has not built its tree yet"
+        return tree
 
     def agent_at(self, url: str) -> FakeAgent | None:
         return next((a for a in self.agents.values() if a.url == url.rstrip("/") and not a.dead), None)
@@ -375,7 +384,7 @@ class World:
     def execute(self, step: Step) -> None:
         self.executed.append(step)
         if isinstance(step, Answer):
-            self.answers[step.reply] = step.value   # type: ignore[index]
+            self.answers[step.reply] = step.value
             return
         if isinstance(step, PacketOut):
             return
@@ -390,7 +399,7 @@ class World:
         (carried out, reported failed), "barrier timeout" (applied, reported
         failed), "barrier timeout, not applied"."""
         if isinstance(step, SendFlows):
-            switch = self.switches.get(step.dpid)
+            switch = self.switches[step.dpid]
             if failure != "barrier timeout, not applied":
                 for msg in step.messages:
                     switch.apply(msg)
@@ -542,8 +551,7 @@ class World:
 
 def sample_ids(world: World, per_block: int = 2) -> list[int]:
     """The ends of every owned block and a few IDs inside each."""
-    tree = world.core.tree
-    assert tree is not None
+    tree = world.tree
     out = []
     for block, _ in tree.partition():
         step = max(1, block.size // (per_block + 1))
@@ -551,15 +559,14 @@ def sample_ids(world: World, per_block: int = 2) -> list[int]:
     return out
 
 
-def check_consistent(world: World, acked: dict[int, bytes], lost: list[Block] = ()) -> None:
+def check_consistent(world: World, acked: dict[int, bytes], lost: Sequence[Block] = ()) -> None:
     """After the leases have run out: every ID is routed by the switches to a
     server that serves it (owned, not frozen), the controller's tree agrees,
     and every acknowledged write outside `lost` blocks reads back."""
     world.advance(world.settings.migration_lease_s + 1)
     world.heartbeats()
     world.tick()
-    tree = world.core.tree
-    assert tree is not None
+    tree = world.tree
     tree.check()
     for mdid in sample_ids(world) + list(acked):
         delivery = world.deliver(mdid)
@@ -581,10 +588,9 @@ def fill(world: World, server: str, count: int, seed: int = 0) -> dict[int, byte
     import random
 
     rng = random.Random(seed)
-    tree = world.core.tree
-    assert tree is not None
+    tree = world.tree
     blocks = tree.blocks(server)
-    acked = {}
+    acked: dict[int, bytes] = {}
     while len(acked) < count:
         block = rng.choice(blocks)
         mdid = rng.randrange(block.first, block.last + 1)

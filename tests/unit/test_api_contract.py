@@ -28,7 +28,7 @@ from client_lib.api.auth import (
 )
 from client_lib.api.rest import REST, Registration, TreeView
 from client_lib.api.route import Route
-from client_lib.api.server import Dispatcher, ErrorBody, status_of
+from client_lib.api.server import Call, Dispatcher, ErrorBody, Response, status_of
 from client_lib.cidr import Block
 from client_lib.errors import AuthError, Conflict, InvalidArgument, NotFound
 
@@ -188,34 +188,46 @@ def _signed(method: str, path: str, body: bytes = b"") -> tuple[dict[str, str], 
     return Signer(SECRET).sign(HOST, method, path, "", body)
 
 
+def _call(resolved: Call | Response) -> Call:
+    """What `resolve` gave, where the test expects a call for a handler."""
+    assert isinstance(resolved, Call), resolved
+    return resolved
+
+
+def _refusal(resolved: Call | Response) -> Response:
+    """What `resolve` gave, where the test expects it to refuse."""
+    assert isinstance(resolved, Response), resolved
+    return resolved
+
+
 def test_dispatcher_refuses_unsigned_changes_and_can_open_reads() -> None:
     closed = Dispatcher(ADMIN.ALL, Verifier(SECRET))
     opened = Dispatcher(ADMIN.ALL, Verifier(SECRET), open_reads=True)
     body = codec.dumps(OwnRequest([BLOCK]))
     for dispatcher in (closed, opened):
-        refused = dispatcher.resolve("POST", "/own", "", {}, body)
+        refused = _refusal(dispatcher.resolve("POST", "/own", "", {}, body))
         assert not hasattr(refused, "route") and refused.status == 401
-    assert closed.resolve("GET", "/health", "", {}, b"").status == 401
-    call = opened.resolve("GET", "/health", "", {}, b"")
+    assert _refusal(closed.resolve("GET", "/health", "", {}, b"")).status == 401
+    call = _call(opened.resolve("GET", "/health", "", {}, b""))
     assert call.route is ADMIN.health and call.nonce is None
     headers, nonce = _signed("POST", "/own", body)
-    call = closed.resolve("POST", "/own", "", headers, body)
+    call = _call(closed.resolve("POST", "/own", "", headers, body))
     assert call.route is ADMIN.own and call.body == OwnRequest([BLOCK]) and call.nonce == nonce
 
 
 def test_dispatcher_answers_unknown_routes_wrong_methods_and_bad_bodies() -> None:
     dispatcher = Dispatcher(ADMIN.ALL, Verifier(SECRET))
-    assert dispatcher.resolve("GET", "/nothing", "", {}, b"").status == 404
-    assert dispatcher.resolve("DELETE", "/own", "", {}, b"").status == 405
+    assert _refusal(dispatcher.resolve("GET", "/nothing", "", {}, b"")).status == 404
+    assert _refusal(dispatcher.resolve("DELETE", "/own", "", {}, b"")).status == 405
     headers, _ = _signed("POST", "/own", b'{"blocks": 1}')
-    bad = dispatcher.resolve("POST", "/own", "", headers, b'{"blocks": 1}')
+    bad = _refusal(dispatcher.resolve("POST", "/own", "", headers, b'{"blocks": 1}'))
     assert bad.status == 400 and b"blocks: expected a list" in bad.body
 
 
 def test_dispatcher_signs_results_and_maps_exceptions() -> None:
     dispatcher = Dispatcher(ADMIN.ALL, Verifier(SECRET))
     headers, nonce = _signed("GET", "/migrations/m1", b"")
-    call = dispatcher.resolve("GET", "/migrations/m1", "", headers, b"")
+    call = _call(dispatcher.resolve("GET", "/migrations/m1", "", headers, b""))
     assert call.params == {"id": "m1"}
     report = MigrationReport("m1", [], "http://t", "copied", 0, None, 0.0)
     ok = dispatcher.reply(call, report)

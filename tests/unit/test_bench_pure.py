@@ -83,18 +83,20 @@ def test_targets_are_paired_ratios_within_rounds():
 
 
 def test_the_report_shows_every_scheme_and_every_target():
-    row = {"ops_per_s": 1000.0, "peak_concurrency": 32, "p50_ms": 2.0, "p99_ms": 5.0, "lookup_rpcs_per_op": 0.0,
-           "server_cpu_us_per_op": 300.0, "lookup_cpu_us_per_op": 0.0, "nat_cpu_us_per_op": 0.0,
-           "ovs_cpu_us_per_op": 500.0, "client_cpu_us_per_op": 400.0}
+    row = {"ops_per_s": 1000.0, "peak_concurrency": 32, "p50_ms": 2.0, "p99_ms": 5.0,
+           "lookup_rpcs_per_op": 0.0, "server_cpu_us_per_op": 300.0, "lookup_cpu_us_per_op": 0.0,
+           "nat_cpu_us_per_op": 0.0, "ovs_cpu_us_per_op": 500.0, "client_cpu_us_per_op": 400.0}
     schemes = {"metaflow": dict(row, nat_cpu_us_per_op=20.0), "hash": row,
-               "chord": dict(row, ops_per_s=300.0, p50_ms=6.0, lookup_rpcs_per_op=2.1, throughput_vs_hash=0.3)}
+               "chord": dict(row, ops_per_s=300.0, p50_ms=6.0, lookup_rpcs_per_op=2.1,
+                             throughput_vs_hash=0.3)}
     runs = [_run(name, 32, 0, s["ops_per_s"], s["p50_ms"]) for name, s in schemes.items()]
     report = {"config": {"topology": "fat-tree k=4", "servers": 8, "clients": 8, "store": "leveldb",
                          "entries": 100, "get_fraction": 0.2, "zipf": 0.9, "reuse": False, "reps": 1,
                          "seconds": 1.0},
-              "timings": {"total_s": 10.0}, "schemes": schemes, "targets": targets(schemes, {}, runs), "nat": {},
-              "mdtest": {}, "flows": {"c0": {"metaflow": 2, "layer": "core"}}}
+              "timings": {"total_s": 10.0}, "schemes": schemes, "targets": targets(schemes, {}, runs),
+              "nat": {}, "mdtest": {}, "flows": {"c0": {"metaflow": 2, "layer": "core"}}}
     text = format_report(report)
-    for needle in ("metaflow", "hash", "chord", "target throughput_vs_chord: 3.333", "met", "c0 2", "  0.30 "):
+    needles = ("metaflow", "hash", "chord", "target throughput_vs_chord: 3.333", "met", "c0 2", "  0.30 ")
+    for needle in needles:
         assert needle in text
     assert text.index("metaflow") < text.index("\nhash") < text.index("\nchord")

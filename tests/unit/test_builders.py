@@ -73,9 +73,13 @@ def neighbors_of_kind(g: nx.Graph, node: str, layer: str) -> set[str]:
     return {n for n in g.neighbors(node) if g.nodes[n].get("layer") == layer}
 
 
+def _edges(g: nx.Graph) -> list[tuple[tuple[str, ...], list[tuple[str, int]]]]:
+    return sorted((tuple(sorted((u, v))), sorted(d["ports"].items())) for u, v, d in g.edges(data=True))
+
+
 def same_graph(a: nx.Graph, b: nx.Graph) -> bool:
-    edges = lambda g: sorted((tuple(sorted((u, v))), sorted(d["ports"].items())) for u, v, d in g.edges(data=True))
-    return a.graph == b.graph and list(a.nodes(data=True)) == list(b.nodes(data=True)) and edges(a) == edges(b)
+    same_nodes = list(a.nodes(data=True)) == list(b.nodes(data=True))
+    return a.graph == b.graph and same_nodes and _edges(a) == _edges(b)
 
 
 # --- fat-tree ------------------------------------------------------------------------

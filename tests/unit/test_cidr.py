@@ -7,7 +7,7 @@ blocks; most_aligned against a scan of every point of small ranges.
 from __future__ import annotations
 
 import ipaddress
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import given, settings
@@ -94,7 +94,8 @@ def test_block_validation_errors(args):
         Block(*args)
 
 
-@pytest.mark.parametrize("text", ["10.0.0.1/24", "100.65.0.0/10", "2001:db8::1/64", "not-an-ip/8", "10.0.0.0/33"])
+@pytest.mark.parametrize("text", ["10.0.0.1/24", "100.65.0.0/10", "2001:db8::1/64", "not-an-ip/8",
+                                  "10.0.0.0/33"])
 def test_parse_rejects_host_bits_and_garbage(text):
     with pytest.raises(ValueError):
         Block.parse(text)
@@ -155,7 +156,7 @@ def assert_exact(result, first, last, width):
 def brute_min_cover(first: int, last: int) -> int:
     """Fewest aligned blocks whose disjoint union is exactly [first, last] (small ranges)."""
 
-    @lru_cache(maxsize=None)
+    @cache
     def best(i: int) -> int:
         if i == last + 1:
             return 0
@@ -169,7 +170,8 @@ def brute_min_cover(first: int, last: int) -> int:
     return best(first)
 
 
-@pytest.mark.parametrize("base, width", [(0, 32), (0x0A010200, 32), (0xFFFFFFC0, 32), (0x20010DB8 << 96, 128)])
+@pytest.mark.parametrize("base, width",
+                         [(0, 32), (0x0A010200, 32), (0xFFFFFFC0, 32), (0x20010DB8 << 96, 128)])
 def test_cover_exhaustive_in_a_64_address_window(base, width):
     for lo in range(64):
         for hi in range(lo, 64):

@@ -212,7 +212,7 @@ def test_tree_and_fabric_shape():
 # -- independence from names and dpids --------------------------------------------------------
 
 
-def scramble(g: nx.Graph, rng: random.Random):
+def scramble(g: nx.Graph, rng: random.Random) -> tuple[nx.Graph[str], dict[str, str]]:
     names = list(g.nodes)
     fresh = [f"n{rng.getrandbits(40):010x}" for _ in names]
     assert len(set(fresh)) == len(fresh)
@@ -232,7 +232,7 @@ def scramble(g: nx.Graph, rng: random.Random):
     rng.shuffle(order)
     edges = list(h.edges(data=True))
     rng.shuffle(edges)
-    out = nx.Graph()
+    out: nx.Graph[str] = nx.Graph()
     out.add_nodes_from(order)
     out.add_edges_from(edges)
     return out, mapping
@@ -274,7 +274,7 @@ def test_discovered_graph_round_trip(name):
     d = discovered_graph(sorted(dpid.values(), reverse=True), links, hosts)
     assert d.number_of_nodes() == g.number_of_nodes() and d.number_of_edges() == g.number_of_edges()
     name_of = {s: f"s{dpid[s]}" for s in dpid}
-    for n, data in d.nodes(data=True):
+    for _, data in d.nodes(data=True):
         assert data["kind"] in ("switch", "host")
     c1, c2 = classify(g), classify(d)
     assert structure(c1, lambda x: name_of.get(x, x)) == structure(c2)
@@ -316,7 +316,7 @@ def test_error_disconnected_switch():
 def test_error_disconnected_storage_trees():
     a = two_tier()
     b = relabel(two_tier(), {n: f"b_{n}" for n in two_tier().nodes})
-    for n, d in b.nodes(data=True):
+    for _, d in b.nodes(data=True):
         if d["kind"] == "switch":
             d["dpid"] += 100
     g = nx.union(a, b)

@@ -7,12 +7,22 @@ core's messages built on the fake switches.
 from __future__ import annotations
 
 import pytest
-from controller_world import SPACE, World, check_consistent, fill
 
 from btree.tree import State
 from client_lib.api.rest import Outcome, Registered, Registration
 from client_lib.errors import Conflict, NotFound
-from controller.steps import CallAgent, FailNow, PortDown, ReadFlows, SendFlows, SplitNow, SwitchDown, SwitchUp
+from controller.steps import (
+    CallAgent,
+    FailNow,
+    PortDown,
+    ReadFlows,
+    SendFlows,
+    SplitNow,
+    Step,
+    SwitchDown,
+    SwitchUp,
+)
+from tests.unit.controller_world import SPACE, World, check_consistent, fill
 from topology.builders import client_hosts, fat_tree, port, storage_hosts
 
 
@@ -53,17 +63,19 @@ def test_a_server_that_never_shows_up_is_left_out_after_the_locate_timeout(world
     world.boot()
     tree = world.core.tree
     assert tree is not None and absent not in tree.leaves()
-    assert world.core.registry[absent].failed.startswith("not seen on the data plane")
+    failed = world.core.registry[absent].failed
+    assert failed is not None and failed.startswith("not seen on the data plane")
     check_consistent(world, {})
 
 
 def test_split_moves_keys_and_entries_together(built: World) -> None:
-    tree = built.core.tree
+    tree = built.tree
     name = tree.leaves_in(State.BUSY)[0]
     acked = fill(built, name, 150)
     outcome = built.ask(SplitNow, name=name)
     assert isinstance(outcome, Outcome) and outcome.ok, outcome
     target = outcome.detail["target"]
+    assert isinstance(target, str)
     moved = len(built.agents[target].records)
     assert 0.4 * 150 <= moved <= 0.6 * 150
     assert len(built.agents[name].records) + moved == 150
@@ -72,7 +84,7 @@ def test_split_moves_keys_and_entries_together(built: World) -> None:
 
 
 def test_servers_at_capacity_split_by_themselves(built: World) -> None:
-    name = built.core.tree.leaves_in(State.BUSY)[1]
+    name = built.tree.leaves_in(State.BUSY)[1]
     acked = fill(built, name, 120)   # capacity is 100
     built.heartbeats()
     built.tick()
@@ -82,7 +94,7 @@ def test_servers_at_capacity_split_by_themselves(built: World) -> None:
 
 @pytest.mark.parametrize("applied", [True, False])
 def test_a_barrier_timeout_aborts_the_split_and_restores_every_table(built: World, applied: bool) -> None:
-    name = built.core.tree.leaves_in(State.BUSY)[0]
+    name = built.tree.leaves_in(State.BUSY)[0]
     acked = fill(built, name, 120)
     before = {d: dict(s.flows) for d, s in built.switches.items()}
     failure = "barrier timeout" if applied else "barrier timeout, not applied"
@@ -97,7 +109,7 @@ def test_a_barrier_timeout_aborts_the_split_and_restores_every_table(built: Worl
 
 
 def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(built: World) -> None:
-    tree = built.core.tree
+    tree = built.tree
     victim = tree.leaves_in(State.BUSY)[0]
     blocks = tree.blocks(victim)
     acked = fill(built, victim, 30)
@@ -106,7 +118,8 @@ def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(b
     built.heartbeats()
     built.advance(3)
     built.tick()
-    assert built.core.registry[victim].failed.startswith("no heartbeat")
+    failed = built.core.registry[victim].failed
+    assert failed is not None and failed.startswith("no heartbeat")
     successor = tree.owner(blocks[0].first)
     assert successor != victim and tree.state(victim) is State.FAILED
     assert set(blocks) <= set(built.agents[successor].ownership.owned)
@@ -117,12 +130,12 @@ def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(b
 
 def test_edge_port_down_moves_the_data_of_a_still_reachable_server(built: World) -> None:
     g = built.graph
-    victim = built.core.tree.leaves_in(State.BUSY)[1]
+    victim = built.tree.leaves_in(State.BUSY)[1]
     acked = fill(built, victim, 50)
     (edge,) = list(g.neighbors(victim))
     built.post(PortDown(g.nodes[edge]["dpid"], port(g, edge, victim)))
     built.run()
-    assert built.core.registry[victim].failed and built.core.tree.state(victim) is State.FAILED
+    assert built.core.registry[victim].failed and built.tree.state(victim) is State.FAILED
     assert built.agents[victim].records == {}
     assert not built.core.lost
     assert any(e["event"] == "takeover" and e["salvaged"] for e in built.core.events)
@@ -144,34 +157,34 @@ def test_reconnecting_switch_gets_its_table_back_from_what_it_holds(built: World
 
 
 def test_restarted_controller_rebuilds_ownership_from_the_agents(built: World) -> None:
-    partition = sorted(built.core.tree.partition())
+    partition = sorted(built.tree.partition())
     owned_before = {a.name: a.ownership.owned for a in built.agents.values()}
-    acked = fill(built, built.core.tree.leaves_in(State.BUSY)[0], 40)
+    acked = fill(built, built.tree.leaves_in(State.BUSY)[0], 40)
     built.new_core()
     built.boot()
-    assert sorted(built.core.tree.partition()) == partition
+    assert sorted(built.tree.partition()) == partition
     assert {a.name: a.ownership.owned for a in built.agents.values()} == owned_before
     check_consistent(built, acked)
 
 
-def test_decisions_go_on_while_a_copy_runs(built: World) -> None:
+def test_decisions_go_on_while_a_copy_runs(built: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """A split's copy is in flight (its answer not back yet): a heartbeat is
     answered and another server's failure is handled to its end meanwhile."""
-    tree = built.core.tree
+    tree = built.tree
     source, victim = tree.leaves_in(State.BUSY)[:2]
     fill(built, source, 60)
-    held: list = []
+    held: list[CallAgent] = []
     built.inject = lambda step: None
     original = built.execute
 
-    def hold_copies(step):  # the migrate call "takes long": not carried out yet
+    def hold_copies(step: Step) -> None:  # the migrate call "takes long": not carried out yet
         if isinstance(step, CallAgent) and step.route is not None and step.route.template == "/migrations" \
                 and step.route.method == "POST" and step.server == source:
             held.append(step)
             return
         original(step)
 
-    built.execute = hold_copies
+    monkeypatch.setattr(built, "execute", hold_copies)
     reply = "split-reply"
     built.post(SplitNow(reply, source))
     built.run()
@@ -180,7 +193,7 @@ def test_decisions_go_on_while_a_copy_runs(built: World) -> None:
     assert tree.state(victim) is State.FAILED
     built.heartbeats()
     assert [op.kind for op in built.core.operations.running.values()] == ["split"]
-    built.execute = original
+    monkeypatch.setattr(built, "execute", original)
     original(held[0])
     built.run()
     assert built.answers[reply].ok
@@ -190,7 +203,8 @@ def test_a_name_cannot_be_taken_over_by_re_registering(built: World) -> None:
     agent = next(iter(built.agents.values()))
     assert isinstance(built.register(agent), Registered)   # the same identity may re-register
     reply = "hijack"
-    hijack = Registration(agent.name, agent.ip, agent.mac, 9000, "http://attacker:9001", "fake", 100, SPACE, [])
+    hijack = Registration(agent.name, agent.ip, agent.mac, 9000, "http://attacker:9001", "fake", 100,
+                          SPACE, [])
     from controller.steps import Register
     built.post(Register(reply, hijack))
     built.run()

@@ -30,11 +30,11 @@ import random
 from collections.abc import Callable
 
 import pytest
-from controller_world import ControllerKilled, World, check_consistent, fill
 
 from btree.tree import State
 from client_lib.cidr import Block
-from controller.steps import CallAgent, FailNow, ReadFlows, SendFlows, SplitNow, Step
+from controller.steps import CallAgent, ReadFlows, SendFlows, SplitNow, Step
+from tests.unit.controller_world import ControllerKilled, World, check_consistent, fill
 from topology.builders import fat_tree
 
 DEATHS = ("source dies", "other dies")
@@ -47,12 +47,12 @@ def _fallible(step: Step) -> bool:
 
 
 def _split(world: World) -> tuple[Callable[[], object], str]:
-    source = world.core.tree.leaves_in(State.BUSY)[0]
+    source = world.tree.leaves_in(State.BUSY)[0]
     return (lambda: world.post(SplitNow("outcome", source))), source
 
 
 def _failover(world: World) -> tuple[Callable[[], object], str]:
-    victim = world.core.tree.leaves_in(State.BUSY)[1]
+    victim = world.tree.leaves_in(State.BUSY)[1]
     return (lambda: world.cut(victim)), victim
 
 
@@ -101,7 +101,7 @@ def test_operation_ends_consistent_whatever_fails(operation: str, k: int, fault:
     world, start, server, acked = _prepared(operation)
     rng = random.Random(k)
     counter = itertools.count()
-    tree = world.core.tree
+    tree = world.tree
     blocks = tree.blocks(server)
 
     died: list[str] = []

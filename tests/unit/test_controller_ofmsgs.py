@@ -55,7 +55,8 @@ def test_uprules_match_their_slice_and_diffs_are_ordered_add_modify_delete():
     a = FlowEntry(2011, Block.parse("100.64.0.0/11"), 1)
     b = FlowEntry(2012, Block.parse("100.96.0.0/12"), 2)
     mods = diff_messages(SwitchDiff(add=[up], modify=[a], delete=[b]))
-    assert [m.command for m in mods] == [ofp.OFPFC_ADD] * 2 + [ofp.OFPFC_MODIFY_STRICT] * 2 + [ofp.OFPFC_DELETE_STRICT] * 2
+    expected = [ofp.OFPFC_ADD] * 2 + [ofp.OFPFC_MODIFY_STRICT] * 2 + [ofp.OFPFC_DELETE_STRICT] * 2
+    assert [m.command for m in mods] == expected
     assert (mods[0].match.wildcards & ofp.OFPFW_NW_DST_MASK) >> ofp.OFPFW_NW_DST_SHIFT == 32 - 11
     assert mods[0].match.nw_dst == int(ipaddress.IPv4Address("100.96.0.0"))
     assert mods[-1].actions == [] and mods[-1].priority == 2012

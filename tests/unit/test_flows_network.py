@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import given, settings
@@ -63,7 +63,7 @@ TOPOLOGIES = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def classified(name: str):
     c = classify(TOPOLOGIES[name]())
     return c, build_fabric(c)
@@ -93,7 +93,7 @@ def check_diff(prev, diff, new) -> None:
     assert apply_diff(prev, diff) == new
     for dpid in new.keys() - diff.keys():
         assert prev[dpid] == new[dpid], f"switch {dpid} changed but is absent from the diff"
-    for dpid, changes in diff.items():
+    for changes in diff.values():
         assert len(changes) > 0, "switches without changes must be absent"
     # and it is the minimal diff: exactly what diff_tables would say
     assert {d: (sorted(c.add), sorted(c.modify), sorted(c.delete)) for d, c in diff.items()} == {
@@ -153,10 +153,11 @@ def check_minimal_vs_plain(tree, fabric, planner) -> None:
     assert planner.total_entries() <= plain.total_entries()
 
 
-def plain_reference(tree: LogicalBTree, group: str) -> list[tuple[Block, str]]:
+def plain_reference(tree: LogicalBTree, group: str) -> list[tuple[Block, str | None]]:
     """The paper's form, computed independently: maximal runs of consecutive blocks
     toward the same child, each covered by its minimal CIDR list."""
-    out, run = [], None
+    out: list[tuple[Block, str | None]] = []
+    run: tuple[int, int, str | None] | None = None   # (first, last, child) of the current run
     for block, leaf in tree.group_blocks(group):
         child = tree.child_toward(group, leaf)
         if run and run[2] == child and run[1] + 1 == block.first:
@@ -240,13 +241,14 @@ def check_other_traffic(net, tree, fabric, hosts, ids) -> None:
 
 
 class Run:
-    def __init__(self, name, space, method, minimize, seed, skewed, cap):
+    def __init__(self, name: str, space: Block, method: str, minimize: bool, seed: int, skewed: bool,
+                 cap: int) -> None:
         self.c, self.fabric = classified(name)
         self.tree = build_tree(self.c, space)
         self.space, self.method, self.minimize, self.cap = space, method, minimize, cap
         self.rng = random.Random(seed)
-        self.keys = SortedList()
-        self.clusters = []
+        self.keys: SortedList[int] = SortedList()
+        self.clusters: list[tuple[int, int]] = []   # (first ID, width) of each hot range
         if skewed:
             for _ in range(self.rng.randint(1, 3)):
                 width = min(self.rng.choice([1, 37, 1000, 50021, 999983]), max(1, space.size // 8))
@@ -305,13 +307,14 @@ class Run:
         self.check(full=False)
 
     def check(self, full: bool):
-        tree, fabric, c = self.tree, self.fabric, self.c
+        tree, fabric, c, planner = self.tree, self.fabric, self.c, self.planner
+        assert planner is not None, "bootstrap() builds the planner"
         tree.check()
-        tables = self.planner.tables()
+        tables = planner.tables()
         net = FakeNetwork(fabric, tables, width=self.space.width)
         check_resolve(net, tree, fabric)                                         # (b)
         if full:  # the shared-index network of the planner answers the same
-            shared = FakeNetwork.from_planner(self.planner)
+            shared = FakeNetwork.from_planner(planner)
             check_resolve(shared, tree, fabric)
             for h in self.rng.sample(self.hosts, min(3, len(self.hosts))):
                 for x in boundary_ids(tree)[:50]:
@@ -319,11 +322,11 @@ class Run:
         ids = boundary_ids(tree)
         sample = list(self.keys) if len(self.keys) <= 60 else self.rng.sample(list(self.keys), 60)
         if full:
-            check_layout(tree, fabric, self.planner, tables)                     # (g)
+            check_layout(tree, fabric, planner, tables)                          # (g)
             if self.minimize:
-                check_minimal_vs_plain(tree, fabric, self.planner)               # (f)
+                check_minimal_vs_plain(tree, fabric, planner)                    # (f)
             else:
-                check_plain(tree, fabric, self.planner)
+                check_plain(tree, fabric, planner)
             check_forward(net, tree, fabric, c, self.hosts, sorted(set(ids + sample)))   # (a)
             check_other_traffic(net, tree, fabric, self.hosts, ids[:4] + sample[:4])     # (c)
         else:
@@ -346,12 +349,12 @@ class Run:
             if self.count(leaf) >= 2:
                 self.split(leaf)
         elif op < 0.93:
-            live = [l for l in tree.leaves() if tree.state(l) is not State.FAILED]
+            live = [leaf for leaf in tree.leaves() if tree.state(leaf) is not State.FAILED]
             leaf = rng.choice(live)
             try:
                 result = tree.fail(leaf)
             except TreeError:
-                assert len([l for l in live if tree.state(l) is State.BUSY]) == 1
+                assert len([other for other in live if tree.state(other) is State.BUSY]) == 1
                 return
             self.commit(list(result.moves))
         else:
@@ -398,7 +401,8 @@ def test_tables_deliver_every_id_to_its_owner_big(name, method, minimize, seed, 
 
 @pytest.mark.parametrize("method, minimize", COMBOS + [("traversal", True), ("aligned", False)],
                          ids=["aligned-min", "traversal-plain", "traversal-min", "aligned-plain"])
-@pytest.mark.parametrize("space", [WHOLE, SPACE6, Block.parse("10.1.2.0/24")], ids=["whole-v4", "v6", "slash24"])
+@pytest.mark.parametrize("space", [WHOLE, SPACE6, Block.parse("10.1.2.0/24")],
+                         ids=["whole-v4", "v6", "slash24"])
 @settings(max_examples=2, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), skewed=st.booleans())
 def test_other_spaces(space, method, minimize, seed, skewed):

@@ -8,7 +8,7 @@ prefix entries on every node of the full binary trie down to single addresses.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import given, settings
@@ -28,7 +28,8 @@ NO_DEFAULT = object()  # marker used by the brute force for "no default" (never 
 
 def partition_of(space: Block, f: list) -> list[tuple[Block, str]]:
     """The function as sorted, disjoint (block, value): runs covered minimally."""
-    out, start = [], 0
+    out: list[tuple[Block, str]] = []
+    start = 0
     for i in range(1, len(f) + 1):
         if i == len(f) or f[i] != f[start]:
             out.extend((b, f[start]) for b in cover(space.first + start, space.first + i - 1, space.width))
@@ -47,8 +48,8 @@ def brute_cost(f: list, default) -> int:
     depth = n.bit_length() - 1
     values = sorted(set(f), key=repr)
 
-    @lru_cache(maxsize=None)
-    def opt(start: int, plen: int, inherited) -> float:
+    @cache
+    def opt(start: int, plen: int, inherited) -> int:
         size = 1 << (depth - plen)
         if size == 1:
             return 0 if f[start] == inherited else 1
@@ -186,7 +187,8 @@ def assignments(draw, space: Block):
         plen = draw(st.integers(space.plen, space.width))
         offset = draw(st.integers(0, space.size - 1))
         size = 1 << (space.width - plen)
-        out.append((Block(space.first + offset // size * size, plen, space.width), draw(st.sampled_from(VALUES))))
+        block = Block(space.first + offset // size * size, plen, space.width)
+        out.append((block, draw(st.sampled_from(VALUES))))
     return out
 
 

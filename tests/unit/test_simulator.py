@@ -15,12 +15,13 @@ NETS = [Network(1, 50.0, 0.0, 0.0), Network(8, 12.5, 0.0, 300.0), Network(99, 1.
 BENCH = {
     "config": {"servers": 8, "clients": 8, "concurrency": [8, 32]},
     "schemes": {
-        "hash": {"ops_per_s": 2100.0, "mean_ms": 3.1, "storage_cpu_us_per_op": 90.0, "lookup_cpu_us_per_op": 0.0,
-                 "lookup_rpcs_per_op": 0.0, "client_cpu_us_per_op": 300.0, "nat_cpu_us_per_op": 0.0,
-                 "ovs_cpu_us_per_op": 40.0,
+        "hash": {"ops_per_s": 2100.0, "mean_ms": 3.1, "storage_cpu_us_per_op": 90.0,
+                 "lookup_cpu_us_per_op": 0.0, "lookup_rpcs_per_op": 0.0, "client_cpu_us_per_op": 300.0,
+                 "nat_cpu_us_per_op": 0.0, "ovs_cpu_us_per_op": 40.0,
                  "sweep": [{"concurrency": 32, "ops_per_s": 2100.0, "mean_ms": 9.0},
                            {"concurrency": 8, "ops_per_s": 1500.0, "mean_ms": 2.0}]},
-        "metaflow": {"nat_cpu_us_per_op": 1.2, "sweep": [{"concurrency": 8, "ops_per_s": 1450.0, "mean_ms": 2.1}]},
+        "metaflow": {"nat_cpu_us_per_op": 1.2,
+                     "sweep": [{"concurrency": 8, "ops_per_s": 1450.0, "mean_ms": 2.1}]},
         "onehop": {"lookup_cpu_us_per_op": 120.0, "lookup_rpcs_per_op": 2.0},
         "chord": {"lookup_cpu_us_per_op": 500.0, "lookup_rpcs_per_op": 2.5},
         "ghba": {"levels": {"lru": 100, "segment": 50, "group": 5, "global": 2, "miss": 0}, "group_size": 3},
@@ -68,7 +69,8 @@ def test_metaflow_without_nat_is_hash():
 
 def test_paper_ordering_at_ratio_one():
     cal = Calibration()
-    ops = {s: mva(network(s, 2000, cal.with_lookup(cal.storage_us)), 500)[0] for s in ("metaflow", "onehop", "chord")}
+    ops = {s: mva(network(s, 2000, cal.with_lookup(cal.storage_us)), 500)[0]
+           for s in ("metaflow", "onehop", "chord")}
     assert ops["metaflow"] > ops["onehop"] > ops["chord"]
 
 
@@ -99,8 +101,9 @@ def test_calibration_reads_the_documented_fields():
 
 
 def test_calibration_falls_back_to_chord_and_defaults():
-    cal = Calibration.from_bench({"schemes": {"chord": {"lookup_cpu_us_per_op": 500.0, "lookup_rpcs_per_op": 2.5},
-                                              "hash": {"sweep": [{"concurrency": 1, "mean_ms": 0.01}]}}})
+    cal = Calibration.from_bench({"schemes": {
+        "chord": {"lookup_cpu_us_per_op": 500.0, "lookup_rpcs_per_op": 2.5},
+        "hash": {"sweep": [{"concurrency": 1, "mean_ms": 0.01}]}}})
     assert cal.lookup_us == 200.0 and cal.sources["lookup_us"].startswith("schemes.chord.")
     assert cal.storage_us == Calibration().storage_us and cal.sources["storage_us"] == "default"
     assert cal.rtt_us == sim.RTT_FLOOR_US
@@ -116,7 +119,8 @@ def test_validate_pairs_model_and_measurement():
         assert [r["concurrency"] for r in rows] == [32, 8]
         assert all(r["model_ops_per_s"] > 0 and r["model_ms"] > 0 for r in rows)
     shared = sim.validate(cal, BENCH, shared_cpu_cores=2)["schemes"]["hash"][0]["model_ops_per_s"]
-    assert shared == pytest.approx(2e6 / (cal.storage_us + cal.client_us + cal.ovs_us), rel=0.01)   # 2 busy cores
+    # 2 busy cores: 2e6 CPU-us per second over the CPU-us each op costs
+    assert shared == pytest.approx(2e6 / (cal.storage_us + cal.client_us + cal.ovs_us), rel=0.01)
 
 
 def test_cli_writes_json_and_plots(tmp_path, capsys):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from functools import lru_cache
+from functools import cache
 
 import networkx as nx
 import pytest
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from sortedcontainers import SortedList
 
 from btree.flows import FlowPlanner
-from btree.split import SplitBounds, apply_split, plan_split
+from btree.split import SplitBounds, SplitPlan, apply_split, plan_split
 from btree.tree import LogicalBTree, Move, State, TreeError
 from client_lib.cidr import Block
 from topology.builders import fat_tree, switches, three_tier, two_tier
@@ -46,7 +46,7 @@ def hand_tree(space: Block = SPACE) -> LogicalBTree:
     return LogicalBTree(space, "root", SHAPE)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _classified(name: str):
     c = classify(TOPOLOGIES[name]())
     return c, build_fabric(c)
@@ -108,7 +108,7 @@ def check_invariants(tree: LogicalBTree, keys=()) -> None:
         else:
             assert not held.get(leaf), f"{tree.state(leaf).value} leaf {leaf} owns blocks"
     for group in tree.inner_nodes():
-        below = [(b, l) for b, l in part if group in tree.path(l)]
+        below = [(b, owner) for b, owner in part if group in tree.path(owner)]
         assert list(tree.group_blocks(group)) == below
     for key in keys:
         owner = tree.owner(key)
@@ -122,8 +122,8 @@ class Sim:
     def __init__(self, tree: LogicalBTree, method: str, bounds: SplitBounds = BOUNDS, cap: int = 40,
                  cost=None):
         self.tree, self.method, self.bounds, self.cap, self.cost = tree, method, bounds, cap, cost
-        self.keys = SortedList()
-        self.plans = []
+        self.keys: SortedList[int] = SortedList()
+        self.plans: list[SplitPlan] = []
 
     def oracle(self, leaf: str, first: int, last: int) -> int:
         return self.keys.bisect_right(last) - self.keys.bisect_left(first)
@@ -149,11 +149,12 @@ class Sim:
         total = self.count(leaf)
         idle = expected_nearest(tree, leaf, State.IDLE)
         siblings = [x for x in idle if tree.parent(x) == tree.parent(leaf)]
-        before = {l: tree.blocks(l) for l in tree.leaves()}
+        before = {name: tree.blocks(name) for name in tree.leaves()}
         plan = plan_split(tree, leaf, self.oracle, self.bounds, method=self.method, cost=self.cost)
         self.plans.append(plan)
         assert plan.leaf == leaf and plan.keys_total == total
-        assert {l: tree.blocks(l) for l in tree.leaves()} == before, "plan_split must not change the tree"
+        after = {name: tree.blocks(name) for name in tree.leaves()}
+        assert after == before, "plan_split must not change the tree"
         check_plan(tree, plan, self.method, self.bounds, self.oracle)
         if plan.target is None:
             assert not plan.ok and plan.reason
@@ -287,7 +288,7 @@ def test_bootstrap_organic_hand_tree():
 
 
 def sizes_by_leaf(tree):
-    return {l: sum(b.size for b in tree.blocks(l)) for l in tree.leaves_in(State.BUSY)}
+    return {leaf: sum(b.size for b in tree.blocks(leaf)) for leaf in tree.leaves_in(State.BUSY)}
 
 
 def check_preallocation(tree: LogicalBTree, count: int, tolerance: float, moves) -> None:
@@ -300,26 +301,26 @@ def check_preallocation(tree: LogicalBTree, count: int, tolerance: float, moves)
     chosen = set(busy)
 
     def below(node):
-        return [l for l in tree.leaves() if node in tree.path(l)]
+        return [leaf for leaf in tree.leaves() if node in tree.path(leaf)]
 
     for node in tree.inner_nodes():
-        n_node = sum(1 for l in below(node) if l in chosen)
+        n_node = sum(1 for leaf in below(node) if leaf in chosen)
         usable_node = len(below(node))
         for child in tree.children(node):
             leaves = [child] if tree.is_leaf(child) else below(child)
-            got = sum(1 for l in leaves if l in chosen)
+            got = sum(1 for leaf in leaves if leaf in chosen)
             floor = n_node * len(leaves) // usable_node
             ceil = -(-n_node * len(leaves) // usable_node)
             assert floor <= got <= ceil, (node, child, got, n_node, len(leaves), usable_node)
     # loads: each leaf within (1 +- 2*tolerance) per level of the exact share
-    levels = max(tree.depth(l) for l in tree.leaves())
+    levels = max(tree.depth(leaf) for leaf in tree.leaves())
     share = tree.space.size / count
     for leaf, size in sizes_by_leaf(tree).items():
         if tolerance == 0:
             assert abs(size - share) <= levels + 1, (leaf, size, share)
         else:
-            assert (1 - 2 * tolerance) ** levels - 1e-9 <= size / share <= (1 + 2 * tolerance) ** levels + 1e-9, (
-                leaf, size / share)
+            low, high = (1 - 2 * tolerance) ** levels - 1e-9, (1 + 2 * tolerance) ** levels + 1e-9
+            assert low <= size / share <= high, (leaf, size / share)
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5])
@@ -418,10 +419,10 @@ def test_split_goes_to_idle_sibling_first_then_nearest(method):
     t = sim.tree
     sim.split("a")                      # idle siblings b, c exist
     assert sim.plans[-1].target in ("b", "c")
-    busy = [l for l in "abc" if t.state(l) is State.BUSY]
+    busy = [leaf for leaf in "abc" if t.state(leaf) is State.BUSY]
     assert len(busy) == 2
     sim.split(busy[0])                  # one sibling left
-    assert {t.state(l) for l in "abc"} == {State.BUSY}
+    assert {t.state(leaf) for leaf in "abc"} == {State.BUSY}
     sim.split("a")                      # e1 is full: the nearest idle leaf is under e2
     assert sim.plans[-1].target in ("d", "e")
     check_invariants(t, sim.keys)
@@ -462,8 +463,10 @@ def test_split_refusals(method):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("heavy_at", ["start", "middle", "end"])
 def test_heavy_single_id_gives_out_of_bounds_plan_with_reason(method, heavy_at):
-    where = {"start": SPACE.first, "middle": SPACE.first + SPACE.size // 2 + 12345, "end": SPACE.last}[heavy_at]
-    keys = [where] * 70 + [SPACE.first + 1000 + 7919 * i for i in range(15)] + [SPACE.last - 7919 * i - 3 for i in range(15)]
+    where = {"start": SPACE.first, "middle": SPACE.first + SPACE.size // 2 + 12345,
+             "end": SPACE.last}[heavy_at]
+    keys = ([where] * 70 + [SPACE.first + 1000 + 7919 * i for i in range(15)]
+            + [SPACE.last - 7919 * i - 3 for i in range(15)])
     sim = make_sim(method, keys)
     plan = plan_split(sim.tree, "a", sim.oracle, method=method)
     assert not plan.within_bounds
@@ -712,7 +715,7 @@ def run_sequence(tree: LogicalBTree, method: str, seed: int, steps: int, cap: in
     on_moves and on_moves(moves)
     check_invariants(tree)
     new_leaves = 0
-    for step in range(steps):
+    for _ in range(steps):
         op = rng.random()
         if op < 0.80:
             moves = []
@@ -723,14 +726,16 @@ def run_sequence(tree: LogicalBTree, method: str, seed: int, steps: int, cap: in
             leaf = rng.choice(busy)
             moves = sim.split(leaf) if sim.count(leaf) >= 2 else []
         elif op < 0.95:
-            live = [l for l in tree.leaves() if tree.state(l) is not State.FAILED]
+            live = [leaf for leaf in tree.leaves() if tree.state(leaf) is not State.FAILED]
             result = sim.fail(rng.choice(live))
             moves = list(result.moves) if result else []
         else:
             failed = tree.leaves_in(State.FAILED)
             if failed and rng.random() < 0.7:
                 leaf = rng.choice(failed)
-                tree.join(leaf, tree.parent(leaf))
+                parent = tree.parent(leaf)
+                assert parent is not None, f"failed leaf {leaf} has no parent"
+                tree.join(leaf, parent)
                 assert tree.state(leaf) is State.IDLE
             elif on_moves is None:  # brand-new servers only when no fabric has to know them
                 bottoms = [g for g in tree.inner_nodes()
@@ -761,7 +766,8 @@ def test_random_sequences_topologies(seed, name, method, skewed, v6):
 
 
 @settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), name=st.sampled_from(["fat4", "two", "three_small"]), skewed=st.booleans())
+@given(seed=st.integers(0, 2**32 - 1), name=st.sampled_from(["fat4", "two", "three_small"]),
+       skewed=st.booleans())
 def test_random_sequences_aligned_with_planner_cost(seed, name, skewed):
     """'aligned' driven by the flow planner's cost; the planner follows every change
     and always equals a planner rebuilt from scratch."""
