@@ -27,17 +27,18 @@ MIB = 1 << 20
 pytestmark = pytest.mark.timeout(120)
 
 
-def rss_mib(pid: int) -> float:
-    """Resident memory of a process, from /proc (VmRSS is in kB)."""
-    with open(f"/proc/{pid}/status") as status:
+def rss_mib(agent: AgentProcess) -> float:
+    """Resident memory of the agent, from /proc (VmRSS is in kB)."""
+    assert agent.proc is not None
+    with open(f"/proc/{agent.proc.pid}/status") as status:
         for line in status:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for {pid}")
+    raise AssertionError("no VmRSS")
 
 
 def read_replies(sock: socket.socket, count: int) -> list[Reply]:
-    parser, replies = RespParser(max_bulk=64 * MIB), []
+    parser, replies = RespParser(max_bulk=64 * MIB), list[Reply]()
     while len(replies) < count:
         data = sock.recv(1 << 16)
         assert data, f"closed after {len(replies)} replies: {replies}"
@@ -73,7 +74,7 @@ def test_a_client_that_never_reads_its_replies_cannot_grow_the_agent(agent: Agen
     agent to 2 GB. Now it stops answering (and reading) that client once about
     a mebibyte is waiting for it, and serves everyone else meanwhile."""
     assert exchange(agent, (b"SET", b"/big", b"x" * MIB), (b"GET", b"/big"))[1] == b"x" * MIB
-    baseline = rss_mib(agent.proc.pid)
+    baseline = rss_mib(agent)
     hog = socket.socket()
     hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing, buffers little
     hog.connect((agent.host, agent.port))
@@ -82,7 +83,7 @@ def test_a_client_that_never_reads_its_replies_cannot_grow_the_agent(agent: Agen
         peak = baseline
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline:
-            peak = max(peak, rss_mib(agent.proc.pid))
+            peak = max(peak, rss_mib(agent))
             assert peak - baseline < 64, f"the agent grew from {baseline:.0f} to {peak:.0f} MiB"
             assert exchange(agent, (b"SET", b"/small", b"s"), (b"GET", b"/small")) == [OK, b"s"]
             time.sleep(0.2)
@@ -191,12 +192,12 @@ def test_keys_are_held_to_their_own_limit_at_the_header(agent: AgentProcess) -> 
         sock.sendall(b"*2\r\n$3\r\nGET\r\n$1000000\r\n")
         first = sock.recv(1000)  # answered at the header, before any of the key
         assert first.startswith(b"-ERR argument 1 of 'get' of 1000000 bytes exceeds the limit of 4096")
-        baseline = rss_mib(agent.proc.pid)
+        baseline = rss_mib(agent)
         for _ in range(100):
             sock.sendall(b"/" * 10_000)
         sock.sendall(b"\r\n" + encode_command(b"SET", b"/k", b"v" * 100_000) + encode_command(b"GET", b"/k"))
         assert read_replies(sock, 2) == [OK, b"v" * 100_000]
-        assert rss_mib(agent.proc.pid) - baseline < 16
+        assert rss_mib(agent) - baseline < 16
     assert exchange(agent, (b"SET", b"/" + b"k" * 4095, b"at the limit"))[0] == OK
     reply = exchange(agent, (b"SET", b"/" + b"k" * 4096, b"v"))[0]
     assert isinstance(reply, ErrorReply) and "exceeds the limit of 4096" in reply.message

@@ -7,7 +7,7 @@ import socket
 import subprocess
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import pytest
@@ -33,7 +33,12 @@ def run(request: pytest.FixtureRequest) -> Callable[[Body], None]:
 def tcp(redis_server: str) -> Callable[..., RedisConnection]:
     """Makes connections to the session's redis-server (over TCP)."""
     url = urlsplit(redis_server)
-    return lambda **options: RedisConnection(host=url.hostname, port=url.port, **options)
+    return lambda **options: RedisConnection(host=url.hostname, port=url.port or 6379, **options)
+
+
+def tcp_port(server: RedisServer) -> int:
+    assert server.port is not None
+    return server.port
 
 
 def test_concurrent_callers_each_get_their_own_reply(
@@ -69,15 +74,15 @@ def test_transactions_from_concurrent_callers_stay_atomic(
 
     async def body() -> None:
         async with tcp() as conn:
-            results = await asyncio.gather(*(
+            results = cast(list[list[int]], await asyncio.gather(*(
                 conn.transaction([(b"INCR", counter), (b"RPUSH", log, i), (b"RPUSH", log, i)])
                 for i in range(100)
-            ))
+            )))
             # The n-th block to run saw the list at 2(n-1) and left it at 2n,
             # with no other block's push in between.
             assert sorted(n for n, _, _ in results) == list(range(1, 101))
             assert all(results[i][1:] == [2 * n - 1, 2 * n] for i, (n, _, _) in enumerate(results))
-            pushed = await conn.call(b"LRANGE", log, 0, -1)
+            pushed = cast(list[bytes], await conn.call(b"LRANGE", log, 0, -1))
             assert pushed[0::2] == pushed[1::2]
 
     run(body)
@@ -133,7 +138,7 @@ def test_a_cancelled_caller_does_not_shift_the_replies(
     async def body() -> None:
         async with tcp() as conn:
             with pytest.raises(TimeoutError):
-                await asyncio.wait_for(conn.call(b"BLPOP", f"{redis_prefix}empty", 0.3), 0.05)
+                await asyncio.wait_for(conn.call(b"BLPOP", f"{redis_prefix}empty", b"0.3"), 0.05)
             # The BLPOP's nil reply, when it comes, goes to nobody.
             assert await conn.call(b"ECHO", b"mine") == b"mine"
 
@@ -147,7 +152,7 @@ def test_a_server_that_goes_away_fails_pending_calls_and_a_later_call_reconnects
     try:
 
         async def body() -> None:
-            async with RedisConnection(host="127.0.0.1", port=server.port, db=2) as conn:
+            async with RedisConnection(host="127.0.0.1", port=tcp_port(server), db=2) as conn:
                 await conn.call(b"SET", b"kept", b"in db 2")
                 blocked = asyncio.ensure_future(conn.call(b"BLPOP", b"nothing", 0))
                 await asyncio.sleep(0.05)  # written, and blocking in the server
@@ -159,7 +164,7 @@ def test_a_server_that_goes_away_fails_pending_calls_and_a_later_call_reconnects
 
                 await asyncio.to_thread(server.start)  # the same port, its data reloaded
                 assert await conn.call(b"GET", b"kept") == b"in db 2"  # SELECTed again
-            async with RedisConnection(host="127.0.0.1", port=server.port) as db0:
+            async with RedisConnection(host="127.0.0.1", port=tcp_port(server)) as db0:
                 assert await db0.call(b"GET", b"kept") is None
 
         run(body)
@@ -200,7 +205,7 @@ def test_a_reconnect_works_outside_any_task(run: Callable[[Body], None], tmp_pat
     try:
 
         async def body() -> None:
-            async with RedisConnection(host="127.0.0.1", port=server.port) as conn:
+            async with RedisConnection(host="127.0.0.1", port=tcp_port(server)) as conn:
                 await conn.call(b"SET", b"k", b"v")
                 await asyncio.to_thread(server.stop)
                 await asyncio.to_thread(server.start)
@@ -223,12 +228,12 @@ def test_a_server_still_loading_its_data_is_not_ready_yet(tmp_path: Path) -> Non
             fill = ["redis-benchmark", "-p", str(server.port), "-t", "set", "-n", "500000", "-r", "500000",
                     "-P", "200", "-q"]  # enough keys to take a while to load
             await asyncio.to_thread(subprocess.run, fill, check=True, capture_output=True)
-            async with RedisConnection(host="127.0.0.1", port=server.port) as conn:
+            async with RedisConnection(host="127.0.0.1", port=tcp_port(server)) as conn:
                 await conn.call(b"SET", b"mine", b"back")
             await asyncio.to_thread(server.stop)  # its append-only file now holds it all
             server.launch()
             seen: list[Exception] = []
-            async with RedisConnection(host="127.0.0.1", port=server.port) as conn:
+            async with RedisConnection(host="127.0.0.1", port=tcp_port(server)) as conn:
                 while True:
                     try:
                         assert await conn.call(b"GET", b"mine") == b"back"
@@ -252,7 +257,7 @@ def test_unix_socket_and_database(run: Callable[[Body], None], tmp_path: Path) -
                     SimpleString("OK"),
                     2,
                 ]
-                info = await conn.call(b"CLIENT", b"INFO")
+                info = cast(bytes, await conn.call(b"CLIENT", b"INFO"))
                 assert b" db=1 " in info and str(server.unix_socket).encode() in info
             async with RedisConnection(unix_socket=str(server.unix_socket), db=99) as bad:
                 with pytest.raises(RedisReplyError, match="out of range"):

@@ -20,8 +20,7 @@ from client_lib.resp import (
 )
 
 args_st = st.lists(st.binary(max_size=200), min_size=1, max_size=10)
-line_text = st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)),
-                    max_size=30)
+line_text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=30)
 reply_st = st.recursive(
     st.none() | st.integers(-(2**63), 2**63 - 1) | st.binary(max_size=100)
     | st.builds(SimpleString, line_text)
