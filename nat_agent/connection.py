@@ -128,10 +128,6 @@ class Connection(asyncio.Protocol):
         """Whether a command of this connection is suspended in the store."""
         return self._waiting is not None
 
-    @property
-    def closing(self) -> bool:
-        return self._closing
-
     # -- asyncio callbacks ---------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
