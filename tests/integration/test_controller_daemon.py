@@ -53,7 +53,8 @@ def test_signed_rest_and_a_clean_shutdown(tmp_path: Path) -> None:
                 tree = api.call(REST.tree)
                 break
             except ApiError:
-                assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "controller.log").read_text()
+                running = time.monotonic() < deadline and proc.poll() is None
+                assert running, (tmp_path / "controller.log").read_text()
                 time.sleep(0.2)
         assert not tree.built
         with pytest.raises(AuthError):

@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -24,10 +25,14 @@ from mininet_scenarios.daemons import ROOT, free_port
 
 SPACE = Block.parse("100.64.0.0/10")
 SERVERS = [f"s{i}" for i in range(5)]
+Cluster = tuple[Membership, dict[str, subprocess.Popen[str]]]
+"""The membership the lookupds were started with, and their processes by name."""
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
+def cluster(
+        tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Cluster]:
     """Five lookupds over a partition of 16 blocks dealt at random."""
     tmp = tmp_path_factory.mktemp("lookupd")
     rng = random.Random(7)
@@ -38,7 +43,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         blocks[owner].append(str(Block(SPACE.first + i * (SPACE.size // 16), SPACE.plen + 4)))
     ports = {s: free_port() for s in SERVERS}
     data = {"space": str(SPACE), "coordinator": "s0", "group_size": 2,
-            "servers": {s: {"data_ip": f"10.9.0.{i + 1}", "lookup": f"127.0.0.1:{ports[s]}", "blocks": blocks[s]}
+            "servers": {s: {"data_ip": f"10.9.0.{i + 1}", "lookup": f"127.0.0.1:{ports[s]}",
+                            "blocks": blocks[s]}
                         for i, s in enumerate(SERVERS)}}
     path = tmp / "membership.json"
     path.write_text(json.dumps(data))
@@ -46,6 +52,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                                   "--membership", str(path), "--listen", f"127.0.0.1:{ports[s]}"],
                                  cwd=ROOT, stdout=subprocess.PIPE, text=True) for s in SERVERS}
     for proc in procs.values():
+        assert proc.stdout is not None
         assert proc.stdout.readline().startswith("ready")
     yield Membership.load(data), procs
     for proc in procs.values():
@@ -68,7 +75,7 @@ def truth(members: Membership, key: bytes) -> str:
     return members.data_ip[owner]
 
 
-def test_who_and_chord_find_every_owner_with_the_hops_chord_predicts(cluster):
+def test_who_and_chord_find_every_owner_with_the_hops_chord_predicts(cluster: Cluster) -> None:
     members, _ = cluster
     chord = members.chord()
     rng = random.Random(3)
@@ -89,7 +96,7 @@ def test_who_and_chord_find_every_owner_with_the_hops_chord_predicts(cluster):
     run(go())
 
 
-def test_ghba_resolves_loaded_keys_and_misses_unknown_ones_by_global_multicast(cluster):
+def test_ghba_resolves_loaded_keys_and_misses_unknown_ones_by_global_multicast(cluster: Cluster) -> None:
     members, _ = cluster
     stored = keys(300, "ghba")
     by_owner: dict[str, list[bytes]] = {}
@@ -126,7 +133,7 @@ def test_ghba_resolves_loaded_keys_and_misses_unknown_ones_by_global_multicast(c
     assert b"segment" in levels or b"group" in levels
 
 
-def test_bad_requests_get_errors_and_the_daemon_keeps_serving(cluster):
+def test_bad_requests_get_errors_and_the_daemon_keeps_serving(cluster: Cluster) -> None:
     members, _ = cluster
     address = members.lookup["s2"]
 
@@ -144,7 +151,7 @@ def test_bad_requests_get_errors_and_the_daemon_keeps_serving(cluster):
     run(go())
 
 
-def test_a_dead_peer_fails_the_lookup_not_the_daemon(cluster):
+def test_a_dead_peer_fails_the_lookup_not_the_daemon(cluster: Cluster) -> None:
     members, procs = cluster
     chord = members.chord()
     victim = "s4"

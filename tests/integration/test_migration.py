@@ -17,6 +17,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -96,8 +97,8 @@ def _writer(n: int, routes: Routes, stop: threading.Event, acked: dict[str, byte
         client.close()
 
 
-def _pick_block(rng: random.Random, owned: list[str]) -> Block:
-    block = Block.parse(rng.choice(owned))
+def _pick_block(rng: random.Random, owned: list[Block]) -> Block:
+    block = rng.choice(owned)
     for _ in range(rng.randrange(0, 4)):
         if block.plen >= 28:
             break
@@ -107,7 +108,9 @@ def _pick_block(rng: random.Random, owned: list[str]) -> Block:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["leveldb", "redis"])
-def test_fifty_migrations_under_four_writers_lose_nothing(kind, tmp_path, request, cluster_secret):
+def test_fifty_migrations_under_four_writers_lose_nothing(kind: str, tmp_path: Path,
+                                                          request: pytest.FixtureRequest,
+                                                          cluster_secret: Path) -> None:
     def spec(name: str) -> str:
         if kind == "leveldb":
             return f"leveldb:{tmp_path / name}"
@@ -345,7 +348,7 @@ def test_a_target_that_falls_silent_mid_copy_cannot_keep_the_blocks_frozen(tmp_p
         client.put("/silent/0", b"writable")
 
 
-def test_an_abort_during_the_copy_stops_it(tmp_path, cluster_secret):
+def test_an_abort_during_the_copy_stops_it(tmp_path: Path, cluster_secret: Path) -> None:
     with _falls_silent(load_secret(cluster_secret)) as silent, \
             AgentProcess(f"leveldb:{tmp_path / 'a'}", "--peer-timeout", "30", own=[str(ROOT)],
                          secret_file=cluster_secret) as a, _client(a, 1) as client:

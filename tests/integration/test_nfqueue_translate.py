@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from scapy.all import IP, TCP, UDP, Raw
+from scapy.layers.inet import IP, TCP, UDP
+from scapy.packet import Raw
 
 from client_lib.mdid import DEFAULT_SPACE
 from nat_agent.flowtable import FlowTable

@@ -8,7 +8,8 @@ import ipaddress
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scapy.all import IP, TCP, UDP, IPOption, Raw, fragment
+from scapy.layers.inet import IP, TCP, UDP, IPOption, fragment
+from scapy.packet import Packet, Raw
 
 from nat_agent.packet import (
     IPPROTO_TCP,
@@ -37,6 +38,7 @@ def _ip(address: int) -> str:
 def _packet(proto: str, src: int, dst: int, sport: int, dport: int, options: list,
             flags: int, payload: bytes, udp_checksum_zero: bool = False) -> bytes:
     ip = IP(src=_ip(src), dst=_ip(dst), options=options, id=7, ttl=61)
+    l4: Packet
     if proto == "tcp":
         l4 = TCP(sport=sport, dport=dport, flags=flags, seq=12345, window=999)
     else:

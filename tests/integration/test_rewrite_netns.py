@@ -94,11 +94,13 @@ def tagged(ns: Namespace, tag: str) -> list[str]:
     return lines
 
 
-def _read_line(process: subprocess.Popen, timeout: float) -> str:
-    ready, _, _ = select.select([process.stdout], [], [], timeout)
-    assert ready, f"no output from {process.args} within {timeout} s"
-    line = process.stdout.readline()
-    assert line, f"{process.args} exited with {process.wait()}"
+def _read_line(process: subprocess.Popen[str], timeout: float) -> str:
+    stdout = process.stdout
+    assert stdout is not None, "started without stdout=PIPE"
+    ready, _, _ = select.select([stdout], [], [], timeout)
+    assert ready, f"no output from {process.args!r} within {timeout} s"
+    line = stdout.readline()
+    assert line, f"{process.args!r} exited with {process.wait()}"
     return line.strip()
 
 
