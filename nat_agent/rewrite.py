@@ -34,8 +34,9 @@ class Rewriter:
         self.mode = mode
         self.rules = rewrite_rules(mode, space, own_ip, port, queue_num, tag)
         self.tag = tag
+        # own_ip is an IPv4 address in nfqueue mode: rewrite_rules refused anything else
         self._worker = (NfqueueWorker(space, own_ip, port, queue_num)
-                        if mode == "nfqueue" else None)
+                        if mode == "nfqueue" and own_ip is not None else None)
         self._installed = False
 
     def start(self) -> None:
