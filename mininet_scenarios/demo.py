@@ -26,7 +26,7 @@ from pathlib import Path
 
 from client_lib.api.rest import REST
 from client_lib.cidr import Block
-from mininet_scenarios.metaflow_net import MetaFlowNet
+from mininet_scenarios.metaflow_net import FlowCounts, MetaFlowNet
 from topology import builders
 
 
@@ -34,10 +34,10 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _print_flows(mf: MetaFlowNet, title: str) -> dict:
+def _print_flows(mf: MetaFlowNet, title: str) -> dict[str, FlowCounts]:
     counts = mf.flow_counts()
     _say(f"\n{title}: MetaFlow entries per switch (read back from OVS with ovs-ofctl dump-flows)")
-    by_layer: dict[str, list[str]] = {}
+    by_layer: dict[str | None, list[str]] = {}
     for switch, c in counts.items():
         by_layer.setdefault(c["layer"], []).append(f"{switch}={c['metaflow']}")
     for layer in ("core", "agg", "edge"):
@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
              f"(Mininet + agents {mf.timings['scenario_up_s']} s, then discovery and B-tree)")
         first_request = time.monotonic()
         _print_flows(mf, "after bootstrap")
-        _say(f"\nphase 1: clients write {args.files} files (splits happen as servers fill up), then read them back")
+        _say(f"\nphase 1: clients write {args.files} files (splits happen as servers fill up), "
+             "then read them back")
         share = args.files // len(mf.hosts("client"))
         phase1 = mf.run_clients(share, workdir)
         splits = mf.view(REST.splits).splits
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         _say(f"\nphase 2: killing server {victim} ({servers[victim].keys} keys) while clients keep writing")
         # Out of the scenario's hands: it would (rightly) complain at teardown
         # that this agent did not exit cleanly.
-        mf.scenario.agents.pop(mf.scenario.topo.graph_names[victim]).kill()
+        mf.running.agents.pop(mf.running.topo.graph_names[victim]).kill()
         kill_time = time.monotonic()
         phase2 = mf.run_clients(share // 4, workdir, start=args.files, read_back=False)
         takeover = next(iter(mf.events("takeover")), None)
@@ -92,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
         rows = [
             ("time to first request served", f"{round(first_request - started, 1)} s"),
             ("operations (puts + gets)", ops),
-            ("put latency p50 / p99 (phase 1)", f"{_median(phase1, 'put_p50_ms')} / {_median(phase1, 'put_p99_ms')} ms"),
-            ("get latency p50 / p99 (phase 1)", f"{_median(phase1, 'get_p50_ms')} / {_median(phase1, 'get_p99_ms')} ms"),
+            ("put latency p50 / p99 (phase 1)",
+             f"{_median(phase1, 'put_p50_ms')} / {_median(phase1, 'put_p99_ms')} ms"),
+            ("get latency p50 / p99 (phase 1)",
+             f"{_median(phase1, 'get_p50_ms')} / {_median(phase1, 'get_p99_ms')} ms"),
             ("client retries (MOVED / TRYAGAIN)", f"{sum(c['retries'] for c in phase1 + phase2)} "
                                                   f"({sum(c['moved'] for c in phase1 + phase2)} / "
                                                   f"{sum(c['tryagain'] for c in phase1 + phase2)})"),

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import networkx as nx
 
@@ -40,6 +40,15 @@ from topology.classify import discovered_graph, map_topology
 ROOT = Path(__file__).resolve().parents[1]
 
 Resp = TypeVar("Resp")
+
+
+class FlowCounts(TypedDict):
+    """One switch's entries as OVS reports them (see `MetaFlowNet.flow_counts`)."""
+
+    metaflow: int
+    uprules: int
+    routes: int
+    layer: str | None
 
 
 class ControllerProcess:
@@ -127,27 +136,38 @@ class MetaFlowNet:
         if self.scenario is not None:
             self.scenario.__exit__(*exc)
 
+    @property
+    def running(self) -> Scenario:
+        """The scenario, once `with` has brought it up."""
+        if self.scenario is None:
+            raise RuntimeError("the MetaFlow network is not running")
+        return self.scenario
+
     def announce(self) -> None:
         """One ARP per host: forget the gateway's address and ping it (the
         controller answers). Real hosts re-ARP on their own within a minute;
         emulated ones are otherwise silent."""
+        scenario = self.running
         for node in self.hosts():
-            self.scenario.host(node).cmd(f"ip neigh del {self.scenario.gateway} dev "
-                                         f"{self.scenario.host(node).defaultIntf()} 2>/dev/null; "
-                                         f"ping -c1 -W1 {self.scenario.gateway} >/dev/null 2>&1 &")
+            scenario.host(node).cmd(f"ip neigh del {scenario.gateway} dev "
+                                    f"{scenario.host(node).defaultIntf()} 2>/dev/null; "
+                                    f"ping -c1 -W1 {scenario.gateway} >/dev/null 2>&1 &")
 
     def restart_controller(self, kill: bool = False) -> float:
         """Stop (or SIGKILL) the controller and start a new one on the same
         ports; returns seconds until the new one has rebuilt the network from
         the switches and the agents."""
         started = time.monotonic()
-        old = self.controller
+        old, scenario = self.controller, self.running
+        if old is None:
+            raise RuntimeError("no controller to restart")
+        assert scenario.secret_file is not None   # written before the controller first started
         if kill:
             old.kill()
         else:
             old.stop()
-        self.controller = ControllerProcess(self.of_port, self.scenario.mgmt.root_ip, self.rest_port,
-                                            self.scenario.secret_file, old.log_path,
+        self.controller = ControllerProcess(self.of_port, scenario.mgmt.root_ip, self.rest_port,
+                                            scenario.secret_file, old.log_path,
                                             old.argv[old.argv.index("--secret-file") + 2:]).start()
         time.sleep(1.0)
         self.announce()
@@ -187,13 +207,14 @@ class MetaFlowNet:
         """Every client host runs `mininet_scenarios.workload` on its own share
         of paths, appending acknowledged writes to `workdir/<client>.jsonl`."""
         procs = []
+        scenario = self.running
         for node in self.hosts("client"):
             argv = [sys.executable, "-m", "mininet_scenarios.workload", "--client", node,
                     "--files", str(files_each), "--start", str(start), "--concurrency", str(concurrency),
-                    "--acked", str(workdir / f"{node}.jsonl"), "--space", self.scenario.space]
+                    "--acked", str(workdir / f"{node}.jsonl"), "--space", scenario.space]
             if not read_back:
                 argv.append("--no-read-back")
-            procs.append(subprocess.Popen(self.scenario.ns(node).command(*argv), cwd=ROOT,
+            procs.append(subprocess.Popen(scenario.ns(node).command(*argv), cwd=ROOT,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         return procs
 
@@ -225,8 +246,9 @@ class MetaFlowNet:
         gone = {p for p, r in acked.items() if any(b.contains(r["mdid"]) for b in lost)}
         check = workdir / "check.json"
         check.write_text(json.dumps({p: r["digest"] for p, r in acked.items() if p not in gone}))
-        out = self.scenario.ns(self.hosts("client")[0]).run(
-            sys.executable, "-m", "mininet_scenarios.verify", str(check), "--space", self.scenario.space,
+        scenario = self.running
+        out = scenario.ns(self.hosts("client")[0]).run(
+            sys.executable, "-m", "mininet_scenarios.verify", str(check), "--space", scenario.space,
             cwd=ROOT, check=False, timeout=600)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         result.update(acked=len(acked), lost_with_killed_server=len(gone))
@@ -234,7 +256,7 @@ class MetaFlowNet:
 
     def dump_flows(self, switch: str) -> str:
         """What one OVS bridge really holds (`ovs-ofctl -O OpenFlow10 dump-flows`)."""
-        return ofdump.dump(self.scenario.topo.names[switch])
+        return ofdump.dump(self.running.topo.names[switch])
 
     def real_network(self) -> tuple[FakeNetwork, dict[str, list[Block]], list[str]]:
         """A fake network of the entries the switches really hold, on the fabric
@@ -246,7 +268,7 @@ class MetaFlowNet:
         hosts = [(storage.get(h.ip, f"h{h.ip}"), h.dpid, h.port, h.mac, h.ip,
                   "storage" if h.ip in storage else "client") for h in topo.hosts]
         graph = discovered_graph([s.dpid for s in topo.switches], topo.links, hosts)
-        _, _, fabric = map_topology(graph, Block.parse(self.scenario.space))
+        _, _, fabric = map_topology(graph, Block.parse(self.running.space))
         tables = {}
         for node, data in self.graph.nodes(data=True):
             if data.get("kind") == "switch":
@@ -255,10 +277,10 @@ class MetaFlowNet:
         clients = [h[0] for h in hosts if h[5] == "client"]
         return FakeNetwork(fabric, tables), blocks, clients
 
-    def flow_counts(self) -> dict[str, dict[str, int]]:
+    def flow_counts(self) -> dict[str, FlowCounts]:
         """Per switch, as OVS reports them: MetaFlow prefix entries (priority
         >= 2000; one per prefix, not per protocol), up-rules, host routes."""
-        out = {}
+        out: dict[str, FlowCounts] = {}
         for node, data in self.graph.nodes(data=True):
             if data.get("kind") != "switch":
                 continue

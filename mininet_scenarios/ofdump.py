@@ -38,6 +38,8 @@ def parse_dump(text: str) -> Table:
         actions = line.split("actions=", 1)[1]
         set_dst = _SET_DST.search(actions)
         port = _OUTPUT.search(actions)
+        if port is None:   # e.g. "actions=drop": not an entry the controller installs
+            raise ValueError(f"MetaFlow entry without an output port: {line}")
         entry = FlowEntry(priority, prefix, int(port.group(1)), set_dst.group(1) if set_dst else None)
         table[entry.match] = entry
     return table

@@ -152,6 +152,8 @@ class Scenario:
 
     def host(self, node: str) -> Host:
         """The Mininet host for builder host `node`."""
+        if self.net is None:
+            raise RuntimeError(f"scenario {self.prefix} has no network: bring it up with `with`")
         return self.net[self.topo.names[node]]
 
     def ns(self, node: str) -> HostNamespace:
@@ -176,19 +178,19 @@ class Scenario:
 
     def _bring_up(self) -> None:
         _preflight()
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-"))
-        self.secret_file = write_secret(self.workdir / "cluster.secret")
+        workdir = self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-"))
+        secret_file = self.secret_file = write_secret(workdir / "cluster.secret")
         with self._timed("mgmt"):
             self.mgmt.up()
         if self.start_controller is not None:
             with self._timed("controller"):
                 self._stop_controller = self.start_controller(self)
         with self._timed("build"):
-            self._build()
+            net = self._build()
         with self._timed("switches"):
-            self.net.start()
-            if self.controller is not None and not self.net.waitConnected(self.connect_timeout):
-                stray = [s.name for s in self.net.switches if not s.connected()]
+            net.start()
+            if self.controller is not None and not net.waitConnected(self.connect_timeout):
+                stray = [s.name for s in net.switches if not s.connected()]
                 raise RuntimeError(f"switches {stray} did not connect to the controller at "
                                    f"{self.controller[0]}:{self.controller[1]} in {self.connect_timeout} s")
         with self._timed("routes"):
@@ -196,16 +198,16 @@ class Scenario:
                 self.ns(node).run("ip", "route", "add", self.space, "via", self.gateway,
                                   "dev", self.host(node).defaultIntf().name)
         with self._timed("agents"):
-            self._start_agents()
+            self._start_agents(workdir, secret_file)
 
-    def _build(self) -> None:
+    def _build(self) -> Mininet:
         switch = partial(OVSSwitch, datapath="user", protocols="OpenFlow10", failMode=self.fail_mode)
-        self.net = Mininet(topo=self.topo, switch=switch, host=Host, link=OVSLink, controller=None, build=False,
-                           autoSetMacs=False, autoStaticArp=False, cleanup=False)
+        net = self.net = Mininet(topo=self.topo, switch=switch, host=Host, link=OVSLink, controller=None,
+                                 build=False, autoSetMacs=False, autoStaticArp=False, cleanup=False)
         if self.controller is not None:
             ip, port = self.controller
-            self.net.addController(f"{self.prefix}c", controller=RemoteController, ip=ip, port=port)
-        self.net.build()
+            net.addController(f"{self.prefix}c", controller=RemoteController, ip=ip, port=port)
+        net.build()
         for node in builders.hosts(self.graph):
             host, ns = self.host(node), self.ns(node)
             self.netns_inodes.append(netns_inode(host.pid))
@@ -213,17 +215,19 @@ class Scenario:
             ns.run("sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
                    "net.ipv6.conf.default.disable_ipv6=1")
             self.mgmt_ips[node] = self.mgmt.attach(ns, host_number(self.graph, node))
+        return net
 
-    def _start_agents(self) -> None:
-        controller = ["--controller", f"http://{self.mgmt.root_ip}:{self.rest_port}"] if self.rest_port else []
+    def _start_agents(self, workdir: Path, secret_file: Path) -> None:
+        controller = (["--controller", f"http://{self.mgmt.root_ip}:{self.rest_port}"]
+                      if self.rest_port else [])
         for node in builders.storage_hosts(self.graph):
             name = self.topo.names[node]
-            store = STORES[self.store].format(dir=self.workdir / name)
+            store = STORES[self.store].format(dir=workdir / name)
             self.agents[node] = AgentProcess(
                 store, "--data-ip", self.graph.nodes[node]["ip"], "--space", self.space, *controller,
                 *self.agent_args, name=name, rewrite=self.rewrite, host="0.0.0.0", port=METAFLOW_PORT,
                 admin_host=self.mgmt_ips[node], admin_port=ADMIN_PORT, netns=self.ns(node),
-                admin_from_here=True, log_path=self.workdir / f"{name}.log", secret_file=self.secret_file)
+                admin_from_here=True, log_path=workdir / f"{name}.log", secret_file=secret_file)
             self.agents[node].launch()
         deadline = time.monotonic() + self.agent_timeout
         for agent in self.agents.values():
@@ -247,11 +251,12 @@ class Scenario:
         self._closed = True
         failures: list[str] = []
         with SignalsHeld() as held, self._timed("teardown"):
-            steps: list[tuple[str, Callable[[], object]]] = [("stop agents", lambda: self._stop_agents(failures))]
+            steps: list[tuple[str, Callable[[], object]]] = [
+                ("stop agents", lambda: self._stop_agents(failures))]
             if self._stop_controller is not None:
                 steps.append(("stop controller", self._stop_controller))
             if self.net is not None:
-                steps.append(("stop Mininet", self._stop_mininet))
+                steps.append(("stop Mininet", partial(_stop_mininet, self.net)))
             steps += [("remove management network", self.mgmt.close),
                       ("sweep", self._sweep)]
             if self.workdir is not None:
@@ -275,27 +280,13 @@ class Scenario:
         for agent in self.agents.values():
             agent.terminate()
         for node, agent in self.agents.items():
+            code: int | str
             try:
                 code = agent.stop()
             except subprocess.TimeoutExpired:
                 code = "timeout (killed)"
             if code != 0:
                 failures.append(f"agent {agent.name} ({node}) exited with {code}: {agent.log()[-1000:]}")
-
-    def _stop_mininet(self) -> None:
-        """`Mininet.stop`, then every node's shell by its PID, whatever `stop` did.
-
-        The RemoteController node's `stop` is a no-op, so Mininet would leave
-        its bash running; and after an interrupt in the middle of a node's
-        ``cmd`` that node's shell refuses further commands, so `stop` fails
-        halfway. `terminate` only signals (idempotent); `sweep` then removes
-        bridges and links `stop` did not get to.
-        """
-        try:
-            self.net.stop()
-        finally:
-            for node in (*self.net.hosts, *self.net.switches, *self.net.controllers):
-                node.terminate()
 
     def _sweep(self) -> None:
         removed = sweep(self.prefix)
@@ -309,6 +300,22 @@ class Scenario:
             yield
         finally:
             self.timings[phase] = round(time.monotonic() - start, 3)
+
+
+def _stop_mininet(net: Mininet) -> None:
+    """`Mininet.stop`, then every node's shell by its PID, whatever `stop` did.
+
+    The RemoteController node's `stop` is a no-op, so Mininet would leave
+    its bash running; and after an interrupt in the middle of a node's
+    ``cmd`` that node's shell refuses further commands, so `stop` fails
+    halfway. `terminate` only signals (idempotent); `sweep` then removes
+    bridges and links `stop` did not get to.
+    """
+    try:
+        net.stop()
+    finally:
+        for node in (*net.hosts, *net.switches, *net.controllers):
+            node.terminate()
 
 
 def _preflight() -> None:

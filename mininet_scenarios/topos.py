@@ -56,7 +56,7 @@ class GraphTopo(Topo):
     Every Mininet node carries its builder name as the ``graph_name`` param.
     """
 
-    def build(self, graph: nx.Graph, prefix: str = DEFAULT_PREFIX) -> None:  # type: ignore[override]
+    def build(self, graph: nx.Graph, prefix: str = DEFAULT_PREFIX) -> None:
         check_prefix(prefix)
         self.source = graph
         self.prefix = prefix
