@@ -45,7 +45,8 @@ _FORGED_ARP = """
 import sys
 from scapy.all import ARP, Ether, sendp
 ip, mac, iface = sys.argv[1:4]
-frame = Ether(src=mac, dst="ff:ff:ff:ff:ff:ff") / ARP(op=2, psrc=ip, hwsrc=mac, pdst=ip, hwdst="ff:ff:ff:ff:ff:ff")
+frame = (Ether(src=mac, dst="ff:ff:ff:ff:ff:ff")
+         / ARP(op=2, psrc=ip, hwsrc=mac, pdst=ip, hwdst="ff:ff:ff:ff:ff:ff"))
 sendp(frame, iface=iface, count=3, inter=0.2, verbose=False)
 """
 

@@ -184,7 +184,8 @@ def _openflow_endpoint(port: int, started: list[subprocess.Popen]):
         deadline = time.monotonic() + 15
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"OpenFlow endpoint exited: {proc.stderr.read()[-2000:]}")
+                _, stderr = proc.communicate()
+                raise RuntimeError(f"OpenFlow endpoint exited: {stderr[-2000:]}")
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                 break
@@ -192,7 +193,11 @@ def _openflow_endpoint(port: int, started: list[subprocess.Popen]):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        return lambda: (proc.terminate(), proc.wait(10))
+
+        def stop() -> None:
+            proc.terminate()
+            proc.wait(10)
+        return stop
     return start
 
 
@@ -202,8 +207,8 @@ def test_secure_mode_connects_to_the_controller_the_hook_started():
     graph = builders.two_tier(core=1, edges=2, servers_per_edge=1)
     port, started = free_port(), []
     try:
-        with Scenario(graph, controller=("127.0.0.1", port), start_controller=_openflow_endpoint(port, started),
-                      connect_timeout=15) as sc:
+        with Scenario(graph, controller=("127.0.0.1", port),
+                      start_controller=_openflow_endpoint(port, started), connect_timeout=15) as sc:
             for switch in builders.switches(graph):
                 name = sc.topo.names[switch]
                 assert _vsctl("get", "Bridge", name, "fail_mode") == "secure"

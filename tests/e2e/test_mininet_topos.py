@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import networkx as nx
 import pytest
@@ -50,7 +51,8 @@ def builder_discovered(g: nx.Graph) -> nx.Graph:
     for h in builders.hosts(g):
         (switch,) = g[h]
         data = g.nodes[h]
-        hosts.append((data["ip"], dpid[switch], builders.port(g, switch, h), data["mac"], data["ip"], data["role"]))
+        hosts.append((data["ip"], dpid[switch], builders.port(g, switch, h), data["mac"], data["ip"],
+                      data["role"]))
     return discovered_graph(dpid.values(), links, hosts)
 
 
@@ -72,7 +74,8 @@ def test_mininet_records_dpids_ports_and_host_params(name):
     topo = GraphTopo(g, prefix="mf")
     for switch in builders.switches(g):
         info = topo.nodeInfo(topo.names[switch])
-        assert re.fullmatch(r"[0-9a-f]{16}", info["dpid"]) and int(info["dpid"], 16) == g.nodes[switch]["dpid"]
+        assert re.fullmatch(r"[0-9a-f]{16}", info["dpid"])
+        assert int(info["dpid"], 16) == g.nodes[switch]["dpid"]
     for host in builders.hosts(g):
         info = topo.nodeInfo(topo.names[host])
         data = g.nodes[host]
@@ -101,9 +104,9 @@ def test_names_too_long_for_interfaces_are_refused():
         FatTreeTopo(4, prefix="mf-1")
 
 
-def test_mn_custom_file_builds_the_same_topologies():
+def test_mn_custom_file_builds_the_same_topologies() -> None:
     """`mn --custom topos.py --topo ...` execs the file into a dict and calls buildTopo."""
-    customs: dict = {}
+    customs: dict[str, Any] = {}
     exec(compile(TOPOS_FILE.read_text(), str(TOPOS_FILE), "exec"), customs, customs)
     cases = {
         "fattree,4,prefix=mx": builders.fat_tree(4),
