@@ -163,7 +163,8 @@ class Verifier:
         if not hmac.compare_digest(sig, want):
             raise AuthError(f"{method} {path}: bad signature (a different secret?)", 401)
         if self._authority is not None and host != self._authority:
-            raise AuthError(f"{method} {path}: signed for {host}, not for this server ({self._authority})", 401)
+            raise AuthError(f"{method} {path}: signed for {host}, "
+                            f"not for this server ({self._authority})", 401)
         now = self._clock()
         if abs(now - int(ts)) > self._window:
             raise AuthError(f"{method} {path}: timestamp {ts} is more than {self._window:g} s "
