@@ -54,7 +54,6 @@ from client_lib.api.rest import REST
 from client_lib.constants import LOOKUP_PORT
 from mininet_scenarios.daemons import ROOT
 from mininet_scenarios.metaflow_net import MetaFlowNet
-from mininet_scenarios.scenario import Scenario
 from topology import builders
 
 OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
@@ -116,7 +115,7 @@ class ClientFleet:
                     "--membership", str(membership), "--entries", str(cfg.entries), "--seed", str(cfg.seed),
                     "--get-fraction", str(cfg.get_fraction), "--zipf", str(cfg.zipf),
                     "--mdtest-files", str(cfg.mdtest_files), *(["--reuse"] if cfg.reuse else [])]
-            self.procs[node] = subprocess.Popen(_scenario(mf).ns(node).command(*argv), cwd=ROOT, text=True,
+            self.procs[node] = subprocess.Popen(mf.running.ns(node).command(*argv), cwd=ROOT, text=True,
                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                 stderr=open(self.logdir / f"{node}.err", "w"))
         for node in self.procs:
@@ -167,10 +166,10 @@ class LookupFleet:
         for node, name in names.items():
             argv = [sys.executable, "-m", "benchmarks.baselines.lookupd", "--name", name,
                     "--membership", str(membership), "--listen", f"0.0.0.0:{LOOKUP_PORT}"]
-            self.procs[name] = subprocess.Popen(_scenario(mf).ns(node).command(*argv), cwd=ROOT, text=True,
+            self.procs[name] = subprocess.Popen(mf.running.ns(node).command(*argv), cwd=ROOT, text=True,
                                                 stdout=subprocess.PIPE,
                                                 stderr=open(membership.parent / f"lookupd-{name}.err", "w"))
-            self.mgmt[name] = f"{_scenario(mf).mgmt_ips[node]}:{LOOKUP_PORT}"
+            self.mgmt[name] = f"{mf.running.mgmt_ips[node]}:{LOOKUP_PORT}"
         for name, proc in self.procs.items():
             if not _pipe(proc.stdout).readline().startswith("ready"):
                 raise RuntimeError(f"lookupd {name} did not start (exit {proc.poll()})")
@@ -206,12 +205,6 @@ class LookupFleet:
         return failures
 
 
-def _scenario(mf: MetaFlowNet) -> Scenario:
-    if mf.scenario is None:
-        raise RuntimeError("the MetaFlow network is not running")
-    return mf.scenario
-
-
 def _pipe(stream: IO[str] | None) -> IO[str]:
     """A pipe a fleet opened (Popen types every stream as optional)."""
     if stream is None:
@@ -223,7 +216,7 @@ def write_membership(mf: MetaFlowNet, path: Path) -> tuple[Membership, dict[str,
     """The partition as the controller built it, plus where each lookupd
     listens; returns it and storage host node -> server name."""
     servers = mf.view(REST.servers).servers
-    scenario = _scenario(mf)
+    scenario = mf.running
     names = {node: scenario.topo.names[node] for node in mf.hosts("storage")}
     ordered = sorted(servers)
     data = {"space": scenario.space, "coordinator": ordered[0], "group_size": group_size_for(len(ordered)),
@@ -412,7 +405,7 @@ def run_bench(cfg: BenchConfig, show_progress: bool = True, keep: Path | None = 
                         raise RuntimeError(f"loading failed: {[r['error_sample'] for r in loaded]}")
                     load_ghba_filters(lookups, members, cfg)
                     ovs = [int(OVS_PIDFILE.read_text())] if OVS_PIDFILE.exists() else []
-                    meter = CpuMeter({"storage": [pid_of(a.proc) for a in _scenario(mf).agents.values()],
+                    meter = CpuMeter({"storage": [pid_of(a.proc) for a in mf.running.agents.values()],
                                       "lookup": lookups.pids, "client": clients.pids, "ovs": ovs})
                     sweep = Sweep(clients, meter, cfg, progress)
                     sweep.sweep()

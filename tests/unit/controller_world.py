@@ -190,7 +190,7 @@ class FakeAgent:
 
     # the admin API: one method per route, named after it
     def _health(self, _: None) -> Health:
-        return Health("ok", self.name, "fake", SPACE, self.ip, self.mac, 9000, self.url, 100,
+        return Health("ok", self.name, "fake", SPACE, self.ip, self.mac, METAFLOW_PORT, self.url, 100,
                       len(self.records), self.ownership.owned, self.ownership.frozen, sorted(self.imports),
                       0.0)
 
@@ -212,7 +212,7 @@ class FakeAgent:
             if block not in kept and not self.ownership.owns_all([block]):
                 self._drop(block)
         added = self.ownership.own(body.blocks)
-        return OwnReply(self.ownership.owned, added, f"{self.ip}:9000")
+        return OwnReply(self.ownership.owned, added, f"{self.ip}:{METAFLOW_PORT}")
 
     def _disown(self, body: Any) -> DisownReply:
         released = self.ownership.disown(body.blocks, body.moved_to)
@@ -268,7 +268,7 @@ class FakeAgent:
             self._abort_migration(m)
             raise ApiError(f"migration {id} aborted: cut-over failed", 502)
         target._own(OwnRequest(m.blocks, m.id))
-        self.ownership.disown(m.blocks, f"{target.ip}:9000")
+        self.ownership.disown(m.blocks, f"{target.ip}:{METAFLOW_PORT}")
         for block in m.blocks:
             self._drop(block)
         m.state = "committed"
@@ -476,8 +476,9 @@ class World:
 
     def register(self, agent: FakeAgent) -> Any:
         reply = next(self.ids)
-        self.post(Register(reply, Registration(agent.name, agent.ip, agent.mac, 9000, agent.url, "fake",
-                                               100, SPACE, agent.ownership.owned)))
+        registration = Registration(agent.name, agent.ip, agent.mac, METAFLOW_PORT, agent.url, "fake",
+                                    100, SPACE, agent.ownership.owned)
+        self.post(Register(reply, registration))
         self.run()
         return self.answers[reply]
 

@@ -10,6 +10,7 @@ import pytest
 
 from btree.tree import State
 from client_lib.api.rest import Outcome, Registered, Registration
+from client_lib.constants import METAFLOW_PORT
 from client_lib.errors import Conflict, NotFound
 from controller.steps import (
     CallAgent,
@@ -203,14 +204,14 @@ def test_a_name_cannot_be_taken_over_by_re_registering(built: World) -> None:
     agent = next(iter(built.agents.values()))
     assert isinstance(built.register(agent), Registered)   # the same identity may re-register
     reply = "hijack"
-    hijack = Registration(agent.name, agent.ip, agent.mac, 9000, "http://attacker:9001", "fake", 100,
+    hijack = Registration(agent.name, agent.ip, agent.mac, METAFLOW_PORT, "http://attacker:9001", "fake", 100,
                           SPACE, [])
     from controller.steps import Register
     built.post(Register(reply, hijack))
     built.run()
     assert isinstance(built.answers[reply], Conflict)
     other = list(built.agents.values())[1]
-    built.post(Register("steal-ip", Registration("newcomer", other.ip, "02:00:00:00:00:99", 9000,
+    built.post(Register("steal-ip", Registration("newcomer", other.ip, "02:00:00:00:00:99", METAFLOW_PORT,
                                                  "http://newcomer:9001", "fake", 100, SPACE, [])))
     built.run()
     assert isinstance(built.answers["steal-ip"], Conflict)

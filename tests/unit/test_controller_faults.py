@@ -56,7 +56,32 @@ def _failover(world: World) -> tuple[Callable[[], object], str]:
     return (lambda: world.cut(victim)), victim
 
 
-OPERATIONS = {"split": _split, "failover": _failover}
+def _split_far(world: World) -> tuple[Callable[[], object], str]:
+    """A split whose target is under another edge switch (the source's
+    neighbour has failed), so its flows change on several switches at once."""
+    tree = world.tree
+    source = tree.leaves_in(State.BUSY)[0]
+    neighbours = [leaf for leaf in tree.children(tree.parent(source) or "") if leaf != source]
+    for leaf in neighbours:
+        world.agents[leaf].dead = True
+        world.cut(leaf)
+    world.run()
+    return (lambda: world.post(SplitNow("outcome", source))), source
+
+
+def _failover_far(world: World) -> tuple[Callable[[], object], str]:
+    """A fail-over whose successor is under another edge switch."""
+    tree = world.tree
+    victim = tree.leaves_in(State.BUSY)[1]
+    for leaf in [leaf for leaf in tree.children(tree.parent(victim) or "") if leaf != victim]:
+        world.agents[leaf].dead = True
+        world.cut(leaf)
+    world.run()
+    return (lambda: world.cut(victim)), victim
+
+
+OPERATIONS = {"split": _split, "split-far": _split_far, "failover": _failover,
+              "failover-far": _failover_far}
 
 
 def _prepared(operation: str) -> tuple[World, Callable[[], object], str, dict[int, bytes]]:
@@ -92,6 +117,7 @@ CASES = _cases()
 def test_every_operation_has_steps_to_break() -> None:
     kinds = {op: _clean_steps(op) for op in OPERATIONS}
     assert kinds["split"].count("agent") >= 3 and "switch" in kinds["split"]
+    assert kinds["split-far"].count("switch") >= 3 and kinds["failover-far"].count("switch") >= 3
     assert kinds["failover"].count("agent") >= 2 and "switch" in kinds["failover"]
 
 
