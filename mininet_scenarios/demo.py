@@ -19,6 +19,7 @@ times, and a summary; leaves nothing behind.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from client_lib.api.rest import REST
 from client_lib.cidr import Block
+from mininet_scenarios.daemons import ROOT
 from mininet_scenarios.metaflow_net import FlowCounts, MetaFlowNet
 from topology import builders
 
@@ -45,10 +47,22 @@ def _print_flows(mf: MetaFlowNet, title: str) -> dict[str, FlowCounts]:
     return counts
 
 
-def run(args: argparse.Namespace) -> int:
+def _print_status(mf: MetaFlowNet) -> None:
+    """What an operator sees: `metaflowctl status`, signed with the cluster's secret."""
+    secret = mf.running.secret_file
+    assert mf.api is not None and secret is not None
+    _say(f"\n$ metaflowctl status --controller {mf.api.base_url} --secret-file {secret.name} --events 3")
+    out = subprocess.run([sys.executable, "-m", "controller.ctl", "status", "--controller", mf.api.base_url,
+                          "--secret-file", str(secret), "--events", "3"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    _say(out.stdout.rstrip() if out.returncode == 0 else f"  status failed ({out.returncode}): {out.stderr}")
+
+
+def run(args: argparse.Namespace, workdir: Path) -> int:
+    """The demo; `workdir` holds the clients' records of acknowledged writes
+    and the controller's log while it runs."""
     started = time.monotonic()
     graph = builders.fat_tree(4, servers=8)
-    workdir = Path(tempfile.mkdtemp(prefix="mfdemo"))
     _say(f"MetaFlow demo: k=4 fat-tree, 8 storage servers ({args.store}), 8 clients, "
          f"{args.files} files, capacity {args.capacity} keys per server")
     with MetaFlowNet(graph, capacity=args.capacity, store=args.store, workdir=workdir,
@@ -67,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
                  f"{s['flow_mods']} flow mods on {s['switches']} switches, copy {s['copy_s']} s, "
                  f"flows+barrier {s['flows_s']} s, total {s['total_s']} s")
         counts = _print_flows(mf, "after the splits")
+        _print_status(mf)
         servers = mf.view(REST.servers).servers
         victim = max((n for n, s in servers.items() if s.state == "busy"), key=lambda n: servers[n].keys)
         _say(f"\nphase 2: killing server {victim} ({servers[victim].keys} keys) while clients keep writing")
@@ -131,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", type=int, default=20_000, help="files written in phase 1")
     p.add_argument("--capacity", type=int, default=5000, help="keys per server before it splits")
     p.add_argument("--store", choices=("leveldb", "redis"), default="leveldb")
-    return run(p.parse_args(argv))
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="mfdemo") as workdir:
+        return run(args, Path(workdir))
 
 
 if __name__ == "__main__":
