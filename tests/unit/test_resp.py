@@ -149,7 +149,8 @@ command_st = st.tuples(st.sampled_from([b"GET", b"SET", b"set", b"DEL"]),
 
 @given(st.lists(st.tuples(command_st, st.booleans()), min_size=1, max_size=6),
        st.lists(st.integers(1, 60), max_size=40))
-def test_refusals_and_blank_lines_survive_any_chunking(commands, chunks):
+def test_refusals_and_blank_lines_survive_any_chunking(commands: list[tuple[tuple[bytes, list[bytes]], bool]],
+                                                        chunks: list[int]) -> None:
     """However the stream is cut, each command comes out whole, or is refused
     (at its first oversized argument), in order; blank lines vanish."""
     stream = b"".join(encode_command(name, *args) + (b"\r\n" if blank else b"")
@@ -158,7 +159,7 @@ def test_refusals_and_blank_lines_survive_any_chunking(commands, chunks):
     for (name, args), _ in commands:
         too_big = [i for i, arg in enumerate([name, *args]) if len(arg) > _key_limit(name, i)]
         expected.append(("refused", too_big[0]) if too_big else [name, *args])
-    parser, got, pos = RespParser(limit=_key_limit), [], 0
+    parser, got, pos = RespParser(limit=_key_limit), list[object](), 0
     for size in chunks + [len(stream)]:
         parser.feed(stream[pos:pos + size])
         pos += size
