@@ -26,6 +26,14 @@ REST_PORT: Final = 8080
 OPENFLOW_PORT: Final = 6653
 """Where switches reach the controller (OpenFlow 1.0)."""
 
+REPLICATION_PORT: Final = 9002
+"""Replication between agents (RESP, authenticated with the cluster's
+secret), on the management address: a primary streams every write to its
+backups here before it acknowledges it."""
+
+DEFAULT_REPLICAS: Final = 2
+"""Copies of every block (the controller's --replicas); 1 is no replication."""
+
 LOOKUP_PORT: Final = 9100
 """The baselines' lookup daemon (`metaflow-lookupd`), benchmarks only."""
 

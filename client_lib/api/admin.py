@@ -1,23 +1,39 @@
 """The agent's admin API (HTTP+JSON, port 9001 on the management address), declared once.
 
-The controller drives ownership and migrations through it, and agents call
-each other's ``/import`` routes to move blocks. The agent serves exactly
-these routes (`nat_agent.admin`); everyone else calls them through
-`client_lib.api.clients`. Every route needs the cluster's signature; the
-ones marked read-only may be opened to unsigned callers with the agent's
-``--open-reads``.
+The controller drives ownership, replication and migrations through it,
+and agents call each other's ``/import`` routes to move blocks. The agent
+serves exactly these routes (`nat_agent.admin`); everyone else calls them
+through `client_lib.api.clients`. Every route needs the cluster's
+signature; the ones marked read-only may be opened to unsigned callers with
+the agent's ``--open-reads``.
+
+Roles. Every block an agent holds has a `Role`: it is the block's primary
+(the one server the switches send the block's IDs to; it answers clients
+while ``serving``) or one of its backups, in the block's replica set at an
+epoch. ``POST /assign`` gives roles; an assignment with an older epoch than
+the one held is refused (409), so a stale decision can never undo a newer
+one. A primary acknowledges a write only once every synced member of the
+set has applied it (over the replication stream, `client_lib.constants.
+REPLICATION_PORT`); a backup applies the stream only from the primary of
+its epoch, which fences a deposed primary.
+
+Re-replication. ``POST /syncs`` asks a primary to bring a new member of a
+block's set up to date: it streams new writes to it at once and copies the
+block's records in the background (throttled); ``GET /syncs`` reports
+progress. A member is ``synced`` once the copy is done.
 
 Migrations, as the sending agent runs them (`nat_agent.migration`):
 
-1. ``POST /migrations`` freezes writes to the blocks, checks that the target
-   answers with the cluster's signature, copies every record to it
-   (``/import/{id}/begin``, ``/records``), and answers once copied. The
-   copied migration holds a lease of ``lease_s`` seconds: if nobody commits
-   or aborts it by then, the agent aborts it by itself and serves the
-   blocks again, so a controller that died never leaves a block frozen.
-2. ``POST /migrations/{id}/commit`` makes the target serve (``/own`` with
-   the migration id), then stops serving and deletes here.
-3. ``POST /migrations/{id}/abort`` unfreezes, and the target discards its copy.
+1. ``POST /migrations`` freezes writes to the blocks, checks that every
+   target answers with the cluster's signature, copies every record to each
+   of them (``/import/{id}/begin``, ``/records``), and answers once copied.
+   The copied migration holds a lease of ``lease_s`` seconds: if nobody
+   commits or aborts it by then, the agent aborts it by itself and serves
+   the blocks again, so a controller that died never leaves a block frozen.
+2. The controller assigns the targets their roles (``/assign`` with the
+   migration id, which keeps the imported records) and moves the flows.
+3. ``POST /migrations/{id}/commit`` then stops serving and deletes here.
+4. ``POST /migrations/{id}/abort`` unfreezes, and the targets discard their copies.
 
 A restarted controller lists ``GET /migrations`` on every agent and
 finishes or aborts what it finds.
@@ -25,13 +41,40 @@ finishes or aborts what it finds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from client_lib.api.route import Route
 from client_lib.cidr import Block
 
 # -- bodies --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Member:
+    """One server of a block's replica set."""
+
+    name: str
+    replication: str
+    """host:port of its replication listener."""
+    synced: bool = True
+    """False while it catches up: it gets every new write, but the primary
+    does not wait for it, and it cannot be promoted."""
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one agent is for one block, in the block's replica set at `epoch`.
+
+    `members` is the whole set, primary first (this agent among them). A
+    primary answers clients only while `serving`: between the fence of a
+    fail-over and the flows that route to it, it holds the role but waits."""
+
+    block: Block
+    epoch: int
+    primary: bool
+    members: list[Member]
+    serving: bool = True
 
 
 @dataclass(frozen=True)
@@ -52,6 +95,9 @@ class Health:
     frozen: list[Block]
     imports: list[str]
     uptime_s: float
+    roles: list[Role] = field(default_factory=list)
+    suspended: bool = False
+    """Restarted and not yet told what to hold: serves nothing."""
 
 
 @dataclass(frozen=True)
@@ -88,17 +134,21 @@ class Stats:
 
 
 @dataclass(frozen=True)
-class OwnRequest:
-    """Serve `blocks`; with `migration`, keep the records that import brought."""
+class AssignRequest:
+    """Take `roles` (a role with an older epoch than the one held for that
+    block: 409, nothing changes). Records already in a newly held block are
+    wiped as stale, unless `migration` brought them. `exclusive`: these are
+    all the roles this agent may hold; drop every other block and delete its
+    records (a restarted controller's word, or a returning server's)."""
 
-    blocks: list[Block]
+    roles: list[Role]
     migration: str | None = None
+    exclusive: bool = False
 
 
 @dataclass(frozen=True)
-class OwnReply:
-    owned: list[Block]
-    added: list[Block]
+class Assigned:
+    roles: list[Role]
     data_address: str | None
 
 
@@ -120,16 +170,15 @@ class DisownReply:
 
 @dataclass(frozen=True)
 class MigrateRequest:
-    """Move `blocks` to the agent whose admin API is `target`.
+    """Copy `blocks` to the agents whose admin APIs are `targets` (the new
+    replica set, primary first).
 
     `lease_s`: seconds the migration may stay copied without a commit or an
-    abort; then it aborts by itself. `commit`: commit at once after the copy (no
-    flows to change in between, e.g. an operator's manual move)."""
+    abort; then it aborts by itself."""
 
     blocks: list[Block]
-    target: str
+    targets: list[str]
     lease_s: float = 60.0
-    commit: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,7 +187,7 @@ class MigrationReport:
 
     id: str
     blocks: list[Block]
-    target: str
+    targets: list[str]
     state: str
     keys: int
     error: str | None
@@ -149,6 +198,35 @@ class MigrationReport:
 @dataclass(frozen=True)
 class MigrationList:
     migrations: list[MigrationReport]
+
+
+@dataclass(frozen=True)
+class SyncRequest:
+    """Bring `member` (in this primary's set for `block` at `epoch`, not yet
+    synced) up to date, copying at most `rate` records a second."""
+
+    block: Block
+    epoch: int
+    member: str
+    rate: int = 5000
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """`state`: copying -> synced | failed (with `error`)."""
+
+    block: Block
+    epoch: int
+    member: str
+    state: str
+    records: int
+    error: str | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SyncList:
+    syncs: list[SyncReport]
 
 
 @dataclass(frozen=True)
@@ -196,7 +274,9 @@ class ADMIN:
     stats: Route[None, Stats] = Route(
         "GET", "/stats", None, Stats, changes=False,
         summary="service and rewrite counters")
-    own = Route("POST", "/own", OwnRequest, OwnReply, changes=True, summary="start serving blocks")
+    assign = Route(
+        "POST", "/assign", AssignRequest, Assigned, changes=True,
+        summary="take roles (primary or backup) in blocks' replica sets")
     disown = Route(
         "POST", "/disown", DisownRequest, DisownReply, changes=True,
         summary="stop serving blocks (and delete their records)")
@@ -211,10 +291,16 @@ class ADMIN:
         summary="freeze blocks and copy them to another agent", waits=True)
     commit: Route[None, MigrationReport] = Route(
         "POST", "/migrations/{id}/commit", None, MigrationReport, changes=True,
-        summary="the target serves; this agent deletes", waits=True)
+        summary="the targets hold the blocks now: stop serving them here and delete", waits=True)
     abort: Route[None, MigrationReport] = Route(
         "POST", "/migrations/{id}/abort", None, MigrationReport, changes=True,
         summary="unfreeze; the target discards its copy")
+    sync = Route(
+        "POST", "/syncs", SyncRequest, SyncReport, changes=True,
+        summary="a primary brings a new member of a block's set up to date (in the background)")
+    syncs: Route[None, SyncList] = Route(
+        "GET", "/syncs", None, SyncList, changes=False,
+        summary="the syncs this primary runs or ran, with their state")
     import_begin = Route(
         "POST", "/import/{id}/begin", ImportBegin, Importing, changes=True,
         summary="receiving side: prepare for blocks")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from client_lib.api.admin import Role
 from client_lib.api.route import Route
 from client_lib.cidr import Block
 
@@ -36,11 +37,24 @@ class Registration:
     capacity: int
     space: Block
     owned: list[Block]
+    replication: str = ""
+    """host:port of its replication listener (where primaries stream to it)."""
+    roles: list[Role] = field(default_factory=list)
+    """What it holds, with epochs: a restarted controller rebuilds from these."""
+    suspended: bool = False
+    """True after the agent restarted: it serves nothing until it is told
+    (`Registered.roles`, or an exclusive ``/assign``), so a server that was
+    declared failed never serves what it saved."""
 
 
 @dataclass(frozen=True)
 class Registered:
     name: str
+    roles: list[Role] | None = None
+    """The roles the agent is to hold, and only those (None: the controller
+    has no word yet, e.g. it is rebuilding; keep what you hold, suspended if
+    suspended, until an exclusive ``/assign``). [] for a server declared
+    failed: it drops everything and rejoins empty."""
 
 
 @dataclass(frozen=True)
