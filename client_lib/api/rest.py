@@ -62,6 +62,10 @@ class Heartbeat:
     keys: int
     owned: list[Block]
     frozen: list[Block]
+    degraded: list[Block] = field(default_factory=list)
+    """Blocks whose primary (this agent) could not get a write acknowledged
+    by a synced member: it answers TRYAGAIN for them until the controller
+    gives the block a newer epoch (re-syncing that member)."""
 
 
 @dataclass(frozen=True)
