@@ -8,12 +8,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # Debian packages the code needs: the Redis store, iptables/conntrack and
 # libnetfilter-queue for the agent's rewrite, redis-cli as a debugging
-# client, a C toolchain for NetfilterQueue's extension, and Mininet with
+# client, a C toolchain for NetfilterQueue's extension, Mininet with
 # Open vSwitch (and ping, which Mininet hosts use) for the emulated fabrics
-# (mininet_scenarios/).
+# (mininet_scenarios/), and strace and mkfs.ext4 for the durability tests
+# (syscall counts, a disk whose power is cut).
 APT_PACKAGES := redis-server redis-tools iptables conntrack iproute2 ethtool \
                 libnetfilter-queue-dev libnetfilter-queue1 build-essential \
-                mininet openvswitch-switch iputils-ping
+                mininet openvswitch-switch iputils-ping strace e2fsprogs
 # Debian's Mininet is a package of the system python3 only. The venv gets a
 # symlink to that one package, not a .pth line for the whole dist-packages
 # directory: a .pth would let every Debian module (an older cryptography,

@@ -43,6 +43,7 @@ from nat_agent.migration import Migrator
 from nat_agent.registration import Registrar
 from nat_agent.rewrite import Rewriter
 from nat_agent.service import MetadataService, ServiceLimits
+from nat_agent.store import DEFAULT_FSYNC, FSYNC_MODES
 from nat_agent.store_spec import open_store
 
 log = logging.getLogger("metaflow.agent")
@@ -69,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store", default="leveldb:./metaflow-data",
                    help="leveldb:DIR (embedded), redis://HOST:PORT[/DB][?prefix=P], "
                         "unix:///SOCK[?db=N], or redis-server:DIR (start our own redis-server)")
+    p.add_argument("--fsync", choices=FSYNC_MODES, default=DEFAULT_FSYNC,
+                   help="what a write waits for before it is acknowledged: always (its own sync), "
+                        "batch (a sync shared with concurrent writes), off (none: a power loss "
+                        "can take the last seconds of writes)")
     p.add_argument("--listen", default=f"0.0.0.0:{METAFLOW_PORT}", help="metadata service address HOST:PORT")
     p.add_argument("--admin", default=f"127.0.0.1:{ADMIN_PORT}",
                    help="admin API address HOST:PORT: this server's management address, never one "
@@ -156,7 +161,7 @@ async def run(args: argparse.Namespace) -> None:
     data_ip, data_mac = _data_address(args)
     name = args.name or f"{socket.gethostname()}-{args.listen[1]}"
     async with contextlib.AsyncExitStack() as undo:
-        store = open_store(args.store, args.space.width)
+        store = open_store(args.store, args.space.width, args.fsync)
         undo.push_async_callback(store.close)
         admin_host, admin_port = args.admin
         identity = Identity(name, data_ip, data_mac, args.listen[1],

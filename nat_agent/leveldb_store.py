@@ -15,23 +15,49 @@ cost is one Python int per record, which a metadata server can afford.
 
 plyvel calls are made synchronously inside the async methods: LevelDB is
 in-process and a call takes microseconds, less than a thread hop would.
+
+Durability (`FsyncMode`). LevelDB hands every write to the kernel before
+the call returns (its log is not buffered in the process), so a killed agent
+loses nothing in any mode; what a power loss takes depends on ``fsync``:
+
+* ``always``: every write is made with LevelDB's ``sync=True`` (an fdatasync
+  of its log), on the event loop, which waits for the disk meanwhile: the
+  simplest promise (nothing else runs between a write and its sync), at one
+  sync per write.
+* ``batch``: writes are made without sync and then wait, by `GroupCommit`,
+  for one sync of the log files, in a worker thread, shared by every write
+  made before it began. A read of a key whose last write is not yet synced
+  waits for that sync too, so no reply shows what a power loss could undo.
+  plyvel has no sync call, and a synced marker write is not enough: when the
+  memtable fills, LevelDB switches to a new log and closes the old one
+  *without* syncing it (db_impl.cc, MakeRoomForWrite), so the marker would
+  sync only the new log while the old one's records wait in the page cache
+  for a background compaction (seen with strace). So the sync is an
+  fdatasync of every ``*.log`` file in the directory (a log that vanished
+  meanwhile had been compacted into a synced table first), plus the
+  directory itself when a new log has appeared since the last sync.
+* ``off``: no sync; the kernel writes the log back within about 30 s.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, cast
 
 import plyvel
 from sortedcontainers import SortedList
 
+from nat_agent.group_commit import GroupCommit
 from nat_agent.store import (
+    DEFAULT_FSYNC,
     Condition,
+    FsyncMode,
     Record,
     Store,
     check_batch,
+    check_fsync,
     check_width,
     condition_holds,
     decode_mdid,
@@ -46,6 +72,8 @@ _RECORDS = b"r"
 _META = b"m"
 _WIDTH_KEY = b"width"
 _STATE_KEY = b"state"
+_LOG_SUFFIX = ".log"
+"""LevelDB's write-ahead logs are ``NNNNNN.log`` (its info log is ``LOG``)."""
 
 
 class LevelDBStore(Store):
@@ -53,7 +81,9 @@ class LevelDBStore(Store):
 
     kind = "leveldb"
 
-    def __init__(self, path: str | os.PathLike[str], width: int) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], width: int, fsync: FsyncMode = DEFAULT_FSYNC
+    ) -> None:
         """Open the directory ``path``, creating it (and its parents) if missing.
 
         Raises ``ValueError`` if the directory holds records of another
@@ -61,7 +91,12 @@ class LevelDBStore(Store):
         """
         check_width(width)
         self.width = width
+        self.fsync = check_fsync(fsync)
         self.path = os.fspath(path)
+        self._sync_each = self.fsync == "always"
+        self._group = (GroupCommit(self._sync_logs, f"LevelDB {self.path}")
+                       if self.fsync == "batch" else None)
+        self._logs_synced: frozenset[str] = frozenset()
         os.makedirs(self.path, exist_ok=True)  # LevelDB creates only the last level
         self._db = plyvel.DB(self.path, create_if_missing=True)
         try:
@@ -84,12 +119,47 @@ class LevelDBStore(Store):
                 f"{self.path} holds {int(stored)}-bit mdids; cannot open it with width {self.width}"
             )
 
+    def _sync_logs(self) -> None:
+        """``batch``'s sync, in a worker thread: every write LevelDB has made
+        so far is on disk when this returns (see the module docstring)."""
+        logs = frozenset(name for name in os.listdir(self.path) if name.endswith(_LOG_SUFFIX))
+        for name in sorted(logs):
+            try:
+                fd = os.open(os.path.join(self.path, name), os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # compacted into a synced table and removed meanwhile
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        if logs - self._logs_synced:  # a new log's directory entry must reach the disk too
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._logs_synced = logs
+
+    async def _durable(self, keys: Iterable[bytes]) -> None:
+        """After a write of ``keys``: wait for the sync that covers it (``batch``)."""
+        if self._group is not None and (written := tuple(keys)):
+            await self._group.durable(self._group.wrote(written))
+
+    async def _settled(self, key: bytes) -> None:
+        """Before answering from ``key``: wait until its last write is synced (``batch``)."""
+        if self._group is not None:
+            await self._group.settled(key)
+
     async def get(self, mdid: int, path: str) -> bytes | None:
-        return cast(bytes | None, self._records.get(record_key(mdid, path, self.width)))
+        key = record_key(mdid, path, self.width)
+        value = cast(bytes | None, self._records.get(key))
+        await self._settled(key)  # read first: a later write has a later ticket
+        return value
 
     async def put(self, mdid: int, path: str, value: bytes) -> None:
         key = record_key(mdid, path, self.width)
         self._write(mdid, key, value, self._records.get(key) is None)
+        await self._durable((key,))
 
     async def put_if(
         self, mdid: int, path: str, value: bytes, when: Condition | None = None
@@ -99,26 +169,33 @@ class LevelDBStore(Store):
         key = record_key(mdid, path, self.width)
         old = cast(bytes | None, self._records.get(key))
         if not condition_holds(when, old is not None):
+            await self._settled(key)
             return False, old
         self._write(mdid, key, value, old is None)
+        await self._durable((key,))
         return True, old
 
     def _write(self, mdid: int, key: bytes, value: bytes, is_new: bool) -> None:
         """Write a record, and count its mdid if it is new."""
-        self._records.put(key, value)
+        self._records.put(key, value, sync=self._sync_each)
         if is_new:
             self._mdids.add(mdid)
 
     async def delete(self, mdid: int, path: str) -> bool:
         key = record_key(mdid, path, self.width)
         if self._records.get(key) is None:
+            await self._settled(key)
             return False
-        self._records.delete(key)
+        self._records.delete(key, sync=self._sync_each)
         self._mdids.remove(mdid)
+        await self._durable((key,))
         return True
 
     async def exists(self, mdid: int, path: str) -> bool:
-        return self._records.get(record_key(mdid, path, self.width)) is not None
+        key = record_key(mdid, path, self.width)
+        found = self._records.get(key) is not None
+        await self._settled(key)
+        return found
 
     async def count(self, first: int, last: int) -> int:
         if key_range(first, last, self.width) is None:
@@ -145,29 +222,31 @@ class LevelDBStore(Store):
         # Encode everything first, so a bad mdid rejects the batch before any write.
         rows = [(record_key(mdid, path, self.width), mdid, value) for mdid, path, value in records]
         new: dict[bytes, int] = {}  # keyed, so a duplicate in the batch counts once
-        with self._records.write_batch(transaction=True) as batch:
+        with self._records.write_batch(transaction=True, sync=self._sync_each) as batch:
             for key, mdid, value in rows:
                 if self._records.get(key) is None:
                     new[key] = mdid
                 batch.put(key, value)
         self._mdids.update(new.values())
+        await self._durable(key for key, _, _ in rows)
 
     async def delete_range(self, first: int, last: int) -> int:
         bounds = key_range(first, last, self.width)
         if bounds is None:
             return 0
-        removed = 0
+        removed: list[bytes] = []
         with (
-            self._records.write_batch(transaction=True) as batch,
+            self._records.write_batch(transaction=True, sync=self._sync_each) as batch,
             self._records.iterator(
                 start=bounds.start, stop=bounds.stop, include_value=False
             ) as keys,
         ):
             for key in keys:
                 batch.delete(key)
-                removed += 1
+                removed.append(key)
         del self._mdids[self._mdids.bisect_left(first) : self._mdids.bisect_right(last)]
-        return removed
+        await self._durable(removed)
+        return len(removed)
 
     async def total(self) -> int:
         return len(self._mdids)
@@ -182,5 +261,11 @@ class LevelDBStore(Store):
         self._meta.put(_STATE_KEY, json.dumps(state, sort_keys=True).encode(), sync=True)
 
     async def close(self) -> None:
-        if not self._db.closed:
-            self._db.close()
+        if self._db.closed:
+            return
+        try:
+            if self._group is not None:
+                await self._group.flush()  # what was written is on disk once closed
+        finally:
+            if not self._db.closed:
+                self._db.close()

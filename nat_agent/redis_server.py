@@ -26,6 +26,7 @@ __all__ = ["RedisServer", "RedisServerError"]
 _MAX_SOCKET_PATH = 107
 _LOG_NAME = "redis.log"
 _LOG_TAIL_LINES = 20
+_APPENDFSYNC = ("always", "everysec", "no")
 
 
 class RedisServerError(RuntimeError):
@@ -38,7 +39,8 @@ class RedisServer:
     ``unix_socket`` is a socket path to listen on; ``port`` a TCP port on
     127.0.0.1, 0 meaning a free one chosen at start. At least one is needed.
     Persistence is append-only (``appendonly yes``, RDB snapshots off), in
-    ``directory``.
+    ``directory``; ``appendfsync`` is Redis's: ``always`` (fsync before any
+    reply that follows a write), ``everysec`` (Redis's default) or ``no``.
     """
 
     def __init__(
@@ -50,9 +52,13 @@ class RedisServer:
         executable: str = "redis-server",
         start_timeout: float = 10.0,
         stop_timeout: float = 10.0,
+        appendfsync: str = "everysec",
     ) -> None:
         if unix_socket is None and port is None:
             raise ValueError("a redis-server needs a unix socket, a TCP port, or both")
+        if appendfsync not in _APPENDFSYNC:
+            raise ValueError(f"appendfsync must be one of {', '.join(_APPENDFSYNC)}, not {appendfsync!r}")
+        self.appendfsync = appendfsync
         # Absolute, because the server runs in `directory` and we do not.
         self.unix_socket = None if unix_socket is None else Path(unix_socket).absolute()
         if self.unix_socket is not None and len(bytes(self.unix_socket)) > _MAX_SOCKET_PATH:
@@ -133,6 +139,7 @@ class RedisServer:
             "--daemonize", "no",
             "--logfile", "",  # stdout, which is our log file
             "--appendonly", "yes",
+            "--appendfsync", self.appendfsync,
             "--save", "",
             "--port", str(self.port or 0),
         ]

@@ -30,6 +30,23 @@ keeps dying (more than `RESTARTS_ALLOWED` times in `RESTART_WINDOW` seconds)
 or cannot be started is not worth retrying: the keeper logs it as critical
 and makes the agent exit with an error, so that whatever supervises the
 agent sees it.
+
+Durability (`FsyncMode`). redis-server, not the agent, holds the data, so a
+killed agent loses nothing. With ``redis-server:DIR`` the mode sets that
+server's ``appendfsync``: ``always`` for both ``always`` and ``batch``,
+because Redis already commits in groups: it appends the writes of one round
+of its event loop to its file, fsyncs once, and only then sends that round's
+replies, so the store's pipelined writes share one sync and no reply shows
+an unsynced write. ``off`` keeps Redis's default ``everysec`` (a background
+fsync each second: a power loss takes about the last second or two).
+
+A ``redis://`` or ``unix://`` server is somebody else's, and the store does
+not reconfigure it: that would silently change the durability and speed of
+its other clients, and would be undone by its next restart unless its
+config file were rewritten too. Unless ``fsync`` is ``off``, the store reads
+its ``appendonly`` and ``appendfsync`` at open and every
+`DURABILITY_CHECK_INTERVAL` seconds, and logs a warning naming what to change
+whenever they fall short (`RedisStore.durability_problem`).
 """
 
 from __future__ import annotations
@@ -45,14 +62,17 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from nat_agent.redis_conn import RedisConnection
+from nat_agent.redis_conn import RedisConnection, RedisReplyError
 from nat_agent.redis_server import RedisServer, RedisServerError
 from nat_agent.store import (
+    DEFAULT_FSYNC,
     Condition,
+    FsyncMode,
     KeyRange,
     Record,
     Store,
     check_batch,
+    check_fsync,
     check_width,
     encode_path,
     key_range,
@@ -60,13 +80,20 @@ from nat_agent.store import (
     split_record_key,
 )
 
-__all__ = ["RESTARTS_ALLOWED", "RESTART_WINDOW", "RedisStore", "ServerKeeper"]
+__all__ = ["DURABILITY_CHECK_INTERVAL", "RESTARTS_ALLOWED", "RESTART_WINDOW", "RedisStore",
+           "ServerKeeper"]
 
 log = logging.getLogger("metaflow.agent.store")
 
 _SOCKET_NAME = "redis.sock"
 _DELETE_BATCH = 1000
 """Records removed per transaction by `RedisStore.delete_range`."""
+
+_APPENDFSYNC: dict[FsyncMode, str] = {"always": "always", "batch": "always", "off": "everysec"}
+"""The ``appendfsync`` an own redis-server runs with, per mode."""
+
+DURABILITY_CHECK_INTERVAL = 10.0
+"""Seconds between two reads of a foreign server's persistence settings."""
 
 RESTARTS_ALLOWED = 3
 RESTART_WINDOW = 60.0
@@ -172,6 +199,7 @@ class RedisStore(Store):
     """Records in a redis-server reached through ``conn``.
 
     ``server``, if given, is a redis-server this store owns and stops on close.
+    ``fsync`` is only recorded here; `connect` and `with_own_server` act on it.
     """
 
     kind = "redis"
@@ -183,9 +211,11 @@ class RedisStore(Store):
         *,
         prefix: bytes = b"",
         server: RedisServer | None = None,
+        fsync: FsyncMode = DEFAULT_FSYNC,
     ) -> None:
         check_width(width)
         self.width = width
+        self.fsync = check_fsync(fsync)
         self.prefix = prefix
         self.server = server
         self._conn = conn
@@ -194,6 +224,9 @@ class RedisStore(Store):
         self._values = prefix + b"k:"
         self._closed = False
         self.keeper: ServerKeeper | None = None
+        self.durability_problem: str | None = None
+        """Why a foreign server's settings fall short of ``fsync``, as last read."""
+        self._durability_watch: asyncio.Task[None] | None = None
 
     @classmethod
     def connect(
@@ -206,18 +239,27 @@ class RedisStore(Store):
         db: int = 0,
         prefix: bytes = b"",
         server: RedisServer | None = None,
+        fsync: FsyncMode = DEFAULT_FSYNC,
     ) -> RedisStore:
         """A store on an existing server at ``host:port`` or ``unix_socket``.
 
         The connection is made lazily, by the first command, in the running
-        event loop.
+        event loop. Unless the server is ours (``server``) or ``fsync`` is
+        ``off``, its persistence settings are checked from then on.
         """
         conn = RedisConnection(host=host, port=port, unix_socket=unix_socket, db=db)
-        return cls(conn, width, prefix=prefix, server=server)
+        store = cls(conn, width, prefix=prefix, server=server, fsync=fsync)
+        if server is None and store.fsync != "off":
+            store._durability_watch = asyncio.get_running_loop().create_task(store._watch_durability())
+        return store
 
     @classmethod
     def with_own_server(
-        cls, directory: Path, width: int, give_up: Callable[[str], None] = _exit_agent
+        cls,
+        directory: Path,
+        width: int,
+        give_up: Callable[[str], None] = _exit_agent,
+        fsync: FsyncMode = DEFAULT_FSYNC,
     ) -> RedisStore:
         """Start a redis-server in ``directory`` (unix socket only) and store there.
 
@@ -227,8 +269,9 @@ class RedisStore(Store):
         with an error) when it keeps dying.
         """
         check_width(width)
-        server = RedisServer(directory, unix_socket=directory / _SOCKET_NAME).start()
-        store = cls.connect(width, unix_socket=str(server.unix_socket), server=server)
+        appendfsync = _APPENDFSYNC[check_fsync(fsync)]
+        server = RedisServer(directory, unix_socket=directory / _SOCKET_NAME, appendfsync=appendfsync).start()
+        store = cls.connect(width, unix_socket=str(server.unix_socket), server=server, fsync=fsync)
         try:
             store.keeper = ServerKeeper(server, give_up)
         except BaseException:
@@ -366,10 +409,43 @@ class RedisStore(Store):
     async def save_state(self, state: dict[str, Any]) -> None:
         await self._conn.call(b"SET", self._state, json.dumps(state, sort_keys=True).encode())
 
+    async def _watch_durability(self) -> None:
+        """Check a foreign server's persistence now and every interval; warn on
+        each change for the worse. A server that cannot be reached keeps its
+        last verdict: the requests that need it fail on their own."""
+        while True:
+            try:
+                problem = await self._durability_problem()
+            except ConnectionError:
+                problem = self.durability_problem
+            except RedisReplyError as exc:
+                problem = f"its settings cannot be read ({exc}), so its durability is unknown"
+            if problem is not None and problem != self.durability_problem:
+                log.warning("redis at %s: %s", self._conn.address, problem)
+            elif problem is None and self.durability_problem is not None:
+                log.info("redis at %s now persists as --fsync %s needs", self._conn.address, self.fsync)
+            self.durability_problem = problem
+            await asyncio.sleep(DURABILITY_CHECK_INTERVAL)
+
+    async def _durability_problem(self) -> str | None:
+        """What in the server's settings falls short of ``fsync`` (None: nothing)."""
+        reply = cast(list[bytes], await self._conn.call(b"CONFIG", b"GET", b"append*"))
+        settings = dict(zip(reply[::2], reply[1::2], strict=True))
+        fix = f"--fsync {self.fsync} needs appendonly yes and appendfsync always (in its redis.conf)"
+        if settings.get(b"appendonly") != b"yes":
+            return f"appendonly is not yes, so a restart of it loses every record; {fix}"
+        if (appendfsync := settings.get(b"appendfsync")) != b"always":
+            shown = appendfsync.decode(errors="replace") if appendfsync else "unknown"
+            return f"appendfsync is {shown}, so a power loss can take acknowledged writes; {fix}"
+        return None
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._durability_watch is not None:
+            self._durability_watch.cancel()
+            await asyncio.wait({self._durability_watch})
         if self.keeper is not None:
             await self.keeper.close()
         await self._conn.close()

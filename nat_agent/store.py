@@ -19,6 +19,19 @@ though the LevelDB store does its (fast, in-process) work synchronously.
 
 Contract relied on by both stores: a given path always comes with the same
 mdid. (The Redis store keys values by path alone.)
+
+Durability (``--fsync``, `FsyncMode`) is chosen per store when it is opened.
+In every mode a store call that changed something has handed the change to
+the kernel (or to redis-server) before it returns, so killing the agent
+loses nothing; the mode decides what a power loss can take:
+
+* ``always``: each write is on disk (fsync/fdatasync done) before its call
+  returns;
+* ``batch`` (the default): the same promise, by group commit: a write waits
+  for one sync that covers it, and the writes that arrive while a sync is
+  running share the next one;
+* ``off``: nothing waits for the disk; the OS (LevelDB) or redis-server's
+  ``appendfsync everysec`` writes it back later.
 """
 
 from __future__ import annotations
@@ -32,11 +45,15 @@ from typing import Any, ClassVar, Literal
 from client_lib.cidr import WIDTHS
 
 __all__ = [
+    "DEFAULT_FSYNC",
+    "FSYNC_MODES",
+    "FsyncMode",
     "Record",
     "KeyRange",
     "Store",
     "Condition",
     "check_batch",
+    "check_fsync",
     "check_width",
     "condition_holds",
     "decode_mdid",
@@ -53,6 +70,27 @@ Record = tuple[int, str, bytes]
 
 Condition = Literal["absent", "present"]
 """When `Store.put_if` writes: only if the record is absent (SET NX) or present (SET XX)."""
+
+
+FsyncMode = Literal["always", "batch", "off"]
+"""What a store waits for before a write returns (see the module docstring)."""
+
+FSYNC_MODES: tuple[FsyncMode, ...] = ("always", "batch", "off")
+
+DEFAULT_FSYNC: FsyncMode = "batch"
+"""An acknowledged write must survive a power loss, or a file system built on
+this service can lose files' metadata when a room goes dark: replication
+covers one server, not every replica at once. ``batch`` promises what
+``always`` does at the cost of one sync per group of concurrent writes
+instead of one per write, and a lone write waits for one sync either way."""
+
+
+def check_fsync(mode: str) -> FsyncMode:
+    """Validate an ``--fsync`` mode."""
+    for known in FSYNC_MODES:
+        if mode == known:
+            return known
+    raise ValueError(f"fsync mode must be one of {', '.join(FSYNC_MODES)}, not {mode!r}")
 
 
 def condition_holds(when: Condition | None, exists: bool) -> bool:
@@ -144,6 +182,8 @@ class Store(ABC):
     """``"leveldb"`` or ``"redis"``."""
     width: int
     """Bits of an mdid: 32 or 128."""
+    fsync: FsyncMode
+    """What a write waits for before it returns."""
 
     @abstractmethod
     async def get(self, mdid: int, path: str) -> bytes | None:

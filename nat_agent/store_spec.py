@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.redis_store import RedisStore
-from nat_agent.store import Store, check_width, encode_path
+from nat_agent.store import DEFAULT_FSYNC, FsyncMode, Store, check_fsync, check_width, encode_path
 
 __all__ = ["open_store"]
 
@@ -22,8 +22,11 @@ _SPEC_HELP = (
 )
 
 
-def open_store(spec: str, width: int) -> Store:
+def open_store(spec: str, width: int, fsync: FsyncMode = DEFAULT_FSYNC) -> Store:
     """Open the store a spec names; ``ValueError`` for a spec that names none.
+
+    ``fsync`` is what a write waits for (``nat_agent.store`` says what each
+    mode promises, and each store how it keeps the promise).
 
     Specs:
 
@@ -46,23 +49,24 @@ def open_store(spec: str, width: int) -> Store:
     lost; open Redis stores inside the event loop that will use them.
     """
     check_width(width)
+    check_fsync(fsync)
     scheme, sep, rest = spec.partition(":")
     if not sep:
         raise ValueError(f"store spec {spec!r} has no scheme; {_SPEC_HELP}")
     if scheme == "leveldb":
         if not rest:
             raise ValueError(f"store spec {spec!r} names no directory; {_SPEC_HELP}")
-        return LevelDBStore(rest, width)
+        return LevelDBStore(rest, width, fsync)
     if scheme == "redis-server":
         if not rest:
             raise ValueError(f"store spec {spec!r} names no directory; {_SPEC_HELP}")
-        return RedisStore.with_own_server(Path(rest), width)
+        return RedisStore.with_own_server(Path(rest), width, fsync=fsync)
     if scheme in ("redis", "unix"):
-        return _open_redis_url(spec, width)
+        return _open_redis_url(spec, width, fsync)
     raise ValueError(f"unknown store kind {scheme!r} in {spec!r}; {_SPEC_HELP}")
 
 
-def _open_redis_url(spec: str, width: int) -> Store:
+def _open_redis_url(spec: str, width: int, fsync: FsyncMode) -> Store:
     """``redis://`` and ``unix://`` specs: a client of an existing redis-server."""
     url = urlsplit(spec)
     if url.fragment or url.username is not None or url.password is not None:
@@ -84,7 +88,7 @@ def _open_redis_url(spec: str, width: int) -> Store:
         if url.netloc or not url.path:
             raise ValueError(f"store spec {spec!r}: write unix:///absolute/path/to/socket")
         db = _parse_db(options.get("db", "0"), spec)
-        return RedisStore.connect(width, unix_socket=url.path, db=db, prefix=prefix)
+        return RedisStore.connect(width, unix_socket=url.path, db=db, prefix=prefix, fsync=fsync)
 
     if not url.hostname:
         raise ValueError(f"store spec {spec!r} names no host; {_SPEC_HELP}")
@@ -93,7 +97,7 @@ def _open_redis_url(spec: str, width: int) -> Store:
     except ValueError:
         raise ValueError(f"store spec {spec!r} has a bad port; {_SPEC_HELP}") from None
     db = _parse_db(url.path.lstrip("/") or "0", spec)
-    return RedisStore.connect(width, host=url.hostname, port=port, db=db, prefix=prefix)
+    return RedisStore.connect(width, host=url.hostname, port=port, db=db, prefix=prefix, fsync=fsync)
 
 
 def _parse_db(text: str, spec: str) -> int:

@@ -10,53 +10,19 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import time
 from pathlib import Path
 
 import pytest
 
-from client_lib.resp import OK, ErrorReply, Reply, RespParser, encode_command
+from client_lib.resp import OK, ErrorReply
 from mininet_scenarios.daemons import AgentProcess
 from nat_agent.redis_server import RedisServer
 from nat_agent.redis_store import RESTARTS_ALLOWED
+from tests.integration.agent_probe import ask, redis_child, until_ok
 
 SPACE = "100.64.0.0/10"
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def ask(agent: AgentProcess, *command: bytes) -> Reply:
-    """One command on a fresh connection (a closed connection fails the test)."""
-    with socket.create_connection((agent.host, agent.port), timeout=10) as sock:
-        sock.sendall(encode_command(*command))
-        parser = RespParser()
-        while not (reply := parser.next_reply())[0]:
-            data = sock.recv(65536)
-            assert data, f"the agent closed the connection instead of answering {command[0]!r}"
-            parser.feed(data)
-        return reply[1]
-
-
-def until_ok(agent: AgentProcess, *command: bytes, timeout: float = 20) -> list[Reply]:
-    """Repeat a command until it succeeds; returns the failures seen on the way."""
-    failures: list[Reply] = []
-    deadline = time.monotonic() + timeout
-    while isinstance(reply := ask(agent, *command), ErrorReply):
-        failures.append(reply)
-        assert time.monotonic() < deadline, failures[-3:]
-        time.sleep(0.05)
-    return failures
-
-
-def redis_child(agent: AgentProcess) -> int:
-    """The PID of the redis-server the agent started (from any of its threads)."""
-    assert agent.proc is not None
-    for task in Path(f"/proc/{agent.proc.pid}/task").iterdir():
-        for child in map(int, (task / "children").read_text().split()):
-            if b"redis-server" in Path(f"/proc/{child}/cmdline").read_bytes():
-                return child
-    raise AssertionError("the agent runs no redis-server")
 
 
 def test_a_redis_url_store_serves_again_as_soon_as_redis_is_back(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.redis_server import RedisServer, RedisServerError
 from nat_agent.redis_store import RESTART_WINDOW, RESTARTS_ALLOWED, RedisStore
-from nat_agent.store import Record, Store, encode_mdid, encode_path
+from nat_agent.store import DEFAULT_FSYNC, FsyncMode, Record, Store, encode_mdid, encode_path
 from nat_agent.store_spec import open_store
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,6 +38,7 @@ class Backend:
     width: int
     root: str  # a LevelDB parent directory, or a redis:// URL
     prefix: str = ""  # Redis only: the test's own key prefix
+    fsync: FsyncMode = DEFAULT_FSYNC
     _names: itertools.count = field(default_factory=itertools.count)
 
     @property
@@ -52,20 +53,24 @@ class Backend:
 
     def open(self, name: str | None = None) -> Store:
         """A store; call inside the event loop that uses it (Redis binds to it)."""
-        return open_store(self.spec(name), self.width)
+        return open_store(self.spec(name), self.width, self.fsync)
 
 
 @pytest.fixture(
-    params=[("leveldb", 32), ("leveldb", 128), ("redis", 32), ("redis", 128)],
-    ids=lambda p: f"{p[0]}-{p[1]}",
+    # Every kind and width in the default mode; the other LevelDB modes write
+    # differently (synced, or without group commit). A foreign Redis is
+    # written the same way in every mode.
+    params=[("leveldb", 32, DEFAULT_FSYNC), ("leveldb", 128, DEFAULT_FSYNC), ("redis", 32, DEFAULT_FSYNC),
+            ("redis", 128, DEFAULT_FSYNC), ("leveldb", 32, "always"), ("leveldb", 32, "off")],
+    ids=lambda p: f"{p[0]}-{p[1]}-{p[2]}",
 )
 def backend(request: pytest.FixtureRequest, leveldb_path: Path) -> Backend:
-    kind, width = request.param
+    kind, width, fsync = request.param
     if kind == "leveldb":
-        return Backend(kind, width, str(leveldb_path))
+        return Backend(kind, width, str(leveldb_path), fsync=fsync)
     # Looked up lazily so that LevelDB-only runs never start a redis-server.
     url = request.getfixturevalue("redis_server")
-    return Backend(kind, width, url, request.getfixturevalue("redis_prefix"))
+    return Backend(kind, width, url, request.getfixturevalue("redis_prefix"), fsync=fsync)
 
 
 def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -669,3 +674,88 @@ def test_own_redis_server_that_keeps_dying_is_given_up(tmp_path: Path) -> None:
     run(body)
     assert len(reasons) == 1
     assert f"died {RESTARTS_ALLOWED + 1} times within {RESTART_WINDOW:g} s" in reasons[0]
+
+
+# ---------------------------------------------------------------- durability (--fsync)
+
+
+def test_batch_leveldb_answers_only_from_synced_writes(leveldb_path: Path) -> None:
+    """With group commit a write reaches LevelDB before its sync; a read of
+    that key (GET, EXISTS, a SET NX that does not write, a DEL of nothing)
+    waits for the sync, so no reply shows what a power loss could undo."""
+
+    async def body() -> None:
+        store = LevelDBStore(leveldb_path, 32, "batch")
+        async with store:
+            group = store._group
+            assert group is not None
+            await store.put(1, "/clean", b"c")
+            synced = group.syncs
+            assert await store.get(1, "/clean") == b"c"  # nothing pending: no sync asked
+            assert group.syncs == synced
+
+            for read in (lambda: store.get(2, "/new"), lambda: store.exists(2, "/new"),
+                         lambda: store.put_if(2, "/new", b"x", "absent")):
+                writing = asyncio.ensure_future(store.put(2, "/new", b"n"))
+                await asyncio.sleep(0)  # the write is made and waits for its sync
+                before = group.syncs
+                assert await read() in (b"n", True, (False, b"n"))
+                assert group.syncs > before  # the read returned after a sync covering the write
+                await writing
+            deleting = asyncio.ensure_future(store.delete(2, "/new"))
+            await asyncio.sleep(0)
+            before = group.syncs
+            assert await store.delete(2, "/new") is False
+            assert group.syncs > before and await deleting is True
+
+    run(body)
+
+
+def test_own_redis_server_appendfsync_follows_the_mode(tmp_path: Path) -> None:
+    async def appendfsync(mode: FsyncMode) -> bytes:
+        async with open_store(f"redis-server:{tmp_path / mode}", 32, mode) as store:
+            assert isinstance(store, RedisStore) and store.server is not None
+            with redis.Redis(unix_socket_path=str(store.server.unix_socket)) as raw:
+                return bytes(raw.config_get("appendfsync")["appendfsync"].encode())
+
+    assert [asyncio.run(appendfsync(mode)) for mode in ("always", "batch", "off")] == [
+        b"always", b"always", b"everysec"]
+
+
+def test_a_foreign_redis_is_checked_not_reconfigured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A redis:// server belongs to its operator: the store warns when its
+    persistence falls short of --fsync, and sees it fixed, but never changes it."""
+    monkeypatch.setattr("nat_agent.redis_store.DURABILITY_CHECK_INTERVAL", 0.05)
+    with RedisServer(tmp_path / "foreign", port=0) as server, redis.Redis.from_url(server.url) as raw:
+
+        async def body() -> None:
+            async with open_store(f"{server.url}/0", 32, "batch") as store:
+                assert isinstance(store, RedisStore)
+                await _until(lambda: store.durability_problem is not None)
+                assert "appendfsync is everysec" in str(store.durability_problem)
+                assert raw.config_get("appendfsync") == {"appendfsync": "everysec"}  # untouched
+                raw.config_set("appendonly", "no")
+                await _until(lambda: "appendonly is not yes" in str(store.durability_problem))
+                raw.config_set("appendonly", "yes")
+                raw.config_set("appendfsync", "always")  # as its operator would
+                await _until(lambda: store.durability_problem is None)
+            async with open_store(f"{server.url}/0", 32, "off") as relaxed:
+                assert isinstance(relaxed, RedisStore)
+                raw.config_set("appendfsync", "no")
+                await relaxed.put(1, "/x", b"")  # off asks nothing of the server
+                await asyncio.sleep(0.2)
+                assert relaxed.durability_problem is None
+
+        with caplog.at_level("INFO", logger="metaflow.agent.store"):
+            run(body)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("so a power loss can take acknowledged writes" in m for m in messages) == 1
+    assert sum("so a restart of it loses every record" in m for m in messages) == 1
+    assert any("now persists as --fsync batch needs" in m for m in messages)
+
+
+def test_bad_fsync_mode_is_refused(leveldb_path: Path) -> None:
+    with pytest.raises(ValueError, match="fsync mode must be one of always, batch, off"):
+        open_store(f"leveldb:{leveldb_path}", 32, "sometimes")  # type: ignore[arg-type]
+    assert not leveldb_path.exists()
