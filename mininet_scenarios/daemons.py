@@ -6,8 +6,12 @@ port through `client_lib.api.clients`, with the typed bodies of
 `client_lib.api.admin`:
 
     with AgentProcess("leveldb:/tmp/a", own=["100.64.0.0/10"]) as agent:
-        agent.call(ADMIN.own, OwnRequest([Block.parse("100.64.0.0/12")]))
+        role = Role(Block.parse("100.64.0.0/12"), 1, True, [agent.member(), backup.member()])
+        agent.call(ADMIN.assign, AssignRequest([role]))
         agent.call(ADMIN.commit, id=migration_id)
+
+Every agent has its own replication listener (`replication`, a free
+loopback port unless given), so several run side by side on one machine.
 
 Each agent gets a private secret file unless it is given one
 (`secret_file=`; agents that migrate to each other, and the controller of a
@@ -36,7 +40,7 @@ from typing import IO, Any, Protocol, TypeVar
 
 from client_lib import errors
 from client_lib.api import codec
-from client_lib.api.admin import ADMIN
+from client_lib.api.admin import ADMIN, Member
 from client_lib.api.auth import load_secret, write_secret
 from client_lib.api.clients import ApiClient
 from client_lib.api.route import Route
@@ -80,7 +84,7 @@ class AgentProcess:
                  rewrite: str = "none", host: str = "127.0.0.1", admin_host: str = "127.0.0.1",
                  port: int | None = None, admin_port: int | None = None, netns: NetnsLike | None = None,
                  admin_from_here: bool = False, log_path: Path | None = None,
-                 secret_file: Path | None = None) -> None:
+                 secret_file: Path | None = None, replication_port: int | None = None) -> None:
         """`netns` runs the agent inside that network namespace, and every
         admin call too unless `admin_from_here`: then `admin_host` is
         reachable from this process (a management network) and is called
@@ -92,6 +96,7 @@ class AgentProcess:
         self.admin_port = admin_port or free_port()
         self.host = host
         self.admin_url = f"http://{admin_host}:{self.admin_port}"
+        self.replication = f"{admin_host}:{replication_port or free_port()}"
         self.name = name or f"agent{self.port}"
         self.log_path = log_path
         if secret_file is None:
@@ -102,11 +107,15 @@ class AgentProcess:
         self.argv = [*(netns.command() if netns else []), sys.executable, "-m", "nat_agent.daemon",
                      "--name", self.name, "--store", store, "--rewrite", rewrite,
                      "--listen", f"{host}:{self.port}", "--admin", f"{admin_host}:{self.admin_port}",
-                     "--secret-file", str(self.secret_file),
+                     "--replication", self.replication, "--secret-file", str(self.secret_file),
                      *[arg for block in own or [] for arg in ("--own", block)], *extra]
         self.proc: subprocess.Popen[bytes] | None = None
         self._terminated = False
         self._log: IO[bytes] | None = None
+
+    def member(self, synced: bool = True) -> Member:
+        """This agent as a member of a replica set (what a controller assigns)."""
+        return Member(self.name, self.replication, synced)
 
     @property
     def admin(self) -> ApiClient:

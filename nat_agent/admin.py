@@ -1,6 +1,6 @@
 """The agent's admin API: the routes of `client_lib.api.admin` (``ADMIN``), served on aiohttp.
 
-Who calls it: the controller (ownership, migrations), other agents (the
+Who calls it: the controller (roles, syncs, migrations), other agents (the
 ``/import`` routes of a migration), the operator's `metaflowctl`, and tests,
 all through `client_lib.api.clients`. This module is the shim between
 aiohttp and the sans-I/O `Dispatcher`: one catch-all handler reads the
@@ -13,7 +13,8 @@ Authentication (`client_lib.api.auth`): every request must be signed with
 the cluster's secret (``--secret-file``); one that is unsigned, signed
 with another secret, too old or replayed gets 401 and changes nothing.
 With ``--open-reads`` the routes that change nothing (``/health``,
-``/blocks``, ``POST /count``, ``/stats``, ``GET /migrations``) also answer
+``/blocks``, ``POST /count``, ``/stats``, ``GET /migrations``, ``GET
+/syncs``) also answer
 unsigned callers. Responses are signed, so a caller knows it reached an
 agent of its cluster.
 
@@ -25,9 +26,10 @@ one they cannot flood.
 
 Statuses (`client_lib.api.server.status_of`): 400 malformed or impossible
 request, 401 not signed, 404 unknown migration or import, 409 contradicts
-the current ownership (`OwnershipError`) or a migration's state, 502 the
-other agent of a migration failed or is not of this cluster
-(`MigrationError`).
+the current ownership (`OwnershipError`: an assignment older than the epoch
+held, a sync of a block this agent is not the primary of at that epoch) or
+a migration's state, 502 the other agent of a migration failed or is not
+of this cluster (`MigrationError`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from aiohttp import web
 
 from client_lib.api.admin import (
     ADMIN,
+    Assigned,
     BlocksReport,
     Counts,
     Discarded,
@@ -48,29 +51,33 @@ from client_lib.api.admin import (
     ImportProgress,
     MigrationList,
     MigrationReport,
-    OwnReply,
     Stats,
+    SyncList,
+    SyncReport,
 )
 from client_lib.api.auth import Verifier
 from client_lib.api.route import Route
 from client_lib.api.server import MAX_BODY, Call, Dispatcher
 from nat_agent.agent import Agent
 from nat_agent.migration import Migrator, decode_records
+from nat_agent.syncs import Syncs
 
 StatsSource = Callable[[], Stats]
 Handler = Callable[[Call], Awaitable[object]]
 
 
 class AdminApi:
-    def __init__(self, agent: Agent, migrator: Migrator, stats: StatsSource, verifier: Verifier,
-                 open_reads: bool = False) -> None:
+    def __init__(self, agent: Agent, migrator: Migrator, syncs: Syncs, stats: StatsSource,
+                 verifier: Verifier, open_reads: bool = False) -> None:
         self.agent = agent
         self.migrator = migrator
+        self.syncs = syncs
         self.stats = stats
         self.dispatcher = Dispatcher(ADMIN.ALL, verifier, open_reads)
         self.handlers: dict[Route[Any, Any], Handler] = {
             ADMIN.health: self.health, ADMIN.blocks: self.blocks, ADMIN.count: self.count,
-            ADMIN.stats: self.get_stats, ADMIN.own: self.own, ADMIN.disown: self.disown,
+            ADMIN.stats: self.get_stats, ADMIN.assign: self.assign, ADMIN.disown: self.disown,
+            ADMIN.sync: self.sync, ADMIN.syncs: self.list_syncs,
             ADMIN.migrations: self.migrations, ADMIN.migration: self.migration,
             ADMIN.migrate: self.migrate, ADMIN.commit: self.commit, ADMIN.abort: self.abort,
             ADMIN.import_begin: self.import_begin, ADMIN.import_records: self.import_records,
@@ -131,16 +138,21 @@ class AdminApi:
 
     # -- ownership ---------------------------------------------------------
 
-    async def own(self, call: Call) -> OwnReply:
-        added = await self.agent.own(call.body.blocks, call.body.migration)
-        ident = self.agent.identity
-        return OwnReply(self.agent.ownership.owned, added,
-                        f"{ident.data_ip}:{ident.data_port}" if ident.data_ip else None)
+    async def assign(self, call: Call) -> Assigned:
+        return Assigned(await self.agent.assign(call.body), self.agent.identity.data_address)
 
     async def disown(self, call: Call) -> DisownReply:
         body = call.body
         released = await self.agent.disown(body.blocks, delete=body.delete, moved_to=body.moved_to)
         return DisownReply(self.agent.ownership.owned, released)
+
+    # -- re-replication ------------------------------------------------------
+
+    async def sync(self, call: Call) -> SyncReport:
+        return self.syncs.start(call.body).report()
+
+    async def list_syncs(self, call: Call) -> SyncList:
+        return SyncList(self.syncs.reports())
 
     # -- migrations (sending side) -------------------------------------------
 

@@ -1,24 +1,33 @@
 """One storage server's agent state and the operations the admin API exposes.
 
 `Agent` ties the store, the ownership view and the service together and
-keeps the owned blocks persisted in the store, so a restarted agent (and a
-restarted controller asking it) finds the same partition. The admin API
-(`admin.py`) only authenticates and decodes; everything that changes state
-is here, where tests can call it directly, and answers in the typed bodies
-of `client_lib.api.admin`.
+keeps the held roles persisted in the store (the state document, saved
+synchronously), so a restarted agent, and a restarted controller asking
+it, finds the same partition with its epochs. The admin API (`admin.py`)
+only authenticates and decodes; everything that changes state is here,
+where tests can call it directly, and answers in the typed bodies of
+`client_lib.api.admin`.
+
+A restarted agent that has a controller comes back *suspended*
+(`Ownership.suspended`): it remembers its roles and reports them, but
+serves nothing and applies no replication until the controller says what
+it may hold (an exclusive assignment), because the controller may have
+declared it failed and given its blocks to others meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 
-from client_lib.api.admin import BlockKeys, BlocksReport, Health
+from client_lib.api import codec
+from client_lib.api.admin import AssignRequest, BlockKeys, BlocksReport, Health, Member, Role
 from client_lib.cidr import Block
 from client_lib.errors import Conflict, InvalidArgument, NotFound
-from nat_agent.ownership import Ownership
+from nat_agent.ownership import Ownership, solo_role
 from nat_agent.store import Record, Store
 
 log = logging.getLogger("metaflow.agent")
@@ -34,6 +43,13 @@ class Identity:
     data_port: int
     admin_url: str
     capacity: int
+    replication: str = ""
+    """host:port of the replication listener (where primaries stream to it)."""
+
+    @property
+    def data_address(self) -> str | None:
+        """Where clients reach the metadata service (a MOVED hint), if known."""
+        return f"{self.data_ip}:{self.data_port}" if self.data_ip else None
 
 
 @dataclass
@@ -92,71 +108,124 @@ class Agent:
         self.identity = identity
         self.store = store
         self.space = space
-        self.ownership = Ownership(space.width)
+        self.ownership = Ownership(space.width, identity.name)
         self.inflight = InFlight()
         self.imports: dict[str, Import] = {}
         self.started = time.monotonic()
+        self._changing = asyncio.Lock()  # one change of roles at a time: each awaits the store
 
-    # -- ownership, persisted ------------------------------------------------
+    # -- roles, persisted ----------------------------------------------------
 
-    async def load(self, own: list[Block] | None) -> None:
-        """Ownership at start: `own` if given (and persisted), else what the
-        store remembers from the previous run, else idle."""
+    async def load(self, own: list[Block] | None, suspended: bool = False) -> None:
+        """Roles at start: the primary of a set of one for each block of `own`
+        if given (and persisted), else what the store remembers from the
+        previous run, else none. `suspended`: serve nothing until the
+        controller says what to hold."""
         if own is None:
-            state = await self.store.load_state() or {}
-            own = [Block.parse(b) for b in state.get("owned", [])]
-            if own:
-                log.info("restored %d owned blocks from the store", len(own))
-        for block in own:
-            self.check_block(block)
-        self.ownership.own(own)
+            roles = self._restored(await self.store.load_state() or {})
+            if roles:
+                log.info("restored %d roles from the store%s", len(roles),
+                         "; suspended until the controller confirms them" if suspended else "")
+        else:
+            for block in own:
+                self.check_block(block)
+            roles = [solo_role(b, self.identity.name, self.identity.replication) for b in own]
+        for role in roles:
+            self.check_block(role.block)
+        self.ownership.assign(roles)
+        self.ownership.suspended = suspended
         await self._persist()
 
+    def _restored(self, state: dict[str, object]) -> list[Role]:
+        """The roles of a state document (or of one written before roles
+        existed: its owned blocks, as the primary of a set of one), as this
+        agent is now: its replication address may have changed, and so may
+        its name (a set of one is still its own; a set that knows it by
+        another name is not, and the block is left unheld)."""
+        me = self.identity
+        saved = state.get("roles")
+        if not isinstance(saved, list):
+            owned = state.get("owned")
+            return [solo_role(Block.parse(b), me.name, me.replication)
+                    for b in (owned if isinstance(owned, list) else [])]
+        roles = []
+        for role in (codec.from_json(Role, r, where="saved role") for r in saved):
+            names = [m.name for m in role.members]
+            if me.name in names:
+                members = [Member(me.name, me.replication, m.synced) if m.name == me.name else m
+                           for m in role.members]
+                roles.append(dataclasses.replace(role, members=members))
+            elif len(names) == 1:
+                roles.append(solo_role(role.block, me.name, me.replication, role.epoch))
+            else:
+                log.warning("not restoring %s (epoch %d): its set %s does not name this agent (%s)",
+                            role.block, role.epoch, names, me.name)
+        return roles
+
     async def _persist(self) -> None:
-        await self.store.save_state({"owned": [str(b) for b in self.ownership.owned]})
+        await self.store.save_state({"roles": codec.to_json(self.ownership.roles)})
 
     def check_block(self, block: Block) -> None:
         """A block of another space can never be served here: bad input (400)."""
         if block.width != self.space.width or not self.space.covers(block):
             raise InvalidArgument(f"{block} is not inside the MetaDataID space {self.space}")
 
-    async def own(self, blocks: list[Block], migration: str | None = None) -> list[Block]:
-        """Start serving `blocks`. Records of the parts already owned here are
-        kept (owning a block may swallow smaller owned ones: a merge back), and
-        so are those that arrived through `migration`; anything else there is
-        stale (an interrupted import) and must not resurface, so it is wiped."""
-        for block in blocks:
-            self.check_block(block)
-        arrived = self.imports.pop(migration, None) if migration else None
-        if migration and arrived is None:
-            raise NotFound(f"no import {migration!r} in progress", 404)
-        kept = set(arrived.blocks) if arrived else set()
-        for block in blocks:
-            if block not in kept:
-                for part in self.ownership.unowned(block):
-                    await self.store.delete_range(part.first, part.last)
-        added = self.ownership.own(blocks)
-        await self._persist()
-        log.info("now owning %s%s", ", ".join(map(str, added)) or "nothing new",
-                 f" (migration {migration})" if migration else "")
-        return added
+    async def assign(self, request: AssignRequest) -> list[Role]:
+        """Take the roles (`AssignRequest` says what that means). The records
+        of newly held parts are wiped first, unless `migration` brought them,
+        so a stale copy (an interrupted import, a life before a failure) never
+        resurfaces; an exclusive assignment drops and deletes the rest."""
+        roles = request.roles
+        for role in roles:
+            self.check_block(role.block)
+        async with self._changing:
+            self.ownership.check_assign(roles)
+            arriving = self.imports.get(request.migration) if request.migration else None
+            if request.migration and arriving is None:
+                raise NotFound(f"no import {request.migration!r} in progress", 404)
+            kept = arriving.blocks if arriving else []
+            for role in roles:
+                for part in self.ownership.unheld(role.block):
+                    if not any(k.covers(part) for k in kept):
+                        await self.store.delete_range(part.first, part.last)
+            assignment = self.ownership.assign(roles, request.exclusive)
+            if request.migration:
+                self.imports.pop(request.migration, None)
+            if assignment.dropped:
+                await self.inflight.drain()
+            await self._persist()
+            deleted = 0
+            for block in assignment.dropped:
+                deleted += await self.store.delete_range(block.first, block.last)
+        log.info("assigned %s%s%s", ", ".join(f"{r.block}@{r.epoch}{'' if r.primary else ' (backup)'}"
+                                              for r in roles) or "nothing",
+                 f" (migration {request.migration})" if request.migration else "",
+                 f"; dropped {', '.join(map(str, assignment.dropped))} ({deleted} keys)"
+                 if assignment.dropped else "")
+        return self.ownership.roles
 
     async def disown(self, blocks: list[Block], delete: bool = True,
                      moved_to: str | None = None) -> list[Block]:
-        """Stop serving `blocks` first, then drop their keys, so no request can
-        see a half-deleted block."""
+        """Stop holding `blocks` (any role) first, then drop their keys, so no
+        request can see a half-deleted block."""
         for block in blocks:
             self.check_block(block)
-        released = self.ownership.disown(blocks, moved_to)
-        await self.inflight.drain()
-        await self._persist()
-        deleted = 0
-        if delete:
-            for block in released:
-                deleted += await self.store.delete_range(block.first, block.last)
+        async with self._changing:
+            released = self.ownership.disown(blocks, moved_to)
+            await self.inflight.drain()
+            await self._persist()
+            deleted = 0
+            if delete:
+                for block in released:
+                    deleted += await self.store.delete_range(block.first, block.last)
         log.info("released %s (moved to %s, %d keys deleted)",
                  ", ".join(map(str, released)) or "nothing", moved_to or "unknown", deleted)
         return released
+
+    async def persist(self) -> None:
+        """Save the roles after the replication changed one (a member synced)."""
+        async with self._changing:
+            await self._persist()
 
     # -- counts --------------------------------------------------------------
 
@@ -166,36 +235,43 @@ class Agent:
         return await self.store.count(first, last)
 
     async def blocks_report(self) -> BlocksReport:
+        """Every held block (primary or backup: both keep records here)."""
         frozen = self.ownership.frozen
         blocks = [BlockKeys(b, await self.store.count(b.first, b.last),
                             any(b.covers(f) or f.covers(b) for f in frozen))
-                  for b in self.ownership.owned]
+                  for b in self.ownership.held]
         return BlocksReport(blocks, sum(b.keys for b in blocks))
 
     async def health(self) -> Health:
-        ident = self.identity
+        ident, ownership = self.identity, self.ownership
         return Health("ok", ident.name, self.store.kind, self.space, ident.data_ip, ident.data_mac,
                       ident.data_port, ident.admin_url, ident.capacity, await self.store.total(),
-                      self.ownership.owned, self.ownership.frozen, sorted(self.imports),
-                      round(time.monotonic() - self.started, 1))
+                      ownership.owned, ownership.frozen, sorted(self.imports),
+                      round(time.monotonic() - self.started, 1), ownership.roles, ownership.suspended)
 
     # -- receiving side of a migration ----------------------------------------
 
     async def import_begin(self, migration: str, blocks: list[Block]) -> None:
-        """Prepare to receive `blocks`: they must not be ours, and leftovers of
-        an earlier interrupted import are cleared so the copy is exact. An
-        earlier import of the same IDs whose discard never arrived is
-        superseded, so that a late discard of it cannot delete this copy."""
+        """Prepare to receive `blocks`: this agent must not be their primary,
+        and leftovers of an earlier interrupted import are cleared so the copy
+        is exact. Parts held here as a backup keep their records (the copy
+        brings the same ones): wiping them would take a replica away while
+        the block is still served elsewhere. An earlier import of the same
+        IDs whose discard never arrived is superseded, so that a late discard
+        of it cannot delete this copy."""
         for block in blocks:
             self.check_block(block)
-            if any(_overlap(block, b) for b in self.ownership.owned):
-                raise Conflict(f"cannot import {block}: it overlaps blocks owned here", 409)
+            for held in self.ownership.overlapping(block):
+                if held.role.primary:
+                    raise Conflict(f"cannot import {block}: this agent is the primary of {held.block}",
+                                   409)
         for other, arriving in list(self.imports.items()):
             if any(_overlap(a, b) for a in arriving.blocks for b in blocks):
                 del self.imports[other]
                 log.info("import %s superseded by import %s", other, migration)
         for block in blocks:
-            await self.store.delete_range(block.first, block.last)
+            for part in self.ownership.unheld(block):
+                await self.store.delete_range(part.first, part.last)
         self.imports[migration] = Import(blocks)
 
     async def import_records(self, migration: str, records: list[Record]) -> int:
@@ -211,10 +287,11 @@ class Agent:
         return arriving.records
 
     async def import_discard(self, migration: str) -> None:
+        """Drop an unfinished import: its records, except in parts held here."""
         arriving = self.imports.pop(migration, None)
         if arriving is None:
             return
         for block in arriving.blocks:
-            if not self.ownership.owns_all([block]):
-                await self.store.delete_range(block.first, block.last)
+            for part in self.ownership.unheld(block):
+                await self.store.delete_range(part.first, part.last)
         log.info("discarded import %s (%d records)", migration, arriving.records)

@@ -311,3 +311,14 @@ class Connection(asyncio.Protocol):
                 self.close_with(ErrorReply(f"ERR timeout: request incomplete after {read_timeout:g} s"))
         elif now - self.useful > idle_timeout:
             self.close()
+
+
+async def sweep(connections: set[Connection], read_timeout: float, idle_timeout: float) -> None:
+    """Enforce the timeouts of a server's `connections` (a live set), forever:
+    one task per server instead of a timer per request."""
+    interval = min(1.0, max(0.05, min(read_timeout, idle_timeout) / 4))
+    while True:
+        await asyncio.sleep(interval)
+        now = time.monotonic()
+        for conn in list(connections):
+            conn.expire(now, read_timeout, idle_timeout)

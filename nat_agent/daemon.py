@@ -1,10 +1,16 @@
 """`metaflow-agent`: one per storage server.
 
-Starts, in order, the store, the metadata service on :9000, the address
-rewrite, the admin API, and (with --controller) registration; stops them in
-reverse on SIGTERM or SIGINT, removing its iptables rules. A start that
-fails halfway undoes what it had done, so a bad flag never leaves rules
-behind. Standalone, on one machine:
+Starts, in order, the store, the replication listener, the metadata service
+on :9000, the address rewrite, the admin API, and (with --controller)
+registration; stops them in reverse on SIGTERM or SIGINT, removing its
+iptables rules. A start that fails halfway undoes what it had done, so a
+bad flag never leaves rules behind.
+
+With ``--controller`` the agent comes back from a restart *suspended*: it
+remembers its roles and reports them, but serves nothing until the
+controller answers with what it may hold (`nat_agent.registration`).
+Standalone (no ``--controller``), each ``--own`` block is served at once,
+as the primary of a set of one at epoch 0; on one machine:
 
     metaflowctl secret /tmp/metaflow.secret      # a new secret, in a file of mode 0600
     metaflow-agent --store leveldb:/tmp/md --listen 127.0.0.1:9000 \\
@@ -32,7 +38,7 @@ from client_lib.api.admin import Stats
 from client_lib.api.auth import Verifier, load_secret, server_authority
 from client_lib.api.clients import DEFAULT_TIMEOUT
 from client_lib.cidr import Block
-from client_lib.constants import ADMIN_PORT, METAFLOW_PORT
+from client_lib.constants import ADMIN_PORT, METAFLOW_PORT, REPLICATION_PORT
 from client_lib.errors import InvalidArgument
 from client_lib.mdid import DEFAULT_SPACE
 from client_lib.version import add_version_flag
@@ -41,10 +47,14 @@ from nat_agent.admin import AdminApi
 from nat_agent.agent import Agent, Identity
 from nat_agent.migration import Migrator
 from nat_agent.registration import Registrar
+from nat_agent.replica import ReplicaServer
+from nat_agent.replication import DEFAULT_TIMEOUT as REPLICATION_TIMEOUT
+from nat_agent.replication import Replicator
 from nat_agent.rewrite import Rewriter
 from nat_agent.service import MetadataService, ServiceLimits
 from nat_agent.store import DEFAULT_FSYNC, FSYNC_MODES
 from nat_agent.store_spec import open_store
+from nat_agent.syncs import Syncs
 
 log = logging.getLogger("metaflow.agent")
 
@@ -86,6 +96,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(health, blocks, count, stats, migrations)")
     p.add_argument("--peer-timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds one call to another agent may take during a migration")
+    p.add_argument("--replication", default=None, metavar="HOST:PORT",
+                   help="where primaries stream writes to this agent when it is a backup (RESP, "
+                        "signed with the cluster's secret); the management network, like --admin. "
+                        f"Default: the --admin host, port {REPLICATION_PORT}")
+    p.add_argument("--replication-timeout", type=float, default=REPLICATION_TIMEOUT,
+                   help="seconds a synced backup may take to acknowledge a write; after that the "
+                        "write is refused (TRYAGAIN) and the block held back until the controller "
+                        "re-syncs its members")
     p.add_argument("--rewrite", choices=("kernel", "nfqueue", "none"), default="kernel",
                    help="MetaDataID rewrite: iptables DNAT, the paper's user-space NFQUEUE agent, "
                         "or none (clients connect to --listen directly)")
@@ -94,8 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "if not given, the --listen host, else the first non-loopback IPv4")
     p.add_argument("--space", default=str(DEFAULT_SPACE), help="the MetaDataID space (CIDR)")
     p.add_argument("--own", action="append", default=None, metavar="CIDR",
-                   help="serve this block (repeatable); without it, the blocks owned before a "
-                        "restart, else none (idle, waiting for the controller)")
+                   help="serve this block (repeatable) as the primary of a set of one, epoch 0; "
+                        "without it, the roles held before a restart, else none (idle, waiting "
+                        "for the controller)")
     p.add_argument("--capacity", type=int, default=1_000_000,
                    help="keys this server should hold before the controller splits it")
     p.add_argument("--max-value", type=int, default=1 << 20, help="largest value in bytes")
@@ -106,8 +125,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-clients", type=int, default=4096, help="open client connections")
     p.add_argument("--queue-num", type=int, default=9000, help="NFQUEUE number (nfqueue mode)")
     p.add_argument("--controller", default=None,
-                   help="controller base URL (e.g. http://10.255.0.1:8080); register and heartbeat")
-    p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
+                   help="controller base URL (e.g. http://10.255.0.1:8080); register and heartbeat. "
+                        "With it, the agent starts suspended (serving nothing) until the "
+                        "controller says which roles it holds")
+    p.add_argument("--heartbeat", type=float, default=0.25,
+                   help="seconds between heartbeats (the controller declares a silent server "
+                        "failed after a few missed ones)")
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop")
     p.add_argument("--log-level", default="INFO",
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level")
@@ -127,10 +150,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.secret = load_secret(args.secret_file)
     except InvalidArgument as exc:
         p.error(str(exc))
-    if not args.peer_timeout > 0:
-        p.error("--peer-timeout must be positive")
+    for flag in ("peer_timeout", "replication_timeout", "heartbeat"):
+        if not getattr(args, flag) > 0:
+            p.error(f"--{flag.replace('_', '-')} must be positive")
     args.listen = _hostport(args.listen, METAFLOW_PORT)
     args.admin = _hostport(args.admin, ADMIN_PORT)
+    args.replication = _hostport(args.replication or f"{args.admin[0]}:{REPLICATION_PORT}",
+                                 REPLICATION_PORT)
     return args
 
 
@@ -164,22 +190,37 @@ async def run(args: argparse.Namespace) -> None:
         store = open_store(args.store, args.space.width, args.fsync)
         undo.push_async_callback(store.close)
         admin_host, admin_port = args.admin
-        identity = Identity(name, data_ip, data_mac, args.listen[1],
-                            f"http://{admin_host}:{admin_port}", args.capacity)
+        repl_host, repl_port = args.replication
+        identity = Identity(name, data_ip, data_mac, args.listen[1], f"http://{admin_host}:{admin_port}",
+                            args.capacity, f"{repl_host}:{repl_port}")
         agent = Agent(identity, store, args.space)
-        await agent.load(args.own)
-        service = MetadataService(agent, ServiceLimits(args.max_value, args.read_timeout,
-                                                       args.idle_timeout, args.max_clients))
+        await agent.load(args.own, suspended=bool(args.controller))
+        replica = ReplicaServer(agent, Verifier(args.secret, server_authority(repl_host, repl_port)),
+                                args.max_value, args.read_timeout)
+        await replica.start(repl_host, repl_port)
+        undo.push_async_callback(replica.stop)
+        replicator = Replicator(agent.ownership, name, args.secret, args.replication_timeout)
+        undo.push_async_callback(replicator.close)
+        syncs = Syncs(agent, replicator)
+        undo.push_async_callback(syncs.close)
+        service = MetadataService(agent, replicator, ServiceLimits(args.max_value, args.read_timeout,
+                                                                   args.idle_timeout, args.max_clients))
         await service.start(*args.listen)
         undo.push_async_callback(service.stop)
-        migrator = Migrator(agent, args.secret, timeout=args.peer_timeout)
+        migrator = Migrator(agent, replicator, args.secret, timeout=args.peer_timeout)
         undo.push_async_callback(migrator.close)
         rewriter = Rewriter(args.rewrite, args.space, data_ip, port=args.listen[1],
                             queue_num=args.queue_num, tag=f"metaflow-agent:{name}")
         await loop.run_in_executor(None, rewriter.start)
         undo.callback(rewriter.stop)
+
+        def stats() -> Stats:
+            counters = {**service.stats, **{f"replication_{k}": v for k, v in replicator.stats.items()},
+                        **{f"replica_{k}": v for k, v in replica.stats.items()}}
+            return Stats(counters, rewriter.stats())
+
         # The admin API comes up last: once /health answers, everything is in place.
-        admin = AdminApi(agent, migrator, lambda: Stats(dict(service.stats), rewriter.stats()),
+        admin = AdminApi(agent, migrator, syncs, stats,
                          Verifier(args.secret, server_authority(admin_host, admin_port)),
                          open_reads=args.open_reads)
         await admin.start(admin_host, admin_port)
@@ -188,9 +229,12 @@ async def run(args: argparse.Namespace) -> None:
             registrar = Registrar(agent, args.controller, args.secret, args.heartbeat)
             registrar.start()
             undo.push_async_callback(registrar.stop)
-        log.info("agent %s serving %s on %s:%d (rewrite %s, data %s/%s), admin on %s:%d, owning %s",
-                 name, store.kind, *args.listen, args.rewrite, data_ip, data_mac, admin_host,
-                 admin_port, ", ".join(map(str, agent.ownership.owned)) or "nothing (idle)")
+        log.info("agent %s serving %s on %s:%d (rewrite %s, data %s/%s), admin on %s:%d, replication "
+                 "on %s:%d, holding %s%s", name, store.kind, *args.listen, args.rewrite, data_ip, data_mac,
+                 admin_host, admin_port, repl_host, repl_port,
+                 ", ".join(f"{r.block}@{r.epoch}{'' if r.primary else ' (backup)'}"
+                           for r in agent.ownership.roles) or "nothing (idle)",
+                 " (suspended until the controller answers)" if agent.ownership.suspended else "")
         await stop.wait()
         log.info("stopping")
     log.info("stopped; rules removed, store closed")

@@ -1,26 +1,27 @@
-"""Moving blocks to another agent without losing an acknowledged write, and
-without ever leaving a block frozen.
+"""Moving blocks to a new replica set without losing an acknowledged write,
+and without ever leaving a block frozen.
 
-The sending side drives it, in two steps so that the controller can swap
-the flow entries in between:
+The sending agent (the blocks' primary) drives it, in steps so that the
+controller can assign the new set and swap the flow entries in between:
 
-1. `migrate` (``POST /migrations``): check that the target is an agent of
-   this cluster, freeze writes to the blocks (clients get TRYAGAIN and
-   retry), and stream every record of them to the target's admin API, where
-   they sit unserved. The migration is then ``copied`` and holds a lease.
-2. `commit` (after the controller's barrier): the target starts serving,
-   then the source stops serving (MOVED for stragglers) and deletes its copy.
+1. `migrate` (``POST /migrations``): check that every target (the new set's
+   members, primary first) is an agent of this cluster, freeze writes to
+   the blocks (clients get TRYAGAIN and retry), let the writes under way
+   finish (replicated or not), and stream every record of the blocks to
+   each target's admin API, where they sit unserved. The migration is then
+   ``copied`` and holds a lease.
+2. The controller assigns the targets their roles (``/assign`` with the
+   migration id, which keeps the imported records) and moves the flows.
+3. `commit` (``POST /migrations/{id}/commit``): this agent stops serving
+   (MOVED, naming the first target, for stragglers) and deletes its copy.
 
-Anything that fails before the target confirms it serves ends in an abort:
-the source unfreezes and keeps serving, the target drops its partial copy.
-Nothing is deleted at the source until the target owns the blocks, so no
-failure loses data; the one ambiguous case (the target's confirmation is
-lost) is resolved towards the source by asking the target to give the
-blocks back.
+Anything that fails before the commit ends in an abort: this agent
+unfreezes and keeps serving, every target drops its copy. Nothing is
+deleted here before the commit, so no failure loses data.
 
-Who may be a target. The source talks to the target only through
+Who may be a target. The source talks to the targets only through
 `AsyncApiClient` with the cluster's secret, which checks that every
-response is signed with it. Before freezing anything the source asks the
+response is signed with it. Before freezing anything the source asks each
 target's ``/health``: a URL that does not hold the secret (an attacker's
 listener, a stale address) fails there, so it never receives a record, nor
 even a request that changes something; and a target that turns out to be
@@ -29,12 +30,12 @@ this agent itself, or to use another MetaDataID space, is refused.
 The lease. A copied migration that nobody commits or aborts within its
 ``lease_s`` (`MigrateRequest`, default 60 s) aborts by itself: a controller
 that died mid-split leaves no block refusing writes for longer than that.
-Every call to the target has a timeout (``--peer-timeout``), so neither the
-copy nor a commit can hang on a silent target. The copy runs in a task of
-its own, not in the HTTP request that asked for it, so a caller that goes
-away does not stop it half-way; an abort during the copy cancels it.
-Finished migrations are kept (the most recent `KEEP_FINISHED`) so that a
-restarted controller can list them and learn how each ended.
+Every call to a target has a timeout (``--peer-timeout``), so the copy
+cannot hang on a silent target. The copy runs in a task of its own, not in
+the HTTP request that asked for it, so a caller that goes away does not
+stop it half-way; an abort during the copy cancels it. Finished migrations
+are kept (the most recent `KEEP_FINISHED`) so that a restarted controller
+can list them and learn how each ended.
 """
 
 from __future__ import annotations
@@ -52,17 +53,17 @@ from urllib.parse import urlsplit
 
 from client_lib.api.admin import (
     ADMIN,
-    DisownRequest,
+    Health,
     ImportBegin,
     ImportRecords,
     MigrateRequest,
     MigrationReport,
-    OwnRequest,
 )
 from client_lib.api.clients import DEFAULT_TIMEOUT, AsyncApiClient
 from client_lib.cidr import Block
 from client_lib.errors import ApiError, Conflict, InvalidArgument, NotFound
 from nat_agent.agent import Agent
+from nat_agent.replication import Replicator
 from nat_agent.store import Record
 
 log = logging.getLogger("metaflow.agent.migration")
@@ -78,9 +79,9 @@ COPYING, COPIED, COMMITTED, ABORTED = "copying", "copied", "committed", "aborted
 
 
 class MigrationError(ApiError):
-    """A migration that could not proceed because the other agent failed or
-    could not be trusted (the admin API answers 502); the source still owns
-    and serves its blocks."""
+    """A migration that could not proceed because a target failed or could
+    not be trusted (the admin API answers 502); the source still owns and
+    serves its blocks."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, 502)
@@ -90,8 +91,9 @@ class MigrationError(ApiError):
 class Migration:
     id: str
     blocks: list[Block]
-    target: str                      # the target agent's admin URL
+    targets: list[str]               # the new set's admin URLs, primary first
     lease_s: float
+    moved_to: str | None = None      # the first target's data address: the MOVED hint after the commit
     state: str = COPYING
     keys: int = 0
     error: str | None = None
@@ -106,8 +108,8 @@ class Migration:
 
     def report(self) -> MigrationReport:
         left = self.lease_left()
-        return MigrationReport(self.id, list(self.blocks), self.target, self.state, self.keys, self.error,
-                               round((self.finished or time.monotonic()) - self.started, 4),
+        return MigrationReport(self.id, list(self.blocks), list(self.targets), self.state, self.keys,
+                               self.error, round((self.finished or time.monotonic()) - self.started, 4),
                                None if left is None else round(left, 3))
 
 
@@ -154,8 +156,10 @@ class Migrator:
     cluster's: a target must answer with it. `timeout` bounds every call
     to a target."""
 
-    def __init__(self, agent: Agent, secret: bytes, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, agent: Agent, replicator: Replicator, secret: bytes,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
         self.agent = agent
+        self.replicator = replicator
         self.migrations: dict[str, Migration] = {}
         self._secret = secret
         self._timeout = timeout
@@ -175,42 +179,52 @@ class Migrator:
     # -- steps ---------------------------------------------------------------
 
     async def migrate(self, request: MigrateRequest) -> Migration:
-        """Check, freeze, copy; commit at once if asked. Returns the copied
-        (or committed) migration; raises MigrationError if it aborted."""
-        target = request.target.rstrip("/")
-        self._check(request, target)
-        await self._vet_target(target)
-        migration = Migration(uuid.uuid4().hex[:12], list(request.blocks), target, request.lease_s)
-        self._check(request, target)  # again: another migration may have frozen them meanwhile
+        """Check, freeze, copy. Returns the copied migration; raises
+        MigrationError if it aborted."""
+        targets = [t.rstrip("/") for t in request.targets]
+        self._check(request, targets)
+        first = None
+        for target in targets:
+            health = await self._vet_target(target)
+            first = first or health
+        assert first is not None  # _check: at least one target
+        migration = Migration(uuid.uuid4().hex[:12], list(request.blocks), targets, request.lease_s,
+                              f"{first.data_ip}:{first.data_port}" if first.data_ip else None)
+        self._check(request, targets)  # again: another migration may have frozen them meanwhile
         self._remember(migration)
         self.agent.ownership.freeze(migration.blocks)
         log.info("migration %s: %s -> %s, writes frozen", migration.id,
-                 ", ".join(map(str, migration.blocks)), target)
+                 ", ".join(map(str, migration.blocks)), ", ".join(targets))
         migration.task = self._spawn(self._copy(migration), migration)
         await asyncio.shield(migration.task)
         if migration.state == ABORTED:
             raise MigrationError(f"migration {migration.id} aborted: {migration.error}")
-        if request.commit:
-            return await self.commit(migration.id)
         return migration
 
-    def _check(self, request: MigrateRequest, target: str) -> None:
+    def _check(self, request: MigrateRequest, targets: list[str]) -> None:
         blocks, ownership = request.blocks, self.agent.ownership
         if not blocks:
             raise InvalidArgument("nothing to migrate: no blocks given")
+        if not targets:
+            raise InvalidArgument("nowhere to migrate to: no targets given")
         if not (math.isfinite(request.lease_s) and request.lease_s > 0):
             raise InvalidArgument(f"lease_s must be a positive number of seconds, not {request.lease_s}")
-        if _endpoint(target) == _endpoint(self.agent.identity.admin_url):
-            raise InvalidArgument(f"target {target} is this agent's own admin API")
+        endpoints = [_endpoint(t) for t in targets]
+        if len(set(endpoints)) != len(endpoints):
+            raise InvalidArgument(f"targets must be different agents: {', '.join(targets)}")
+        for target, endpoint in zip(targets, endpoints, strict=True):
+            if endpoint == _endpoint(self.agent.identity.admin_url):
+                raise InvalidArgument(f"target {target} is this agent's own admin API")
         for block in blocks:
             self.agent.check_block(block)
         if not ownership.owns_all(blocks):
-            raise Conflict(f"cannot migrate {', '.join(map(str, blocks))}: not all owned here", 409)
+            raise Conflict(f"cannot migrate {', '.join(map(str, blocks))}: this agent is not the "
+                           "primary of all of them", 409)
         busy = [f for f in ownership.frozen for b in blocks if f.covers(b) or b.covers(f)]
         if busy:
             raise Conflict(f"{busy[0]} is already being migrated", 409)
 
-    async def _vet_target(self, target: str) -> None:
+    async def _vet_target(self, target: str) -> Health:
         """The target must prove it holds the cluster's secret (a signed
         answer), and be another agent of the same space."""
         try:
@@ -222,14 +236,19 @@ class Migrator:
         if health.space != self.agent.space:
             raise MigrationError(f"target {target} serves the space {health.space}, "
                                  f"not {self.agent.space}")
+        return health
 
     async def _copy(self, migration: Migration) -> None:
-        peer = self._peer(migration.target)
+        peers = [self._peer(t) for t in migration.targets]
         try:
             await self.agent.inflight.drain()
-            await peer.call(ADMIN.import_begin, ImportBegin(migration.blocks), id=migration.id)
+            await self.replicator.quiesce(migration.blocks)
+            await asyncio.gather(*(peer.call(ADMIN.import_begin, ImportBegin(migration.blocks),
+                                             id=migration.id) for peer in peers))
             async for batch in self._batches(migration.blocks):
-                await peer.call(ADMIN.import_records, ImportRecords(encode_records(batch)), id=migration.id)
+                body = ImportRecords(encode_records(batch))
+                await asyncio.gather(*(peer.call(ADMIN.import_records, body, id=migration.id)
+                                       for peer in peers))
                 migration.keys += len(batch)
         except asyncio.CancelledError:
             await self._abort(migration, migration.error or "copy cancelled")
@@ -242,8 +261,8 @@ class Migrator:
         migration.state = COPIED
         migration.lease_until = time.monotonic() + migration.lease_s
         migration.task = self._spawn(self._expire(migration), migration)
-        log.info("migration %s: %d keys copied; lease %.1f s", migration.id, migration.keys,
-                 migration.lease_s)
+        log.info("migration %s: %d keys copied to %d targets; lease %.1f s", migration.id, migration.keys,
+                 len(peers), migration.lease_s)
 
     async def _batches(self, blocks: list[Block]) -> AsyncIterator[list[Record]]:
         for block in blocks:
@@ -259,8 +278,9 @@ class Migrator:
                                              "without a commit or an abort")
 
     async def commit(self, ident: str) -> Migration:
-        """The target serves, then this agent stops and deletes. Committing a
-        committed migration again answers its report (a controller's retry)."""
+        """The targets hold the blocks now (the controller assigned them): stop
+        serving here and delete. Committing a committed migration again
+        answers its report (a controller's retry)."""
         migration = self.get(ident)
         async with migration.lock:
             if migration.state == COMMITTED:
@@ -273,22 +293,15 @@ class Migrator:
             self._stop_task(migration)
             migration.lease_until = None
             try:
-                reply = await self._peer(migration.target).call(
-                    ADMIN.own, OwnRequest(migration.blocks, migration.id))
-            except ApiError as exc:
-                await self._give_back(migration)
-                await self._abort(migration, f"cut-over failed: {exc}")
-                raise MigrationError(f"migration {ident} aborted: cut-over failed: {exc}") from None
-            try:
-                await self.agent.disown(migration.blocks, delete=True, moved_to=reply.data_address)
-            finally:  # the target serves now, whether or not our deletion went through
+                await self.agent.disown(migration.blocks, delete=True, moved_to=migration.moved_to)
+            finally:  # the targets serve now, whether or not our deletion went through
                 migration.state = COMMITTED
                 migration.finished = time.monotonic()
         log.info("migration %s committed in %.3f s", ident, migration.finished - migration.started)
         return migration
 
     async def abort(self, ident: str) -> Migration:
-        """Unfreeze here, discard at the target. Aborting an aborted migration
+        """Unfreeze here, discard at every target. Aborting an aborted migration
         again answers its report; a committed one cannot be aborted."""
         migration = self.get(ident)
         if migration.state == COPYING and migration.task is not None:
@@ -316,19 +329,8 @@ class Migrator:
 
     # -- compensations ---------------------------------------------------------
 
-    async def _give_back(self, migration: Migration) -> None:
-        """The target may have taken the blocks even though we did not hear it:
-        ask it to release them, so only the source serves them."""
-        try:
-            await self._peer(migration.target).call(ADMIN.disown,
-                                                    DisownRequest(migration.blocks, delete=True))
-        except ApiError as exc:
-            log.error("migration %s: could not make sure the target released %s: %s; "
-                      "both may own them until the controller resolves it", migration.id,
-                      ", ".join(map(str, migration.blocks)), exc)
-
     async def _abort(self, migration: Migration, reason: str) -> None:
-        """Serve the blocks again here first, then ask the target to drop its copy."""
+        """Serve the blocks again here first, then ask every target to drop its copy."""
         self._stop_task(migration)
         self.agent.ownership.unfreeze(migration.blocks)
         migration.state = ABORTED
@@ -337,10 +339,12 @@ class Migrator:
         migration.finished = time.monotonic()
         log.warning("migration %s aborted (%s); this agent keeps serving %s", migration.id,
                     reason, ", ".join(map(str, migration.blocks)))
-        try:
-            await self._peer(migration.target).call(ADMIN.import_discard, id=migration.id)
-        except ApiError as exc:
-            log.info("migration %s: target did not confirm the discard: %s", migration.id, exc)
+        answers = await asyncio.gather(*(self._peer(t).call(ADMIN.import_discard, id=migration.id)
+                                         for t in migration.targets), return_exceptions=True)
+        for target, answer in zip(migration.targets, answers, strict=True):
+            if isinstance(answer, ApiError):
+                log.info("migration %s: target %s did not confirm the discard: %s", migration.id,
+                         target, answer)
 
     # -- bookkeeping -----------------------------------------------------------
 

@@ -2,10 +2,21 @@
 
 The controller learns a storage server from the agent rather than from the
 data plane alone: the agent knows its data-plane MAC and address, its admin
-URL, its store and capacity, and what it owns (which a restarted controller
-needs to rebuild the B-tree). Heartbeats carry the key total so the
-controller sees a server fill up, and their absence is how it notices a dead
-agent whose edge port is still up.
+URL and replication listener, its store and capacity, and the roles it
+holds with their epochs (which a restarted controller needs to rebuild the
+B-tree and the replica sets, resolving two claims to a block by epoch).
+Heartbeats (every ``--heartbeat``, 0.25 s by default, so the controller can
+notice a silent server within a second) carry the key total so the
+controller sees a server fill up, and the blocks this primary holds back
+(degraded or fenced) so it re-syncs them; their absence is how it notices a
+dead agent whose edge port is still up.
+
+The answer to a registration says what the agent may hold
+(`Registered.roles`): a list means exactly those roles (an exclusive
+assignment: everything else is dropped and deleted, and a suspended agent
+serves again), ``[]`` for a server that was declared failed (it rejoins
+empty); None means the controller has no word yet, and the agent keeps what
+it holds, suspended if it was, until an exclusive ``/assign`` arrives.
 
 Both go through `AsyncApiClient` with the cluster's secret (`REST.register`
 with a `Registration`, `REST.heartbeat` with a `Heartbeat`), so the
@@ -31,9 +42,10 @@ import asyncio
 import logging
 import time
 
+from client_lib.api.admin import AssignRequest
 from client_lib.api.clients import AsyncApiClient
-from client_lib.api.rest import REST, Heartbeat, Registration
-from client_lib.errors import ApiError, AuthError, Conflict, NotFound
+from client_lib.api.rest import REST, Heartbeat, Registered, Registration
+from client_lib.errors import ApiError, AuthError, Conflict, InvalidArgument, NotFound
 from nat_agent.agent import Agent
 
 log = logging.getLogger("metaflow.agent.registration")
@@ -43,7 +55,7 @@ REMIND_S = 60.0
 
 
 class Registrar:
-    def __init__(self, agent: Agent, controller: str, secret: bytes, interval: float = 2.0) -> None:
+    def __init__(self, agent: Agent, controller: str, secret: bytes, interval: float = 0.25) -> None:
         ident = agent.identity
         if not (ident.data_ip and ident.data_mac):
             raise ValueError("registration needs the data-plane address and MAC")
@@ -71,8 +83,10 @@ class Registrar:
     def registration(self) -> Registration:
         ident, agent = self.agent.identity, self.agent
         assert ident.data_ip and ident.data_mac  # checked in __init__
+        ownership = agent.ownership
         return Registration(ident.name, ident.data_ip, ident.data_mac, ident.data_port, ident.admin_url,
-                            agent.store.kind, ident.capacity, agent.space, agent.ownership.owned)
+                            agent.store.kind, ident.capacity, agent.space, ownership.owned,
+                            ident.replication, ownership.roles, ownership.suspended)
 
     async def _run(self) -> None:
         base = self.controller.base_url
@@ -101,7 +115,8 @@ class Registrar:
     async def _once(self) -> None:
         if self.registered:
             ownership = self.agent.ownership
-            beat = Heartbeat(await self.agent.store.total(), ownership.owned, ownership.frozen)
+            beat = Heartbeat(await self.agent.store.total(), ownership.owned, ownership.frozen,
+                             ownership.degraded)
             try:
                 await self.controller.call(REST.heartbeat, beat, name=self.agent.identity.name)
                 self.heartbeats += 1
@@ -109,10 +124,24 @@ class Registrar:
             except NotFound:
                 log.info("the controller forgot us; registering again")
                 self.registered = False
-        await self.controller.call(REST.register, self.registration())
+        answer = await self.controller.call(REST.register, self.registration())
         self.registered = True
-        log.info("registered with the controller at %s as %s", self.controller.base_url,
-                 self.agent.identity.name)
+        log.info("registered with the controller at %s as %s%s", self.controller.base_url,
+                 self.agent.identity.name, "" if answer.roles is not None else
+                 "; it has no word on our roles yet" + (" (still suspended)"
+                                                         if self.agent.ownership.suspended else ""))
+        await self._adopt(answer)
+
+    async def _adopt(self, answer: Registered) -> None:
+        """Hold exactly the roles the controller answered with, if it did."""
+        if answer.roles is None:
+            return
+        try:
+            await self.agent.assign(AssignRequest(answer.roles, exclusive=True))
+        except (Conflict, InvalidArgument, NotFound) as exc:
+            # An older epoch than we hold, or roles that are not ours: the controller is
+            # confused; keep what we hold (and any suspension) until it assigns again.
+            log.error("the controller's answer to our registration cannot be applied: %s", exc)
 
     def _report(self, trouble: str, level: int, message: str) -> None:
         """Log a trouble when it starts, and again every `REMIND_S` while it lasts."""

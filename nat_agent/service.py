@@ -14,12 +14,19 @@ What a Redis client sees:
   key lives and why, never redirected).
 * ``HELLO [2|3]`` switches the connection to RESP3 (redis-py 8's default) and
   answers the map Redis answers; ``CLIENT SETNAME/SETINFO`` are accepted.
-* A key this server does not own gets ``-MOVED <mdid> <ip>:<port>``, the
-  shape Redis Cluster uses (`client_lib.resp.moved_message`), naming the new
-  owner when a hand-off told us (``moved_to``), else the MetaDataID's own
-  address on port 9000, which the switches route to whoever owns it now. A
-  write to a block being migrated gets ``-TRYAGAIN``, and so does any request
-  while the store cannot be reached (a restarting redis-server): both pass.
+* A key this server is not the primary of (not held, or held as a backup)
+  gets ``-MOVED <mdid> <ip>:<port>``, the shape Redis Cluster uses
+  (`client_lib.resp.moved_message`), naming the new owner when a hand-off
+  told us (``moved_to``), else the MetaDataID's own address on port 9000,
+  which the switches route to whoever owns it now. ``-TRYAGAIN`` (which
+  passes) answers a write to a block being migrated, any request while the
+  store cannot be reached (a restarting redis-server), a block this primary
+  may not serve now (`ownership`: not yet serving, fenced, degraded,
+  suspended), and a write its replica set did not acknowledge.
+* A write to a block with other members is answered once every synced
+  member has applied it, and a read of a key waits while a write to it is
+  under way (`replication`), so no reply shows a value a single failure
+  could take back.
 * Commands that make no sense here (transactions, pub/sub, ``SELECT`` other
   than 0, ...) get an ``-ERR`` saying so; the connection stays usable.
 
@@ -66,12 +73,22 @@ from client_lib.resp import (
 )
 from client_lib.version import version
 from nat_agent.agent import Agent
-from nat_agent.connection import Connection
-from nat_agent.ownership import Decision, Verdict
+from nat_agent.connection import Connection, sweep
+from nat_agent.ownership import Decision, Held, Verdict
+from nat_agent.replication import NotReplicated, Replicator
 from nat_agent.store import Condition
 
 log = logging.getLogger("metaflow.agent.service")
 T = TypeVar("T")
+
+
+class _Unchanged:
+    """A write that changed nothing (SET NX of a present key): nothing to replicate."""
+
+
+UNCHANGED = _Unchanged()
+Change = bytes | None | _Unchanged
+"""What a write did: a new value, None (deleted), or `UNCHANGED`."""
 
 PROTO_MAX_BULK = 512 << 20
 """A bulk header announcing more than this closes the connection (Redis's
@@ -116,10 +133,12 @@ class MetadataService:
 
     max_bulk = PROTO_MAX_BULK
 
-    def __init__(self, agent: Agent, limits: ServiceLimits = ServiceLimits()) -> None:
+    def __init__(self, agent: Agent, replicator: Replicator, limits: ServiceLimits = ServiceLimits()) -> None:
         self.agent = agent
         self.store = agent.store
         self.ownership = agent.ownership
+        self.replicator = replicator
+        self.writing = replicator.writing
         self.space = agent.space
         self.limits = limits
         self.stats: Counter[str] = Counter()
@@ -160,7 +179,8 @@ class MetadataService:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: Connection(self), host, port,
                                                 backlog=1024, reuse_address=True)
-        self._sweeper = loop.create_task(self._sweep(), name="connection-sweeper")
+        self._sweeper = loop.create_task(sweep(self._connections, self.limits.read_timeout,
+                                               self.limits.idle_timeout), name="connection-sweeper")
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
@@ -207,15 +227,6 @@ class MetadataService:
         victim.reclaim(f"the server is at its limit of {self.limits.max_clients} clients "
                        "and this connection was the least recently active")
         return True
-
-    async def _sweep(self) -> None:
-        limits = self.limits
-        interval = min(1.0, max(0.05, min(limits.read_timeout, limits.idle_timeout) / 4))
-        while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for conn in list(self._connections):
-                conn.expire(now, limits.read_timeout, limits.idle_timeout)
 
     # -- commands ----------------------------------------------------------
 
@@ -265,15 +276,32 @@ class MetadataService:
         ident = mdid_of_key(key, self.space)
         return ident, path, self.ownership.decide(ident, write)
 
-    def _owned_key(self, raw: bytes, write: bool) -> tuple[int, str]:
+    def _served(self, raw: bytes, write: bool) -> tuple[int, str, Held]:
+        """The key's ID, path and held block, if this server answers for it now;
+        else the CommandError to answer (MOVED or TRYAGAIN)."""
         ident, path, decision = self._key(raw, write)
         if decision.verdict is Verdict.SERVE:
-            return ident, path
+            assert decision.held is not None
+            return ident, path, decision.held
         if decision.verdict is Verdict.TRYAGAIN:
             self.stats["tryagain"] += 1
-            raise CommandError(f"TRYAGAIN {self.space.address(ident)} block {decision.block} is migrating")
+            raise CommandError(f"TRYAGAIN {self.space.address(ident)} block {decision.block} "
+                               f"{decision.reason}")
         self.stats["moved"] += 1
         raise CommandError(self._redirect(ident, decision.hint))
+
+    async def _settled(self, raw: bytes, write: bool) -> tuple[int, str, Held]:
+        """`_served`, once no write to the key is under way: a read must not
+        see a value its replica set may not hold, and writes to one key
+        reach the set in the order they reached this store. (Each write
+        ends within the replication timeout, acknowledged or not.)"""
+        while True:
+            ident, path, held = self._served(raw, write)
+            pending = self.writing.get(path)
+            if pending is None:
+                return ident, path, held
+            self.stats["waited_for_replication"] += 1
+            await pending.done
 
     def _redirect(self, ident: int, hint: str | None) -> str:
         """MOVED to the new owner's data address if a hand-off named it, else to
@@ -294,36 +322,84 @@ class MetadataService:
         finally:
             self.agent.inflight.end(token)
 
+    async def _replicated(self, ident: int, path: str, work: Awaitable[tuple[T, Change]]) -> T:
+        """A write to a block with other members: applied here, streamed to the
+        set, answered once every synced member acknowledged it (`replication`).
+        `work` returns the reply and what changed (`UNCHANGED`, a value, or
+        None for a delete). An unacknowledged write is TRYAGAIN."""
+        replicator = self.replicator
+        write = replicator.begin(ident, path)
+        token = self.agent.inflight.begin()
+        try:
+            reply, change = await work
+            if not isinstance(change, _Unchanged):
+                replicator.stream(write, change)
+        finally:
+            self.agent.inflight.end(token)
+            replicator.sent(write)
+        try:
+            await replicator.acknowledged(write)
+        except NotReplicated as exc:
+            self.stats["tryagain"] += 1
+            raise CommandError(f"TRYAGAIN {self.space.address(ident)} write not acknowledged "
+                               f"by the replica set: {exc}") from None
+        return reply
+
     # -- data commands -------------------------------------------------------
 
     async def _get(self, conn: Connection, args: list[bytes]) -> Reply:
-        ident, path = self._owned_key(args[0], write=False)
+        ident, path, _ = self._served(args[0], write=False)
+        if self.writing and path in self.writing:
+            ident, path, _ = await self._settled(args[0], write=False)
         return await self._admitted(self.store.get(ident, path))
 
     async def _set(self, conn: Connection, args: list[bytes]) -> Reply:
         """``SET key value [NX|XX] [GET]``, as Redis: nil when NX/XX stops the
         write, and with GET the previous value (nil if none) either way."""
         when, get = _set_options(args[2:])
-        ident, path = self._owned_key(args[0], write=True)
+        ident, path, held = self._served(args[0], write=True)
+        if self.writing and path in self.writing:
+            ident, path, held = await self._settled(args[0], write=True)
+        if held.peers:
+            return await self._replicated(ident, path, self._put(ident, path, args[1], when, get))
         if when is None and not get:
             await self._admitted(self.store.put(ident, path, args[1]))
             return OK
-        written, old = await self._admitted(self.store.put_if(ident, path, args[1], when))
-        if get:
-            return old
-        return OK if written else None
+        return (await self._admitted(self._put(ident, path, args[1], when, get)))[0]
 
-    def _keys(self, args: list[bytes], write: bool) -> list[tuple[int, str]]:
-        """All keys of a multi-key command, checked before any is touched."""
-        return [self._owned_key(raw, write) for raw in args]
+    async def _put(self, ident: int, path: str, value: bytes, when: Condition | None,
+                   get: bool) -> tuple[Reply, Change]:
+        if when is None and not get:
+            await self.store.put(ident, path, value)
+            return OK, value
+        written, old = await self.store.put_if(ident, path, value, when)
+        change = value if written else UNCHANGED
+        if get:
+            return old, change
+        return (OK if written else None), change
 
     async def _del(self, conn: Connection, args: list[bytes]) -> Reply:
-        keys = self._keys(args, write=True)
-        return await self._admitted(self._sum(self.store.delete, keys))
+        keys = [self._served(raw, write=True) for raw in args]  # all checked before any is touched
+        if not self.writing and not any(held.peers for _, _, held in keys):
+            return await self._admitted(self._sum(self.store.delete, [(i, p) for i, p, _ in keys]))
+        deleted = 0
+        for raw in args:
+            ident, path, held = await self._settled(raw, write=True)
+            if held.peers:
+                deleted += await self._replicated(ident, path, self._delete(ident, path))
+            else:
+                deleted += await self._admitted(self.store.delete(ident, path))
+        return deleted
+
+    async def _delete(self, ident: int, path: str) -> tuple[int, Change]:
+        existed = await self.store.delete(ident, path)
+        return int(existed), (None if existed else UNCHANGED)
 
     async def _exists(self, conn: Connection, args: list[bytes]) -> Reply:
-        keys = self._keys(args, write=False)
-        return await self._admitted(self._sum(self.store.exists, keys))
+        keys = [self._served(raw, write=False) for raw in args]
+        if self.writing:
+            keys = [await self._settled(raw, write=False) for raw in args]
+        return await self._admitted(self._sum(self.store.exists, [(i, p) for i, p, _ in keys]))
 
     @staticmethod
     async def _sum(check: Callable[[int, str], Awaitable[bool]], keys: list[tuple[int, str]]) -> int:
@@ -334,12 +410,16 @@ class MetadataService:
         answers MOVED, so it also explains *why* a key is not served."""
         ident, path, decision = self._key(args[0], write=False)
         value = await self.store.get(ident, path) if decision.verdict is Verdict.SERVE else None
-        state = {Verdict.SERVE: "owned", Verdict.MOVED: "not-owned", Verdict.TRYAGAIN: "migrating"}
-        if decision.verdict is Verdict.SERVE and any(f.contains(ident) for f in self.ownership.frozen):
-            state[Verdict.SERVE] = "migrating"
+        if decision.verdict is Verdict.SERVE:
+            frozen = any(f.contains(ident) for f in self.ownership.frozen)
+            state = "migrating" if frozen else "owned"
+        elif decision.verdict is Verdict.TRYAGAIN:
+            state = "unavailable"
+        else:
+            state = "not-owned" if decision.held is None else "backup"
         return [b"path", path.encode(), b"mdid", self.space.address(ident).encode(),
                 b"block", str(decision.block or "-").encode(),
-                b"state", state[decision.verdict].encode(),
+                b"state", state.encode(), b"why", decision.reason.encode(),
                 b"exists", int(value is not None), b"bytes", len(value) if value is not None else 0]
 
     # -- connection and server commands ----------------------------------------
@@ -393,7 +473,10 @@ class MetadataService:
             f"store:{self.store.kind}",
             f"space:{self.space}",
             f"owned_blocks:{','.join(map(str, self.ownership.owned)) or '-'}",
+            f"backup_blocks:{','.join(str(r.block) for r in self.ownership.roles if not r.primary) or '-'}",
             f"frozen_blocks:{','.join(map(str, self.ownership.frozen)) or '-'}",
+            f"degraded_blocks:{','.join(map(str, self.ownership.degraded)) or '-'}",
+            f"suspended:{int(self.ownership.suspended)}",
             f"keys:{await self.store.total()}",
             f"connected_clients:{len(self._connections)}",
             f"uptime_s:{time.monotonic() - self._started:.0f}",

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from client_lib.api import codec
-from client_lib.api.admin import ADMIN, CountRequest, DisownRequest, MigrateRequest, OwnRequest
+from client_lib.api.admin import ADMIN, AssignRequest, CountRequest, DisownRequest, MigrateRequest, Role
 from client_lib.api.auth import Signer, load_secret, write_secret
 from client_lib.api.clients import ApiClient
 from client_lib.cidr import Block
@@ -65,6 +65,11 @@ def _signed(proc: AgentProcess, method: str, path: str, body: bytes) -> dict[str
     return headers
 
 
+def _solo(proc: AgentProcess, block: Block, epoch: int = 0) -> AssignRequest:
+    """The role of a standalone agent: the primary of a set of one."""
+    return AssignRequest([Role(block, epoch, True, [proc.member()])])
+
+
 def _everything_still_served(proc: AgentProcess) -> None:
     health = proc.call(ADMIN.health)
     assert health.owned == [SPACE] and health.frozen == [] and health.keys == KEYS
@@ -75,7 +80,7 @@ def _everything_still_served(proc: AgentProcess) -> None:
 
 def test_an_unsigned_migration_to_an_attackers_url_is_refused(agent: AgentProcess) -> None:
     with Listener() as attacker:
-        body = json.dumps({"blocks": [str(SPACE)], "target": attacker.url}).encode()
+        body = json.dumps({"blocks": [str(SPACE)], "targets": [attacker.url]}).encode()
         status, answer = _send(agent, "POST", "/migrations", body)
         assert status == 401 and "not signed" in str(answer["error"])
         assert attacker.connections == 0 and attacker.received == []
@@ -95,7 +100,7 @@ def test_another_secret_or_a_replayed_request_is_refused(agent: AgentProcess, tm
         stranger.call(ADMIN.disown, DisownRequest([SPACE], delete=True))
     assert refused.value.status == 401
     with pytest.raises(AuthError):
-        stranger.call(ADMIN.migrate, MigrateRequest([SPACE], "http://127.0.0.1:1"))
+        stranger.call(ADMIN.migrate, MigrateRequest([SPACE], ["http://127.0.0.1:1"]))
     _everything_still_served(agent)
 
     # A request captured on the wire works once, and never again.
@@ -105,8 +110,8 @@ def test_another_secret_or_a_replayed_request_is_refused(agent: AgentProcess, tm
     headers = _signed(agent, "POST", "/disown", body)
     status, answer = _send(agent, "POST", "/disown", body, headers)
     assert status == 200 and answer["released"] == [str(tiny)]
-    # Owning the whole space again swallows the rest, and keeps its records.
-    assert agent.call(ADMIN.own, OwnRequest([SPACE])).added == [SPACE]
+    # Taking the whole space again swallows the rest, and keeps its records.
+    assert agent.call(ADMIN.assign, _solo(agent, SPACE)).roles == [_solo(agent, SPACE).roles[0]]
     status, answer = _send(agent, "POST", "/disown", body, headers)
     assert status == 401 and "replayed" in str(answer["error"])
     _everything_still_served(agent)
@@ -114,7 +119,6 @@ def test_another_secret_or_a_replayed_request_is_refused(agent: AgentProcess, tm
 
 def test_reads_are_open_to_unsigned_callers_only_with_open_reads(tmp_path: Path) -> None:
     count = codec.dumps(CountRequest([(SPACE.first, SPACE.last)]))
-    own = codec.dumps(OwnRequest([SPACE]))
     with AgentProcess(f"leveldb:{tmp_path / 'closed'}", own=[str(SPACE)]) as closed:
         assert _send(closed, "GET", "/health")[0] == 401
         assert _send(closed, "POST", "/count", count)[0] == 401
@@ -123,12 +127,15 @@ def test_reads_are_open_to_unsigned_callers_only_with_open_reads(tmp_path: Path)
         assert status == 200 and health["name"] == opened.name
         assert _send(opened, "POST", "/count", count) == (200, {"counts": [0]})
         assert _send(opened, "GET", "/migrations")[0] == 200
-        assert _send(opened, "POST", "/own", own)[0] == 401
+        assert _send(opened, "GET", "/syncs") == (200, {"syncs": []})
+        assign = codec.dumps(_solo(opened, SPACE))
+        assert _send(opened, "POST", "/assign", assign)[0] == 401
+        assert _send(opened, "POST", "/syncs", b"{}")[0] == 401
         assert _send(opened, "POST", "/migrations/x/abort")[0] == 401
-        assert _send(opened, "POST", "/own", own, _signed(opened, "POST", "/own", own))[0] == 200
+        assert _send(opened, "POST", "/assign", assign, _signed(opened, "POST", "/assign", assign))[0] == 200
 
 
-def test_typed_routes_count_own_disown_and_refuse_bad_requests(agent: AgentProcess) -> None:
+def test_typed_routes_count_assign_disown_and_refuse_bad_requests(agent: AgentProcess) -> None:
     ids = sorted(mdid(p, SPACE) for p in PATHS)
     assert agent.call(ADMIN.count, CountRequest([(ids[10], ids[59]), (SPACE.first, SPACE.last)])).counts \
         == [50, KEYS]
@@ -142,23 +149,37 @@ def test_typed_routes_count_own_disown_and_refuse_bad_requests(agent: AgentProce
         return status, str(answer.get("error"))
 
     assert refused("/count", b'{"ranges": [[1, 2]]}')[0] == 400                # outside the space
-    assert refused("/own", b'{"blocks": ["10.0.0.0/8"]}') == (400, "10.0.0.0/8 is not inside the "
-                                                              "MetaDataID space 100.64.0.0/10")
-    assert refused("/own", b'{"blocks": "100.64.0.0/10"}')[0] == 400           # not a list
-    assert refused("/own", b'{"blocks": ["100.64.0.1/10"]}')[0] == 400         # host bits
-    assert refused("/own", b'{"blocks": [], "extra": 1}')[0] == 400            # unknown field
-    assert refused("/own", b"not json")[0] == 400
-    assert _send(agent, "GET", "/own")[0] == 405
+
+    def role(block: str, **fields: object) -> bytes:
+        body = {"block": block, "epoch": 0, "primary": True,
+                "members": [{"name": agent.name, "replication": agent.replication}], **fields}
+        return json.dumps({"roles": [body]}).encode()
+
+    assert refused("/assign", role("10.0.0.0/8")) == (400, "10.0.0.0/8 is not inside the "
+                                                      "MetaDataID space 100.64.0.0/10")
+    assert refused("/assign", b'{"roles": {"block": "100.64.0.0/10"}}')[0] == 400   # not a list
+    assert refused("/assign", role("100.64.0.1/10"))[0] == 400                    # host bits
+    assert refused("/assign", role(str(SPACE), extra=1))[0] == 400                # unknown field
+    status, why = refused("/assign", role(str(SPACE), primary=False))             # listed first
+    assert status == 400 and "primary first" in why
+    status, why = refused("/assign", role(str(SPACE), epoch=-1))
+    assert status == 400 and "negative" in why
+    assert refused("/assign", b"not json")[0] == 400
+    assert _send(agent, "GET", "/assign")[0] == 405
     with pytest.raises(NotFound):
         agent.call(ADMIN.commit, id="nope")
     with pytest.raises(NotFound, match="no import"):
-        agent.call(ADMIN.own, OwnRequest([SPACE], migration="nope"))
+        agent.call(ADMIN.assign, AssignRequest(_solo(agent, SPACE).roles, migration="nope"))
+    agent.call(ADMIN.assign, _solo(agent, SPACE, epoch=3))
+    with pytest.raises(ApiError, match="newer epoch 3") as older:   # epochs never go back
+        agent.call(ADMIN.assign, _solo(agent, SPACE, epoch=2))
+    assert older.value.status == 409 and agent.call(ADMIN.health).roles[0].epoch == 3
     low, high = SPACE.halves()
     reply = agent.call(ADMIN.disown, DisownRequest([high], delete=True, moved_to="10.0.0.9:9000"))
     assert reply.owned == [low] and reply.released == [high]
     assert agent.call(ADMIN.blocks).total == sum(1 for i in ids if low.contains(i))
     with pytest.raises(ApiError) as conflict:  # a migration of what is no longer owned
-        agent.call(ADMIN.migrate, MigrateRequest([high], "http://127.0.0.1:1"))
+        agent.call(ADMIN.migrate, MigrateRequest([high], ["http://127.0.0.1:1"]))
     assert conflict.value.status == 409
 
 

@@ -1,19 +1,22 @@
-"""Migrations between real agents: loss-free under concurrent writers, and
-safe whatever the target or the controller does (dies, falls silent, does
-not hold the secret, refuses the cut-over, never commits).
+"""Migrations between real agents: loss-free under concurrent writers, to
+every member of a new replica set, and safe whatever a target or the
+controller does (dies, falls silent, does not hold the secret, never
+commits).
 
-The test plays the controller: a routing table (block -> agent) stands in
-for the switches' flow entries and is swapped at the moment the controller
-would swap flows, sometimes before the cut-over (the target answers MOVED
-until it owns the block) and sometimes after it (the old owner answers
-MOVED to stragglers). Four writers put and delete their own paths and record
-only what was acknowledged; at the end every acknowledged write must be
-readable at its owner, and nothing else may exist anywhere.
+The test plays the controller: it assigns the targets their roles (with the
+migration's id, which keeps the imported records) before it commits, as the
+controller does, and a routing table (block -> agent) stands in for the
+switches' flow entries, swapped at the moment the controller would swap
+flows, sometimes before the source's commit and sometimes after it (the old
+owner answers MOVED to stragglers). Four writers put and delete their own
+paths and record only what was acknowledged; at the end every acknowledged
+write must be readable at its owner, and nothing else may exist anywhere.
 """
 
 from __future__ import annotations
 
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +26,7 @@ import pytest
 
 from client_lib.api.admin import (
     ADMIN,
+    AssignRequest,
     Discarded,
     DisownReply,
     Health,
@@ -30,6 +34,7 @@ from client_lib.api.admin import (
     ImportProgress,
     MigrateRequest,
     MigrationReport,
+    Role,
 )
 from client_lib.api.auth import load_secret
 from client_lib.api.server import Call
@@ -38,6 +43,7 @@ from client_lib.client import MetaFlowClient, RetryPolicy, Unavailable
 from client_lib.constants import MAX_VALUE
 from client_lib.errors import ApiError, Conflict, NotFound
 from client_lib.mdid import mdid
+from client_lib.resp import encode_command
 from mininet_scenarios.daemons import AgentProcess
 from tests.integration.fake_api import FakeApi, Listener
 
@@ -97,6 +103,14 @@ def _writer(n: int, routes: Routes, stop: threading.Event, acked: dict[str, byte
         client.close()
 
 
+def _take(targets: list[AgentProcess], block: Block, epoch: int, migration: str | None = None) -> None:
+    """What the controller does before it commits: every target gets its role
+    in the block's new set (the first is the primary), keeping the import."""
+    members = [t.member() for t in targets]
+    for i, target in enumerate(targets):
+        target.call(ADMIN.assign, AssignRequest([Role(block, epoch, i == 0, members)], migration))
+
+
 def _pick_block(rng: random.Random, owned: list[Block]) -> Block:
     block = rng.choice(owned)
     for _ in range(rng.randrange(0, 4)):
@@ -138,14 +152,15 @@ def test_fifty_migrations_under_four_writers_lose_nothing(kind: str, tmp_path: P
                 source = rng.choice([p for p in agents if owned[p]])
                 target = b if source is a else a
                 block = _pick_block(rng, owned[source])
-                mig = source.call(ADMIN.migrate, MigrateRequest([block], target.admin_url))
+                mig = source.call(ADMIN.migrate, MigrateRequest([block], [target.admin_url]))
                 assert mig.state == "copied" and mig.lease_left_s is not None
                 if rng.random() < 0.1:  # a controller that changes its mind
                     assert source.call(ADMIN.abort, id=mig.id).state == "aborted"
                     outcomes["aborted"] += 1
                     continue
+                _take([target], block, i + 1, mig.id)
                 swap_first = i % 2 == 0
-                if swap_first:  # flows first: the target answers MOVED until it owns
+                if swap_first:  # flows first: the source still answers, frozen, until it commits
                     routes.move(block, (target.host, target.port))
                 assert source.call(ADMIN.commit, id=mig.id).state == "committed"
                 if not swap_first:  # flows late: the old owner answers MOVED meanwhile
@@ -182,6 +197,8 @@ def test_fifty_migrations_under_four_writers_lose_nothing(kind: str, tmp_path: P
 
 
 def test_a_target_that_dies_leaves_the_source_owning_and_serving(tmp_path, cluster_secret):
+    """The target dies between the copy and its assignment: the controller's
+    /assign fails, it aborts, and the source serves on (nothing was deleted)."""
     with AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT)], log_path=tmp_path / "a.log",
                       secret_file=cluster_secret) as a:
         b = AgentProcess(f"leveldb:{tmp_path / 'b'}", log_path=tmp_path / "b.log",
@@ -192,12 +209,12 @@ def test_a_target_that_dies_leaves_the_source_owning_and_serving(tmp_path, clust
             for path in paths:
                 client.put(path, path.encode())
             half = ROOT.halves()[1]
-            mig = a.call(ADMIN.migrate, MigrateRequest([half], b.admin_url))
+            mig = a.call(ADMIN.migrate, MigrateRequest([half], [b.admin_url]))
             assert mig.state == "copied" and mig.keys > 100
             b.kill()  # the target dies between the copy and the cut-over
-            with pytest.raises(ApiError, match="cut-over failed") as failed:
-                a.call(ADMIN.commit, id=mig.id)
-            assert failed.value.status == 502
+            with pytest.raises(ApiError):
+                _take([b], half, 1, mig.id)
+            assert a.call(ADMIN.abort, id=mig.id).state == "aborted"
             health = a.call(ADMIN.health)
             assert health.owned == [ROOT] and health.frozen == []
             assert all(client.get(p) == p.encode() for p in paths)
@@ -205,13 +222,13 @@ def test_a_target_that_dies_leaves_the_source_owning_and_serving(tmp_path, clust
             assert client.get(paths[0]) == b"writable again"
             # and a target that is not there at all: refused before anything is frozen
             with pytest.raises(ApiError, match="before anything was frozen") as failed:
-                a.call(ADMIN.migrate, MigrateRequest([half], b.admin_url))
+                a.call(ADMIN.migrate, MigrateRequest([half], [b.admin_url]))
             assert failed.value.status == 502
             assert a.call(ADMIN.health).frozen == []
             assert a.call(ADMIN.blocks).total == len(paths)
             reports = {m.id: m for m in a.call(ADMIN.migrations).migrations}
-            assert reports[mig.id].state == "aborted" and "cut-over failed" in (reports[mig.id].error or "")
-        assert "aborted" in a.log()
+            assert reports[mig.id].state == "aborted" and reports[mig.id].error == "aborted by request"
+        assert "did not confirm the discard" in a.log()
 
 
 def _wait_state(agent: AgentProcess, ident: str, state: str, timeout: float) -> MigrationReport:
@@ -239,7 +256,7 @@ def test_a_migration_nobody_commits_aborts_when_its_lease_runs_out(tmp_path, clu
         for path in paths:
             client.put(path, b"before")
         moving = [p for p in paths if half.contains(mdid(p, SPACE))]
-        mig = a.call(ADMIN.migrate, MigrateRequest([half], b.admin_url, lease_s=1.0))
+        mig = a.call(ADMIN.migrate, MigrateRequest([half], [b.admin_url], lease_s=1.0))
         answered = time.monotonic()
         assert mig.state == "copied" and mig.keys == len(moving)
         assert mig.lease_left_s is not None and 0 < mig.lease_left_s <= 1.0
@@ -263,14 +280,18 @@ def test_a_migration_nobody_commits_aborts_when_its_lease_runs_out(tmp_path, clu
 
 
 def test_a_target_without_the_secret_receives_no_record(tmp_path, cluster_secret):
+    """One target of the new set does not hold the secret: no target gets a record."""
     with Listener() as fake, AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT)],
-                                          secret_file=cluster_secret) as a, _client(a, 1) as client:
+                                          secret_file=cluster_secret) as a, \
+            AgentProcess(f"leveldb:{tmp_path / 'b'}", secret_file=cluster_secret) as b, \
+            _client(a, 1) as client:
         for i in range(100):
             client.put(f"/secret/{i}", b"x")
         with pytest.raises(ApiError, match="not signed with the cluster's secret") as failed:
-            a.call(ADMIN.migrate, MigrateRequest([ROOT], fake.url))
+            a.call(ADMIN.migrate, MigrateRequest([ROOT], [b.admin_url, fake.url]))
         assert failed.value.status == 502
         assert [(method, path) for method, path, _ in fake.received] == [("GET", "/health")]
+        assert b.call(ADMIN.health).imports == [] and b.call(ADMIN.health).keys == 0
         assert a.call(ADMIN.health).frozen == [] and a.call(ADMIN.migrations).migrations == []
         client.put("/secret/0", b"still writable")
         assert a.call(ADMIN.blocks).total == 100
@@ -279,19 +300,21 @@ def test_a_target_without_the_secret_receives_no_record(tmp_path, cluster_secret
 def test_an_agent_refuses_itself_and_impossible_migrations_as_a_target(tmp_path):
     with AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT.halves()[0])]) as a:
         with pytest.raises(ApiError, match="own admin API") as failed:
-            a.call(ADMIN.migrate, MigrateRequest([ROOT.halves()[0]], a.admin_url))
+            a.call(ADMIN.migrate, MigrateRequest([ROOT.halves()[0]], ["http://127.0.0.1:1", a.admin_url]))
         assert failed.value.status == 400
         # Another name for itself: signed requests are bound to the address they
         # are sent to, so the alias does not even pass the target check.
         with pytest.raises(ApiError, match="refused before anything was frozen") as failed:
-            a.call(ADMIN.migrate, MigrateRequest([ROOT.halves()[0]], f"http://localhost:{a.admin_port}"))
+            a.call(ADMIN.migrate, MigrateRequest([ROOT.halves()[0]], [f"http://localhost:{a.admin_port}"]))
         assert failed.value.status == 502
         other = "http://127.0.0.1:1"
-        for request, status in ((MigrateRequest([], other), 400),
-                                (MigrateRequest([ROOT.halves()[0]], other, lease_s=0), 400),
-                                (MigrateRequest([ROOT.halves()[0]], "http://127.0.0.1:port"), 400),
-                                (MigrateRequest([ROOT.halves()[0]], "ftp://127.0.0.1:1"), 400),
-                                (MigrateRequest([ROOT.halves()[1]], other), 409)):
+        for request, status in ((MigrateRequest([], [other]), 400),
+                                (MigrateRequest([ROOT.halves()[0]], []), 400),
+                                (MigrateRequest([ROOT.halves()[0]], [other, other + "/"]), 400),
+                                (MigrateRequest([ROOT.halves()[0]], [other], lease_s=0), 400),
+                                (MigrateRequest([ROOT.halves()[0]], ["http://127.0.0.1:port"]), 400),
+                                (MigrateRequest([ROOT.halves()[0]], ["ftp://127.0.0.1:1"]), 400),
+                                (MigrateRequest([ROOT.halves()[1]], [other]), 409)):
             with pytest.raises(ApiError) as failed:
                 a.call(ADMIN.migrate, request)
             assert failed.value.status == status, failed.value
@@ -340,7 +363,7 @@ def test_a_target_that_falls_silent_mid_copy_cannot_keep_the_blocks_frozen(tmp_p
             client.put(f"/silent/{i}", b"x")
         started = time.monotonic()
         with pytest.raises(ApiError, match="timed out") as failed:
-            a.call(ADMIN.migrate, MigrateRequest([ROOT], silent.url))
+            a.call(ADMIN.migrate, MigrateRequest([ROOT], [silent.url]))
         assert failed.value.status == 502 and time.monotonic() - started < 8
         assert silent.routes_called() == [ADMIN.health, ADMIN.import_begin, ADMIN.import_records,
                                           ADMIN.import_discard]
@@ -355,7 +378,7 @@ def test_an_abort_during_the_copy_stops_it(tmp_path: Path, cluster_secret: Path)
         client.put("/copying/0", b"x")
         outcome: list[BaseException] = []
         migrating = threading.Thread(target=lambda: outcome.extend(
-            _raised(lambda: a.call(ADMIN.migrate, MigrateRequest([ROOT], silent.url)))))
+            _raised(lambda: a.call(ADMIN.migrate, MigrateRequest([ROOT], [silent.url])))))
         migrating.start()
         deadline = time.monotonic() + 10
         while not (copying := [m for m in a.call(ADMIN.migrations).migrations if m.state == "copying"]):
@@ -371,6 +394,13 @@ def test_an_abort_during_the_copy_stops_it(tmp_path: Path, cluster_secret: Path)
         client.put("/copying/0", b"writable")
 
 
+def _raw(agent: AgentProcess, request: bytes) -> bytes:
+    """One request on port 9000, and the reply's first line."""
+    with socket.create_connection((agent.host, agent.port), timeout=5) as sock:
+        sock.sendall(request)
+        return sock.makefile("rb").readline()
+
+
 def _raised(work: Callable[[], object]) -> list[BaseException]:
     try:
         work()
@@ -379,25 +409,53 @@ def _raised(work: Callable[[], object]) -> list[BaseException]:
     return []
 
 
-def test_a_refused_cut_over_is_given_back_and_aborted(tmp_path, cluster_secret):
-    def refuse(call: Call) -> object:
-        raise Conflict("the stand-in refuses to serve", 409)
+def test_a_migration_copies_to_every_member_of_the_new_set(tmp_path: Path, cluster_secret: Path) -> None:
+    """A split target that is a replica set of two: both members get every
+    record, the controller assigns them (primary and backup, keeping the
+    import), the source commits, and the new set serves and replicates."""
+    half = ROOT.halves()[1]
+    a, b, c = (AgentProcess(f"leveldb:{tmp_path / n}", own=[str(ROOT)] if n == "a" else None,
+                            log_path=tmp_path / f"{n}.log", secret_file=cluster_secret) for n in "abc")
+    with a, b, c, _client(a) as client:
+        paths = [f"/pair/{i}" for i in range(400)]
+        for path in paths:
+            client.put(path, path.encode())
+        moving = [p for p in paths if half.contains(mdid(p, SPACE))]
+        mig = a.call(ADMIN.migrate, MigrateRequest([half], [b.admin_url, c.admin_url]))
+        assert mig.state == "copied" and mig.keys == len(moving) and mig.targets == [b.admin_url, c.admin_url]
+        assert b.call(ADMIN.health).imports == [mig.id] == c.call(ADMIN.health).imports
+        _take([b, c], half, 1, mig.id)
+        assert a.call(ADMIN.commit, id=mig.id).state == "committed"
+        assert a.call(ADMIN.health).owned == [ROOT.halves()[0]]
+        assert a.call(ADMIN.blocks).total == len(paths) - len(moving)
+        for target, primary in ((b, True), (c, False)):
+            health = target.call(ADMIN.health)
+            assert health.imports == [] and health.keys == len(moving)
+            assert [(r.block, r.epoch, r.primary) for r in health.roles] == [(half, 1, primary)]
+        # a straggler is sent on to the new primary
+        assert _raw(a, encode_command("GET", moving[0])) == f"-MOVED {mdid(moving[0], SPACE)} " \
+            f"127.0.0.1:{b.port}\r\n".encode()
+        with _client(b) as new:
+            assert all(new.get(p) == p.encode() for p in moving)
+            new.put(moving[0], b"after the move")   # acknowledged once c has it too
+        assert c.call(ADMIN.stats).service["replica_applied"] == 1
 
-    target = _target(load_secret(cluster_secret), own=refuse)
-    with target, AgentProcess(f"leveldb:{tmp_path / 'a'}", own=[str(ROOT)],
-                              secret_file=cluster_secret) as a, _client(a, 1) as client:
-        for i in range(120):
-            client.put(f"/refused/{i}", b"v%d" % i)
-        mig = a.call(ADMIN.migrate, MigrateRequest([ROOT], target.url))
-        sent = [record for c in target.calls if c.route is ADMIN.import_records for record in c.body.records]
-        assert mig.keys == len(sent) == 120
-        with pytest.raises(ApiError, match="cut-over failed.*refuses to serve") as failed:
-            a.call(ADMIN.commit, id=mig.id)
-        assert failed.value.status == 502
-        assert target.routes_called()[-3:] == [ADMIN.own, ADMIN.disown, ADMIN.import_discard]
-        assert a.call(ADMIN.health).owned == [ROOT] and a.call(ADMIN.blocks).total == 120
-        assert client.get("/refused/7") == b"v7"
-        client.put("/refused/7", b"writable")
+
+def test_a_failed_target_aborts_the_copy_at_every_target(tmp_path: Path, cluster_secret: Path) -> None:
+    with _falls_silent(load_secret(cluster_secret)) as silent, \
+            AgentProcess(f"leveldb:{tmp_path / 'a'}", "--peer-timeout", "1", own=[str(ROOT)],
+                         secret_file=cluster_secret) as a, \
+            AgentProcess(f"leveldb:{tmp_path / 'b'}", secret_file=cluster_secret) as b, \
+            _client(a, 1) as client:
+        for i in range(50):
+            client.put(f"/half/{i}", b"x")
+        with pytest.raises(ApiError, match="timed out"):
+            a.call(ADMIN.migrate, MigrateRequest([ROOT], [b.admin_url, silent.url]))
+        assert silent.routes_called()[-1] is ADMIN.import_discard
+        target = b.call(ADMIN.health)
+        assert target.imports == [] and target.keys == 0
+        assert a.call(ADMIN.health).frozen == []
+        client.put("/half/0", b"writable")
 
 
 def test_values_of_the_largest_size_migrate_in_bounded_batches(tmp_path, cluster_secret):
@@ -410,8 +468,9 @@ def test_values_of_the_largest_size_migrate_in_bounded_batches(tmp_path, cluster
         with _client(a) as client:
             for path in paths:
                 client.put(path, value)
-        mig = a.call(ADMIN.migrate, MigrateRequest([ROOT], b.admin_url, commit=True))
-        assert mig.state == "committed" and mig.keys == len(paths)
+        mig = a.call(ADMIN.migrate, MigrateRequest([ROOT], [b.admin_url]))
+        _take([b], ROOT, 1, mig.id)
+        assert a.call(ADMIN.commit, id=mig.id).state == "committed" and mig.keys == len(paths)
         assert a.call(ADMIN.commit, id=mig.id).state == "committed"  # a retried commit
         with pytest.raises(Conflict, match="already committed"):
             a.call(ADMIN.abort, id=mig.id)
@@ -426,7 +485,7 @@ def test_an_agent_stopped_with_a_copied_migration_leaves_no_copy_at_the_target(t
             with _client(a) as client:
                 for i in range(100):
                     client.put(f"/stopped/{i}", b"x")
-            mig = a.call(ADMIN.migrate, MigrateRequest([ROOT], b.admin_url))
+            mig = a.call(ADMIN.migrate, MigrateRequest([ROOT], [b.admin_url]))
             assert b.call(ADMIN.health).imports == [mig.id]
         # SIGTERM (and exit 0, checked by AgentProcess) aborted it
         target = b.call(ADMIN.health)

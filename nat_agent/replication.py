@@ -1,0 +1,478 @@
+"""Primary-backup replication, the primary's side: every write reaches the
+block's replica set before the client hears it succeeded.
+
+Why primary-backup and not a chain: the primary is the only server the
+switches route a block's IDs to, so it already sees every write and every
+read; sending a write to all backups at once costs one round trip however
+many there are (a chain costs one per member), and a read is answered by
+the primary alone, which is linearizable as long as the primary never shows
+a value the set does not hold (below). Replication never touches the flow
+tables: only the primary is in them.
+
+The wire (RESP over TCP, one connection per backup, pipelined, replies in
+order), to the backup's listener (`nat_agent.replica`, ``--replication``):
+
+* ``AUTH <authority> <authorization> <name>`` first, signed as an admin
+  request is (`client_lib.api.auth`: the method ``REPLICATE``, the path
+  ``/<name>``, the listener's host:port, a timestamp and a nonce, so a
+  stranger cannot stream and a captured handshake cannot be replayed). The
+  answer ``+sig=<hex>`` is the listener's signature over the nonce: records
+  go only to a holder of the cluster's secret, and nothing is sent before it;
+* ``RSET <block> <epoch> <mdid> <path> <value>`` and ``RDEL <block> <epoch>
+  <mdid> <path>``: a write. A backup applies it only if it holds `block` as a
+  backup at exactly `epoch` with the sender as its primary; otherwise it
+  answers ``-STALE <its epoch>`` (or ``-NOTHELD``, ``-SUSPENDED``, ``-ERR``);
+* ``RBEGIN``, ``RCOPY``, ``REND``: the catch-up copy of a sync (`nat_agent.syncs`).
+
+What a write does at a primary (`MetadataService` calls `begin`, applies
+the write to its own store, `stream`, then awaits `acknowledged`):
+
+* The key is marked as being written (`writing`) before the store is
+  touched: a read of it, or another write, waits until this one has ended.
+  A read thus never returns a value that may not survive.
+* The write goes to every member still streamed; the client's reply waits
+  for every *synced* member's ``+OK`` (unsynced ones catch up through their
+  sync and are not waited for).
+* A member that answers ``-STALE`` with an epoch newer than ours means this
+  agent was deposed: the block is *fenced* (`Ownership.fence`) and serves
+  nothing more until the controller reassigns it.
+* A synced member that refuses, cannot be reached, or says nothing within
+  ``--replication-timeout``: the write is not acknowledged (TRYAGAIN; the
+  client retries) and the block is *degraded* (`Ownership.degrade`): the
+  primary now holds a value that a member may lack, so it answers nothing
+  for the block until the controller re-syncs the members under a newer
+  epoch. Heartbeats report it. A silent member's connection is dropped, and
+  with it every write waiting on it.
+
+A set of one (r=1) costs nothing of this: the service sees a held block
+without peers and never calls here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from client_lib.api.auth import AUTH_HEADER, SIGNATURE_HEADER, Signer, Verifier
+from client_lib.cidr import Block
+from client_lib.errors import AuthError
+from client_lib.resp import (
+    OK,
+    ErrorReply,
+    ProtocolError,
+    Reply,
+    RespParser,
+    SimpleString,
+    encode_command,
+)
+from nat_agent.ownership import Held, Ownership, Peer
+from nat_agent.store import encode_path
+
+log = logging.getLogger("metaflow.agent.replication")
+
+METHOD = "REPLICATE"
+"""What the handshake signs as the request method: no admin route has it, so
+a signature of one protocol is never valid in the other."""
+
+DEFAULT_TIMEOUT = 1.0
+"""Seconds a synced member may take to acknowledge a write (``--replication-timeout``)."""
+
+MemberFailure = Callable[[Block, int, str, str], None]
+"""``(block, epoch, member, why)``: an unsynced member failed a write streamed to it."""
+
+
+# -- the handshake ---------------------------------------------------------------
+
+
+def hello(signer: Signer, name: str, authority: str) -> tuple[bytes, str]:
+    """The AUTH command a sender named `name` opens a connection to the
+    listener at `authority` (host:port) with, and the nonce its answer must sign."""
+    headers, nonce = signer.sign(authority, METHOD, "/" + name, "", b"")
+    return encode_command(b"AUTH", authority, headers[AUTH_HEADER], name), nonce
+
+
+def check_hello(verifier: Verifier, args: list[bytes]) -> tuple[str, SimpleString]:
+    """The sender's name and the answer to send, for the arguments of an AUTH
+    command; `AuthError` if it is not signed with the cluster's secret, is
+    stale, replayed, or addressed to another listener."""
+    if len(args) != 3:
+        raise AuthError("AUTH needs <authority> <authorization> <name>", 401)
+    authority, authorization, name = (a.decode("utf-8", "replace") for a in args)
+    nonce = verifier.check(METHOD, "/" + name, "", {"Host": authority, AUTH_HEADER: authorization}, b"")
+    return name, SimpleString(verifier.response_headers(nonce, 200, b"")[SIGNATURE_HEADER])
+
+
+def check_welcome(signer: Signer, nonce: str, reply: Reply, authority: str) -> None:
+    """Raise `AuthError` unless `reply` is the listener's signature over `nonce`."""
+    answer = reply.value if isinstance(reply, SimpleString) else ""
+    signer.check_response(nonce, 200, b"", {SIGNATURE_HEADER: answer}, f"replication listener {authority}")
+
+
+def stale_epoch(reply: Reply | BaseException) -> int | None:
+    """The epoch a ``-STALE <epoch>`` answer names (None for any other answer)."""
+    if isinstance(reply, ErrorReply) and reply.code == "STALE" and reply.detail.isdigit():
+        return int(reply.detail)
+    return None
+
+
+def describe(reply: Reply | BaseException) -> str:
+    if isinstance(reply, ErrorReply):
+        return reply.message
+    if isinstance(reply, BaseException):
+        return str(reply) or type(reply).__name__
+    return f"unexpected answer {reply!r:.100}"
+
+
+# -- connections to members --------------------------------------------------------
+
+
+class Waiter(Protocol):
+    """Whoever waits for the answer to one command sent on a link."""
+
+    def settle(self, tag: object, reply: Reply | BaseException) -> None: ...
+
+
+def _endpoint(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConnectionError(f"member address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class Link:
+    """The connection to one member's listener, opened when first needed and
+    again after it broke. Every command's answer goes to its waiter, in order;
+    a broken connection answers each outstanding command with the error."""
+
+    def __init__(self, address: str, sender: str, signer: Signer, timeout: float) -> None:
+        self.address = address
+        self.sender = sender   # this agent's name, as the handshake gives it
+        self.signer = signer
+        self.timeout = timeout
+        self.connection: _Connection | None = None
+
+    def send(self, payload: bytes, waiter: Waiter, tag: object = None) -> None:
+        connection = self.connection
+        if connection is None:
+            connection = self.connection = _Connection(self)
+        connection.send(payload, waiter, tag)
+
+    def reset(self, why: str) -> None:
+        """Drop the connection: everything outstanding on it fails with `why`."""
+        if self.connection is not None:
+            self.connection.fail(ConnectionError(why))
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.waiters: deque[tuple[Waiter, object]] = deque()
+        self.backlog: list[bytes] | None = []   # None once the listener proved it holds the secret
+        self.transport: asyncio.Transport | None = None
+        self.parser = RespParser()
+        self.nonce = ""
+        self.closed = False
+        self.opening = asyncio.get_running_loop().create_task(self._open(), name=f"link-{link.address}")
+
+    def send(self, payload: bytes, waiter: Waiter, tag: object) -> None:
+        self.waiters.append((waiter, tag))
+        if self.backlog is None:
+            assert self.transport is not None
+            self.transport.write(payload)
+        else:
+            self.backlog.append(payload)
+
+    async def _open(self) -> None:
+        link = self.link
+        try:
+            host, port = _endpoint(link.address)
+            async with asyncio.timeout(link.timeout):
+                transport, _ = await asyncio.get_running_loop().create_connection(lambda: self, host, port)
+        except (OSError, TimeoutError) as exc:
+            why = "timed out" if isinstance(exc, TimeoutError) else describe(exc)
+            self.fail(ConnectionError(f"cannot reach the member at {link.address}: {why}"))
+            return
+        if self.closed:
+            transport.abort()
+            return
+        payload, self.nonce = hello(link.signer, link.sender, link.address)
+        transport.write(payload)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a stream transport (uvloop's too)
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed(data)
+        while not self.closed:
+            try:
+                complete, reply = self.parser.next_reply()
+            except ProtocolError as exc:
+                self.fail(ConnectionError(f"the member at {self.link.address} broke the protocol: {exc}"))
+                return
+            if not complete:
+                return
+            if self.backlog is not None:
+                self._welcome(reply)
+            elif self.waiters:
+                waiter, tag = self.waiters.popleft()
+                waiter.settle(tag, reply)
+            else:
+                self.fail(ConnectionError(f"{self.link.address} answered a command never sent"))
+
+    def _welcome(self, reply: Reply) -> None:
+        """The listener's answer to AUTH: send what waited for it, or give up."""
+        try:
+            check_welcome(self.link.signer, self.nonce, reply, self.link.address)
+        except AuthError as exc:
+            log.error("replication to the member at %s refused: %s (%s)", self.link.address, exc,
+                      describe(reply))
+            self.fail(exc)
+            return
+        backlog, self.backlog = self.backlog or [], None
+        assert self.transport is not None
+        self.transport.write(b"".join(backlog))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(ConnectionError(f"connection to the member at {self.link.address} lost"))
+
+    def fail(self, exc: BaseException) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.link.connection is self:
+            self.link.connection = None
+        if self.transport is not None:
+            self.transport.abort()
+        if not self.opening.done() and self.opening is not asyncio.current_task():
+            self.opening.cancel()
+        waiters, self.waiters = self.waiters, deque()
+        for waiter, tag in waiters:
+            waiter.settle(tag, exc)
+
+
+# -- writes ------------------------------------------------------------------------------
+
+
+class NotReplicated(Exception):
+    """A write the replica set did not acknowledge (the client gets TRYAGAIN)."""
+
+
+class Write:
+    """One write at this primary, from before it touches the store until every
+    synced member acknowledged it or one failed. `done` is resolved then;
+    `failure` says why it failed (None: acknowledged)."""
+
+    __slots__ = ("ident", "path", "held", "owed", "acked", "failure", "done", "timer", "streamed", "owner")
+
+    def __init__(self, owner: Replicator, ident: int, path: str) -> None:
+        self.owner = owner
+        self.ident = ident
+        self.path = path
+        self.held: Held | None = None        # the role it was streamed under
+        self.owed: set[str] = set()          # synced members yet to acknowledge
+        self.acked: set[str] = set()
+        self.failure: str | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.timer: asyncio.TimerHandle | None = None
+        self.streamed = False
+
+    def settle(self, tag: object, reply: Reply | BaseException) -> None:
+        assert isinstance(tag, Peer)
+        owner = self.owner
+        if reply == OK:
+            if tag.name in self.owed:
+                self.owed.discard(tag.name)
+                self.acked.add(tag.name)
+                if not self.owed:
+                    owner.finish(self, None)
+            return
+        held = self.held
+        assert held is not None
+        newer = stale_epoch(reply)
+        if newer is not None and newer > held.epoch:
+            owner.fenced(held, tag.name, newer)
+        why = f"{tag.name} did not acknowledge: {describe(reply)}"
+        if tag.name in self.owed:
+            owner.finish(self, why)
+        elif not tag.required:
+            owner.member_failed(held, tag.name, why)
+
+    def expire(self) -> None:
+        self.timer = None
+        if self.done.done():
+            return
+        late = [p for p in self.held.peers if p.name in self.owed] if self.held else []
+        self.owner.finish(self, f"{', '.join(p.name for p in late)} did not acknowledge within "
+                                f"{self.owner.timeout:g} s")
+        for peer in late:  # a silent member: whatever waits on its connection fails now
+            self.owner.link(peer).reset(f"no answer from {peer.name} within {self.owner.timeout:g} s")
+
+
+class Replicator:
+    """This agent's streams to the members of the sets it is the primary of."""
+
+    def __init__(self, ownership: Ownership, name: str, secret: bytes,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.ownership = ownership
+        self.name = name
+        self.timeout = timeout
+        self.signer = Signer(secret)
+        self.writing: dict[str, Write] = {}
+        """Keys with a write under way, by path: a read of one waits for it."""
+        self.stats: Counter[str] = Counter()
+        self.on_member_failure: MemberFailure | None = None
+        self._links: dict[str, Link] = {}
+
+    def link(self, peer: Peer) -> Link:
+        link = self._links.get(peer.address)
+        if link is None:
+            link = self._links[peer.address] = Link(peer.address, self.name, self.signer, self.timeout)
+        return link
+
+    # -- a write, step by step ------------------------------------------------------
+
+    def begin(self, ident: int, path: str) -> Write:
+        """Mark `path` as being written; call before the store is touched."""
+        write = self.writing[path] = Write(self, ident, path)
+        return write
+
+    def stream(self, write: Write, value: bytes | None) -> None:
+        """Send the write (a value, or None for a delete) to the set of the
+        block as it is held now: the store is updated already, and the role
+        may have changed while it was."""
+        held = self.ownership.held_at(write.ident)
+        write.streamed = True
+        if held is None or not held.role.primary:
+            self.finish(write, "the block was reassigned during the write")
+            return
+        write.held = held
+        block, epoch, path = str(held.block), held.epoch, encode_path(write.path)
+        payload = (encode_command(b"RSET", block, epoch, write.ident, path, value) if value is not None
+                   else encode_command(b"RDEL", block, epoch, write.ident, path))
+        for peer in held.peers:
+            if peer.streamed:  # a required member is always streamed (`Ownership.update_peer`)
+                if peer.required:
+                    write.owed.add(peer.name)
+                self.link(peer).send(payload, write, peer)
+        self.stats["streamed"] += 1
+        if write.owed:
+            write.timer = asyncio.get_running_loop().call_later(self.timeout, write.expire)
+        else:
+            self.finish(write, None)
+
+    def sent(self, write: Write) -> None:
+        """The write's store step is over: one that streamed nothing (the store
+        failed, or a conditional write changed nothing) ends here."""
+        if not write.streamed:
+            self.finish(write, None)
+
+    async def acknowledged(self, write: Write) -> None:
+        """Wait for the write's end; `NotReplicated` if the set did not take it."""
+        if not write.done.done():
+            await write.done
+        if write.failure is not None:
+            raise NotReplicated(write.failure)
+
+    def finish(self, write: Write, failure: str | None) -> None:
+        if write.done.done():
+            return
+        write.failure = failure
+        if write.timer is not None:
+            write.timer.cancel()
+            write.timer = None
+        if self.writing.get(write.path) is write:
+            del self.writing[write.path]
+        if write.held is not None:
+            self._consequences(write)
+        self.stats["acknowledged" if failure is None else "not_acknowledged"] += 1
+        write.done.set_result(None)
+
+    def _consequences(self, write: Write) -> None:
+        """Whether the block must be held back: the write failed in the epoch
+        it was sent in, or the block moved to a newer epoch meanwhile and a
+        member synced in it did not acknowledge the write."""
+        sent = write.held
+        assert sent is not None
+        current = self.ownership.held_at(write.ident)
+        if current is None or not current.role.primary:
+            return
+        if current.epoch == sent.epoch:
+            if write.failure is not None:
+                self._degrade(sent.block, sent.epoch, write.failure)
+        elif any(p.required and p.name not in write.acked for p in current.peers):
+            self._degrade(current.block, current.epoch, write.failure or
+                          "a write sent in the previous epoch lacks a member's acknowledgement")
+
+    def _degrade(self, block: Block, epoch: int, why: str) -> None:
+        for part in self.ownership.degrade(block, epoch):
+            self.stats["degraded"] += 1
+            log.warning("%s (epoch %d) degraded: %s; it answers TRYAGAIN until the controller "
+                        "re-syncs its members under a newer epoch", part, epoch, why)
+
+    def fenced(self, held: Held, member: str, newer: int) -> None:
+        for part in self.ownership.fence(held.block, newer):
+            self.stats["fenced"] += 1
+            log.warning("%s fenced: %s holds it at epoch %d, newer than ours (%d); this agent no "
+                        "longer serves it", part, member, newer, held.epoch)
+
+    def member_failed(self, held: Held, member: str, why: str) -> None:
+        if self.on_member_failure is not None:
+            self.on_member_failure(held.block, held.epoch, member, why)
+
+    async def quiesce(self, blocks: Iterable[Block]) -> None:
+        """Wait until no write to `blocks` is under way (each ends within the timeout)."""
+        blocks = list(blocks)
+        while True:
+            busy = [w for w in self.writing.values() if any(b.contains(w.ident) for b in blocks)]
+            if not busy:
+                return
+            await asyncio.wait([w.done for w in busy])
+
+    # -- requests with a plain answer (syncs) --------------------------------------------
+
+    async def call(self, held: Held, peer: Peer, payloads: list[bytes], timeout: float) -> None:
+        """Send commands about `held` to a member and wait for all their
+        answers; `NotReplicated` if one is not ``+OK`` (and the block is fenced
+        if the member holds it at a newer epoch)."""
+        replies = _Replies(len(payloads))
+        link = self.link(peer)
+        for payload in payloads:
+            link.send(payload, replies)
+        try:
+            async with asyncio.timeout(timeout):
+                await replies.done
+        except TimeoutError:
+            link.reset(f"no answer from {peer.name} within {timeout:g} s")
+            raise NotReplicated(f"{peer.name} did not answer within {timeout:g} s") from None
+        if replies.error is not None:
+            newer = stale_epoch(replies.error)
+            if newer is not None and newer > held.epoch:
+                self.fenced(held, peer.name, newer)
+            raise NotReplicated(f"{peer.name}: {describe(replies.error)}")
+
+    async def close(self) -> None:
+        for link in self._links.values():
+            link.reset("the agent is shutting down")
+        for write in list(self.writing.values()):
+            self.finish(write, "the agent is shutting down")
+
+
+class _Replies:
+    """Waits for `count` answers; remembers the first that was not ``+OK``."""
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+        self.error: Reply | BaseException | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if count == 0:
+            self.done.set_result(None)
+
+    def settle(self, tag: object, reply: Reply | BaseException) -> None:
+        if reply != OK and self.error is None:
+            self.error = reply
+        self.left -= 1
+        if self.left == 0 and not self.done.done():
+            self.done.set_result(None)
