@@ -206,6 +206,21 @@ class LogicalBTree:
             self._refresh_state(leaf)
         return moves
 
+    def carve(self, block: Block) -> None:
+        """Make `block` one of its owner's blocks on its own, the block it sits
+        in re-covered around it; the owner stays. (A rebuild restores blocks
+        that replicate apart, under different sets, even where one leaf owns
+        them side by side.)"""
+        owner = self.owner(block.first)
+        held = self._held_block(owner, block.first)
+        if not held.covers(block):
+            raise TreeError(f"{block} spans more than one block of {owner!r}")
+        if held == block:
+            return
+        self._detach(held, owner)
+        for piece in [block, *subtract(held, block)]:
+            self._attach(piece, owner)
+
     def _held_block(self, leaf: str, addr: int) -> Block:
         held = self._blocks[leaf]
         return held.peekitem(held.bisect_right(addr) - 1)[1]

@@ -650,6 +650,21 @@ def test_transfer_errors_and_sub_blocks():
     assert t.transfer([part], idle) == []   # already there
 
 
+def test_carve_splits_a_block_in_place_without_moving_it():
+    t = hand_tree()
+    t.bootstrap_organic("a")
+    part = Block(SPACE.first + 4, 30)
+    t.carve(part)
+    check_invariants(t)
+    assert part in t.blocks("a") and len(t.blocks("a")) > 1
+    assert {leaf for _, leaf in t.partition()} == {"a"}
+    t.carve(part)   # already on its own
+    assert t.blocks("a").count(part) == 1
+    t.transfer([Block(SPACE.first, 30)], "b")
+    with pytest.raises(TreeError):
+        t.carve(Block(SPACE.first, 29))   # spans a's and b's blocks
+
+
 def _graph_with_new_host(g: nx.Graph, edge: str, name: str) -> nx.Graph:
     g = g.copy()
     for _, _, d in g.edges(data=True):
