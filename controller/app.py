@@ -58,6 +58,7 @@ from controller.steps import (
     SwitchDown,
     SwitchUp,
     Tick,
+    Wait,
 )
 
 log = logging.getLogger("metaflow.controller.app")
@@ -171,6 +172,10 @@ class MetaFlowApp(app_manager.OSKenApp):
             self.agents.submit(self._call_agent, step)
         elif isinstance(step, (SendFlows, ReadFlows, PacketOut)):
             self._to_switch(step)
+        elif isinstance(step, Wait):
+            timer = threading.Timer(step.seconds, self.post, (StepDone(step.id),))
+            timer.daemon = True
+            timer.start()
         else:
             log.error("no way to carry out %r", step)
 

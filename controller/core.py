@@ -20,14 +20,15 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import networkx as nx
 
 from btree.flows import FlowDiff, FlowPlanner
+from btree.replicas import Replicas
 from btree.tree import LogicalBTree, Move, State
-from client_lib.api.admin import ADMIN, DisownRequest, OwnRequest
+from client_lib.api.admin import ADMIN, AssignRequest, Member, Role
 from client_lib.api.rest import (
     Ack,
     EventsView,
@@ -49,10 +50,12 @@ from client_lib.api.rest import (
 from client_lib.cidr import Block
 from client_lib.errors import Conflict, NotFound
 from controller import arp, ofmsgs
+from controller.build import build
 from controller.failover import failover_saga
 from controller.inventory import Inventory
 from controller.migrations import salvage_now
 from controller.registry import Registry, Server
+from controller.repair import repair_saga
 from controller.routing import Routes, diff_routes, host_routes
 from controller.saga import Operation, Operations, Saga, StepError
 from controller.settings import Settings
@@ -80,7 +83,7 @@ from controller.steps import (
     SwitchUp,
     Tick,
 )
-from topology.classify import Classification, TopologyError, discovered_graph, map_topology
+from topology.classify import Classification, discovered_graph
 
 log = logging.getLogger("metaflow.controller")
 
@@ -104,6 +107,10 @@ class MetaFlowCore:
         self._ids = itertools.count(1)
         self._loose: dict[int, str] = {}   # steps no operation waits for: what they were
         self.first_registration: float | None = None
+        self.replicas: Replicas | None = None
+        self.not_serving: set[Block] = set()
+        """Blocks whose primary holds its role but waits to serve (a promotion
+        or a move before its flows are in place)."""
 
     # -- the one entry point ---------------------------------------------------------
 
@@ -131,7 +138,8 @@ class MetaFlowCore:
 
     def event(self, kind: str, level: int = logging.INFO, **detail: Any) -> dict[str, Any]:
         record = {"t": round(self.clock(), 3), "event": kind, **detail}
-        self.events.append(record)
+        if level >= logging.INFO:   # what is only worth a debug line is not kept either
+            self.events.append(record)
         log.log(level, "%s %s", kind, " ".join(f"{k}={v}" for k, v in detail.items()))
         return record
 
@@ -229,20 +237,79 @@ class MetaFlowCore:
         self.planner_or_raise().update(back)
 
     def own_empty(self, server: str, blocks: list[Block], lost_with: str | None, reason: str) -> Saga:
-        """`server` serves `blocks` without their data, which died with
-        `lost_with` (None: no agent claims them): said loudly, never silently."""
+        """`server` serves `blocks` without their data, which died with every
+        copy (`lost_with`; None: no agent claims them): said loudly, never
+        silently. The blocks get a set of one; re-replication adds backups."""
         keys = self.registry[lost_with].keys if lost_with is not None and lost_with in self.registry else None
         lost = {"server": lost_with, "blocks": [str(b) for b in blocks],
                 "keys_lost_at_most": keys, "reason": reason}
         self.lost.append(lost)
         self.event("DATA-LOST", logging.ERROR, **lost, successor=server,
-                   note="no replication: metadata in these blocks is gone until rewritten")
+                   note="every copy of these blocks is gone; their metadata is lost until rewritten")
+        replicas = self.replicas_or_raise()
+        for block in blocks:
+            replicas.assign(block, (server,))
+        self.not_serving.difference_update(blocks)
         try:
-            yield CallAgent(server=server, url=self.registry[server].admin_url, route=ADMIN.own,
-                            body=OwnRequest(blocks))
+            yield self.assign_steps(blocks)
         except StepError as failed:
-            self.event("own-failed", logging.ERROR, server=server, reason=str(failed),
+            self.event("assign-failed", logging.ERROR, server=server, reason=str(failed),
                        note="its heartbeat decides whether it fails over")
+
+    # -- roles: what each agent holds ----------------------------------------------------
+
+    def replicas_or_raise(self) -> Replicas:
+        if self.replicas is None:
+            raise Conflict("the network is not built yet")
+        return self.replicas
+
+    def out_of_service(self) -> set[str]:
+        """Servers a new copy must not go to: failed, or promised to an operation."""
+        return {s.name for s in self.registry.servers.values() if s.failed} | self.operations.reserved()
+
+    def role(self, block: Block, name: str) -> Role:
+        s = self.replicas_or_raise().sets[block]
+        members = [Member(m, self.registry[m].replication, m not in s.unsynced) for m in s.members]
+        return Role(block, s.epoch, s.primary == name, members, serving=block not in self.not_serving)
+
+    def roles_of(self, name: str) -> list[Role]:
+        return [self.role(block, name) for block in sorted(self.replicas_or_raise().of(name))]
+
+    def assign_steps(self, blocks: Iterable[Block], migration: str | None = None,
+                     only: Collection[str] | None = None) -> list[Step]:
+        """One /assign per member of these blocks' sets (or of `only`), giving it
+        its role in each; a failed member is skipped."""
+        replicas = self.replicas_or_raise()
+        per: dict[str, list[Role]] = {}
+        for block in blocks:
+            for member in replicas.sets[block].members:
+                if (only is None or member in only) and not self.registry[member].failed:
+                    per.setdefault(member, []).append(self.role(block, member))
+        return [CallAgent(server=name, url=self.registry[name].admin_url, route=ADMIN.assign,
+                          body=AssignRequest(roles, migration)) for name, roles in sorted(per.items())]
+
+    def assign_all(self) -> list[Step]:
+        """Every live server is told exactly what it holds (it drops the rest)."""
+        return [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.assign,
+                          body=AssignRequest(self.roles_of(s.name) if self._in_tree(s.name) else [],
+                                             exclusive=True))
+                for s in self.registry.live()]
+
+    def activate(self, blocks: Iterable[Block]) -> Saga:
+        """The primaries of `blocks` start serving (their flows are in place)."""
+        blocks = [b for b in blocks if b in self.replicas_or_raise().sets]
+        self.not_serving.difference_update(blocks)
+        if not blocks:
+            return
+        try:
+            yield self.assign_steps(blocks, only={self.replicas_or_raise().sets[b].primary for b in blocks})
+        except StepError as failed:
+            self.not_serving.update(blocks)   # the tick tries again
+            self.event("activation-unconfirmed", logging.WARNING, blocks=[str(b) for b in blocks],
+                       reason=str(failed))
+
+    def _in_tree(self, name: str) -> bool:
+        return self.tree is not None and name in self.tree.leaves()
 
     # -- topology ----------------------------------------------------------------------
 
@@ -253,7 +320,7 @@ class MetaFlowCore:
             self.last_change = self.clock()
             if self.planner is not None and event.dpid in self.planner.fabric.switches:
                 self.event("switch-resync", dpid=event.dpid)
-                return self._start("resync", f"s{event.dpid}", set(),
+                return self.start("resync", f"s{event.dpid}", set(),
                                    lambda op: self.resync([event.dpid]))
             return self._loose_steps([SendFlows(dpid=event.dpid, messages=ofmsgs.base_messages())],
                                      f"base flows of {event.dpid}")
@@ -306,7 +373,7 @@ class MetaFlowCore:
         """What keeps the network from being built: servers not located yet."""
         return sorted(s.name for s in self.registry.live() if s.data_ip not in self.inventory.hosts)
 
-    def _graph(self) -> nx.Graph:
+    def graph_now(self) -> nx.Graph:
         storage = {s.data_ip: s.name for s in self.registry.servers.values()}
         hosts = [(storage.get(h.ip, f"h{h.ip}"), h.dpid, h.port, h.mac, h.ip,
                   "storage" if h.ip in storage else "client")
@@ -314,7 +381,7 @@ class MetaFlowCore:
         return discovered_graph(self.inventory.dpids, self.inventory.links, hosts)
 
     def _refresh_routes(self) -> list[Step]:
-        self.graph = self._graph()
+        self.graph = self.graph_now()
         new = host_routes(self.graph)
         steps: list[Step] = []
         for dpid, table in new.items():
@@ -327,15 +394,35 @@ class MetaFlowCore:
     # -- agents ---------------------------------------------------------------------------
 
     def _register(self, event: Register) -> Registered:
+        """What the agent may hold: nothing yet (None) while the network is not
+        built; its roles as this controller knows them; or nothing at all ([])
+        for a server that was declared failed, which rejoins empty and idle."""
         server, new = self.registry.register(event.registration, self.clock())
         if self.first_registration is None:
             self.first_registration = self.clock()
-        self.event("agent-registered", name=server.name, ip=server.data_ip, new=new,
-                   owned=len(server.reported), failed=server.failed)
-        return Registered(server.name)
+        cut_off = server.failed is not None and not self.inventory.attached(server.data_ip)
+        # A cut-off server registers again at every heartbeat (404): quietly.
+        self.event("agent-registered", logging.DEBUG if cut_off and not new else logging.INFO,
+                   name=server.name, ip=server.data_ip, new=new, roles=len(server.roles),
+                   suspended=server.suspended, failed=server.failed)
+        if self.tree is None or not self._in_tree(server.name):
+            return Registered(server.name, None if self.tree is None else [])
+        if server.failed:
+            if cut_off or self.operations.involving(server.name) or self.tree.blocks(server.name):
+                return Registered(server.name, [])   # not back on the data plane, or its fail-over runs
+            self.event("server-rejoined", server=server.name, was=server.failed, note="empty, idle")
+            server.failed = None
+            self.tree.join(server.name, self.tree.parent(server.name) or "")
+            return Registered(server.name, [])
+        return Registered(server.name, self.roles_of(server.name))
 
     def _heartbeat(self, event: Heartbeat) -> Ack:
-        self.registry.heartbeat(event.name, event.beat, self.clock())
+        """A server declared failed that still beats (it was cut off, not dead)
+        is asked to register again (404), which makes it drop what it holds
+        and rejoin empty."""
+        server = self.registry.heartbeat(event.name, event.beat, self.clock())
+        if server.failed:
+            raise NotFound(f"{server.name} was declared failed ({server.failed}): register again")
         return Ack(True)
 
     def capacity(self, server: Server) -> int:
@@ -347,11 +434,12 @@ class MetaFlowCore:
         now = self.clock()
         if self.tree is None:
             if now - self.last_change >= self.settings.settle_s:
-                return self._build(now)
+                return build(self, now)
             return []
         steps: list[Step] = []
         for server in self.registry.silent(now, self.settings.heartbeat_timeout_s):
             steps += self._fail(server.name, f"no heartbeat for {now - server.last_seen:.1f} s")
+        steps += self._keep_replicated()
         if self.settings.auto_split:
             busy = self.operations.reserved()
             for server in self.registry.live():
@@ -362,104 +450,42 @@ class MetaFlowCore:
                     busy = self.operations.reserved()
         return steps
 
-    def _build(self, now: float) -> list[Step]:
-        """Map the discovered topology onto the B-tree and program every switch.
-        Ownership comes from the agents when they report some (a restarted
-        controller), else from the bootstrap policy. A registered server that
-        has not shown up on the data plane by --locate-timeout is left out
-        (out of service), and its blocks are salvaged from its agent."""
-        if self.first_registration is None:
-            return []
-        missing = self.missing()
-        if missing and now - self.first_registration < self.settings.locate_timeout_s:
-            return []
-        for name in missing:
-            self.registry[name].failed = (f"not seen on the data plane within "
-                                          f"{self.settings.locate_timeout_s:g} s")
-            self.event("server-failed", logging.ERROR, server=name, reason=self.registry[name].failed)
-        graph = self._graph()
-        try:
-            classification, tree, fabric = map_topology(graph, self.settings.space)
-        except TopologyError as exc:
-            self.event("topology-not-mappable", logging.WARNING, reason=str(exc))
-            self.last_change = self.clock()   # wait for more of the topology
-            return []
-        self.graph, self.classification, self.tree = graph, classification, tree
-        losers, gaps = self._restore_ownership(tree)
-        restored = bool(tree.leaves_in(State.BUSY))
-        moves = [] if restored else self.settings.bootstrap.apply(tree)
-        self.planner = FlowPlanner(tree, fabric, minimize=self.settings.minimize)
-        self.routes = host_routes(graph)
-        self.event("network-built", switches=len(fabric.switches), servers=len(tree.leaves()),
-                   busy=len(tree.leaves_in(State.BUSY)), restored=restored,
-                   entries=self.planner.total_entries())
-        return self._start("build", "network", set(),
-                           lambda op: self._build_saga(moves, losers, gaps, restored))
-
-    def _restore_ownership(self, tree: LogicalBTree) -> tuple[dict[str, list[Block]], dict[str, list[Block]]]:
-        """The tree from what the agents in it say they own, and (second) the
-        blocks no agent in the tree claims, given to one idle leaf (their data
-        may be on an agent out of service). Two claims on one block cannot be
-        told apart without epochs: the first by name wins, the other is told
-        to stop serving it (keeping its records), loudly."""
-        claims = sorted((s.name, b) for s in self.registry.live() for b in s.reported
-                        if s.name in tree.leaves())
-        if not claims:
-            return {}, {}
-        tree.bootstrap_organic(claims[0][0])
-        taken: list[tuple[Block, str]] = []
-        losers: dict[str, list[Block]] = {}
-        for name, block in claims:
-            rival = next((owner for b, owner in taken if b.covers(block) or block.covers(b)), None)
-            if rival is not None and rival != name:
-                self.event("ownership-conflict", logging.ERROR, block=str(block), kept=rival, dropped=name)
-                losers.setdefault(name, []).append(block)
+    def _keep_replicated(self) -> list[Step]:
+        """Under-replicated or degraded blocks get a repair (a few at a time),
+        and primaries left waiting by an overtaken operation are told to serve."""
+        replicas = self.replicas_or_raise()
+        busy = self.operations.reserved()
+        steps: list[Step] = []
+        waiting = [b for b in self.not_serving if b in replicas.sets and replicas.sets[b].primary not in busy]
+        if waiting:
+            steps += self.start("activate", "blocks", set(), lambda op: self.activate(waiting))
+        degraded = {b: s.name for s in self.registry.live() for b in s.degraded}
+        running = sum(1 for op in self.operations.running.values() if op.kind == "repair")
+        for block in sorted(set(replicas.under_replicated()) | {b for b in degraded if b in replicas.sets}):
+            if running >= self.settings.max_syncs:
+                break
+            members = set(replicas.sets[block].members)
+            if members & busy or block in self.not_serving:
                 continue
-            tree.transfer([block], name)
-            taken.append((block, name))
-        unclaimed = [(piece, owner) for b, owner in tree.partition()
-                     for piece in _uncovered(b, [c for c, by in taken if by == owner])]
-        gaps: dict[str, list[Block]] = {}
-        if unclaimed:
-            idle = tree.leaves_in(State.IDLE)
-            for block, owner in unclaimed:
-                heir = idle[0] if idle else owner
-                tree.transfer([block], heir)
-                gaps.setdefault(heir, []).append(block)
-            self.event("unclaimed-blocks", logging.WARNING, blocks=[str(b) for b, _ in unclaimed],
-                       given_to=sorted(gaps))
-        tree.check()
-        return losers, gaps
+            resync = degraded.get(block) == replicas.sets[block].primary
+            steps += self._start_repair(block, members, resync)
+            busy = self.operations.reserved()
+            running += 1
+        return steps
 
-    def _build_saga(self, bootstrap: list[Move], losers: dict[str, list[Block]],
-                    gaps: dict[str, list[Block]], restored: bool) -> Saga:
-        tree = self.tree_or_raise()
-        owners = sorted({m.target for m in bootstrap})
-        if owners:
-            try:
-                yield [CallAgent(server=name, url=self.registry[name].admin_url, route=ADMIN.own,
-                                 body=OwnRequest(tree.blocks(name))) for name in owners]
-            except StepError as failed:
-                self.event("bootstrap-incomplete", logging.ERROR, reason=str(failed),
-                           note="a server that does not answer fails over by its heartbeat")
-        for name, blocks in losers.items():
-            try:
-                yield CallAgent(server=name, url=self.registry[name].admin_url, route=ADMIN.disown,
-                                body=DisownRequest(blocks, delete=False))
-            except StepError as failed:
-                self.event("disown-failed", logging.ERROR, server=name, reason=str(failed))
-        yield from self.resync(sorted(self.planner_or_raise().fabric.switches))
-        if restored:
-            yield from self._finish_leftovers()
-        for heir, blocks in gaps.items():
-            yield from self.recover(heir, blocks, None, "no agent in service claims these blocks")
-        return None
+    def _start_repair(self, block: Block, members: set[str], resync: bool) -> list[Step]:
+        primary = self.replicas_or_raise().sets[block].primary
+        return self.start("repair", primary, members, lambda op: repair_saga(self, op, block, resync))
 
     def recover(self, heir: str, blocks: list[Block], lost_with: str | None, reason: str) -> Saga:
         """`heir` takes over blocks whose owner could not hand them over: they
         are salvaged from any out-of-service agent that still claims them (a
         server cut off from the data plane, an earlier owner whose hand-over
         was overtaken); what nobody has is served empty, loudly."""
+        replicas = self.replicas_or_raise()
+        for block in blocks:
+            if replicas.sets.get(block, None) is None or replicas.sets[block].primary != heir:
+                replicas.assign(block, (heir,))
         rest = list(blocks)
         donors = [s for s in self.registry.servers.values()
                   if s.failed and s.name not in (heir, lost_with)]
@@ -475,46 +501,9 @@ class MetaFlowCore:
         if rest:
             yield from self.own_empty(heir, rest, lost_with, reason)
 
-    def _finish_leftovers(self) -> Saga:
-        """A restarted controller finds the migrations its predecessor left on
-        the agents. The tree was rebuilt from what the agents own, and an
-        unfinished migration's blocks are still owned by its source, so
-        aborting it is what agrees with the flows just installed: the source
-        unfreezes and keeps serving, the target drops its copy."""
-        servers = list(self.registry.servers.values())   # out of service too: it may hold leftovers
-        try:
-            listings = yield [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.migrations)
-                              for s in servers]
-        except StepError as failed:
-            listings = failed.results
-        aborts = [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.abort, params={"id": m.id})
-                  for s, listing in zip(servers, listings, strict=True) if listing is not None
-                  for m in listing.migrations if m.state in ("copying", "copied")]
-        if aborts:
-            self.event("leftover-migrations", count=len(aborts),
-                       migrations=[a.params["id"] for a in aborts], action="aborted")
-            try:
-                yield aborts
-            except StepError as failed:
-                self.event("abort-unconfirmed", logging.WARNING, reason=str(failed),
-                           note="the migrations' leases abort them")
-        try:
-            healths = yield [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.health) for s in servers]
-        except StepError as failed:
-            healths = failed.results
-        discards = [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.import_discard, params={"id": i})
-                    for s, health in zip(servers, healths, strict=True) if health is not None
-                    for i in health.imports]
-        if discards:
-            self.event("leftover-imports", count=len(discards), action="discarded")
-            try:
-                yield discards
-            except StepError as failed:
-                self.event("discard-unconfirmed", logging.WARNING, reason=str(failed))
-
     # -- operations ----------------------------------------------------------------------
 
-    def _start(self, kind: str, server: str, involves: set[str], make: Callable[[Operation], Saga],
+    def start(self, kind: str, server: str, involves: set[str], make: Callable[[Operation], Saga],
                reply: object = None) -> list[Step]:
         """Run a saga as an operation; `reply` (a REST caller) gets its outcome."""
         op = Operation(f"op{next(self._ids)}", kind, server, set(involves), self.clock())
@@ -536,7 +525,7 @@ class MetaFlowCore:
         return self._start_split(event.name, event.reply)
 
     def _start_split(self, name: str, reply: object = None) -> list[Step]:
-        return self._start("split", name, {name}, lambda op: split_saga(self, op, name), reply)
+        return self.start("split", name, {name}, lambda op: split_saga(self, op, name), reply)
 
     def _why_not_split(self, name: str) -> Exception | Outcome | None:
         if name not in self.registry:
@@ -571,7 +560,7 @@ class MetaFlowCore:
                 outcome = Outcome("server-failed", name, True, {"reason": reason, "note": "not in the tree"})
                 steps.append(self._issue_answer(reply, outcome))
             return steps
-        return steps + self._start("failover", name, {name},
+        return steps + self.start("failover", name, {name},
                                    lambda op: failover_saga(self, op, name, reason), reply)
 
     # -- views for the REST API -------------------------------------------------------------
@@ -609,11 +598,13 @@ class MetaFlowCore:
         for name, s in sorted(self.registry.servers.items()):
             in_tree = tree is not None and name in tree.leaves()
             busy = self.operations.involving(name)
+            backups = sorted(b for b, rs in self.replicas.of(name).items() if rs.primary != name) \
+                if self.replicas is not None else []
             out[name] = ServerInfo(
                 s.data_ip, s.admin_url, s.keys, self.capacity(s), s.failed,
                 tree.state(name).name.lower() if tree is not None and in_tree else None,
                 tree.blocks(name) if tree is not None and in_tree else list(s.reported),
-                busy[0].kind if busy else None)
+                busy[0].kind if busy else None, backups)
         return ServersView(out)
 
     def events_view(self) -> EventsView:
@@ -627,14 +618,3 @@ class MetaFlowCore:
         return OperationsView([OperationInfo(op.id, op.kind, op.server, op.step, round(now - op.started, 3))
                                for op in self.operations.running.values()])
 
-
-def _uncovered(block: Block, claims: list[Block]) -> list[Block]:
-    """The parts of `block` that no claim covers, as blocks (CIDR blocks nest
-    or are disjoint, so halving until each half is covered or untouched ends)."""
-    if any(c.covers(block) for c in claims):
-        return []
-    inside = [c for c in claims if block.covers(c)]
-    if not inside:
-        return [block]
-    low, high = block.halves()
-    return _uncovered(low, inside) + _uncovered(high, inside)

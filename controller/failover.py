@@ -1,27 +1,34 @@
-"""A fail-over as a saga: the tree names a successor, the data is salvaged if
-the failed server's agent still answers, and the switches follow.
+"""A fail-over as a saga: every block the failed server held is served again.
 
-1. (at once, before any step) the server is out of service; operations that
-   involve it are cancelled first, then the tree hands its blocks to the
-   nearest idle leaf not promised to another operation;
-2. salvage: if the failed server's agent answers over the management
-   network (its edge link died, not the server), its blocks are copied to
-   the successor exactly as in a split; otherwise the successor owns them
-   empty, and the loss is said loudly (there is no replication yet);
-3. flows: every switch whose table changes gets its diff. There is no way
-   back (the failed server cannot serve), so a switch that does not confirm
-   is re-synced, and re-synced again when it reconnects;
-4. commit the salvage (or, if that fails, the successor owns the blocks empty).
+For each block whose replica set the failed server was in (at once, before
+any step; operations that involve it are cancelled first):
 
-A successor that fails meanwhile cancels this operation; its own fail-over
-then moves the blocks on.
+- it was the primary and a synced backup lives: that backup is **promoted**.
+  The set loses the failed server under a new epoch, which fences it (its
+  backups refuse its stream from then on, so it can acknowledge nothing);
+  the promoted primary holds the role without serving until the flows that
+  route the block to it are confirmed, then serves. No data moves.
+- it was a backup: the set just loses it, under a new epoch.
+- it was the primary of a set with no other synced copy (r=1, or its
+  backups were still syncing): the tree hands the block to the nearest idle
+  leaf, and the data is salvaged from the failed server's agent if it still
+  answers over the management network (its edge link died, not the server),
+  else from any other out-of-service agent that holds it, else served empty
+  and said loudly (`DATA-LOST`: every copy died).
+
+Steps: assign the new roles (the fence), salvage what must be, move the
+flows (a switch that does not confirm is re-synced: there is no way back to
+the failed server), tell the waiting primaries to serve. Re-replication to
+restore r copies starts from the next tick, in the background.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
-from btree.tree import TreeError
+from btree.tree import Move, TreeError
+from client_lib.cidr import Block
 from controller import migrations
 from controller.saga import Cancelled, Operation, Saga, StepError
 
@@ -32,39 +39,75 @@ if TYPE_CHECKING:
 def failover_saga(core: MetaFlowCore, op: Operation, name: str, reason: str) -> Saga:
     started = core.clock()
     tree = core.tree_or_raise()
+    replicas = core.replicas_or_raise()
+    moves: list[Move] = []
+    promoted: dict[Block, str] = {}
+    shrunk: list[Block] = []
+    for block, s in sorted(replicas.of(name).items()):
+        survivors = [m for m in s.members if m != name and not core.registry[m].failed]
+        unsynced = s.unsynced & set(survivors)
+        if s.primary != name:
+            replicas.assign(block, survivors, unsynced)
+            shrunk.append(block)
+            continue
+        heir = next((m for m in survivors if m not in unsynced), None)
+        if heir is None:
+            continue   # no synced copy: the salvage path below
+        tree.transfer([block], heir)
+        moves.append(Move(block, name, heir))
+        replicas.assign(block, [heir] + [m for m in survivors if m != heir], unsynced)
+        core.not_serving.add(block)
+        promoted[block] = heir
     try:
         takeover = tree.fail(name, avoid=core.operations.reserved() - {name})
     except TreeError as exc:
         return core.outcome_event("takeover-impossible", server=name, reason=str(exc))
-    blocks = [m.block for m in takeover.moves]
-    if takeover.successor is None or not blocks:
-        return core.outcome_event("server-failed", ok=True, server=name, reason=reason,
-                                  note=takeover.reason)
-    successor = core.registry[takeover.successor]
-    op.involves.add(successor.name)
+    orphans = [m.block for m in takeover.moves]
+    moves += takeover.moves
+    successor = takeover.successor
+    if successor is not None and orphans:
+        for block in orphans:
+            replicas.assign(block, (successor,))
+        core.not_serving.update(orphans)
+    replicas.realign()
+    op.involves |= set(promoted.values()) | ({successor} if successor else set())
+    diff = core.planner_or_raise().update(moves)
+    migration = None
     try:
-        op.step = "salvage"
-        migration = yield from migrations.salvage(core, name, successor.admin_url, blocks)
-        if migration is None:
-            yield from core.recover(successor.name, blocks, lost_with=name, reason=reason)
+        op.step = "fence"
+        try:
+            yield core.assign_steps([*promoted, *shrunk])
+        except StepError as failed:
+            core.event("fence-incomplete", logging.WARNING, server=name, reason=str(failed),
+                       note="an unreachable member fails over by its heartbeat")
+        if orphans and successor is not None:
+            op.step = "salvage"
+            migration = yield from migrations.copy(core, name, orphans, [successor])
+            if migration is not None and not (yield from migrations.adopt(core, orphans, migration,
+                                                                           {successor})):
+                yield from migrations.abort(core, name, migration)
+                migration = None
+            if migration is None:
+                yield from core.recover(successor, orphans, lost_with=name, reason=reason)
         op.step = "flows"
-        diff = core.planner_or_raise().update(list(takeover.moves))
         try:
             yield core.send_diff(diff)
         except StepError as failed_flows:
             core.event("flows-unconfirmed", server=name, reason=str(failed_flows))
             yield from core.resync(list(diff))
-        salvaged = False
-        if migration is not None:
-            op.step = "commit"
-            salvaged = yield from migrations.commit(core, name, successor.name, migration)
-            if not salvaged:
-                core.event("salvage-failed", server=name, migration=migration.id)
-                yield from core.own_empty(successor.name, blocks, lost_with=name, reason=reason)
+        op.step = "serve"
+        yield from core.activate([*promoted, *orphans])
+        if migration is not None and not (yield from migrations.commit(core, name, migration)):
+            core.event("commit-unconfirmed", server=name, migration=migration.id,
+                       note="the failed server's copy is stale: a rebuild drops it")
     except Cancelled as why:
-        return core.outcome_event("takeover-cancelled", server=name, successor=successor.name,
-                                  reason=str(why))
-    return core.outcome_event("takeover", ok=True, server=name, successor=successor.name,
-                              blocks=len(blocks), same_parent=takeover.same_parent, salvaged=salvaged,
-                              why=takeover.reason, reason=reason,
+        return core.outcome_event("takeover-cancelled", server=name, reason=str(why))
+    except StepError as failed:
+        return core.outcome_event("takeover-incomplete", server=name, reason=str(failed),
+                                  note="the tick activates waiting primaries and repairs the sets")
+    return core.outcome_event("takeover", ok=True, server=name, reason=reason,
+                              promoted={str(b): heir for b, heir in promoted.items()},
+                              shrunk=len(shrunk), successor=successor, blocks=len(orphans) + len(promoted),
+                              salvaged=migration is not None, why=takeover.reason,
                               seconds=round(core.clock() - started, 4))
+

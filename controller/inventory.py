@@ -75,6 +75,11 @@ class Inventory:
 
     # -- hosts ---------------------------------------------------------------------
 
+    def attached(self, ip: str) -> bool:
+        """The host is located and its port is up: the data plane reaches it."""
+        host = self.hosts.get(ip)
+        return host is not None and (host.dpid, host.port) not in self.down_ports and host.dpid in self.dpids
+
     def host_at(self, dpid: int, port: int) -> Host | None:
         return next((h for h in self.hosts.values() if (h.dpid, h.port) == (dpid, port)), None)
 

@@ -1,19 +1,24 @@
-"""What a split, a fail-over and a rebuild all do to a migration, with the
-ambiguity of a lost answer resolved in one place.
+"""What a split, a fail-over and a rebuild all do to migrations and roles,
+with the ambiguity of a lost answer resolved in one place.
 
 An admin call whose answer is lost may or may not have happened. Each
-helper here asks the agents what did happen before deciding: a commit is
-judged by the source's record of the migration, then by the target's
-ownership; an unknown migration is found by its blocks and target; a
-salvage that cannot be completed leaves the successor serving the blocks
-empty, said loudly. Each helper is a sub-saga: `yield from` it.
+helper here asks the agents what did happen before deciding: a copy whose
+answer was lost is found by its blocks and targets; a commit is judged by
+the source's own record of the migration. Each helper is a sub-saga:
+`yield from` it.
+
+A move of blocks, in any operation, goes: the source copies them to every
+member of their new replica set (writes to them frozen at the source); the
+controller assigns the members their roles under a new epoch, the import
+kept; the flows move; the source commits (stops serving them and deletes);
+the new primary is told to serve.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from client_lib.api.admin import ADMIN, MigrateRequest, MigrationReport
+from client_lib.api.admin import ADMIN, DisownRequest, MigrateRequest, MigrationReport
 from client_lib.cidr import Block
 from controller.saga import Saga, StepError
 from controller.steps import CallAgent
@@ -22,14 +27,53 @@ if TYPE_CHECKING:
     from controller.core import MetaFlowCore
 
 UNFINISHED = ("copying", "copied")
-SALVAGE_TRIES = 2
-"""A salvage's copy is tried again once: a lost answer or a blip must not
-turn into data declared lost while the agent still holds it."""
+COPY_TRIES = 2
+"""A copy is tried again once: a lost answer or a blip must not turn into
+data declared lost while the agent still holds it."""
 
 
-def commit(core: MetaFlowCore, source: str, target: str, migration: MigrationReport) -> Saga:
-    """True if the target now serves the blocks. A lost answer is resolved by
-    asking the source's record, then the target's ownership."""
+def copy(core: MetaFlowCore, source: str, blocks: list[Block], targets: list[str]) -> Saga:
+    """The source's copied migration of `blocks` to `targets` (server names,
+    primary first), or None when the source cannot give it."""
+    urls = [core.registry[t].admin_url for t in targets]
+    reason = ""
+    for _ in range(COPY_TRIES):
+        try:
+            migration: MigrationReport = yield CallAgent(
+                server=source, url=core.registry[source].admin_url, route=ADMIN.migrate,
+                body=MigrateRequest(blocks, urls, core.settings.migration_lease_s))
+            return migration
+        except StepError as exc:
+            reason = str(exc)
+        for m in (yield from unfinished(core, source)):
+            if not any(a.covers(b) or b.covers(a) for a in m.blocks for b in blocks):
+                continue
+            if m.state == "copied" and m.blocks == blocks and _same(m.targets, urls):
+                return m          # the copy happened; only its answer was lost
+            yield from abort(core, source, m)   # a stale one (to targets that died) holds them frozen
+    core.event("copy-impossible", server=source, blocks=[str(b) for b in blocks], reason=reason)
+    return None
+
+
+def adopt(core: MetaFlowCore, blocks: list[Block], migration: MigrationReport, members: set[str]) -> Saga:
+    """True once `members` hold their roles in `blocks` with the migration's
+    copy as their data. Tried again on a lost answer or a blip: an agent
+    that already holds a role at that epoch takes the repeat as done."""
+    reason = ""
+    for _ in range(COPY_TRIES):
+        try:
+            yield core.assign_steps(blocks, migration=migration.id, only=members)
+            return True
+        except StepError as failed:
+            reason = str(failed)
+    core.event("adopt-failed", blocks=[str(b) for b in blocks], migration=migration.id,
+               members=sorted(members), reason=reason)
+    return False
+
+
+def commit(core: MetaFlowCore, source: str, migration: MigrationReport) -> Saga:
+    """True once the source has stopped serving the blocks and deleted them;
+    a lost answer is judged by the source's record of the migration."""
     url = core.registry[source].admin_url
     try:
         yield CallAgent(server=source, url=url, route=ADMIN.commit, params={"id": migration.id})
@@ -44,18 +88,7 @@ def commit(core: MetaFlowCore, source: str, target: str, migration: MigrationRep
                                      params={"id": migration.id})
         return report.state == "committed"
     except StepError:
-        pass
-    return (yield from target_serves(core, target, migration.blocks))
-
-
-def target_serves(core: MetaFlowCore, target: str, blocks: list[Block]) -> Saga:
-    try:
-        health = yield CallAgent(server=target, url=core.registry[target].admin_url,
-                                 route=ADMIN.health)
-    except StepError:
         return False
-    owned = health.owned
-    return all(any(o.covers(b) for o in owned) for b in blocks)
 
 
 def abort(core: MetaFlowCore, source: str, migration: MigrationReport) -> Saga:
@@ -78,57 +111,50 @@ def unfinished(core: MetaFlowCore, source: str) -> Saga:
     return [m for m in listing.migrations if m.state in UNFINISHED]
 
 
-def find_unfinished(core: MetaFlowCore, source: str, target_url: str, blocks: list[Block]) -> Saga:
-    """The source's unfinished migration of exactly `blocks` to `target_url`,
-    if there is one (a copy whose answer was lost); None if there is none
-    or the source cannot be asked."""
-    found = yield from unfinished(core, source)
-    return next((m for m in found if m.target.rstrip("/") == target_url.rstrip("/") and m.blocks == blocks),
-                None)
-
-
-def abort_unknown(core: MetaFlowCore, source: str, target: str, blocks: list[Block]) -> Saga:
+def abort_unknown(core: MetaFlowCore, source: str, targets: list[str], blocks: list[Block]) -> Saga:
     """The copy's answer was lost (or the operation was overtaken during it):
-    find the migration by its blocks and target, and abort it if unfinished.
-    A dead source needs nothing (its blocks fail over); a dead target's
-    leftover import is dropped by the source's abort."""
-    if core.registry[source].failed and not core.registry[target].failed:
+    find the migration by its blocks and targets, and abort it if unfinished.
+    A dead source needs nothing (its blocks fail over); the targets' leftover
+    imports are dropped by the source's abort."""
+    if core.registry[source].failed:
         return
-    found = yield from find_unfinished(core, source, core.registry[target].admin_url, blocks)
-    if found is not None:
-        yield from abort(core, source, found)
+    urls = [core.registry[t].admin_url for t in targets]
+    for m in (yield from unfinished(core, source)):
+        if m.blocks == blocks and _same(m.targets, urls):
+            yield from abort(core, source, m)
 
 
-def salvage_now(core: MetaFlowCore, donor: str, successor: str, blocks: list[Block]) -> Saga:
+def drop(core: MetaFlowCore, server: str, blocks: list[Block], why: str) -> Saga:
+    """`server` stops holding `blocks` (either role) and deletes their records."""
+    if core.registry[server].failed or not blocks:
+        return
+    try:
+        yield CallAgent(server=server, url=core.registry[server].admin_url, route=ADMIN.disown,
+                        body=DisownRequest(blocks, delete=True))
+    except StepError as failed:
+        core.event("drop-unconfirmed", server=server, blocks=[str(b) for b in blocks], why=why,
+                   reason=str(failed), note="its epoch is older: a rebuild drops it")
+
+
+def salvage_now(core: MetaFlowCore, donor: str, heir: str, blocks: list[Block]) -> Saga:
     """Move `blocks` from an agent that is out of service (but answers) to
-    the server the switches already send them to; if that fails, the
-    successor serves them empty and the loss is said."""
-    migration = yield from salvage(core, donor, core.registry[successor].admin_url, blocks)
-    if migration is not None and (yield from commit(core, donor, successor, migration)):
-        core.event("salvaged", server=donor, successor=successor, blocks=[str(b) for b in blocks],
-                   keys=migration.keys)
-        return
-    yield from core.own_empty(successor, blocks, lost_with=donor, reason="salvage impossible")
+    `heir`, which the switches already send them to (and which holds them in
+    the replica sets); if that fails, the heir serves them empty and the loss
+    is said."""
+    migration = yield from copy(core, donor, blocks, [heir])
+    if migration is not None:
+        if not (yield from adopt(core, blocks, migration, {heir})):
+            core.event("salvage-failed", server=donor, successor=heir)
+            yield from abort(core, donor, migration)
+        else:
+            if not (yield from commit(core, donor, migration)):
+                core.event("commit-unconfirmed", server=donor, migration=migration.id,
+                           note="the donor is out of service; its copy is stale")
+            core.event("salvaged", server=donor, successor=heir, blocks=[str(b) for b in blocks],
+                       keys=migration.keys)
+            return
+    yield from core.own_empty(heir, blocks, lost_with=donor, reason="salvage impossible")
 
 
-def salvage(core: MetaFlowCore, name: str, successor_url: str, blocks: list[Block]) -> Saga:
-    """Copy an out-of-service agent's blocks to a successor: the copied
-    migration, or None when the agent cannot give its data."""
-    reason = ""
-    for _ in range(SALVAGE_TRIES):
-        try:
-            migration: MigrationReport = yield CallAgent(
-                server=name, url=core.registry[name].admin_url, route=ADMIN.migrate,
-                body=MigrateRequest(blocks, successor_url, core.settings.migration_lease_s))
-            return migration
-        except StepError as exc:
-            reason = str(exc)
-        for m in (yield from unfinished(core, name)):
-            if not any(a.covers(b) or b.covers(a) for a in m.blocks for b in blocks):
-                continue
-            same_target = m.target.rstrip("/") == successor_url.rstrip("/")
-            if m.state == "copied" and m.blocks == blocks and same_target:
-                return m          # the copy happened; only its answer was lost
-            yield from abort(core, name, m)   # a stale one (to a successor that died) holds them frozen
-    core.event("salvage-impossible", server=name, reason=reason)
-    return None
+def _same(reported: list[str], urls: list[str]) -> bool:
+    return [u.rstrip("/") for u in reported] == [u.rstrip("/") for u in urls]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from client_lib.api.admin import Role
 from client_lib.api.rest import Heartbeat, Registration
 from client_lib.cidr import Block
 from client_lib.errors import Conflict, NotFound
@@ -29,8 +30,14 @@ class Server:
     admin_url: str
     capacity: int
     store: str
+    replication: str = ""
+    """host:port of its replication listener."""
     reported: list[Block] = field(default_factory=list)
     """What the agent last said it owns (registration, heartbeats)."""
+    roles: list[Role] = field(default_factory=list)
+    """Its roles with epochs, as it registered them (a rebuild's evidence)."""
+    suspended: bool = False
+    degraded: list[Block] = field(default_factory=list)
     frozen: list[Block] = field(default_factory=list)
     keys: int = 0
     last_seen: float = 0.0
@@ -67,7 +74,8 @@ class Registry:
         if reg.space != self.space:
             raise Conflict(f"{reg.name} serves the space {reg.space}, the controller {self.space}")
         server = Server(reg.name, reg.data_ip, reg.data_mac, reg.admin_url.rstrip("/"), reg.capacity,
-                        reg.store, list(reg.owned), last_seen=now)
+                        reg.store, reg.replication, list(reg.owned), list(reg.roles), reg.suspended,
+                        last_seen=now)
         old = self.servers.get(reg.name)
         if old is not None and old.identity() != server.identity():
             raise Conflict(f"{reg.name} is registered as {old.data_ip} ({old.data_mac}, {old.admin_url}); "
@@ -89,6 +97,7 @@ class Registry:
         server.keys = beat.keys
         server.reported = list(beat.owned)
         server.frozen = list(beat.frozen)
+        server.degraded = list(beat.degraded)
         return server
 
     def silent(self, now: float, timeout: float) -> list[Server]:

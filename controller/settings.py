@@ -14,7 +14,13 @@ from btree.bootstrap import Bootstrap
 from btree.split import SplitBounds
 from client_lib.api.auth import load_secret
 from client_lib.cidr import Block
-from client_lib.constants import DEFAULT_GATEWAY, DEFAULT_SPACE_CIDR, OPENFLOW_PORT, REST_PORT
+from client_lib.constants import (
+    DEFAULT_GATEWAY,
+    DEFAULT_REPLICAS,
+    DEFAULT_SPACE_CIDR,
+    OPENFLOW_PORT,
+    REST_PORT,
+)
 from client_lib.errors import InvalidArgument
 from client_lib.version import add_version_flag
 
@@ -27,11 +33,17 @@ class Settings:
     capacity: int | None = None
     """Keys per server before a split; None: each agent's own --capacity."""
     bootstrap: Bootstrap = Bootstrap("preallocate")
+    replicas: int = DEFAULT_REPLICAS
+    """Copies of every block; 1 is no replication."""
+    sync_rate: int = 5000
+    """Records a second a re-replication copies at most."""
+    max_syncs: int = 2
+    """Re-replications running at once."""
     settle_s: float = 3.0
     locate_timeout_s: float = 30.0
     """How long the first build waits for a registered server to show up on
     the data plane (its ARP); after that it builds without it."""
-    heartbeat_timeout_s: float = 6.0
+    heartbeat_timeout_s: float = 1.0
     barrier_timeout_s: float = 10.0
     agent_timeout_s: float = 10.0
     migration_lease_s: float = 60.0
@@ -68,6 +80,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="0.4,0.6", help="split bounds low,high")
     p.add_argument("--capacity", type=int, default=None,
                    help="keys per server before a split (default: each agent's --capacity)")
+    p.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS,
+                   help="copies of every block, on servers of different racks where the topology has them "
+                        "(1: no replication)")
+    p.add_argument("--sync-rate", type=int, default=5000,
+                   help="records a second a re-replication copies at most (it runs in the background)")
+    p.add_argument("--max-syncs", type=int, default=2, help="re-replications running at once")
     p.add_argument("--bootstrap", default="preallocate",
                    help="organic (one server owns all) or preallocate[:N] (default: half the servers)")
     p.add_argument("--settle", type=float, default=3.0,
@@ -75,8 +93,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--locate-timeout", type=float, default=30.0,
                    help="seconds the build waits for a registered server to appear on the data plane; "
                         "then it builds without it and takes its blocks over")
-    p.add_argument("--heartbeat-timeout", type=float, default=6.0,
-                   help="seconds without a heartbeat before a server counts as failed")
+    p.add_argument("--heartbeat-timeout", type=float, default=1.0,
+                   help="seconds without a heartbeat before a server counts as failed (agents send one "
+                        "every 0.25 s by default)")
     p.add_argument("--barrier-timeout", type=float, default=10.0,
                    help="seconds a switch may take to confirm flow changes")
     p.add_argument("--agent-timeout", type=float, default=10.0,
@@ -105,8 +124,13 @@ def from_args(args: argparse.Namespace) -> Settings:
                         ("--migration-lease", args.migration_lease)):
         if value <= 0:
             raise InvalidArgument(f"{flag} must be positive, not {value}")
+    for flag, count in (("--replicas", args.replicas), ("--sync-rate", args.sync_rate),
+                        ("--max-syncs", args.max_syncs)):
+        if count < 1:
+            raise InvalidArgument(f"{flag} must be at least 1, not {count}")
     return Settings(space=space, gateway_ip=args.gateway, bounds=bounds, capacity=args.capacity,
-                    bootstrap=bootstrap, settle_s=args.settle, locate_timeout_s=args.locate_timeout,
+                    bootstrap=bootstrap, replicas=args.replicas, sync_rate=args.sync_rate,
+                    max_syncs=args.max_syncs, settle_s=args.settle, locate_timeout_s=args.locate_timeout,
                     heartbeat_timeout_s=args.heartbeat_timeout,
                     barrier_timeout_s=args.barrier_timeout, agent_timeout_s=args.agent_timeout,
                     migration_lease_s=args.migration_lease, auto_split=not args.no_auto_split,

@@ -170,6 +170,13 @@ class CallAgent(Step):
 
 
 @dataclass
+class Wait(Step):
+    """Done after `seconds` (a saga polling an agent: nothing is blocked meanwhile)."""
+
+    seconds: float = 0.0
+
+
+@dataclass
 class Answer(Step):
     """Give a waiting REST caller its answer (an `Outcome`, a body, or an
     exception to raise); nothing comes back."""
@@ -177,7 +184,3 @@ class Answer(Step):
     reply: object = None
     value: object = None
 
-
-def needs_outcome(step: Step) -> bool:
-    """Whether the shim must report this step's outcome back to the core."""
-    return not isinstance(step, (Answer, PacketOut))

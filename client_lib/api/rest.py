@@ -142,6 +142,8 @@ class ServerInfo:
     blocks: list[Block]
     operation: str | None
     """The operation under way on this server (a split, a fail-over), if any."""
+    backups: list[Block] = field(default_factory=list)
+    """Blocks it holds a copy of for another primary."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """A world for the controller core without a network: fake switches that
 apply the real OpenFlow 1.0 messages the core emits (faucet's FakeOFTable),
-fake agents that follow the admin API's migration protocol over the
-agent's real ownership logic, and a driver that carries out the core's
-steps one by one, so a test can fail any step, kill the core between any
-two, and then send packets through what the switches really hold.
+fake agents that follow the admin API's contract (roles with epochs,
+synchronous replication to the synced members, migrations to replica sets,
+syncs), and a driver that carries out the core's steps one by one, so a
+test can fail any step, kill the core or a server between any two, and
+then send packets through what the switches really hold.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import networkx as nx
@@ -23,6 +24,8 @@ from btree.split import SplitBounds
 from btree.tree import LogicalBTree
 from client_lib.api.admin import (
     ADMIN,
+    Assigned,
+    AssignRequest,
     BlockKeys,
     BlocksReport,
     Counts,
@@ -33,12 +36,14 @@ from client_lib.api.admin import (
     ImportProgress,
     MigrationList,
     MigrationReport,
-    OwnReply,
-    OwnRequest,
+    Role,
+    SyncList,
+    SyncReport,
+    SyncRequest,
 )
 from client_lib.api.rest import Heartbeat as HeartbeatBody
 from client_lib.api.rest import Registration
-from client_lib.cidr import Block
+from client_lib.cidr import Block, subtract
 from client_lib.constants import METAFLOW_PORT
 from client_lib.errors import ApiError, Conflict, NotFound
 from controller.arp import ArpMessage
@@ -52,6 +57,7 @@ from controller.steps import (
     LinkUp,
     PacketOut,
     PortDown,
+    PortUp,
     ReadFlows,
     Register,
     SendFlows,
@@ -60,8 +66,8 @@ from controller.steps import (
     StepFailed,
     SwitchUp,
     Tick,
+    Wait,
 )
-from nat_agent.ownership import Ownership, Verdict
 from topology.builders import client_hosts, port, storage_hosts
 
 SPACE = Block.parse("100.64.0.0/10")
@@ -143,7 +149,7 @@ class FakeSwitch:
 class FakeMigration:
     id: str
     blocks: list[Block]
-    target: str
+    targets: list[str]
     state: str
     keys: int
     lease_until: float | None = None
@@ -151,16 +157,23 @@ class FakeMigration:
 
 @dataclass
 class FakeAgent:
-    """An agent's admin API and data, in memory, over the real `Ownership`."""
+    """An agent's admin API, data and replication, in memory: every held
+    block has a role (epoch, primary or backup, members); a primary's write
+    is acknowledged only once every synced member applied it at its epoch."""
 
     name: str
     ip: str
     mac: str
     world: World
-    ownership: Ownership = field(default_factory=Ownership)
+    roles: dict[Block, Role] = field(default_factory=dict)
     records: dict[int, bytes] = field(default_factory=dict)
+    frozen: list[Block] = field(default_factory=list)
+    fenced: set[Block] = field(default_factory=set)
+    degraded: set[Block] = field(default_factory=set)
     migrations: dict[str, FakeMigration] = field(default_factory=dict)
     imports: dict[str, list[Block]] = field(default_factory=dict)
+    syncs: list[SyncReport] = field(default_factory=list)
+    suspended: bool = False
     reachable: bool = True
     dead: bool = False
 
@@ -168,20 +181,66 @@ class FakeAgent:
     def url(self) -> str:
         return f"http://{self.name}.mgmt:9001"
 
+    @property
+    def replication(self) -> str:
+        return f"{self.name}.mgmt:9002"
+
+    def role_of(self, mdid: int) -> tuple[Block, Role] | None:
+        return next(((b, r) for b, r in self.roles.items() if b.contains(mdid)), None)
+
+    def serves(self, mdid: int, write: bool) -> bool:
+        """Whether a client request for `mdid` would be answered here."""
+        held = self.role_of(mdid)
+        if held is None or self.suspended:
+            return False
+        block, role = held
+        if not (role.primary and role.serving) or block in self.fenced or block in self.degraded:
+            return False
+        return not (write and any(f.contains(mdid) for f in self.frozen))
+
     # data path, as the metadata service decides it
     def put(self, mdid: int, value: bytes) -> str:
-        verdict = self.ownership.decide(mdid, write=True).verdict
-        if verdict is Verdict.SERVE:
-            self.records[mdid] = value
-        return verdict.value
+        if not self.serves(mdid, write=True):
+            return "moved" if self.role_of(mdid) is None else "tryagain"
+        block, role = self.role_of(mdid)  # type: ignore[misc]
+        self.records[mdid] = value
+        for member in role.members[1:]:
+            backup = self.world.agents[member.name]
+            held = backup.role_of(mdid)
+            if backup.dead or not backup.reachable or backup.suspended:
+                if member.synced:
+                    self.degraded.add(block)
+                    return "tryagain"
+                continue
+            if held is None or held[1].epoch != role.epoch or held[1].primary:
+                if member.synced:
+                    self.fenced.add(block)   # a newer epoch exists: this primary was deposed
+                    return "tryagain"
+                continue
+            backup.records[mdid] = value
+        return "serve"
 
     def get(self, mdid: int) -> tuple[str, bytes | None]:
-        verdict = self.ownership.decide(mdid, write=False).verdict
-        return verdict.value, self.records.get(mdid) if verdict is Verdict.SERVE else None
+        if not self.serves(mdid, write=False):
+            return ("moved" if self.role_of(mdid) is None else "tryagain"), None
+        return "serve", self.records.get(mdid)
 
     def _drop(self, block: Block) -> None:
         for mdid in [m for m in self.records if block.contains(m)]:
             del self.records[mdid]
+
+    def _release(self, block: Block, delete: bool) -> None:
+        """Stop holding `block` (any role); pieces of a larger held block keep theirs."""
+        for held, role in list(self.roles.items()):
+            if block.covers(held):
+                del self.roles[held]
+            elif held.covers(block):
+                del self.roles[held]
+                for piece in subtract(held, block):
+                    self.roles[piece] = replace(role, block=piece)
+        self.frozen = [f for f in self.frozen if not block.covers(f)]
+        if delete:
+            self._drop(block)
 
     def expire_leases(self, now: float) -> None:
         for m in self.migrations.values():
@@ -191,12 +250,18 @@ class FakeAgent:
     # the admin API: one method per route, named after it
     def _health(self, _: None) -> Health:
         return Health("ok", self.name, "fake", SPACE, self.ip, self.mac, METAFLOW_PORT, self.url, 100,
-                      len(self.records), self.ownership.owned, self.ownership.frozen, sorted(self.imports),
-                      0.0)
+                      len(self.records), self.owned(), list(self.frozen), sorted(self.imports), 0.0,
+                      self.role_list(), self.suspended)
+
+    def owned(self) -> list[Block]:
+        return sorted(b for b, r in self.roles.items() if r.primary)
+
+    def role_list(self) -> list[Role]:
+        return [self.roles[b] for b in sorted(self.roles)]
 
     def _blocks(self, _: None) -> BlocksReport:
-        return BlocksReport([BlockKeys(b, self._keys_in(b.first, b.last), False)
-                             for b in self.ownership.owned], len(self.records))
+        return BlocksReport([BlockKeys(b, self._keys_in(b.first, b.last), False) for b in self.owned()],
+                            len(self.records))
 
     def _keys_in(self, first: int, last: int) -> int:
         return sum(1 for m in self.records if first <= m <= last)
@@ -204,22 +269,44 @@ class FakeAgent:
     def _count(self, body: Any) -> Counts:
         return Counts([self._keys_in(a, b) for a, b in body.ranges])
 
-    def _own(self, body: Any) -> OwnReply:
+    def _assign(self, body: AssignRequest) -> Assigned:
+        for role in body.roles:
+            for held, current in self.roles.items():
+                if (held.covers(role.block) or role.block.covers(held)) and current.epoch > role.epoch:
+                    raise Conflict(f"{role.block}: epoch {role.epoch} is older than {current.epoch}")
         kept = set(self.imports.pop(body.migration, [])) if body.migration else set()
         if body.migration and not kept:
-            raise NotFound(f"no import {body.migration!r}")
-        for block in body.blocks:
-            if block not in kept and not self.ownership.owns_all([block]):
-                self._drop(block)
-        added = self.ownership.own(body.blocks)
-        return OwnReply(self.ownership.owned, added, f"{self.ip}:{METAFLOW_PORT}")
+            if not all(self.roles.get(r.block, None) is not None and self.roles[r.block].epoch == r.epoch
+                       for r in body.roles):
+                raise NotFound(f"no import {body.migration!r}")
+            kept = {r.block for r in body.roles}   # a repeat of an adoption that happened
+        if body.exclusive:
+            for held in list(self.roles):   # what no new role covers goes, data and all
+                rest = [held]
+                for role in body.roles:
+                    rest = [p for q in rest for p in
+                            (subtract(q, role.block) if q.covers(role.block) else
+                             [] if role.block.covers(q) else [q])]
+                for piece in rest:
+                    self._release(piece, delete=True)
+            self.suspended = False
+        for role in body.roles:
+            fresh = not any(h.covers(role.block) or role.block.covers(h) for h in self.roles)
+            if fresh and not any(k.covers(role.block) for k in kept):
+                self._drop(role.block)
+            for held in list(self.roles):
+                if held.covers(role.block) or role.block.covers(held):
+                    self._release(held if role.block.covers(held) else role.block, delete=False)
+            self.roles[role.block] = role
+            self.fenced.discard(role.block)
+            self.degraded = {d for d in self.degraded if not role.block.covers(d)}
+        return Assigned(self.role_list(), f"{self.ip}:{METAFLOW_PORT}")
 
     def _disown(self, body: Any) -> DisownReply:
-        released = self.ownership.disown(body.blocks, body.moved_to)
-        if body.delete:
-            for block in released:
-                self._drop(block)
-        return DisownReply(self.ownership.owned, released)
+        released = [b for b in body.blocks if any(h.covers(b) or b.covers(h) for h in self.roles)]
+        for block in body.blocks:
+            self._release(block, body.delete)
+        return DisownReply(self.owned(), released)
 
     def _migrations(self, _: None) -> MigrationList:
         return MigrationList([self._report(m) for m in self.migrations.values()])
@@ -230,24 +317,26 @@ class FakeAgent:
         return self._report(self.migrations[id])
 
     def _report(self, m: FakeMigration) -> MigrationReport:
-        return MigrationReport(m.id, m.blocks, m.target, m.state, m.keys, None, 0.0)
+        return MigrationReport(m.id, m.blocks, m.targets, m.state, m.keys, None, 0.0)
 
     def _migrate(self, body: Any) -> MigrationReport:
-        if not self.ownership.owns_all(body.blocks):
+        if not all(any(h.covers(b) and r.primary for h, r in self.roles.items()) for b in body.blocks):
             raise Conflict("not all owned here")
-        if any(f.covers(b) or b.covers(f) for f in self.ownership.frozen for b in body.blocks):
+        if any(f.covers(b) or b.covers(f) for f in self.frozen for b in body.blocks):
             raise Conflict("already being migrated")
-        m = FakeMigration(f"{self.name}-m{next(self.world.ids)}", list(body.blocks), body.target.rstrip("/"),
-                          "copying", 0)
+        m = FakeMigration(f"{self.name}-m{next(self.world.ids)}", list(body.blocks),
+                          [t.rstrip("/") for t in body.targets], "copying", 0)
         self.migrations[m.id] = m
-        self.ownership.freeze(body.blocks)
-        target = self.world.agent_at(m.target)
-        if target is None or not target.reachable:
+        self.frozen += body.blocks
+        targets = [self.world.agent_at(t) for t in m.targets]
+        if any(t is None or not t.reachable for t in targets):
             self._abort_migration(m)
-            raise ApiError(f"migration {m.id} aborted: target unreachable", 502)
+            raise ApiError(f"migration {m.id} aborted: a target is unreachable", 502)
         rows = {i: v for i, v in self.records.items() if any(b.contains(i) for b in m.blocks)}
-        target._prepare_import(m.id, m.blocks)
-        target.records.update(rows)
+        for target in targets:
+            assert target is not None
+            target._prepare_import(m.id, m.blocks)
+            target.records.update(rows)
         m.keys, m.state = len(rows), "copied"
         m.lease_until = self.world.now + body.lease_s
         return self._report(m)
@@ -261,16 +350,12 @@ class FakeAgent:
         m = self.migrations.get(id)
         if m is None:
             raise NotFound(f"no migration {id!r}")
+        if m.state == "committed":
+            return self._report(m)
         if m.state != "copied":
             raise Conflict(f"migration {id} is {m.state}, not copied")
-        target = self.world.agent_at(m.target)
-        if target is None or not target.reachable:
-            self._abort_migration(m)
-            raise ApiError(f"migration {id} aborted: cut-over failed", 502)
-        target._own(OwnRequest(m.blocks, m.id))
-        self.ownership.disown(m.blocks, f"{target.ip}:{METAFLOW_PORT}")
         for block in m.blocks:
-            self._drop(block)
+            self._release(block, delete=True)
         m.state = "committed"
         return self._report(m)
 
@@ -278,22 +363,25 @@ class FakeAgent:
         m = self.migrations.get(id)
         if m is None:
             raise NotFound(f"no migration {id!r}")
-        if m.state in ("committed", "aborted"):
-            raise Conflict(f"migration {id} is already {m.state}")
+        if m.state == "aborted":
+            return self._report(m)
+        if m.state == "committed":
+            raise Conflict(f"migration {id} is already committed")
         self._abort_migration(m)
         return self._report(m)
 
     def _abort_migration(self, m: FakeMigration) -> None:
-        self.ownership.unfreeze(m.blocks)
+        self.frozen = [f for f in self.frozen if f not in m.blocks]
         m.state = "aborted"
-        target = self.world.agent_at(m.target)
-        if target is not None and target.reachable:
-            target._import_discard(None, m.id)
+        for url in m.targets:
+            target = self.world.agent_at(url)
+            if target is not None and target.reachable:
+                target._import_discard(None, m.id)
 
     def _import_discard(self, _: None, id: str) -> Discarded:
         blocks = self.imports.pop(id, [])
         for block in blocks:
-            if not self.ownership.owns_all([block]):
+            if not any(h.covers(block) for h in self.roles):
                 self._drop(block)
         return Discarded(id)
 
@@ -303,6 +391,26 @@ class FakeAgent:
 
     def _import_records(self, body: Any, id: str) -> ImportProgress:
         raise NotImplementedError("the fake copies records directly")
+
+    def _sync(self, body: SyncRequest) -> SyncReport:
+        held = self.roles.get(body.block)
+        if held is None or not held.primary or held.epoch != body.epoch:
+            raise Conflict(f"not the primary of {body.block} at epoch {body.epoch}")
+        member = self.world.agents[body.member]
+        role = member.roles.get(body.block)
+        ok = (not member.dead and member.reachable and role is not None and role.epoch == body.epoch)
+        if ok:
+            for mdid in [m for m in member.records if body.block.contains(m)]:
+                del member.records[mdid]
+            member.records.update({i: v for i, v in self.records.items() if body.block.contains(i)})
+        report = SyncReport(body.block, body.epoch, body.member, "synced" if ok else "failed",
+                            self._keys_in(body.block.first, body.block.last),
+                            None if ok else "unreachable", 0.0)
+        self.syncs.append(report)
+        return report
+
+    def _syncs(self, _: None) -> SyncList:
+        return SyncList(list(self.syncs))
 
 
 def _route_name(route: Any) -> str:
@@ -388,6 +496,10 @@ class World:
             return
         if isinstance(step, PacketOut):
             return
+        if isinstance(step, Wait):
+            self.advance(step.seconds)
+            self.post(StepDone(step.id))
+            return
         failure = self.inject(step)
         if failure == "kill":
             self._carry_out(step, None)
@@ -464,6 +576,15 @@ class World:
         self.down_ports.add((g.nodes[switch]["dpid"], port(g, switch, host)))
         self.post(PortDown(g.nodes[switch]["dpid"], port(g, switch, host)))
 
+    def reconnect(self, host: str) -> None:
+        """The host's edge port comes back up, and the host says so by ARP."""
+        g = self.graph
+        (switch,) = [n for n in g.neighbors(host) if g.nodes[n]["kind"] == "switch"]
+        self.down_ports.discard((g.nodes[switch]["dpid"], port(g, switch, host)))
+        self.post(PortUp(g.nodes[switch]["dpid"], port(g, switch, host)))
+        self.arp(host)
+        self.run()
+
     def _cut_off(self, host: str) -> bool:
         g = self.graph
         (switch,) = [n for n in g.neighbors(host) if g.nodes[n]["kind"] == "switch"]
@@ -475,12 +596,27 @@ class World:
                 self.register(agent)
 
     def register(self, agent: FakeAgent) -> Any:
+        """As the agent does: register, then hold exactly the roles the answer
+        gives (if it gives any)."""
         reply = next(self.ids)
         registration = Registration(agent.name, agent.ip, agent.mac, METAFLOW_PORT, agent.url, "fake",
-                                    100, SPACE, agent.ownership.owned)
+                                    100, SPACE, agent.owned(), agent.replication, agent.role_list(),
+                                    agent.suspended)
         self.post(Register(reply, registration))
         self.run()
-        return self.answers[reply]
+        answer = self.answers[reply]
+        if getattr(answer, "roles", None) is not None:
+            agent._assign(AssignRequest(answer.roles, exclusive=True))
+        return answer
+
+    def restart(self, name: str) -> None:
+        """A server killed and started again: its store and roles survive, and
+        it serves nothing until the controller answers its registration."""
+        agent = self.agents[name]
+        agent.dead, agent.suspended = False, True
+        agent.fenced.clear()
+        agent.degraded.clear()
+        self.register(agent)
 
     def arp(self, host: str, ip: str | None = None, mac: str | None = None, at: str | None = None) -> None:
         g = self.graph
@@ -489,12 +625,17 @@ class World:
         self.post(ArpIn(g.nodes[switch]["dpid"], port(g, switch, at or host), message))
 
     def heartbeats(self) -> None:
+        """Every live agent beats; one the controller answers 404 registers again."""
+        replies = {}
         for agent in self.agents.values():
             if agent.reachable and not agent.dead:
-                self.post(Heartbeat(next(self.ids), agent.name,
-                                    HeartbeatBody(len(agent.records), agent.ownership.owned,
-                                                  agent.ownership.frozen)))
+                replies[agent.name] = reply = next(self.ids)
+                self.post(Heartbeat(reply, agent.name, HeartbeatBody(
+                    len(agent.records), agent.owned(), list(agent.frozen), sorted(agent.degraded))))
         self.run()
+        for name, reply in replies.items():
+            if isinstance(self.answers.get(reply), NotFound):
+                self.register(self.agents[name])
 
     def tick(self) -> None:
         self.post(Tick())
@@ -574,14 +715,33 @@ def check_consistent(world: World, acked: dict[int, bytes], lost: Sequence[Block
         assert delivery.host == tree.owner(mdid), (SPACE.address(mdid), delivery, tree.owner(mdid))
         agent = world.agents[delivery.host]
         assert not agent.dead
-        verdict = agent.ownership.decide(mdid, write=True).verdict
-        assert verdict is Verdict.SERVE, (SPACE.address(mdid), delivery.host, verdict)
+        assert agent.serves(mdid, write=True), (SPACE.address(mdid), delivery.host, agent.roles)
     for agent in world.agents.values():
-        assert agent.dead or not agent.ownership.frozen, (agent.name, agent.ownership.frozen)
+        assert agent.dead or not agent.frozen, (agent.name, agent.frozen)
+    check_replicas(world)
     for mdid, value in acked.items():
         if any(b.contains(mdid) for b in lost):
             continue
         assert world.read(mdid) == ("serve", value), (SPACE.address(mdid), world.read(mdid))
+
+
+def check_replicas(world: World) -> None:
+    """The controller's sets agree with what the agents hold, and every synced
+    member of a set holds exactly the primary's records of the block."""
+    replicas = world.core.replicas
+    assert replicas is not None
+    replicas.check()
+    for block, s in replicas.sets.items():
+        primary = world.agents[s.primary]
+        mine = {m: v for m, v in primary.records.items() if block.contains(m)}
+        for name in s.members:
+            agent = world.agents[name]
+            held = next((r for b, r in agent.roles.items() if b.covers(block)), None)
+            assert held is not None and held.epoch == s.epoch, (block, name, held, s)
+            assert held.primary == (name == s.primary), (block, name, held)
+            if name not in s.unsynced:
+                theirs = {m: v for m, v in agent.records.items() if block.contains(m)}
+                assert theirs == mine, (block, name, set(theirs) ^ set(mine))
 
 
 def fill(world: World, server: str, count: int, seed: int = 0) -> dict[int, bytes]:

@@ -13,10 +13,13 @@ from client_lib.api import codec
 from client_lib.api.admin import (
     ADMIN,
     CountRequest,
+    AssignRequest,
+    Assigned,
+    DisownRequest,
+    Member,
     MigrateRequest,
     MigrationReport,
-    OwnReply,
-    OwnRequest,
+    Role,
 )
 from client_lib.api.auth import (
     AUTH_HEADER,
@@ -35,18 +38,22 @@ from client_lib.errors import AuthError, Conflict, InvalidArgument, NotFound
 SECRET = b"0123456789abcdef0123456789abcdef"
 HOST = "10.255.0.3:9001"
 BLOCK = Block.parse("100.64.0.0/12")
+ROLE = Role(BLOCK, 3, True, [Member("s1", "10.255.0.2:9002"), Member("s2", "10.255.0.3:9002", synced=False)])
 
 
 # -- bodies ----------------------------------------------------------------------
 
 def test_round_trip_of_every_declared_body_type() -> None:
     bodies = [
-        OwnRequest([BLOCK, Block.parse("100.80.0.0/12")], "m1"),
-        MigrateRequest([BLOCK], "http://10.0.0.1:9001", lease_s=5.0),
+        AssignRequest([ROLE, Role(Block.parse("100.80.0.0/12"), 7, False, ROLE.members, False)], "m1",
+                      exclusive=True),
+        DisownRequest([BLOCK], moved_to="s2"),
+        MigrateRequest([BLOCK], ["http://10.0.0.1:9001", "http://10.0.0.2:9001"], lease_s=5.0),
         CountRequest([(1, 2), (3, 4)]),
-        MigrationReport("m1", [BLOCK], "http://t", "copied", 10, None, 0.5, 3.0),
+        MigrationReport("m1", [BLOCK], ["http://t"], "copied", 10, None, 0.5, 3.0),
         Registration("s1", "10.0.0.1", "02:00:00:00:00:01", 9000, "http://10.255.0.2:9001",
-                     "leveldb", 1000, Block.parse("100.64.0.0/10"), [BLOCK]),
+                     "leveldb", 1000, Block.parse("100.64.0.0/10"), [BLOCK], "10.255.0.2:9002", [ROLE],
+                     suspended=True),
         TreeView(True, [], "root", {"root": ["s1"]}, {}),
     ]
     for body in bodies:
@@ -57,15 +64,15 @@ def test_round_trip_of_every_declared_body_type() -> None:
     (b'{"blocks": "100.64.0.0/12"}', "blocks: expected a list"),
     (b'{"blocks": ["100.64.0.1/12"]}', "host bits"),
     (b'{"blocks": [12]}', r"blocks\[0\]: expected a CIDR string"),
-    (b'{"blocks": [], "migration": 5}', "migration: expected a string"),
+    (b'{"blocks": [], "moved_to": 5}', "moved_to: expected a string"),
     (b'{"blocks": [], "extra": 1}', "unknown field"),
-    (b'{"migration": "x"}', "missing field 'blocks'"),
+    (b'{"moved_to": "x"}', "missing field 'blocks'"),
     (b'[1, 2]', "expected an object"),
     (b'{"blocks": [', "not JSON"),
 ])
 def test_malformed_bodies_name_the_field(raw: bytes, message: str) -> None:
     with pytest.raises(codec.CodecError, match=message):
-        codec.loads(OwnRequest, raw)
+        codec.loads(DisownRequest, raw)
 
 
 def test_bool_is_not_an_integer_and_tuples_have_their_length() -> None:
@@ -76,8 +83,8 @@ def test_bool_is_not_an_integer_and_tuples_have_their_length() -> None:
 
 
 def test_responses_are_read_leniently() -> None:
-    raw = b'{"owned": [], "added": [], "data_address": null, "new_field": 1}'
-    assert codec.loads(OwnReply, raw, strict=False) == OwnReply([], [], None)
+    raw = b'{"roles": [], "data_address": null, "new_field": 1}'
+    assert codec.loads(Assigned, raw, strict=False) == Assigned([], None)
 
 
 @given(st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)), max_size=20))
@@ -106,7 +113,7 @@ def test_every_route_is_declared_once() -> None:
         keys = [(r.method, r.template) for r in routes]
         assert len(keys) == len(set(keys))
         assert all(isinstance(r, Route) for r in routes)
-    assert ADMIN.own in ADMIN.ALL and REST.register in REST.ALL
+    assert ADMIN.assign in ADMIN.ALL and REST.register in REST.ALL
 
 
 # -- signatures ------------------------------------------------------------------
@@ -122,10 +129,10 @@ class Clock:
 def test_signed_request_is_accepted_once() -> None:
     clock = Clock()
     signer, verifier = Signer(SECRET, clock), Verifier(SECRET, clock=clock)
-    headers, nonce = signer.sign(HOST, "POST", "/own", "", b"{}")
-    assert verifier.check("POST", "/own", "", headers, b"{}") == nonce
+    headers, nonce = signer.sign(HOST, "POST", "/assign", "", b"{}")
+    assert verifier.check("POST", "/assign", "", headers, b"{}") == nonce
     with pytest.raises(AuthError, match="replayed"):
-        verifier.check("POST", "/own", "", headers, b"{}")
+        verifier.check("POST", "/assign", "", headers, b"{}")
 
 
 @pytest.mark.parametrize("tamper", ["method", "path", "query", "body", "secret", "missing", "stale",
@@ -134,8 +141,8 @@ def test_tampered_or_unsigned_requests_are_refused(tamper: str) -> None:
     clock = Clock()
     signer = Signer(b"another secret, 16+ bytes" if tamper == "secret" else SECRET, clock)
     verifier = Verifier(SECRET, "10.255.0.4:9001" if tamper == "another server" else HOST, clock=clock)
-    headers, _ = signer.sign(HOST, "POST", "/own", "", b'{"blocks": []}')
-    method, path, query, body = "POST", "/own", "", b'{"blocks": []}'
+    headers, _ = signer.sign(HOST, "POST", "/assign", "", b'{"blocks": []}')
+    method, path, query, body = "POST", "/assign", "", b'{"blocks": []}'
     if tamper == "method":
         method = "PUT"
     elif tamper == "path":
@@ -203,25 +210,25 @@ def _refusal(resolved: Call | Response) -> Response:
 def test_dispatcher_refuses_unsigned_changes_and_can_open_reads() -> None:
     closed = Dispatcher(ADMIN.ALL, Verifier(SECRET))
     opened = Dispatcher(ADMIN.ALL, Verifier(SECRET), open_reads=True)
-    body = codec.dumps(OwnRequest([BLOCK]))
+    body = codec.dumps(AssignRequest([ROLE]))
     for dispatcher in (closed, opened):
-        refused = _refusal(dispatcher.resolve("POST", "/own", "", {}, body))
+        refused = _refusal(dispatcher.resolve("POST", "/assign", "", {}, body))
         assert not hasattr(refused, "route") and refused.status == 401
     assert _refusal(closed.resolve("GET", "/health", "", {}, b"")).status == 401
     call = _call(opened.resolve("GET", "/health", "", {}, b""))
     assert call.route is ADMIN.health and call.nonce is None
-    headers, nonce = _signed("POST", "/own", body)
-    call = _call(closed.resolve("POST", "/own", "", headers, body))
-    assert call.route is ADMIN.own and call.body == OwnRequest([BLOCK]) and call.nonce == nonce
+    headers, nonce = _signed("POST", "/assign", body)
+    call = _call(closed.resolve("POST", "/assign", "", headers, body))
+    assert call.route is ADMIN.assign and call.body == AssignRequest([ROLE]) and call.nonce == nonce
 
 
 def test_dispatcher_answers_unknown_routes_wrong_methods_and_bad_bodies() -> None:
     dispatcher = Dispatcher(ADMIN.ALL, Verifier(SECRET))
     assert _refusal(dispatcher.resolve("GET", "/nothing", "", {}, b"")).status == 404
-    assert _refusal(dispatcher.resolve("DELETE", "/own", "", {}, b"")).status == 405
-    headers, _ = _signed("POST", "/own", b'{"blocks": 1}')
-    bad = _refusal(dispatcher.resolve("POST", "/own", "", headers, b'{"blocks": 1}'))
-    assert bad.status == 400 and b"blocks: expected a list" in bad.body
+    assert _refusal(dispatcher.resolve("DELETE", "/assign", "", {}, b"")).status == 405
+    headers, _ = _signed("POST", "/assign", b'{"roles": 1}')
+    bad = _refusal(dispatcher.resolve("POST", "/assign", "", headers, b'{"roles": 1}'))
+    assert bad.status == 400 and b"roles: expected a list" in bad.body
 
 
 def test_dispatcher_signs_results_and_maps_exceptions() -> None:
@@ -229,12 +236,12 @@ def test_dispatcher_signs_results_and_maps_exceptions() -> None:
     headers, nonce = _signed("GET", "/migrations/m1", b"")
     call = _call(dispatcher.resolve("GET", "/migrations/m1", "", headers, b""))
     assert call.params == {"id": "m1"}
-    report = MigrationReport("m1", [], "http://t", "copied", 0, None, 0.0)
+    report = MigrationReport("m1", [], ["http://t"], "copied", 0, None, 0.0)
     ok = dispatcher.reply(call, report)
     Signer(SECRET).check_response(nonce, 200, ok.body, ok.headers, "test")
     assert codec.loads(MigrationReport, ok.body) == report
     with pytest.raises(TypeError):
-        dispatcher.reply(call, OwnReply([], [], None))
+        dispatcher.reply(call, Assigned([], None))
     for exc, status in ((KeyError("no migration"), 404), (NotFound("x"), 404), (Conflict("x"), 409),
                         (ValueError("busy"), 409), (InvalidArgument("bad"), 400),
                         (RuntimeError("bug"), 500)):

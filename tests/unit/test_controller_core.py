@@ -27,9 +27,10 @@ from tests.unit.controller_world import SPACE, World, check_consistent, fill
 from topology.builders import client_hosts, fat_tree, port, storage_hosts
 
 
-@pytest.fixture
-def world() -> World:
-    return World(fat_tree(4, servers=8))
+@pytest.fixture(params=[1, 2], ids=["r1", "r2"])
+def world(request: pytest.FixtureRequest) -> World:
+    """Every test runs without replication (r=1, the paper's MetaFlow) and with it."""
+    return World(fat_tree(4, servers=8), replicas=request.param)
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def test_build_waits_for_every_server_then_programs_every_switch(world: World) -
     assert tree is not None
     busy = tree.leaves_in(State.BUSY)
     assert len(busy) == 4   # pre-allocation: half the servers
-    assert {a.name for a in world.agents.values() if a.ownership.owned} == set(busy)
+    assert {a.name for a in world.agents.values() if a.owned()} == set(busy)
     assert all(s.flows for s in world.switches.values())
     check_consistent(world, {})
     for client in client_hosts(g):
@@ -109,7 +110,10 @@ def test_a_barrier_timeout_aborts_the_split_and_restores_every_table(built: Worl
     check_consistent(built, acked)
 
 
-def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(built: World) -> None:
+def test_missing_heartbeats_promote_a_backup_or_hand_blocks_to_an_idle_server(built: World) -> None:
+    """A dead server's blocks: with replicas a synced backup takes over and
+    nothing acknowledged is lost; without, an idle server takes the blocks over
+    empty and the loss is said out loud."""
     tree = built.tree
     victim = tree.leaves_in(State.BUSY)[0]
     blocks = tree.blocks(victim)
@@ -123,10 +127,20 @@ def test_missing_heartbeats_hand_blocks_to_an_idle_server_and_say_data_is_lost(b
     assert failed is not None and failed.startswith("no heartbeat")
     successor = tree.owner(blocks[0].first)
     assert successor != victim and tree.state(victim) is State.FAILED
-    assert set(blocks) <= set(built.agents[successor].ownership.owned)
-    assert built.core.lost and built.core.lost[0]["server"] == victim
-    assert any(e["event"] == "DATA-LOST" for e in built.core.events)
-    check_consistent(built, acked, lost=blocks)
+    assert set(blocks) <= set(built.agents[successor].owned())
+    if built.settings.replicas == 1:
+        assert built.core.lost and built.core.lost[0]["server"] == victim
+        assert any(e["event"] == "DATA-LOST" for e in built.core.events)
+        check_consistent(built, acked, lost=blocks)
+        return
+    assert not built.core.lost and not any(e["event"] == "DATA-LOST" for e in built.core.events)
+    takeover = next(e for e in built.core.events if e["event"] == "takeover")
+    assert set(takeover["promoted"]) == {str(b) for b in blocks}
+    check_consistent(built, acked)
+    built.agents[victim].dead = False   # it comes back with its old store: it rejoins empty
+    built.restart(victim)
+    assert built.agents[victim].roles == {} and tree.state(victim) is not State.FAILED
+    check_consistent(built, acked)
 
 
 def test_edge_port_down_moves_the_data_of_a_still_reachable_server(built: World) -> None:
@@ -137,9 +151,14 @@ def test_edge_port_down_moves_the_data_of_a_still_reachable_server(built: World)
     built.post(PortDown(g.nodes[edge]["dpid"], port(g, edge, victim)))
     built.run()
     assert built.core.registry[victim].failed and built.tree.state(victim) is State.FAILED
-    assert built.agents[victim].records == {}
     assert not built.core.lost
-    assert any(e["event"] == "takeover" and e["salvaged"] for e in built.core.events)
+    takeover = next(e for e in built.core.events if e["event"] == "takeover")
+    if built.settings.replicas == 1:   # the only copy is salvaged from the cut-off agent
+        assert takeover["salvaged"] and built.agents[victim].records == {}
+    else:   # the backups are promoted; the cut-off agent lets go at its next heartbeat (404)
+        assert takeover["promoted"] and not takeover["salvaged"]
+        built.heartbeats()
+        assert not built.agents[victim].owned()
     check_consistent(built, acked)
 
 
@@ -159,12 +178,12 @@ def test_reconnecting_switch_gets_its_table_back_from_what_it_holds(built: World
 
 def test_restarted_controller_rebuilds_ownership_from_the_agents(built: World) -> None:
     partition = sorted(built.tree.partition())
-    owned_before = {a.name: a.ownership.owned for a in built.agents.values()}
+    owned_before = {a.name: a.owned() for a in built.agents.values()}
     acked = fill(built, built.tree.leaves_in(State.BUSY)[0], 40)
     built.new_core()
     built.boot()
     assert sorted(built.tree.partition()) == partition
-    assert {a.name: a.ownership.owned for a in built.agents.values()} == owned_before
+    assert {a.name: a.owned() for a in built.agents.values()} == owned_before
     check_consistent(built, acked)
 
 

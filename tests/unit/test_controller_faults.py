@@ -16,11 +16,14 @@ a fresh world runs the operation again with that fault injected there:
   server it involves (a split's target, a fail-over's successor) dies
   outright and its edge port goes down: the operation is overtaken.
 
-Clients keep writing through the switches at every step. Afterwards (once
-the migrations' leases have run out): every ID is routed by the switches to
-a server that serves it, no block is frozen, and every acknowledged write
-reads back, except in blocks the controller declared lost with a server
-that really died.
+Every operation runs without replication (r=1) and with a backup per block
+(r=2). Clients keep writing through the switches at every step. Afterwards
+(once the migrations' leases have run out): every ID is routed by the
+switches to a server that serves it, no block is frozen, the replica sets
+agree with the agents and their synced members hold the primary's records,
+and every acknowledged write reads back. With r=1 the controller may declare
+blocks lost, only with a server that really died; with r=2 one death loses
+nothing.
 """
 
 from __future__ import annotations
@@ -84,17 +87,17 @@ OPERATIONS = {"split": _split, "split-far": _split_far, "failover": _failover,
               "failover-far": _failover_far}
 
 
-def _prepared(operation: str) -> tuple[World, Callable[[], object], str, dict[int, bytes]]:
-    world = World(fat_tree(4, servers=8), migration_lease_s=10.0)
+def _prepared(operation: str, replicas: int) -> tuple[World, Callable[[], object], str, dict[int, bytes]]:
+    world = World(fat_tree(4, servers=8), migration_lease_s=10.0, replicas=replicas)
     world.boot()
     start, server = OPERATIONS[operation](world)
     acked = fill(world, server, 120, seed=1)
     return world, start, server, acked
 
 
-def _clean_steps(operation: str) -> list[str]:
+def _clean_steps(operation: str, replicas: int) -> list[str]:
     """The kinds of the fallible steps the operation takes when nothing fails."""
-    world, start, _, _ = _prepared(operation)
+    world, start, _, _ = _prepared(operation, replicas)
     seen: list[Step] = []
     world.inject = lambda step: seen.append(step) if _fallible(step) else None
     start()
@@ -102,29 +105,32 @@ def _clean_steps(operation: str) -> list[str]:
     return ["agent" if isinstance(s, CallAgent) else "switch" for s in seen]
 
 
-def _cases() -> list[tuple[str, int, str]]:
+def _cases() -> list[tuple[str, int, int, str]]:
     cases = []
     for operation in OPERATIONS:
-        for k, kind in enumerate(_clean_steps(operation)):
-            for fault in AGENT_FAULTS if kind == "agent" else SWITCH_FAULTS:
-                cases.append((operation, k, fault))
+        for replicas in (1, 2):
+            for k, kind in enumerate(_clean_steps(operation, replicas)):
+                for fault in AGENT_FAULTS if kind == "agent" else SWITCH_FAULTS:
+                    cases.append((operation, replicas, k, fault))
     return cases
 
 
 CASES = _cases()
 
 
-def test_every_operation_has_steps_to_break() -> None:
-    kinds = {op: _clean_steps(op) for op in OPERATIONS}
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_every_operation_has_steps_to_break(replicas: int) -> None:
+    kinds = {op: _clean_steps(op, replicas) for op in OPERATIONS}
     assert kinds["split"].count("agent") >= 3 and "switch" in kinds["split"]
     assert kinds["split-far"].count("switch") >= 3 and kinds["failover-far"].count("switch") >= 3
     assert kinds["failover"].count("agent") >= 2 and "switch" in kinds["failover"]
 
 
-@pytest.mark.parametrize(("operation", "k", "fault"), CASES,
-                         ids=[f"{o}-step{k}-{f.replace(' ', '_').replace(',', '')}" for o, k, f in CASES])
-def test_operation_ends_consistent_whatever_fails(operation: str, k: int, fault: str) -> None:
-    world, start, server, acked = _prepared(operation)
+@pytest.mark.parametrize(("operation", "replicas", "k", "fault"), CASES,
+                         ids=[f"{o}-r{r}-step{k}-{f.replace(' ', '_').replace(',', '')}"
+                              for o, r, k, f in CASES])
+def test_operation_ends_consistent_whatever_fails(operation: str, replicas: int, k: int, fault: str) -> None:
+    world, start, server, acked = _prepared(operation, replicas)
     rng = random.Random(k)
     counter = itertools.count()
     tree = world.tree
@@ -157,11 +163,12 @@ def test_operation_ends_consistent_whatever_fails(operation: str, k: int, fault:
     world.inject = lambda step: None
     lost = [b for record in world.core.lost for b in map(Block.parse, record["blocks"])]
     check_consistent(world, acked, lost)
-    # Data may only be lost with a server that really died (there is no replication yet).
+    # Data may only be lost with a server that really died, and with a backup not even then.
     assert {record["server"] for record in world.core.lost} <= set(died), world.core.lost
+    assert replicas == 1 or not world.core.lost, world.core.lost
     if operation == "failover" and server not in died:
         assert world.core.registry[server].failed
-        assert not world.agents[server].ownership.owned
+        assert not world.agents[server].owned()
 
 
 def _die(world: World, server: str, fault: str, died: list[str]) -> None:

@@ -1,0 +1,220 @@
+"""Building the network: the tree, its owners and replica sets, and every
+switch's table, from scratch or from what the agents hold.
+
+A first start bootstraps: the policy picks the primaries, `btree.replicas`
+places their backups. A restarted controller rebuilds from the agents'
+claims: each registration lists the agent's roles with their epochs, and for
+each block the claim with the highest epoch wins, never the first to arrive.
+A claim a newer one overrides (a server that was declared failed and came
+back, a source whose migration finished) is simply left out: every agent is
+then told exactly which roles it holds (an exclusive assignment), and drops
+the rest. Blocks nobody in service claims go to an idle leaf, salvaged from
+an out-of-service agent that still has them, or served empty, loudly.
+
+Then the saga: assign every role (primaries that were not serving yet stay
+so), re-sync every switch from what it holds, tell the waiting primaries to
+serve, abort the migrations a predecessor left, drop stray imports, fill the
+gaps.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from btree.flows import FlowPlanner
+from btree.replicas import Replicas, ReplicaSet
+from btree.tree import LogicalBTree, State
+from client_lib.api.admin import ADMIN, Role
+from client_lib.cidr import Block
+from controller.routing import host_routes
+from controller.saga import Saga, StepError
+from controller.steps import CallAgent, Step
+from topology.classify import TopologyError, map_topology
+
+if TYPE_CHECKING:
+    from controller.core import MetaFlowCore
+
+
+@dataclass
+class Restored:
+    claimed: bool = False
+    """Agents held roles: this is a rebuild, not a first start."""
+    gaps: dict[str, list[Block]] = field(default_factory=dict)
+    """Heir -> blocks no agent in service claimed."""
+
+
+def build(core: MetaFlowCore, now: float) -> list[Step]:
+    """Map the discovered topology onto the B-tree and program every switch,
+    once every registered server is located (or --locate-timeout passed:
+    then without the missing ones, whose blocks are salvaged)."""
+    if core.first_registration is None:
+        return []
+    missing = core.missing()
+    if missing and now - core.first_registration < core.settings.locate_timeout_s:
+        return []
+    for name in missing:
+        core.registry[name].failed = f"not seen on the data plane within {core.settings.locate_timeout_s:g} s"
+        core.event("server-failed", logging.ERROR, server=name, reason=core.registry[name].failed)
+    graph = core.graph_now()
+    try:
+        classification, tree, fabric = map_topology(graph, core.settings.space)
+    except TopologyError as exc:
+        core.event("topology-not-mappable", logging.WARNING, reason=str(exc))
+        core.last_change = core.clock()   # wait for more of the topology
+        return []
+    core.graph, core.classification, core.tree = graph, classification, tree
+    core.replicas = replicas = Replicas(tree, core.settings.replicas)
+    restored = restore(core, tree, replicas)
+    if not tree.leaves_in(State.BUSY):
+        core.settings.bootstrap.apply(tree)
+        for block, owner in tree.partition():
+            place(core, block, owner)
+    core.planner = FlowPlanner(tree, fabric, minimize=core.settings.minimize)
+    core.routes = host_routes(graph)
+    replicas.check()
+    core.event("network-built", switches=len(fabric.switches), servers=len(tree.leaves()),
+               busy=len(tree.leaves_in(State.BUSY)), restored=restored.claimed,
+               replicas=replicas.r, entries=core.planner.total_entries())
+    return core.start("build", "network", set(), lambda op: build_saga(core, restored))
+
+
+def place(core: MetaFlowCore, block: Block, primary: str) -> ReplicaSet:
+    """A new set for `block`: its primary and r-1 backups placed across racks."""
+    replicas = core.replicas_or_raise()
+    placement = replicas.place([primary], replicas.r - 1, avoid=core.out_of_service())
+    if placement.shared_domain:
+        core.event("replicas-share-a-rack", logging.WARNING, block=str(block),
+                   note="no other rack has a live server")
+    if placement.short:
+        core.event("replicas-short", logging.WARNING, block=str(block), missing=placement.short,
+                   note="not enough live servers for every copy")
+    return replicas.assign(block, (primary, *placement.backups))
+
+
+def restore(core: MetaFlowCore, tree: LogicalBTree, replicas: Replicas) -> Restored:
+    """The tree and the replica sets from the agents' claims, highest epoch first."""
+    live = {s.name: s for s in core.registry.live() if s.name in tree.leaves()}
+    claims = sorted(((role, name) for name, s in live.items() for role in s.roles),
+                    key=lambda c: (-c[0].epoch, not c[0].primary, not _synced(c[0], c[1]), c[1]))
+    if not claims:
+        return Restored()
+    replicas.epoch = max(role.epoch for role, _ in claims)
+    accepted: list[tuple[Block, str, Role]] = []
+    for role, name in claims:
+        newer = [b for b, _, _ in accepted if b.covers(role.block) or role.block.covers(b)]
+        # What newer claims cover is stale here (a migration's target was
+        # assigned its part of the block): the claim keeps only the rest.
+        accepted += [(piece, name, role) for piece in _uncovered(role.block, newer)]
+    tree.bootstrap_organic(accepted[0][1])
+    for block, name, _ in accepted:
+        tree.transfer([block], name)
+        tree.carve(block)
+    for block, name, role in accepted:
+        holds = {n for n, s in live.items()
+                 if any(r.epoch == role.epoch and r.block.covers(block) for r in s.roles)}
+        members = [name] + [m.name for m in role.members if m.name != name and m.name in holds]
+        unsynced = {m.name for m in role.members if not m.synced}
+        if role.primary:
+            replicas.sets[block] = ReplicaSet(role.epoch, tuple(members), frozenset(unsynced & set(members)))
+            if not role.serving:
+                core.not_serving.add(block)
+        else:   # the primary of this epoch is gone: promote a backup, a synced one if any
+            replicas.assign(block, members, unsynced & set(members[1:]))
+            core.not_serving.add(block)
+            core.event("promoted-at-rebuild", block=str(block), primary=name)
+            if not _synced(role, name):
+                core.event("promoted-unsynced", logging.ERROR, block=str(block), primary=name,
+                           note="no synced copy registered: writes it had not caught up are lost")
+    gaps = _gaps(core, tree, replicas, [(b, n) for b, n, _ in accepted])
+    replicas.realign()
+    return Restored(True, gaps)
+
+
+def _synced(role: Role, name: str) -> bool:
+    return all(m.synced for m in role.members if m.name == name)
+
+
+def _gaps(core: MetaFlowCore, tree: LogicalBTree, replicas: Replicas,
+          taken: list[tuple[Block, str]]) -> dict[str, list[Block]]:
+    """Parts of the space no claim covers go to one idle leaf (their data may
+    be on an agent out of service: the build saga salvages it)."""
+    unclaimed = [(piece, owner) for b, owner in tree.partition()
+                 for piece in _uncovered(b, [c for c, by in taken if by == owner])]
+    gaps: dict[str, list[Block]] = {}
+    if not unclaimed:
+        return gaps
+    idle = tree.leaves_in(State.IDLE)
+    for block, owner in unclaimed:
+        heir = idle[0] if idle else owner
+        tree.transfer([block], heir)
+        replicas.assign(block, (heir,))
+        core.not_serving.add(block)
+        gaps.setdefault(heir, []).append(block)
+    core.event("unclaimed-blocks", logging.WARNING, blocks=[str(b) for b, _ in unclaimed],
+               given_to=sorted(gaps))
+    return gaps
+
+
+def build_saga(core: MetaFlowCore, restored: Restored) -> Saga:
+    try:
+        yield core.assign_all()
+    except StepError as failed:
+        core.event("assign-incomplete", logging.ERROR, reason=str(failed),
+                   note="a server that does not answer fails over by its heartbeat")
+    yield from core.resync(sorted(core.planner_or_raise().fabric.switches))
+    yield from finish_leftovers(core)
+    for heir, blocks in restored.gaps.items():
+        yield from core.recover(heir, blocks, None, "no agent in service claims these blocks")
+    yield from core.activate(sorted(core.not_serving))
+    return None
+
+
+def finish_leftovers(core: MetaFlowCore) -> Saga:
+    """A restarted controller finds the migrations its predecessor left on the
+    agents. The tree was rebuilt from what the agents hold, and an unfinished
+    migration's blocks are still held by its source at the older epoch, so
+    aborting it is what agrees with the flows just installed: the source
+    unfreezes and keeps serving, the targets drop their copies."""
+    servers = list(core.registry.servers.values())   # out of service too: it may hold leftovers
+    try:
+        listings = yield [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.migrations) for s in servers]
+    except StepError as failed:
+        listings = failed.results
+    aborts = [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.abort, params={"id": m.id})
+              for s, listing in zip(servers, listings, strict=True) if listing is not None
+              for m in listing.migrations if m.state in ("copying", "copied")]
+    if aborts:
+        core.event("leftover-migrations", count=len(aborts), migrations=[a.params["id"] for a in aborts],
+                   action="aborted")
+        try:
+            yield aborts
+        except StepError as failed:
+            core.event("abort-unconfirmed", logging.WARNING, reason=str(failed),
+                       note="the migrations' leases abort them")
+    try:
+        healths = yield [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.health) for s in servers]
+    except StepError as failed:
+        healths = failed.results
+    discards = [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.import_discard, params={"id": i})
+                for s, health in zip(servers, healths, strict=True) if health is not None
+                for i in health.imports]
+    if discards:
+        core.event("leftover-imports", count=len(discards), action="discarded")
+        try:
+            yield discards
+        except StepError as failed:
+            core.event("discard-unconfirmed", logging.WARNING, reason=str(failed))
+
+
+def _uncovered(block: Block, claims: list[Block]) -> list[Block]:
+    """The parts of `block` that no claim covers, as blocks (CIDR blocks nest
+    or are disjoint, so halving until each half is covered or untouched ends)."""
+    if any(c.covers(block) for c in claims):
+        return []
+    inside = [c for c in claims if block.covers(c)]
+    if not inside:
+        return [block]
+    low, high = block.halves()
+    return _uncovered(low, inside) + _uncovered(high, inside)
