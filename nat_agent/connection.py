@@ -77,7 +77,7 @@ class Host(Protocol):
     def detach(self, conn: Connection) -> None: ...
 
 
-async def _resume(coro: Coroutine[Any, Any, bytes], waiting: Any) -> bytes:
+async def resume(coro: Coroutine[Any, Any, bytes], waiting: Any) -> bytes:
     """Finish a coroutine that was started by hand and suspended on `waiting`
     (an asyncio future, or None for a bare yield to the loop)."""
     while True:
@@ -239,7 +239,7 @@ class Connection(asyncio.Protocol):
             self.useful = self.started = now
 
     async def _finish(self, coro: Coroutine[Any, Any, bytes], waiting: Awaitable[Any] | None) -> None:
-        reply = await _resume(coro, waiting)
+        reply = await resume(coro, waiting)
         self._waiting = None
         if self._closing:
             return

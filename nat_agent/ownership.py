@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -99,6 +100,11 @@ class Held:
     @property
     def block(self) -> Block:
         return self.role.block
+
+    @functools.cached_property
+    def label(self) -> str:
+        """The block as text, as the replication stream names it on every write."""
+        return str(self.role.block)
 
     @property
     def epoch(self) -> int:

@@ -24,33 +24,45 @@ The catch-up copy of a sync (`nat_agent.syncs`):
 A connection must authenticate (``AUTH``, `replication.check_hello`) with
 its first command and within ``read_timeout`` of connecting; anything else
 is answered with an error and the connection is closed.
+
+Why commands of one connection overlap. With a durable store a write
+returns only once it is on disk (``--fsync``), and a primary sends all its
+writes over one connection: applied one after the other, each would wait a
+whole sync, and the backup would take a few hundred writes a second. So a
+command is *started* in arrival order (the store takes it in that order,
+before anything waits), and the next one starts while the earlier ones
+wait for their sync, which they then share (group commit); replies still
+go out in order. Two commands on one key never overlap (the later waits),
+and ``RBEGIN`` (which wipes a block) waits for everything before it and
+holds back everything after it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from client_lib.api.auth import Verifier
 from client_lib.cidr import Block
 from client_lib.constants import MAX_KEY
 from client_lib.errors import AuthError
-from client_lib.resp import OK, ErrorReply, Reply, encode_reply
+from client_lib.resp import OK, ArgumentTooLarge, ErrorReply, ProtocolError, Reply, RespParser, encode_reply
 from nat_agent.agent import Agent
-from nat_agent.connection import Connection, sweep
+from nat_agent.connection import resume
 from nat_agent.replication import check_hello
 from nat_agent.store import decode_path
 
 log = logging.getLogger("metaflow.agent.replica")
 
-IDLE_S = 3600.0
-"""A primary's connection may stay idle this long (it reopens on its next write)."""
+MAX_STARTED = 4096
+"""Commands of one connection started and not yet answered, at most; then it
+is not read until some are answered."""
 
-_OK = encode_reply(OK)
-
-Handler = Callable[[Connection, list[bytes]], Awaitable[Reply]]
+Handler = Callable[["Stream", list[bytes]], Awaitable[Reply]]
+_KEYED = {b"RSET", b"RDEL", b"RCOPY"}   # commands whose argument 4 is a key (a path)
 
 
 class Refused(Exception):
@@ -62,7 +74,7 @@ class Refused(Exception):
 
 
 class ReplicaServer:
-    """The listener. Implements `connection.Host`."""
+    """The listener: checks and applies what primaries send (`Stream` frames it)."""
 
     def __init__(self, agent: Agent, verifier: Verifier, max_value: int, read_timeout: float = 5.0) -> None:
         self.agent = agent
@@ -73,12 +85,10 @@ class ReplicaServer:
         self.max_bulk = max_value + MAX_KEY
         self.stats: Counter[str] = Counter()
         self._max_value = max_value
-        self._senders: dict[Connection, str] = {}   # authenticated connections -> sender name
-        self._connections: set[Connection] = set()
-        self._touched: dict[tuple[Connection, Block], set[str]] = {}   # syncs under way: keys streamed
+        self._streams: set[Stream] = set()
+        self._touched: dict[tuple[Stream, Block], set[str]] = {}   # syncs under way: keys streamed
         self._blocks: dict[bytes, Block] = {}
         self._server: asyncio.AbstractServer | None = None
-        self._sweeper: asyncio.Task[None] | None = None
         # name: (handler, arguments after the name)
         self._commands: dict[bytes, tuple[Handler, int]] = {
             b"RSET": (self._rset, 5), b"RDEL": (self._rdel, 4), b"RBEGIN": (self._rbegin, 2),
@@ -93,53 +103,59 @@ class ReplicaServer:
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Connection(self), host, port, reuse_address=True)
-        self._sweeper = loop.create_task(sweep(self._connections, self.read_timeout, IDLE_S),
-                                         name="replica-sweeper")
+        self._server = await loop.create_server(lambda: Stream(self), host, port, reuse_address=True)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         if self._server is None:
             return
         self._server.close()
-        for conn in list(self._connections):
-            conn.abort()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for stream in list(self._streams):
+            stream.close()
         await self._server.wait_closed()
         self._server = None
 
-    # -- connections (called by `Connection`) -------------------------------------
+    # -- streams (called by `Stream`) -----------------------------------------------
 
-    def attach(self, conn: Connection) -> ErrorReply | None:
-        self._connections.add(conn)
-        asyncio.get_running_loop().call_later(self.read_timeout, self._deadline, conn)
-        return None
+    def attach(self, stream: Stream) -> None:
+        self._streams.add(stream)
+        asyncio.get_running_loop().call_later(self.read_timeout, self._deadline, stream)
 
-    def detach(self, conn: Connection) -> None:
-        self._connections.discard(conn)
-        self._senders.pop(conn, None)
-        for key in [k for k in self._touched if k[0] is conn]:
+    def detach(self, stream: Stream) -> None:
+        self._streams.discard(stream)
+        for key in [k for k in self._touched if k[0] is stream]:
             del self._touched[key]
 
-    def _deadline(self, conn: Connection) -> None:
-        if conn in self._connections and conn not in self._senders:
+    def _deadline(self, stream: Stream) -> None:
+        if stream in self._streams and stream.sender is None:
             self.stats["unauthenticated"] += 1
-            conn.close_with(ErrorReply(f"ERR authenticate within {self.read_timeout:g} s"))
-            self.detach(conn)
+            stream.close_with(ErrorReply(f"ERR authenticate within {self.read_timeout:g} s"))
 
-    async def execute(self, command: list[bytes], conn: Connection) -> bytes:
-        sender = self._senders.get(conn)
-        if sender is None:
-            return self._hello(command, conn)
+    def hello(self, stream: Stream, command: list[bytes]) -> bytes:
+        """The first command must be a valid AUTH; anything else closes the stream."""
+        try:
+            if command[0].upper() != b"AUTH":
+                raise AuthError("not authenticated: the first command must be AUTH", 401)
+            sender, answer = check_hello(self.verifier, command[1:])
+        except AuthError as exc:
+            self.stats["unauthenticated"] += 1
+            log.warning("replication connection from %s refused: %s", stream.peer, exc)
+            stream.close_with(ErrorReply(f"ERR {exc}"))
+            return b""
+        stream.sender = sender
+        log.info("replication stream from %s (%s) opened", sender, stream.peer)
+        return encode_reply(answer)
+
+    async def execute(self, stream: Stream, command: list[bytes]) -> bytes:
         name = command[0].upper()
         spec = self._commands.get(name)
         if spec is None or len(command) - 1 != spec[1]:
             self.stats["malformed"] += 1
             return encode_reply(ErrorReply(f"ERR unknown command or wrong number of arguments: "
                                            f"{name[:32].decode('utf-8', 'replace')}"))
+        token = self.agent.inflight.begin()   # a disown waits for it before deleting the block
         try:
-            return encode_reply(await spec[0](conn, command[1:]))
+            return encode_reply(await spec[0](stream, command[1:]))
         except Refused as exc:
             self.stats["refused"] += 1
             return encode_reply(exc.reply)
@@ -149,21 +165,8 @@ class ReplicaServer:
         except ConnectionError as exc:  # the store is out of reach: the primary must not count on us
             self.stats["store_unavailable"] += 1
             return encode_reply(ErrorReply(f"ERR store unavailable: {exc}"))
-
-    def _hello(self, command: list[bytes], conn: Connection) -> bytes:
-        """The first command must be a valid AUTH; anything else closes the connection."""
-        try:
-            if command[0].upper() != b"AUTH":
-                raise AuthError("not authenticated: the first command must be AUTH", 401)
-            sender, answer = check_hello(self.verifier, command[1:])
-        except AuthError as exc:
-            self.stats["unauthenticated"] += 1
-            log.warning("replication connection from %s refused: %s", conn.peer, exc)
-            conn.close_with(ErrorReply(f"ERR {exc}"))
-            return b""
-        self._senders[conn] = sender
-        log.info("replication stream from %s (%s) opened", sender, conn.peer)
-        return encode_reply(answer)
+        finally:
+            self.agent.inflight.end(token)
 
     # -- checks --------------------------------------------------------------------
 
@@ -175,7 +178,7 @@ class ReplicaServer:
             block = self._blocks[raw] = Block.parse(raw.decode("ascii"))
         return block
 
-    def _backup_of(self, conn: Connection, block: Block, epoch: int, ident: int) -> None:
+    def _backup_of(self, stream: Stream, block: Block, epoch: int, ident: int) -> None:
         """Refuse unless `ident` (in `block`) is held here as a backup at exactly
         `epoch`, with this connection's sender as the primary."""
         if self.ownership.suspended:
@@ -185,26 +188,26 @@ class ReplicaServer:
             raise Refused(f"NOTHELD {block}")
         if held.epoch != epoch:
             raise Refused(f"STALE {held.epoch}")
-        if held.role.primary or held.primary != self._senders[conn]:
-            raise Refused(f"ERR {self._senders[conn]} is not the primary of {held.block} at epoch "
+        if held.role.primary or held.primary != stream.sender:
+            raise Refused(f"ERR {stream.sender} is not the primary of {held.block} at epoch "
                           f"{epoch} here (its primary is {held.primary})")
 
-    def _record(self, conn: Connection, args: list[bytes]) -> tuple[Block, int, str]:
+    def _record(self, stream: Stream, args: list[bytes]) -> tuple[Block, int, str]:
         block, epoch, ident = self._block(args[0]), int(args[1]), int(args[2])
-        self._backup_of(conn, block, epoch, ident)
+        self._backup_of(stream, block, epoch, ident)
         return block, ident, decode_path(args[3])
 
     # -- the stream ------------------------------------------------------------------
 
-    async def _rset(self, conn: Connection, args: list[bytes]) -> Reply:
-        _, ident, path = self._record(conn, args)
+    async def _rset(self, stream: Stream, args: list[bytes]) -> Reply:
+        _, ident, path = self._record(stream, args)
         self._touch(ident, path)
         await self.store.put(ident, path, args[4])
         self.stats["applied"] += 1
         return OK
 
-    async def _rdel(self, conn: Connection, args: list[bytes]) -> Reply:
-        _, ident, path = self._record(conn, args)
+    async def _rdel(self, stream: Stream, args: list[bytes]) -> Reply:
+        _, ident, path = self._record(stream, args)
         self._touch(ident, path)
         await self.store.delete(ident, path)
         self.stats["applied"] += 1
@@ -218,21 +221,21 @@ class ReplicaServer:
 
     # -- the catch-up copy --------------------------------------------------------------
 
-    async def _rbegin(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _rbegin(self, stream: Stream, args: list[bytes]) -> Reply:
         block, epoch = self._block(args[0]), int(args[1])
         if self.ownership.unheld(block):
             raise Refused(f"NOTHELD {block}")
         for held in self.ownership.overlapping(block):
-            self._backup_of(conn, held.block, epoch, held.block.first)
-        self._touched[(conn, block)] = set()
+            self._backup_of(stream, held.block, epoch, held.block.first)
+        self._touched[(stream, block)] = set()
         wiped = await self.store.delete_range(block.first, block.last)
         log.info("sync of %s (epoch %d) from %s begins; %d old records wiped", block, epoch,
-                 self._senders[conn], wiped)
+                 stream.sender, wiped)
         return OK
 
-    async def _rcopy(self, conn: Connection, args: list[bytes]) -> Reply:
-        block, ident, path = self._record(conn, args)
-        touched = self._touched.get((conn, block))
+    async def _rcopy(self, stream: Stream, args: list[bytes]) -> Reply:
+        block, ident, path = self._record(stream, args)
+        touched = self._touched.get((stream, block))
         if touched is None:
             raise Refused(f"ERR no sync of {block} begun on this connection")
         if path in touched:
@@ -242,12 +245,159 @@ class ReplicaServer:
             self.stats["copied"] += 1
         return OK
 
-    async def _rend(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _rend(self, stream: Stream, args: list[bytes]) -> Reply:
         block, epoch = self._block(args[0]), int(args[1])
-        if self._touched.pop((conn, block), None) is None:
+        if self._touched.pop((stream, block), None) is None:
             raise Refused(f"ERR no sync of {block} begun on this connection")
-        log.info("sync of %s (epoch %d) from %s complete", block, epoch, self._senders[conn])
+        log.info("sync of %s (epoch %d) from %s complete", block, epoch, stream.sender)
         return OK
 
-    async def _ping(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _ping(self, stream: Stream, args: list[bytes]) -> Reply:
         return OK
+
+
+class Stream(asyncio.Protocol):
+    """One primary's connection: commands started in order, overlapping while
+    they wait on the store, answered in order."""
+
+    def __init__(self, server: ReplicaServer) -> None:
+        self.server = server
+        self.parser = RespParser(max_bulk=server.max_bulk, limit=server.arg_limit)
+        self.transport: asyncio.Transport
+        self.peer: object = None
+        self.sender: str | None = None   # set once authenticated
+        self._answers: deque[bytes | asyncio.Task[bytes]] = deque()   # in command order
+        self._keys: Counter[bytes] = Counter()   # keys with a command under way
+        self._barrier: asyncio.Task[bytes] | None = None
+        self._next: list[bytes] | None = None     # a command that must wait before it starts
+        self._reading = True
+        self._writable = True
+        self._closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.peer = transport.get_extra_info("peername")
+        self.server.attach(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed(data)
+        self._pump()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self.server.detach(self)   # commands under way finish; their answers go nowhere
+
+    def pause_writing(self) -> None:
+        self._writable = False
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self._writable = True
+        self._pump()
+
+    def _pause(self) -> None:
+        if self._reading and not self._closed:
+            self._reading = False
+            self.transport.pause_reading()
+
+    def _pump(self) -> None:
+        """Start every command that may start now, then send the answers that are ready."""
+        while not self._closed:
+            if not self._writable or len(self._answers) >= MAX_STARTED:
+                self._pause()
+                break
+            command = self._next
+            if command is None:
+                try:
+                    command = self.parser.next_command()
+                except ArgumentTooLarge as exc:
+                    self._answers.append(encode_reply(ErrorReply(f"ERR {exc}")))
+                    continue
+                except ProtocolError as exc:
+                    self.close_with(ErrorReply(f"ERR protocol error: {exc}"))
+                    return
+                if command is None:
+                    break
+            if not self._may_start(command):
+                self._next = command
+                break
+            self._next = None
+            self._start(command)
+        if self._reading is False and self._writable and len(self._answers) < MAX_STARTED // 2 \
+                and not self._closed:
+            self._reading = True
+            self.transport.resume_reading()
+        self._flush()
+
+    def _may_start(self, command: list[bytes]) -> bool:
+        if self._barrier is not None:
+            return False
+        name = command[0].upper()
+        if name == b"RBEGIN":
+            return not any(isinstance(a, asyncio.Task) for a in self._answers)
+        return not (name in _KEYED and len(command) > 4 and self._keys[command[4]])
+
+    def _start(self, command: list[bytes]) -> None:
+        if self.sender is None:
+            self._answers.append(self.server.hello(self, command))
+            return
+        coro = self.server.execute(self, command)
+        try:
+            waiting = coro.send(None)
+        except StopIteration as done:
+            self._answers.append(cast(bytes, done.value))
+            return
+        task = asyncio.get_running_loop().create_task(resume(coro, waiting))
+        name = command[0].upper()
+        key = command[4] if name in _KEYED and len(command) > 4 else None
+        if key is not None:
+            self._keys[key] += 1
+        if name == b"RBEGIN":
+            self._barrier = task
+        task.add_done_callback(lambda _task: self._finished(_task, key))
+        self._answers.append(task)
+
+    def _finished(self, task: asyncio.Task[bytes], key: bytes | None) -> None:
+        if key is not None:
+            self._keys[key] -= 1
+            if not self._keys[key]:
+                del self._keys[key]
+        if task is self._barrier:
+            self._barrier = None
+        self._pump()
+
+    def _flush(self) -> None:
+        ready: list[bytes] = []
+        answers = self._answers
+        while answers:
+            first = answers[0]
+            if isinstance(first, asyncio.Task):
+                if not first.done():
+                    break
+                ready.append(_answer_of(first))
+            else:
+                ready.append(first)
+            answers.popleft()
+        if ready and not self._closed:
+            self.transport.write(b"".join(ready))
+
+    def close_with(self, reply: ErrorReply) -> None:
+        if not self._closed:
+            self.transport.write(encode_reply(reply))
+            self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.transport.close()
+            self.server.detach(self)
+
+
+def _answer_of(task: asyncio.Task[bytes]) -> bytes:
+    if task.cancelled():
+        return encode_reply(ErrorReply("ERR cancelled: the agent is shutting down"))
+    exc = task.exception()
+    if exc is not None:
+        log.error("replication command failed", exc_info=exc)
+        return encode_reply(ErrorReply(f"ERR internal error: {exc}"))
+    return task.result()

@@ -265,7 +265,8 @@ class Write:
     synced member acknowledged it or one failed. `done` is resolved then;
     `failure` says why it failed (None: acknowledged)."""
 
-    __slots__ = ("ident", "path", "held", "owed", "acked", "failure", "done", "timer", "streamed", "owner")
+    __slots__ = ("ident", "path", "held", "owed", "acked", "failure", "done", "timer", "streamed", "local",
+                 "owner")
 
     def __init__(self, owner: Replicator, ident: int, path: str) -> None:
         self.owner = owner
@@ -278,6 +279,7 @@ class Write:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.timer: asyncio.TimerHandle | None = None
         self.streamed = False
+        self.local = True   # this store's part is under way (the members' may end first)
 
     def settle(self, tag: object, reply: Reply | BaseException) -> None:
         assert isinstance(tag, Peer)
@@ -286,7 +288,7 @@ class Write:
             if tag.name in self.owed:
                 self.owed.discard(tag.name)
                 self.acked.add(tag.name)
-                if not self.owed:
+                if not self.owed and not self.local:
                     owner.finish(self, None)
             return
         held = self.held
@@ -349,7 +351,7 @@ class Replicator:
             self.finish(write, "the block was reassigned during the write")
             return
         write.held = held
-        block, epoch, path = str(held.block), held.epoch, encode_path(write.path)
+        block, epoch, path = held.label, held.epoch, encode_path(write.path)
         payload = (encode_command(b"RSET", block, epoch, write.ident, path, value) if value is not None
                    else encode_command(b"RDEL", block, epoch, write.ident, path))
         for peer in held.peers:
@@ -360,13 +362,22 @@ class Replicator:
         self.stats["streamed"] += 1
         if write.owed:
             write.timer = asyncio.get_running_loop().call_later(self.timeout, write.expire)
-        else:
+        elif not write.local:
             self.finish(write, None)
 
+    def failed_here(self, write: Write, exc: BaseException) -> None:
+        """The store failed the write after it was streamed: the members may
+        hold what this store does not, so the write fails (and with it the
+        block, held back until the members are re-synced)."""
+        if write.streamed:
+            self.finish(write, f"this agent's store failed the write: {describe(exc)}")
+
     def sent(self, write: Write) -> None:
-        """The write's store step is over: one that streamed nothing (the store
-        failed, or a conditional write changed nothing) ends here."""
-        if not write.streamed:
+        """This store's part of the write is over: the write ends here if it
+        streamed nothing (a conditional write that changed nothing) or every
+        synced member has acknowledged it already."""
+        write.local = False
+        if not write.streamed or not write.owed:
             self.finish(write, None)
 
     async def acknowledged(self, write: Write) -> None:

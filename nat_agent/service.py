@@ -322,17 +322,28 @@ class MetadataService:
         finally:
             self.agent.inflight.end(token)
 
-    async def _replicated(self, ident: int, path: str, work: Awaitable[tuple[T, Change]]) -> T:
-        """A write to a block with other members: applied here, streamed to the
-        set, answered once every synced member acknowledged it (`replication`).
-        `work` returns the reply and what changed (`UNCHANGED`, a value, or
-        None for a delete). An unacknowledged write is TRYAGAIN."""
+    async def _replicated(self, ident: int, path: str, work: Awaitable[tuple[T, Change]],
+                          known: Change = UNCHANGED) -> T:
+        """A write to a block with other members: applied here and streamed to
+        the set, answered once every synced member acknowledged it
+        (`replication`); an unacknowledged write is TRYAGAIN. `work` applies
+        it here and returns the reply and what changed (`UNCHANGED`, a value,
+        or None for a delete). When the change does not depend on what the
+        store holds (`known`: a plain SET, a DEL), it is streamed first, so
+        the members apply it, and sync it to disk, while this store does;
+        else it is streamed once `work` says what it changed."""
         replicator = self.replicator
         write = replicator.begin(ident, path)
         token = self.agent.inflight.begin()
         try:
-            reply, change = await work
-            if not isinstance(change, _Unchanged):
+            if not isinstance(known, _Unchanged):
+                replicator.stream(write, known)
+            try:
+                reply, change = await work
+            except BaseException as exc:
+                replicator.failed_here(write, exc)
+                raise
+            if isinstance(known, _Unchanged) and not isinstance(change, _Unchanged):
                 replicator.stream(write, change)
         finally:
             self.agent.inflight.end(token)
@@ -361,7 +372,8 @@ class MetadataService:
         if self.writing and path in self.writing:
             ident, path, held = await self._settled(args[0], write=True)
         if held.peers:
-            return await self._replicated(ident, path, self._put(ident, path, args[1], when, get))
+            known: Change = args[1] if when is None and not get else UNCHANGED
+            return await self._replicated(ident, path, self._put(ident, path, args[1], when, get), known)
         if when is None and not get:
             await self._admitted(self.store.put(ident, path, args[1]))
             return OK
@@ -386,7 +398,7 @@ class MetadataService:
         for raw in args:
             ident, path, held = await self._settled(raw, write=True)
             if held.peers:
-                deleted += await self._replicated(ident, path, self._delete(ident, path))
+                deleted += await self._replicated(ident, path, self._delete(ident, path), None)
             else:
                 deleted += await self._admitted(self.store.delete(ident, path))
         return deleted

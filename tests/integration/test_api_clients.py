@@ -11,7 +11,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import pytest
 
 from client_lib.api import codec
-from client_lib.api.admin import ADMIN, Health, MigrationList, OwnReply, OwnRequest
+from client_lib.api.admin import ADMIN, Assigned, AssignRequest, Health, Member, MigrationList, Role
 from client_lib.api.auth import Verifier
 from client_lib.api.clients import ApiClient, AsyncApiClient
 from client_lib.api.server import Call, Dispatcher, wsgi_app
@@ -30,10 +30,10 @@ class _Quiet(WSGIRequestHandler):
 def _handle(call: Call) -> object:
     if call.route is ADMIN.health:
         return Health("ok", "t", "leveldb", SPACE, None, None, 9000, "http://x", 1, 0, [], [], [], 0.0)
-    if call.route is ADMIN.own:
-        if not call.body.blocks:
-            raise ValueError("nothing to own")
-        return OwnReply(call.body.blocks, call.body.blocks, None)
+    if call.route is ADMIN.assign:
+        if not call.body.roles:
+            raise ValueError("nothing to assign")
+        return Assigned(call.body.roles, None)
     if call.route is ADMIN.migration:
         raise KeyError(f"no migration {call.params['id']!r}")
     return MigrationList([])
@@ -56,14 +56,14 @@ def server(request: pytest.FixtureRequest) -> Iterator[str]:
 def test_sync_client_calls_and_raises_by_status(server: str) -> None:
     client = ApiClient(server, SECRET)
     assert client.call(ADMIN.health).name == "t"
-    block = Block.parse("100.64.0.0/12")
-    assert client.call(ADMIN.own, OwnRequest([block])).added == [block]
-    with pytest.raises(Conflict, match="nothing to own"):
-        client.call(ADMIN.own, OwnRequest([]))
+    role = Role(Block.parse("100.64.0.0/12"), 3, True, [Member("t", "127.0.0.1:9002")])
+    assert client.call(ADMIN.assign, AssignRequest([role])).roles == [role]
+    with pytest.raises(Conflict, match="nothing to assign"):
+        client.call(ADMIN.assign, AssignRequest([]))
     with pytest.raises(NotFound, match="no migration 'a b'"):
         client.call(ADMIN.migration, id="a b")
     with pytest.raises(AuthError) as refused:
-        ApiClient(server, None).call(ADMIN.own, OwnRequest([block]))
+        ApiClient(server, None).call(ADMIN.assign, AssignRequest([role]))
     assert refused.value.status == 401
 
 
@@ -97,7 +97,7 @@ def test_unreachable_server_is_an_api_error_without_status() -> None:
 
 
 def test_bodies_are_checked_before_sending(server: str) -> None:
-    wrong: Any = OwnRequest([])   # Any: the type checker would refuse it; the client must refuse it too
+    wrong: Any = AssignRequest([])   # Any: the type checker would refuse it; the client must refuse it too
     with pytest.raises(TypeError):
         ApiClient(server, SECRET).call(ADMIN.health, wrong)
-    assert codec.loads(OwnRequest, codec.dumps(OwnRequest([]))) == OwnRequest([])
+    assert codec.loads(AssignRequest, codec.dumps(AssignRequest([]))) == AssignRequest([])
