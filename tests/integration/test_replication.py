@@ -64,8 +64,13 @@ def _pair(a: AgentProcess, b: AgentProcess, epoch: int = 1, synced: bool = True)
 
 @contextmanager
 def _agents(tmp_path: Path, secret: Path, *names: str, own: str | None = "a",
-            extra: tuple[str, ...] = ()) -> Iterator[list[AgentProcess]]:
-    procs = [AgentProcess(f"leveldb:{tmp_path / n}", *extra, own=[str(SPACE)] if n == own else None,
+            extra: tuple[str, ...] = (), redis: str | None = None) -> Iterator[list[AgentProcess]]:
+    """Agents named `names` (LevelDB stores, or prefixes of the redis-server
+    at `redis`), the one named `own` the primary of the space at epoch 0."""
+    def store(name: str) -> str:
+        return f"leveldb:{tmp_path / name}" if redis is None else f"{redis}{name}:"
+
+    procs = [AgentProcess(store(n), *extra, own=[str(SPACE)] if n == own else None,
                           log_path=tmp_path / f"{n}.log", secret_file=secret) for n in names]
     for proc in procs:
         proc.launch()
@@ -105,9 +110,15 @@ def _until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
 # -- acknowledged means on the backup -------------------------------------------------
 
 
-def test_every_acknowledged_write_survives_a_kill_of_the_primary(tmp_path: Path,
-                                                                 cluster_secret: Path) -> None:
-    with _agents(tmp_path, cluster_secret, "a", "b") as (a, b):
+@pytest.mark.parametrize("kind", ["leveldb", "redis"])
+def test_every_acknowledged_write_survives_a_kill_of_the_primary(kind: str, tmp_path: Path,
+                                                                 cluster_secret: Path,
+                                                                 request: pytest.FixtureRequest) -> None:
+    redis = None
+    if kind == "redis":
+        server, prefix = request.getfixturevalue("redis_server"), request.getfixturevalue("redis_prefix")
+        redis = f"{server}/0?prefix={prefix}"
+    with _agents(tmp_path, cluster_secret, "a", "b", redis=redis) as (a, b):
         _pair(a, b)
         acked: dict[str, bytes | None] = {}
         doubtful: dict[str, bytes | None] = {}   # the write under way when the primary died
@@ -261,7 +272,11 @@ def test_a_sync_under_concurrent_writes_leaves_identical_stores(tmp_path: Path, 
         with _client(a) as client:
             for i in range(4000):
                 client.put(f"/sync/{i}", b"v0")
-        _pair(a, b, synced=False)   # b joins unsynced: streamed to, not waited for
+        _assign(b, 0, [b.member()])   # b held the block once, and kept records the set no longer has
+        with _client(b) as client:
+            for i in range(300):
+                client.put(f"/stale/{i}", b"old life")
+        _pair(a, b, synced=False)   # b joins unsynced (keeping what it held): streamed to, not waited for
         stop = threading.Event()
         written = [0]
 
