@@ -288,8 +288,12 @@ class Write:
             if tag.name in self.owed:
                 self.owed.discard(tag.name)
                 self.acked.add(tag.name)
-                if not self.owed and not self.local:
-                    owner.finish(self, None)
+                if not self.owed:
+                    if self.timer is not None:
+                        self.timer.cancel()   # the members are done; this store's part may not be
+                        self.timer = None
+                    if not self.local:
+                        owner.finish(self, None)
             return
         held = self.held
         assert held is not None
@@ -343,8 +347,8 @@ class Replicator:
 
     def stream(self, write: Write, value: bytes | None) -> None:
         """Send the write (a value, or None for a delete) to the set of the
-        block as it is held now: the store is updated already, and the role
-        may have changed while it was."""
+        block as it is held now (if this store was updated first, the role
+        may have changed while it was)."""
         held = self.ownership.held_at(write.ident)
         write.streamed = True
         if held is None or not held.role.primary:

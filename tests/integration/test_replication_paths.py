@@ -1,0 +1,144 @@
+"""The primary's side of replication in one process, against a real backup
+listener on loopback with a real LevelDB store: the paths a daemon test
+cannot time precisely (this store slower than the members, this store
+failing after the stream, the role moving on mid-write)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from client_lib.api.admin import AssignRequest, Member, Role
+from client_lib.api.auth import Verifier
+from client_lib.cidr import Block
+from client_lib.constants import MAX_VALUE
+from client_lib.mdid import mdid
+from nat_agent.agent import Agent, Identity
+from nat_agent.leveldb_store import LevelDBStore
+from nat_agent.replica import ReplicaServer
+from nat_agent.replication import NotReplicated, Replicator
+
+SPACE = Block.parse("100.64.0.0/10")
+SECRET = b"0123456789abcdef0123456789abcdef"
+PATH = "/paths/key"
+IDENT = mdid(PATH, SPACE)
+
+
+@dataclass
+class Pair:
+    primary: Agent
+    backup: Agent
+    replicator: Replicator
+    members: list[Member]
+
+    async def assign(self, epoch: int, backup_epoch: int | None = None) -> None:
+        """Both at `epoch` (the backup at `backup_epoch` if given), backup first."""
+        await self.backup.assign(AssignRequest([Role(SPACE, backup_epoch or epoch, False, self.members)]))
+        await self.primary.assign(AssignRequest([Role(SPACE, epoch, True, self.members)]))
+
+
+def _agent(name: str, path: Path, replication: str = "") -> Agent:
+    identity = Identity(name, None, None, 0, f"http://{name}", 1, replication)
+    return Agent(identity, LevelDBStore(path, SPACE.width, "off"), SPACE)
+
+
+@asynccontextmanager
+async def _pair(tmp_path: Path, timeout: float = 0.3) -> AsyncIterator[Pair]:
+    backup = _agent("b", tmp_path / "b")
+    server = ReplicaServer(backup, Verifier(SECRET), MAX_VALUE)
+    port = await server.start("127.0.0.1", 0)
+    members = [Member("p", "127.0.0.1:1"), Member("b", f"127.0.0.1:{port}")]
+    primary = _agent("p", tmp_path / "p")
+    replicator = Replicator(primary.ownership, "p", SECRET, timeout)
+    pair = Pair(primary, backup, replicator, members)
+    await pair.assign(1)
+    try:
+        yield pair
+    finally:
+        await replicator.close()
+        await server.stop()
+        await primary.store.close()
+        await backup.store.close()
+
+
+async def _write(pair: Pair, value: bytes, local: Callable[[], Awaitable[None]]) -> None:
+    """What the service does for a plain SET: stream first, then this store's part."""
+    replicator = pair.replicator
+    write = replicator.begin(IDENT, PATH)
+    replicator.stream(write, value)
+    try:
+        await local()
+        await pair.primary.store.put(IDENT, PATH, value)
+    except BaseException as exc:
+        replicator.failed_here(write, exc)
+        raise
+    finally:
+        replicator.sent(write)
+    await replicator.acknowledged(write)
+
+
+def test_a_store_slower_than_the_members_does_not_fail_the_write(tmp_path: Path) -> None:
+    """The members acknowledge at once and this store takes longer than the
+    replication timeout: the write waited for both and succeeds (it failed
+    as a timeout before the timer stopped at the last member's answer)."""
+    async def main() -> None:
+        async with _pair(tmp_path, timeout=0.3) as pair:
+            await _write(pair, b"slow here", lambda: asyncio.sleep(0.6))
+            assert pair.primary.ownership.degraded == []
+            assert await pair.backup.store.get(IDENT, PATH) == b"slow here"
+
+    asyncio.run(main())
+
+
+def test_this_store_failing_after_the_stream_degrades_the_block(tmp_path: Path) -> None:
+    async def main() -> None:
+        async def broken() -> None:
+            raise ConnectionError("the store went away")
+
+        async with _pair(tmp_path) as pair:
+            with pytest.raises(ConnectionError):
+                await _write(pair, b"only on the backup", broken)
+            assert pair.primary.ownership.degraded == [SPACE]   # the backup holds what this store lacks
+            await pair.assign(2)
+            assert pair.primary.ownership.degraded == []
+
+    asyncio.run(main())
+
+
+def test_a_write_of_the_previous_epoch_that_a_member_refused_degrades_the_new_one(tmp_path: Path) -> None:
+    """The write is streamed at epoch 1; before it reaches the backup, both
+    move to epoch 2 (same set), so the backup refuses it as stale: the new
+    epoch's block would otherwise serve a value its member lacks."""
+    async def main() -> None:
+        async with _pair(tmp_path) as pair:
+            replicator = pair.replicator
+            write = replicator.begin(IDENT, PATH)
+            await pair.backup.assign(AssignRequest([Role(SPACE, 2, False, pair.members)]))
+            replicator.stream(write, b"sent at epoch 1")
+            await pair.primary.assign(AssignRequest([Role(SPACE, 2, True, pair.members)]))
+            await pair.primary.store.put(IDENT, PATH, b"sent at epoch 1")
+            replicator.sent(write)
+            with pytest.raises(NotReplicated, match="STALE 2"):
+                await replicator.acknowledged(write)
+            assert pair.primary.ownership.degraded == [SPACE]
+            assert await pair.backup.store.get(IDENT, PATH) is None
+
+    asyncio.run(main())
+
+
+def test_a_write_acknowledged_by_the_set_it_was_sent_to_holds_in_the_next_epoch(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _pair(tmp_path) as pair:
+            await _write(pair, b"v1", lambda: asyncio.sleep(0))
+            await pair.assign(2)
+            await _write(pair, b"v2", lambda: asyncio.sleep(0))
+            assert pair.primary.ownership.degraded == []
+            assert await pair.backup.store.get(IDENT, PATH) == b"v2"
+            assert pair.replicator.writing == {}
+
+    asyncio.run(main())
