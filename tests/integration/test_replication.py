@@ -38,6 +38,7 @@ from mininet_scenarios.daemons import AgentProcess
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.replication import check_hello, hello
 from nat_agent.store import Record
+from tests.integration.resp_peer import Peer
 
 SPACE = Block.parse("100.64.0.0/10")
 
@@ -190,46 +191,32 @@ def test_a_primary_deposed_by_a_newer_epoch_is_fenced_by_its_backup(tmp_path: Pa
 # -- reads never see an unacknowledged write ----------------------------------------------
 
 
-class SilentReplica:
+def silent_replica(secret: bytes, commands: list[list[bytes]]) -> Peer:
     """A replication listener holding the cluster's secret that answers the
-    handshake and then never answers a command (a hung backup)."""
-
-    def __init__(self, secret: bytes) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        self.verifier = Verifier(secret, self.address)
-        self.commands: list[list[bytes]] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._run, args=(conn,), daemon=True).start()
-
-    def _run(self, conn: socket.socket) -> None:
+    handshake and then never answers a command (a hung backup); what it is
+    sent goes to `commands`."""
+    def behaviour(conn: socket.socket) -> None:
         parser = RespParser(max_bulk=1 << 21)
-        with conn:
-            while data := conn.recv(65536):
-                parser.feed(data)
-                while (command := parser.next_command()) is not None:
-                    if command[0] == b"AUTH":
-                        conn.sendall(encode_reply(check_hello(self.verifier, command[1:])[1]))
-                    else:
-                        self.commands.append(command)
+        while data := conn.recv(65536):
+            parser.feed(data)
+            while (command := parser.next_command()) is not None:
+                if command[0] == b"AUTH":
+                    conn.sendall(encode_reply(check_hello(verifier, command[1:])[1]))
+                else:
+                    commands.append(command)
 
-    def close(self) -> None:
-        self.sock.close()
+    peer = Peer(behaviour)
+    verifier = Verifier(secret, peer.via)
+    return peer
 
 
 def test_a_read_never_sees_a_write_the_set_did_not_acknowledge(tmp_path: Path, cluster_secret: Path) -> None:
-    silent = SilentReplica(load_secret(cluster_secret))
-    with _agents(tmp_path, cluster_secret, "a", extra=("--replication-timeout", "1")) as (a,):
+    sent: list[list[bytes]] = []
+    with silent_replica(load_secret(cluster_secret), sent) as silent, \
+            _agents(tmp_path, cluster_secret, "a", extra=("--replication-timeout", "1")) as (a,):
         with _client(a) as client:
             client.put("/read/x", b"old")
-        members = [a.member(), Member("hung", silent.address)]
+        members = [a.member(), Member("hung", silent.via)]
         _assign(a, 1, members)
         outcome: dict[str, object] = {}
 
@@ -245,7 +232,7 @@ def test_a_read_never_sees_a_write_the_set_did_not_acknowledge(tmp_path: Path, c
 
         writing = threading.Thread(target=write)
         writing.start()
-        _until(lambda: any(c[0] == b"RSET" for c in silent.commands))   # the write is under way
+        _until(lambda: any(c[0] == b"RSET" for c in sent))   # the write is under way
         started = time.monotonic()
         with _client(a) as client, pytest.raises(Unavailable, match="TRYAGAIN.*degraded"):
             client.get("/read/x")     # waits for the write's end: failed, so the block is held back
@@ -260,7 +247,6 @@ def test_a_read_never_sees_a_write_the_set_did_not_acknowledge(tmp_path: Path, c
             value = client.get("/read/x")
         # An unacknowledged write may take effect or not; here it did, on the one copy left.
         assert value == b"new"
-    silent.close()
 
 
 # -- re-replication --------------------------------------------------------------------
