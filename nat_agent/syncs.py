@@ -106,9 +106,13 @@ class Syncs:
     def _member(self, block: Block, epoch: int, member: str) -> tuple[Held, Peer]:
         """The held part covering `block` as its primary at `epoch`, and the member's peer there."""
         self.agent.check_block(block)
-        parts = self.agent.ownership.overlapping(block)
-        if self.agent.ownership.unheld(block) or any(not h.role.primary or h.epoch != epoch or
-                                                     not h.block.covers(block) for h in parts):
+        ownership = self.agent.ownership
+        parts = ownership.overlapping(block)
+        if ownership.suspended or any(h.fenced for h in parts):
+            why = "suspended" if ownership.suspended else "fenced (a newer primary exists)"
+            raise Conflict(f"cannot sync {block}: this agent is {why}", 409)
+        if ownership.unheld(block) or any(not h.role.primary or h.epoch != epoch or
+                                          not h.block.covers(block) for h in parts):
             holds = ", ".join(f"{h.block}@{h.epoch}{'' if h.role.primary else ' (backup)'}"
                               for h in parts) or "nothing of it"
             raise Conflict(f"cannot sync {block}: this agent is not its primary at epoch {epoch} "

@@ -179,6 +179,9 @@ def test_a_primary_deposed_by_a_newer_epoch_is_fenced_by_its_backup(tmp_path: Pa
             with pytest.raises(Unavailable, match="TRYAGAIN.*fenced"):
                 client.put("/fence/y", b"another key")
         assert a.call(ADMIN.stats).service["replication_fenced"] == 1
+        with pytest.raises(ApiError, match="fenced") as refused:   # a deposed primary copies nothing
+            a.call(ADMIN.sync, SyncRequest(SPACE, 1, b.name, 100))
+        assert refused.value.status == 409
         with _client(b) as client:
             assert client.get("/fence/x") == b"before"
         # the controller reassigns a (a backup now): it answers MOVED and applies b's stream
