@@ -83,13 +83,7 @@ def build(core: MetaFlowCore, now: float) -> list[Step]:
 def place(core: MetaFlowCore, block: Block, primary: str) -> ReplicaSet:
     """A new set for `block`: its primary and r-1 backups placed across racks."""
     replicas = core.replicas_or_raise()
-    placement = replicas.place([primary], replicas.r - 1, avoid=core.out_of_service())
-    if placement.shared_domain:
-        core.event("replicas-share-a-rack", logging.WARNING, block=str(block),
-                   note="no other rack has a live server")
-    if placement.short:
-        core.event("replicas-short", logging.WARNING, block=str(block), missing=placement.short,
-                   note="not enough live servers for every copy")
+    placement = core.place([block], [primary], replicas.r - 1)
     return replicas.assign(block, (primary, *placement.backups))
 
 

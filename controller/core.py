@@ -20,13 +20,13 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import networkx as nx
 
 from btree.flows import FlowDiff, FlowPlanner
-from btree.replicas import Replicas
+from btree.replicas import Placement, Replicas
 from btree.tree import LogicalBTree, Move, State
 from client_lib.api.admin import ADMIN, AssignRequest, Member, Role
 from client_lib.api.rest import (
@@ -264,8 +264,28 @@ class MetaFlowCore:
         return self.replicas
 
     def out_of_service(self) -> set[str]:
-        """Servers a new copy must not go to: failed, or promised to an operation."""
-        return {s.name for s in self.registry.servers.values() if s.failed} | self.operations.reserved()
+        """Servers a new copy must not go to: the failed ones. (A server busy
+        with another operation may take a copy: a role in one set does not
+        touch its roles in others, and leaving it out made splits and
+        repairs start short of copies whenever several ran at once.)"""
+        return {s.name for s in self.registry.servers.values() if s.failed}
+
+    def place(self, blocks: Iterable[Block], members: Sequence[str], count: int,
+              avoid: Collection[str] = ()) -> Placement:
+        """`count` more members for the set of `members` (primary first) of
+        `blocks`, across racks, never on a failed server or one in `avoid`;
+        a backup that has to share a rack, or one that cannot be placed at
+        all, is said."""
+        placement = self.replicas_or_raise().place(list(members), count,
+                                                   avoid=self.out_of_service() | set(avoid))
+        where = [str(b) for b in blocks]
+        if placement.shared_domain:
+            self.event("replicas-share-a-rack", logging.WARNING, blocks=where,
+                       note="no other rack has a live server")
+        if placement.short:
+            self.event("replicas-short", logging.WARNING, blocks=where, missing=placement.short,
+                       note="not enough live servers for every copy")
+        return placement
 
     def role(self, block: Block, name: str) -> Role:
         s = self.replicas_or_raise().sets[block]

@@ -21,7 +21,6 @@ fail-over redoes the sets, and a later repair starts over.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from btree.tree import State
@@ -44,15 +43,11 @@ def repair_saga(core: MetaFlowCore, op: Operation, block: Block, resync: bool) -
     resynced = set(current.backups) if resync else set()
     unsynced = set(current.unsynced) | resynced
     missing = replicas.r - len(current.members)
-    placement = replicas.place(current.members, max(0, missing),
-                               avoid=core.out_of_service() - op.involves)
+    placement = core.place([block], current.members, max(0, missing))
     members = (*current.members, *placement.backups)
     unsynced |= set(placement.backups)
     if not unsynced:
         return None
-    if placement.shared_domain:
-        core.event("replicas-share-a-rack", logging.WARNING, block=str(block),
-                   note="no other rack has a live server")
     op.involves |= set(members)
     wanted = replicas.assign(block, members, unsynced)
     op.step = "assign"

@@ -55,8 +55,7 @@ def split_saga(core: MetaFlowCore, op: Operation, name: str) -> Saga:
         return core.outcome_event("split-refused", server=name, reason=plan.reason)
     replicas = core.replicas_or_raise()
     blocks = list(plan.move)
-    placement = replicas.place([plan.target], replicas.r - 1,
-                               avoid=(core.out_of_service() - op.involves) | {name})
+    placement = core.place(blocks, [plan.target], replicas.r - 1, avoid={name})
     members = [plan.target, *placement.backups]
     op.involves |= set(members)
     old = {b: _covering(replicas.sets, b) for b in blocks}
