@@ -31,6 +31,7 @@ from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST
 from client_lib.api.route import Route
 from client_lib.cidr import Block
+from client_lib.constants import DEFAULT_REPLICAS
 from client_lib.errors import ApiError
 from mininet_scenarios import ofdump
 from mininet_scenarios.daemons import free_port
@@ -86,10 +87,13 @@ class ControllerProcess:
 
 class MetaFlowNet:
     def __init__(self, graph: nx.Graph, *, capacity: int | None = None, store: str = "leveldb",
-                 controller_args: Sequence[str] = (), build_timeout: float = 60.0,
+                 replicas: int = DEFAULT_REPLICAS, controller_args: Sequence[str] = (),
+                 agent_args: Sequence[str] = (), build_timeout: float = 60.0,
                  workdir: Path | None = None) -> None:
         self.graph = graph
         self.capacity = capacity
+        self.replicas = replicas
+        self.agent_args = list(agent_args)
         self.store = store
         self.controller_args = list(controller_args)
         self.build_timeout = build_timeout
@@ -104,7 +108,8 @@ class MetaFlowNet:
     # -- bring-up -------------------------------------------------------------
 
     def _start_controller(self, scenario: Scenario):
-        extra = [*self.controller_args, "--gateway", scenario.gateway, "--space", scenario.space]
+        extra = [*self.controller_args, "--gateway", scenario.gateway, "--space", scenario.space,
+                 "--replicas", str(self.replicas)]
         if self.capacity:
             extra += ["--capacity", str(self.capacity)]
         assert scenario.secret_file is not None
@@ -119,8 +124,7 @@ class MetaFlowNet:
         started = time.monotonic()
         self.scenario = Scenario(self.graph, controller=("127.0.0.1", self.of_port),
                                  rest_port=self.rest_port, store=self.store,
-                                 start_controller=self._start_controller,
-                                 agent_args=["--heartbeat", "1"])
+                                 start_controller=self._start_controller, agent_args=self.agent_args)
         self.scenario.__enter__()
         try:
             self.timings["scenario_up_s"] = round(time.monotonic() - started, 2)

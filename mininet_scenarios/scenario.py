@@ -26,7 +26,9 @@ Bring-up, in order (each phase's seconds end up in `timings`):
    answers (default 10.255.255.254, which the builders never hand out).
 6. ``agents``: one ``metaflow-agent`` per storage host, inside the host
    (data-plane address = the host's, admin API on its management address
-   port 9001, service on 0.0.0.0:9000, kernel rewrite, store under the
+   port 9001 and the replication stream on port 9002 there, so copies of
+   writes do not compete with clients on the data plane; service on
+   0.0.0.0:9000, kernel rewrite, store under the
    scenario's temporary directory), all started at once, then awaited
    until /health answers over the management network from the root
    namespace, as the controller will call them.
@@ -65,6 +67,7 @@ from client_lib.constants import (
     DEFAULT_GATEWAY,
     METAFLOW_PORT,
     OPENFLOW_PORT,
+    REPLICATION_PORT,
 )
 from client_lib.mdid import DEFAULT_SPACE
 from mininet_scenarios.daemons import AgentProcess
@@ -226,7 +229,8 @@ class Scenario:
             self.agents[node] = AgentProcess(
                 store, "--data-ip", self.graph.nodes[node]["ip"], "--space", self.space, *controller,
                 *self.agent_args, name=name, rewrite=self.rewrite, host="0.0.0.0", port=METAFLOW_PORT,
-                admin_host=self.mgmt_ips[node], admin_port=ADMIN_PORT, netns=self.ns(node),
+                admin_host=self.mgmt_ips[node], admin_port=ADMIN_PORT, replication_port=REPLICATION_PORT,
+                netns=self.ns(node),
                 admin_from_here=True, log_path=workdir / f"{name}.log", secret_file=secret_file)
             self.agents[node].launch()
         deadline = time.monotonic() + self.agent_timeout
