@@ -6,11 +6,15 @@
    rest idle, and the capacity is low, so servers split while clients write.
 2. Every client writes the metadata of its share of the files and reads it
    back, each request sent to the path's MetaDataID with no lookup.
-3. One busy server is killed; the controller notices the missing heartbeats
-   and an idle server takes over its blocks (their data is lost: there is no
-   replication, and the controller says so).
-4. Every acknowledged write is checked: readable with the right content,
-   unless it lived in a block of the killed server.
+3. One busy server is killed (kill -9) while clients keep writing; every
+   block has a backup on another rack (r=2), the controller notices the
+   missing heartbeats, promotes the backups and moves the flows, and a probe
+   measures the time from the kill to the first successful write of a key
+   in each of the killed server's blocks; re-replication then restores the
+   second copy in the background.
+4. Every acknowledged write is checked: readable with the right content
+   (none may be lost; with `--replicas 1` the killed server's blocks are
+   lost, and the controller says so).
 
 Prints the table sizes per switch, the splits and the take-over with their
 times, and a summary; leaves nothing behind.
@@ -27,6 +31,7 @@ from pathlib import Path
 
 from client_lib.api.rest import REST
 from client_lib.cidr import Block
+from client_lib.constants import DEFAULT_REPLICAS
 from mininet_scenarios.daemons import ROOT
 from mininet_scenarios.metaflow_net import FlowCounts, MetaFlowNet
 from topology import builders
@@ -64,9 +69,9 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     started = time.monotonic()
     graph = builders.fat_tree(4, servers=8)
     _say(f"MetaFlow demo: k=4 fat-tree, 8 storage servers ({args.store}), 8 clients, "
-         f"{args.files} files, capacity {args.capacity} keys per server")
+         f"{args.files} files, capacity {args.capacity} keys per server, {args.replicas} copies of each")
     with MetaFlowNet(graph, capacity=args.capacity, store=args.store, workdir=workdir,
-                     controller_args=["--bootstrap", "preallocate:2", "--heartbeat-timeout", "3"]) as mf:
+                     replicas=args.replicas, controller_args=["--bootstrap", "preallocate:2"]) as mf:
         _say(f"network up in {mf.timings['network_built_s']} s "
              f"(Mininet + agents {mf.timings['scenario_up_s']} s, then discovery and B-tree)")
         first_request = time.monotonic()
@@ -84,18 +89,30 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         _print_status(mf)
         servers = mf.view(REST.servers).servers
         victim = max((n for n, s in servers.items() if s.state == "busy"), key=lambda n: servers[n].keys)
-        _say(f"\nphase 2: killing server {victim} ({servers[victim].keys} keys) while clients keep writing")
+        blocks = servers[victim].blocks
+        _say(f"\nphase 2: kill -9 of server {victim} ({servers[victim].keys} keys, primary of "
+             f"{', '.join(map(str, blocks))}) while clients keep writing")
+        probe = mf.start_probe(blocks)
+        clients = mf.start_clients(share // 4, workdir, start=args.files, read_back=False)
+        time.sleep(1.0)   # the clients are writing
         # Out of the scenario's hands: it would (rightly) complain at teardown
         # that this agent did not exit cleanly.
         mf.running.agents.pop(mf.running.topo.graph_names[victim]).kill()
         kill_time = time.monotonic()
-        phase2 = mf.run_clients(share // 4, workdir, start=args.files, read_back=False)
+        outage = mf.finish_probe(probe, kill_time)["first_ok_s"]
+        phase2 = mf.collect(clients)
         takeover = next(iter(mf.events("takeover")), None)
         lost = mf.events("DATA-LOST")
         if takeover:
-            _say(f"  take-over: {takeover['successor']} took {takeover['blocks']} blocks of {victim} "
-                 f"({takeover['why']}), {takeover['seconds']} s from decision to last barrier; "
-                 f"noticed {round(time.monotonic() - kill_time, 1)} s after the kill at the latest")
+            how = (f"promoted the backups of {len(takeover['promoted'])} blocks" if takeover["promoted"]
+                   else f"{takeover['successor']} took {takeover['blocks']} blocks ({takeover['why']})")
+            _say(f"  take-over of {victim}: {how}, {takeover['seconds']} s from decision to serving")
+        for block, seconds in outage.items():
+            _say(f"  first successful write in {block}: "
+                 + (f"{seconds:.2f} s after the kill" if seconds is not None else "none within 30 s"))
+        if args.replicas > 1 and mf.wait_replicated(60) is not None:
+            _say(f"  every block has {args.replicas} copies again {time.monotonic() - kill_time:.1f} s "
+                 f"after the kill ({len(mf.events('replicated'))} re-replications)")
         for event in lost:
             _say(f"  DATA LOST (said loudly by the controller): blocks {', '.join(event['blocks'])} "
                  f"of {event['server']}, up to {event['keys_lost_at_most']} keys")
@@ -117,15 +134,23 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
                                                   f"{sum(c['tryagain'] for c in phase1 + phase2)})"),
             ("splits", len(splits)),
             ("acknowledged writes", check["acked"]),
-            ("  lost with the killed server (expected: no replication)", check["lost_with_killed_server"]),
+            ("  lost with the killed server" + (" (r=1: no copy)" if args.replicas == 1 else " (must be 0)"),
+             check["lost_with_killed_server"]),
             ("  missing or wrong otherwise (must be 0)", check["missing"] + check["wrong"]),
+            ("kill -9 to first successful write of an affected key, max",
+             _seconds(max((v for v in outage.values() if v is not None), default=None))),
             ("entries per switch, mean core / agg / edge", _means(final)),
             ("entries per switch before the kill, max", max(c["metaflow"] for c in counts.values())),
         ]
         for name, value in rows:
             _say(f"  {name:58s} {value}")
     _say(f"\ndone in {round(time.monotonic() - started, 1)} s; everything torn down")
-    return 0 if check["missing"] + check["wrong"] == 0 else 1
+    lost_ok = args.replicas == 1 or check["lost_with_killed_server"] == 0
+    return 0 if check["missing"] + check["wrong"] == 0 and lost_ok else 1
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:.2f} s"
 
 
 def _median(rows: list[dict], key: str) -> float:
@@ -144,8 +169,10 @@ def _means(counts: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--files", type=int, default=20_000, help="files written in phase 1")
-    p.add_argument("--capacity", type=int, default=5000, help="keys per server before it splits")
+    p.add_argument("--capacity", type=int, default=8000,
+                   help="keys per server (its backups' included) before it splits")
     p.add_argument("--store", choices=("leveldb", "redis"), default="leveldb")
+    p.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS, help="copies of each block")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mfdemo") as workdir:
         return run(args, Path(workdir))

@@ -222,6 +222,45 @@ class MetaFlowNet:
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         return procs
 
+    def replicated(self) -> bool:
+        """Every block a live server serves has a backup on another live server."""
+        servers = self.view(REST.servers).servers
+        backups = {b for s in servers.values() if not s.failed for b in s.backups}
+        return all(b in backups for s in servers.values() if not s.failed for b in s.blocks)
+
+    def wait_replicated(self, timeout: float) -> float | None:
+        """Seconds until `replicated()` holds (None if not within `timeout`)."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if self.replicated():
+                return time.monotonic() - started
+            time.sleep(0.25)
+        return None
+
+    def start_probe(self, blocks: Sequence[Block], client: str | None = None) -> subprocess.Popen:
+        """`mininet_scenarios.probe` on a client host, writing one key per
+        block in a loop; returns once it is writing (see `finish_probe`)."""
+        scenario = self.running
+        argv = [sys.executable, "-m", "mininet_scenarios.probe", "--space", scenario.space,
+                *[arg for b in blocks for arg in ("--block", str(b))]]
+        proc = subprocess.Popen(scenario.ns(client or self.hosts("client")[0]).command(*argv), cwd=ROOT,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()
+        if not ready.strip():
+            raise RuntimeError(f"probe did not start: {proc.communicate(timeout=10)[1][-2000:]}")
+        return proc
+
+    @staticmethod
+    def finish_probe(proc: subprocess.Popen, killed_at: float, timeout: float = 60) -> dict[str, Any]:
+        """Tell the probe when the kill happened (`time.monotonic()`); its
+        report: seconds to the first successful write per block."""
+        stdout, stderr = proc.communicate(f"{killed_at!r}\n", timeout=timeout)
+        if proc.returncode:
+            raise RuntimeError(f"probe failed: {stderr[-2000:]}")
+        return dict(json.loads(stdout.strip().splitlines()[-1]))
+
     @staticmethod
     def collect(procs: list[subprocess.Popen], timeout: float = 600) -> list[dict]:
         """The clients' JSON summaries; a client that failed raises with its stderr."""

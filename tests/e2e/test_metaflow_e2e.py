@@ -77,7 +77,7 @@ def test_fat_tree_end_to_end(tmp_path):
         assert blocks[victim] == [] and mf.view(REST.servers).servers[victim].failed
         result = mf.verify_acked(tmp_path, [])
         assert result["missing"] == result["wrong"] == 0, result
-        wait_for(lambda: _replicated(mf), 60)   # every block has its backup again
+        wait_for(mf.replicated, 60)   # every block has its backup again
 
 
 @pytest.mark.timeout(600)
@@ -159,13 +159,6 @@ def test_controller_killed_mid_split_leaves_no_block_frozen(tmp_path):
         result = mf.verify_acked(tmp_path, [])
         assert result["missing"] == result["wrong"] == 0, result
         assert rebuilt < 60
-
-
-def _replicated(mf: MetaFlowNet) -> bool:
-    """Every served block has a backup on another live server."""
-    servers = mf.view(REST.servers).servers
-    backups = {b for s in servers.values() if not s.failed for b in s.backups}
-    return all(b in backups for s in servers.values() if not s.failed for b in s.blocks)
 
 
 def _mid_split(mf: MetaFlowNet) -> str:
