@@ -273,6 +273,7 @@ class Stream(asyncio.Protocol):
         self._reading = True
         self._writable = True
         self._closed = False
+        self._pumping = False   # a pump is scheduled for the end of this turn
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -302,6 +303,7 @@ class Stream(asyncio.Protocol):
 
     def _pump(self) -> None:
         """Start every command that may start now, then send the answers that are ready."""
+        self._pumping = False
         while not self._closed:
             if not self._writable or len(self._answers) >= MAX_STARTED:
                 self._pause()
@@ -358,13 +360,17 @@ class Stream(asyncio.Protocol):
         self._answers.append(task)
 
     def _finished(self, task: asyncio.Task[bytes], key: bytes | None) -> None:
+        """A command's wait ended; a group commit ends many at once, so their
+        answers are sent together at the end of this turn of the loop."""
         if key is not None:
             self._keys[key] -= 1
             if not self._keys[key]:
                 del self._keys[key]
         if task is self._barrier:
             self._barrier = None
-        self._pump()
+        if not self._pumping:
+            self._pumping = True
+            asyncio.get_running_loop().call_soon(self._pump)
 
     def _flush(self) -> None:
         ready: list[bytes] = []
