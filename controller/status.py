@@ -77,9 +77,20 @@ def _headline(status: Status, controller: str) -> str:
         " (" + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) + ")" if states else "")
     entries = sum(len(table) for table in status.flows.switches.values())
     running = len(status.operations.operations)
+    unbacked = _unbacked(status.servers)
+    copies = f"; {unbacked} block{'s' if unbacked != 1 else ''} without a live backup" if unbacked else ""
     return "\n".join([f"controller {controller}",
                       f"{built}; {servers}; {len(status.flows.switches)} switches with {entries} "
-                      f"MetaFlow entries; {running} operation{'s' if running != 1 else ''} under way"])
+                      f"MetaFlow entries; {running} operation{'s' if running != 1 else ''} under way"
+                      f"{copies}"])
+
+
+def _unbacked(view: ServersView) -> int:
+    """Blocks served with no copy on another live server, when the cluster
+    keeps backups at all (r=1 has none, and saying so on every line is noise)."""
+    live = [s for s in view.servers.values() if not s.failed]
+    backups = {b for s in live for b in s.backups}
+    return sum(b not in backups for s in live for b in s.blocks) if backups else 0
 
 
 def _state(state: str | None, failed: str | None) -> str:
@@ -94,8 +105,10 @@ def _servers(view: ServersView) -> str:
         use = f"{100 * s.keys / s.capacity:.0f}%" if s.capacity else "-"
         note = f"failed: {s.failed}" if s.failed else (f"in {s.operation}" if s.operation else "")
         rows.append([name, _state(s.state, s.failed), str(s.keys), str(s.capacity), use, s.data_ip,
-                     " ".join(str(b) for b in s.blocks) or "-", note])
-    return "servers\n" + _table(["name", "state", "keys", "capacity", "use", "data ip", "blocks", ""], rows)
+                     " ".join(str(b) for b in s.blocks) or "-", " ".join(str(b) for b in s.backups) or "-",
+                     note])
+    return "servers\n" + _table(["name", "state", "keys", "capacity", "use", "data ip", "blocks", "backups",
+                                 ""], rows)
 
 
 def _tree(view: TreeView) -> str:

@@ -52,7 +52,7 @@ STATUS = Status(
                 "h4": LeafInfo("failed", [], "pod2")}),
     servers=ServersView({
         "h1": ServerInfo("10.0.0.1", "http://10.255.0.1:9001", 512, 1000, None, "busy",
-                         [B("100.64.0.0/11")], None),
+                         [B("100.64.0.0/11")], None, [B("100.96.0.0/11")]),
         "h2": ServerInfo("10.0.0.2", "http://10.255.0.2:9001", 900, 1000, None, "busy",
                          [B("100.96.0.0/11")], "split-7"),
         "h3": ServerInfo("10.0.0.3", "http://10.255.0.3:9001", 0, 1000, None, "idle", [], None),
@@ -114,9 +114,12 @@ def test_status_summarizes_every_view(controller: str, secret_file: Path,
     lines = out.splitlines()
     assert lines[0] == f"controller {controller}"
     assert lines[1] == ("tree built (root core, 4 leaves); 4 servers (2 busy, 1 failed, 1 idle); "
-                        "2 switches with 3 MetaFlow entries; 1 operation under way")
+                        "2 switches with 3 MetaFlow entries; 1 operation under way; "
+                        "1 block without a live backup")
     rows = {line.split()[0]: line for line in lines if line.startswith("  h")}
-    assert rows["h1"].split()[:7] == ["h1", "busy", "512", "1000", "51%", "10.0.0.1", "100.64.0.0/11"]
+    assert rows["h1"].split()[:8] == ["h1", "busy", "512", "1000", "51%", "10.0.0.1", "100.64.0.0/11",
+                                      "100.96.0.0/11"]
+    assert rows["h2"].split()[6:8] == ["100.96.0.0/11", "-"]
     assert rows["h2"].endswith("in split-7")
     assert rows["h4"].split()[:2] == ["h4", "failed"] and rows["h4"].endswith("failed: heartbeat timeout")
     tree = lines[lines.index("tree") + 1:lines.index("tree") + 8]
