@@ -21,7 +21,9 @@ order), to the backup's listener (`nat_agent.replica`, ``--replication``):
 * ``RSET <block> <epoch> <mdid> <path> <value>`` and ``RDEL <block> <epoch>
   <mdid> <path>``: a write. A backup applies it only if it holds `block` as a
   backup at exactly `epoch` with the sender as its primary; otherwise it
-  answers ``-STALE <its epoch>`` (or ``-NOTHELD``, ``-SUSPENDED``, ``-ERR``);
+  answers ``-STALE <its epoch>`` (or ``-NOTHELD``, ``-SUSPENDED``, ``-ERR``).
+  A member not yet at the write's epoch (older, or not holding the block) is
+  sent it again shortly (`RESEND_S`) until the write's timeout;
 * ``RBEGIN``, ``RCOPY``, ``REND``: the catch-up copy of a sync (`nat_agent.syncs`).
 
 What a write does at a primary (`MetadataService` calls `begin`, applies
@@ -80,6 +82,12 @@ a signature of one protocol is never valid in the other."""
 DEFAULT_TIMEOUT = 1.0
 """Seconds a synced member may take to acknowledge a write (``--replication-timeout``)."""
 
+RESEND_S = 0.005
+"""A synced member that does not hold the block at the write's epoch yet
+(``-STALE`` with an older epoch, ``-NOTHELD``) is sent the write again this
+much later, until the write's timeout: the controller assigns the members
+of a new epoch in parallel, and the primary may start using it first."""
+
 MemberFailure = Callable[[Block, int, str, str], None]
 """``(block, epoch, member, why)``: an unsynced member failed a write streamed to it."""
 
@@ -116,6 +124,14 @@ def stale_epoch(reply: Reply | BaseException) -> int | None:
     if isinstance(reply, ErrorReply) and reply.code == "STALE" and reply.detail.isdigit():
         return int(reply.detail)
     return None
+
+
+def _behind(reply: Reply | BaseException, stale: int | None, epoch: int) -> bool:
+    """Whether a member refused a command only because it does not hold the
+    block at `epoch` yet (its assignment is on its way)."""
+    if stale is not None:
+        return stale < epoch
+    return isinstance(reply, ErrorReply) and reply.code == "NOTHELD"
 
 
 def describe(reply: Reply | BaseException) -> str:
@@ -279,7 +295,7 @@ class Write:
     `failure` says why it failed (None: acknowledged)."""
 
     __slots__ = ("ident", "path", "held", "owed", "acked", "failure", "done", "timer", "streamed", "local",
-                 "owner")
+                 "payload", "owner")
 
     def __init__(self, owner: Replicator, ident: int, path: str) -> None:
         self.owner = owner
@@ -293,6 +309,7 @@ class Write:
         self.timer: asyncio.TimerHandle | None = None
         self.streamed = False
         self.local = True   # this store's part is under way (the members' may end first)
+        self.payload = b""  # the command streamed, for a member that was not ready for it
 
     def settle(self, tag: object, reply: Reply | BaseException) -> None:
         assert isinstance(tag, Peer)
@@ -310,14 +327,22 @@ class Write:
             return
         held = self.held
         assert held is not None
-        newer = stale_epoch(reply)
-        if newer is not None and newer > held.epoch:
-            owner.fenced(held, tag.name, newer)
+        epoch = stale_epoch(reply)
+        if epoch is not None and epoch > held.epoch:
+            owner.fenced(held, tag.name, epoch)
+        elif tag.name in self.owed and not self.done.done() and _behind(reply, epoch, held.epoch):
+            owner.stats["resent"] += 1   # not applied there: sending it again changes nothing else
+            asyncio.get_running_loop().call_later(RESEND_S, self.resend, tag)
+            return
         why = f"{tag.name} did not acknowledge: {describe(reply)}"
         if tag.name in self.owed:
             owner.finish(self, why)
         elif not tag.required:
             owner.member_failed(held, tag.name, why)
+
+    def resend(self, peer: Peer) -> None:
+        if not self.done.done() and peer.name in self.owed:
+            self.owner.link(peer).send(self.payload, self, peer)
 
     def expire(self) -> None:
         self.timer = None
@@ -369,8 +394,9 @@ class Replicator:
             return
         write.held = held
         block, epoch, path = held.label, held.epoch, encode_path(write.path)
-        payload = (encode_command(b"RSET", block, epoch, write.ident, path, value) if value is not None
-                   else encode_command(b"RDEL", block, epoch, write.ident, path))
+        payload = write.payload = (encode_command(b"RSET", block, epoch, write.ident, path, value)
+                                   if value is not None else encode_command(b"RDEL", block, epoch,
+                                                                            write.ident, path))
         for peer in held.peers:
             if peer.streamed:  # a required member is always streamed (`Ownership.update_peer`)
                 if peer.required:

@@ -142,3 +142,29 @@ def test_a_write_acknowledged_by_the_set_it_was_sent_to_holds_in_the_next_epoch(
             assert pair.replicator.writing == {}
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("behind", ["older epoch", "not held"])
+def test_a_member_not_yet_at_the_writes_epoch_is_sent_it_again(tmp_path: Path, behind: str) -> None:
+    """The primary takes epoch 2 before its backup hears of it (the controller
+    assigns a set's members in parallel): the backup answers STALE 1, or
+    NOTHELD, and the write goes again until it is taken (it failed at once,
+    and degraded the block, before)."""
+    async def main() -> None:
+        async with _pair(tmp_path, timeout=2.0) as pair:
+            if behind == "not held":
+                await pair.backup.disown([SPACE])
+            await pair.primary.assign(AssignRequest([Role(SPACE, 2, True, pair.members)]))
+
+            async def late() -> None:
+                await asyncio.sleep(0.2)
+                await pair.backup.assign(AssignRequest([Role(SPACE, 2, False, pair.members)]))
+
+            assigning = asyncio.create_task(late())
+            await _write(pair, b"taken late", lambda: asyncio.sleep(0))
+            await assigning
+            assert pair.replicator.stats["resent"] > 1
+            assert pair.primary.ownership.degraded == []
+            assert await pair.backup.store.get(IDENT, PATH) == b"taken late"
+
+    asyncio.run(main())
