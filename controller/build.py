@@ -90,8 +90,11 @@ def place(core: MetaFlowCore, block: Block, primary: str) -> ReplicaSet:
 def restore(core: MetaFlowCore, tree: LogicalBTree, replicas: Replicas) -> Restored:
     """The tree and the replica sets from the agents' claims, highest epoch first."""
     live = {s.name: s for s in core.registry.live() if s.name in tree.leaves()}
+    # At one epoch, an agent that restarted loses to one that did not: its
+    # store may hold a write its set never acknowledged (see core._register).
     claims = sorted(((role, name) for name, s in live.items() for role in s.roles),
-                    key=lambda c: (-c[0].epoch, not c[0].primary, not _synced(c[0], c[1]), c[1]))
+                    key=lambda c: (-c[0].epoch, live[c[1]].suspended, not c[0].primary,
+                                   not _synced(c[0], c[1]), c[1]))
     if not claims:
         return Restored()
     replicas.epoch = max(role.epoch for role, _ in claims)
@@ -109,9 +112,11 @@ def restore(core: MetaFlowCore, tree: LogicalBTree, replicas: Replicas) -> Resto
         holds = {n for n, s in live.items()
                  if any(r.epoch == role.epoch and r.block.covers(block) for r in s.roles)}
         members = [name] + [m.name for m in role.members if m.name != name and m.name in holds]
-        unsynced = {m.name for m in role.members if not m.synced}
+        unsynced = {m.name for m in role.members if not m.synced or live[m.name].suspended
+                    if m.name in live}
         if role.primary:
-            replicas.sets[block] = ReplicaSet(role.epoch, tuple(members), frozenset(unsynced & set(members)))
+            replicas.sets[block] = ReplicaSet(role.epoch, tuple(members),
+                                              frozenset(unsynced & set(members[1:])))
             if not role.serving:
                 core.not_serving.add(block)
         else:   # the primary of this epoch is gone: promote a backup, a synced one if any

@@ -125,7 +125,10 @@ class MetaFlowCore:
         if isinstance(event, (SwitchUp, SwitchDown, LinkUp, LinkDown, PortUp, PortDown)):
             return self._topology(event)
         if isinstance(event, Register):
-            return self._answer(event.reply, lambda: self._register(event))
+            try:
+                return self._register(event)
+            except (Conflict, NotFound, ValueError) as exc:
+                return [self._issue_answer(event.reply, exc)]
         if isinstance(event, Heartbeat):
             return self._answer(event.reply, lambda: self._heartbeat(event))
         if isinstance(event, SplitNow):
@@ -413,10 +416,28 @@ class MetaFlowCore:
 
     # -- agents ---------------------------------------------------------------------------
 
-    def _register(self, event: Register) -> Registered:
-        """What the agent may hold: nothing yet (None) while the network is not
-        built; its roles as this controller knows them; or nothing at all ([])
-        for a server that was declared failed, which rejoins empty and idle."""
+    def _register(self, event: Register) -> list[Step]:
+        """Answer what the agent may hold: nothing yet (None) while the network
+        is not built; its roles as this controller knows them; or nothing at
+        all ([]) for a server that was declared failed, which rejoins empty and
+        idle. An agent that restarted while in service is failed over first
+        when every set it is in has another synced copy: its store may hold
+        writes its sets never acknowledged (a write it applied and then died
+        before its backups had it), and serving them, or being promoted with
+        them, would show a value that can vanish. Where it holds the only
+        synced copy (r=1), it serves what it holds again."""
+        answer = self._registered(event)
+        name = answer.name
+        if answer.roles and self.registry[name].suspended and self._backed_up(name):
+            steps = self._fail(name, "restarted: its store may hold writes its sets never acknowledged")
+            return [*steps, self._issue_answer(event.reply, Registered(name, []))]
+        return [self._issue_answer(event.reply, answer)]
+
+    def _backed_up(self, name: str) -> bool:
+        """Every set `name` is in has another synced member."""
+        return all(set(s.synced) - {name} for s in self.replicas_or_raise().of(name).values())
+
+    def _registered(self, event: Register) -> Registered:
         server, new = self.registry.register(event.registration, self.clock())
         if self.first_registration is None:
             self.first_registration = self.clock()

@@ -251,3 +251,42 @@ def test_forged_arp_cannot_move_a_server_or_claim_the_gateway(built: World) -> N
     assert "10.255.255.254" not in built.core.inventory.hosts
     assert any(e["event"] == "arp-refused" for e in built.core.events)
     check_consistent(built, {})
+
+
+def test_a_server_restarted_in_service_comes_back_empty_unless_it_holds_the_only_copy(built: World) -> None:
+    """kill -9 and a restart faster than the heartbeat timeout: with backups,
+    the restarted agent is failed over (its store may hold a write its set
+    never acknowledged) and rejoins empty; alone (r=1) it serves its blocks."""
+    tree = built.tree
+    victim = tree.leaves_in(State.BUSY)[0]
+    blocks = tree.blocks(victim)
+    acked = fill(built, victim, 30)
+    built.restart(victim)
+    agent = built.agents[victim]
+    if built.settings.replicas == 1:
+        assert tree.blocks(victim) == blocks and agent.owned() == blocks and not agent.suspended
+    else:
+        assert agent.roles == {} and not agent.suspended
+        assert tree.owner(blocks[0].first) != victim
+        assert any(e["event"] == "server-failed" and e["server"] == victim for e in built.core.events)
+        built.heartbeats()   # 404: it registers again and rejoins, empty and idle
+        assert tree.state(victim) is State.IDLE
+    assert not built.core.lost
+    check_consistent(built, acked)
+
+
+def test_a_restarted_controller_prefers_a_backup_to_a_primary_that_restarted() -> None:
+    world = World(fat_tree(4, servers=8), replicas=2)
+    world.boot()
+    victim = world.tree.leaves_in(State.BUSY)[0]
+    blocks = world.tree.blocks(victim)
+    acked = fill(world, victim, 30)
+    world.agents[victim].suspended = True   # it restarted while no controller ran
+    world.new_core()
+    world.boot()
+    promoted = [e for e in world.core.events if e["event"] == "promoted-at-rebuild"]
+    assert {e["block"] for e in promoted} == {str(b) for b in blocks}
+    assert all(world.tree.owner(b.first) != victim for b in blocks)
+    replicas = world.core.replicas_or_raise()
+    assert all(victim in replicas.sets[b].unsynced or victim not in replicas.sets[b].members for b in blocks)
+    check_consistent(world, acked)

@@ -1,5 +1,5 @@
-"""Replication under random histories of splits, deaths, cut links, returns
-and controller restarts.
+"""Replication under random histories of splits, deaths, cut links, returns,
+quick agent restarts and controller restarts.
 
 After every event the world is left to settle (heartbeats, ticks, the
 repairs they start), then: every ID is routed to exactly the server that
@@ -24,7 +24,7 @@ from controller.steps import SplitNow
 from tests.unit.controller_world import World, check_consistent
 from topology.builders import fat_tree
 
-EVENTS = ("write", "split", "kill", "crash", "cut", "return", "controller")
+EVENTS = ("write", "split", "kill", "crash", "cut", "return", "restart", "controller")
 
 
 def _settle(world: World, rounds: int = 40) -> None:
@@ -90,6 +90,8 @@ def test_random_histories_keep_one_owner_per_id_and_r_copies(replicas: int,
             name = down.pop(pick % len(down))
             world.reconnect(name)
             world.restart(name)
+        elif kind == "restart" and len(live) > replicas + 1:   # kill -9, back before the timeout
+            world.restart(live[pick % len(live)])
         elif kind == "controller":
             world.new_core()
             world.boot()
