@@ -182,8 +182,12 @@ class Agent:
             self.ownership.check_assign(roles)
             arriving = self.imports.get(request.migration) if request.migration else None
             if request.migration and arriving is None:
-                raise NotFound(f"no import {request.migration!r} in progress", 404)
-            kept = arriving.blocks if arriving else []
+                if not self.ownership.holds_at(roles):
+                    raise NotFound(f"no import {request.migration!r} in progress", 404)
+                # The adoption happened and its answer was lost: the records are the import's.
+                kept = [r.block for r in roles]
+            else:
+                kept = arriving.blocks if arriving else []
             for role in roles:
                 for part in self.ownership.unheld(role.block):
                     if not any(k.covers(part) for k in kept):

@@ -184,6 +184,12 @@ class Ownership:
             return self._held[i]
         return None
 
+    def holds_at(self, roles: Iterable[Role]) -> bool:
+        """Every role's block is held here, exactly, at that role's epoch: a
+        repeated assignment (its first answer was lost) changes nothing."""
+        return all(any(h.block == r.block and h.epoch == r.epoch for h in self.overlapping(r.block))
+                   for r in roles)
+
     def overlapping(self, block: Block) -> list[Held]:
         """Held parts sharing an ID with `block` (CIDR blocks nest or are disjoint)."""
         return [h for h in self._held if block.covers(h.block) or h.block.covers(block)]

@@ -9,7 +9,7 @@ streams) serves the agents' migrations and registration. Standard library
 only, as the rest of `client_lib`.
 
     admin = ApiClient("http://10.255.0.3:9001", secret)
-    admin.call(ADMIN.own, OwnRequest([Block.parse("100.64.0.0/12")]))
+    admin.call(ADMIN.disown, DisownRequest([Block.parse("100.64.0.0/12")]))
     admin.call(ADMIN.commit, id="3f2a...")
 """
 

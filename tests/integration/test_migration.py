@@ -425,6 +425,9 @@ def test_a_migration_copies_to_every_member_of_the_new_set(tmp_path: Path, clust
         assert mig.state == "copied" and mig.keys == len(moving) and mig.targets == [b.admin_url, c.admin_url]
         assert b.call(ADMIN.health).imports == [mig.id] == c.call(ADMIN.health).imports
         _take([b, c], half, 1, mig.id)
+        _take([b, c], half, 1, mig.id)   # the controller heard no answer and asks again: a no-op
+        with pytest.raises(NotFound):    # but not for a role it does not hold at that epoch
+            _take([b, c], half, 2, mig.id)
         assert a.call(ADMIN.commit, id=mig.id).state == "committed"
         assert a.call(ADMIN.health).owned == [ROOT.halves()[0]]
         assert a.call(ADMIN.blocks).total == len(paths) - len(moving)
