@@ -390,8 +390,10 @@ def run_bench(cfg: BenchConfig, show_progress: bool = True, keep: Path | None = 
         progress.set_description("network up")
         graph = builders.fat_tree(cfg.k, servers=cfg.servers)
         # every server owns a share from the start (the controller's default gives
-        # half of them blocks and the rest wait for splits)
-        with MetaFlowNet(graph, store=cfg.store, workdir=workdir,
+        # half of them blocks and the rest wait for splits); one copy of each block,
+        # as the baselines keep: this compares lookups (replication's cost is
+        # `make bench-replication`'s)
+        with MetaFlowNet(graph, store=cfg.store, workdir=workdir, replicas=1,
                          controller_args=["--bootstrap", f"preallocate:{cfg.servers}"]) as mf:
             members, names = write_membership(mf, workdir / "membership.json")
             lookups = LookupFleet(mf, workdir / "membership.json", names)
