@@ -426,7 +426,9 @@ class Replicator:
     async def acknowledged(self, write: Write) -> None:
         """Wait for the write's end; `NotReplicated` if the set did not take it."""
         if not write.done.done():
-            await write.done
+            # Shielded: if the writer's client hangs up, its command is cancelled,
+            # and the write must still end (and leave `writing`) on its own.
+            await asyncio.shield(write.done)
         if write.failure is not None:
             raise NotReplicated(write.failure)
 

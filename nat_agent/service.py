@@ -301,7 +301,9 @@ class MetadataService:
             if pending is None:
                 return ident, path, held
             self.stats["waited_for_replication"] += 1
-            await pending.done
+            # Shielded: a waiter whose client hangs up is cancelled, and must not
+            # cancel the write's `done`, which is another client's (and the key's).
+            await asyncio.shield(pending.done)
 
     def _redirect(self, ident: int, hint: str | None) -> str:
         """MOVED to the new owner's data address if a hand-off named it, else to
