@@ -34,7 +34,8 @@ from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_REPLICAS
 from client_lib.errors import ApiError
 from mininet_scenarios import ofdump
-from mininet_scenarios.daemons import free_port
+from mininet_scenarios.daemons import AgentProcess, free_port
+from mininet_scenarios.mgmt import DEFAULT_SUBNET
 from mininet_scenarios.scenario import Scenario
 from topology.classify import discovered_graph, map_topology
 
@@ -89,7 +90,9 @@ class MetaFlowNet:
     def __init__(self, graph: nx.Graph, *, capacity: int | None = None, store: str = "leveldb",
                  replicas: int = DEFAULT_REPLICAS, controller_args: Sequence[str] = (),
                  agent_args: Sequence[str] = (), build_timeout: float = 60.0,
-                 workdir: Path | None = None) -> None:
+                 workdir: Path | None = None, mgmt_subnet: str = DEFAULT_SUBNET) -> None:
+        """`mgmt_subnet`: the management network's; another one lets this
+        network run beside another scenario on the same machine."""
         self.graph = graph
         self.capacity = capacity
         self.replicas = replicas
@@ -97,6 +100,7 @@ class MetaFlowNet:
         self.store = store
         self.controller_args = list(controller_args)
         self.build_timeout = build_timeout
+        self.mgmt_subnet = mgmt_subnet
         self.of_port = free_port()
         self.rest_port = free_port()
         self.logdir = workdir or Path("/tmp")
@@ -124,7 +128,8 @@ class MetaFlowNet:
         started = time.monotonic()
         self.scenario = Scenario(self.graph, controller=("127.0.0.1", self.of_port),
                                  rest_port=self.rest_port, store=self.store,
-                                 start_controller=self._start_controller, agent_args=self.agent_args)
+                                 start_controller=self._start_controller, agent_args=self.agent_args,
+                                 mgmt_subnet=self.mgmt_subnet)
         self.scenario.__enter__()
         try:
             self.timings["scenario_up_s"] = round(time.monotonic() - started, 2)
@@ -177,6 +182,31 @@ class MetaFlowNet:
         self.announce()
         self.wait_built()
         return time.monotonic() - started
+
+    def kill_agent(self, server: str) -> AgentProcess:
+        """kill -9 of storage server `server`'s agent (the controller's name
+        for it), taken out of the scenario's hands (it would rightly complain
+        at teardown that this agent did not exit cleanly); `revive_agent`
+        brings it back."""
+        agent = self.running.agents.pop(self.running.topo.graph_names[server])
+        agent.kill()
+        return agent
+
+    def revive_agent(self, agent: AgentProcess, timeout: float = 30.0) -> None:
+        """Start a killed agent again: same host, flags and store directory (a
+        server rebooted after a crash); returns once its /health answers."""
+        scenario = self.running
+        agent.launch().wait_ready(timeout)
+        scenario.agents[scenario.topo.graph_names[agent.name]] = agent
+
+    def set_link(self, server: str, up: bool) -> None:
+        """Take storage server `server`'s edge link down or bring it back up
+        (both ends; the switch reports the port's state to the controller)."""
+        scenario = self.running
+        host = scenario.topo.graph_names[server]
+        (edge,) = list(self.graph.neighbors(host))
+        assert scenario.net is not None   # running
+        scenario.net.configLinkStatus(server, scenario.topo.names[edge], "up" if up else "down")
 
     def wait_built(self) -> None:
         deadline = time.monotonic() + self.build_timeout
