@@ -1,0 +1,215 @@
+"""Fail-over time: from kill -9 of a primary to the first successful write of each of its blocks.
+
+A k=4 fat-tree in Mininet with 8 storage servers, two copies of every block
+(LevelDB), the real controller and agents. Each trial picks a primary at
+random, starts the probe (`mininet_scenarios.probe`: one key per block of
+the victim, written in a tight loop from a client host, one attempt per
+call), and kills the victim's agent with SIGKILL, in one of two ways,
+alternating so that a noisy neighbour hits both alike:
+
+* ``port-down``: the agent is killed and its edge link taken down at once;
+  the switch's port status tells the controller (immediate detection);
+* ``heartbeat``: only the agent is killed; the controller notices the
+  missing heartbeats (``--heartbeat-timeout``, 1 s by default; agents beat
+  every 0.25 s).
+
+The time of a trial is, per block, from the kill to the completion of the
+first write sent after it that succeeded. Where it goes, from the
+controller's events (its clock is ``time.monotonic()``, the same as ours):
+
+* detection: kill -> ``server-failed``;
+* fail-over: ``server-failed`` -> ``takeover`` (the new roles assigned under
+  a new epoch, the flows moved and confirmed by barriers, the promoted
+  primary told to serve: the controller's one saga);
+* client: ``takeover`` -> the probe's first success (the attempt under way
+  when the flows moved times out, 0.25 s, or gets TRYAGAIN, then 5 ms pause).
+
+Between trials the cluster settles (every block has its backup again) and
+the victim comes back empty, as in the nemesis.
+
+    python -m benchmarks.failover --kills 20 --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from client_lib.api.rest import REST
+from mininet_scenarios.metaflow_net import MetaFlowNet
+from mininet_scenarios.mgmt import DEFAULT_SUBNET
+from mininet_scenarios.nemesis import back_in_service, settled
+from topology import builders
+
+DETECTIONS = ("port-down", "heartbeat")
+TARGETS_S = {"port-down": 1.0, "heartbeat": 2.0}
+"""Issue 11's targets for the p99."""
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile (`q` in 0..1) of a non-empty list."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def trial(mf: MetaFlowNet, rng: random.Random, detection: str, settle_timeout: float) -> dict[str, Any]:
+    """One kill: its per-block times and the controller's timeline of it."""
+    servers = mf.view(REST.servers).servers
+    victim = rng.choice(sorted(n for n, s in servers.items() if s.blocks and not s.failed))
+    blocks = servers[victim].blocks
+    probe = mf.start_probe(blocks)
+    time.sleep(0.5)   # connections warm, writes flowing
+    killed_at = time.monotonic()
+    agent = mf.kill_agent(victim)
+    if detection == "port-down":
+        mf.set_link(victim, up=False)
+    first_ok = mf.finish_probe(probe, killed_at)["first_ok_s"]
+    settle_s = settled(mf, victim, settle_timeout)
+    events = {e["event"]: e for e in mf.events() if e.get("server") == victim and e["t"] >= killed_at
+              and e["event"] in ("server-failed", "takeover")}
+    if detection == "port-down":
+        mf.set_link(victim, up=True)
+    mf.revive_agent(agent)
+    if not back_in_service(mf, victim, settle_timeout):
+        raise RuntimeError(f"{victim} did not rejoin: {mf.view(REST.servers).servers.get(victim)}")
+    failed_t = events.get("server-failed", {}).get("t")
+    takeover_t = events.get("takeover", {}).get("t")
+    times = [v for v in first_ok.values() if v is not None]
+    return {"detection": detection, "victim": victim, "blocks": len(blocks), "first_ok_s": first_ok,
+            "unserved_blocks": sum(v is None for v in first_ok.values()),
+            "max_s": round(max(times), 3) if times else None,
+            "detection_s": _since(failed_t, killed_at),
+            "failover_s": _since(takeover_t, failed_t),
+            "saga_s": events.get("takeover", {}).get("seconds"),
+            "client_s": round(max(times) - (takeover_t - killed_at), 3) if times and takeover_t else None,
+            "settle_s": settle_s}
+
+
+def _since(later: float | None, earlier: float | None) -> float | None:
+    return round(later - earlier, 3) if later is not None and earlier is not None else None
+
+
+def summarize(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per detection: p50/p99/max of the per-block times, and the median of each part."""
+    out: dict[str, Any] = {}
+    for detection in DETECTIONS:
+        mine = [t for t in trials if t["detection"] == detection]
+        samples = [v for t in mine for v in t["first_ok_s"].values() if v is not None]
+        if not samples:
+            continue
+        unserved = sum(t["unserved_blocks"] for t in mine)
+        row: dict[str, Any] = {"kills": len(mine), "blocks": len(samples) + unserved,
+                               "unserved_blocks": unserved,
+                               "p50_s": round(percentile(samples, 0.5), 3),
+                               "p99_s": round(percentile(samples, 0.99), 3),
+                               "max_s": round(max(samples), 3), "target_p99_s": TARGETS_S[detection]}
+        row["target_met"] = row["p99_s"] <= row["target_p99_s"] and not row["unserved_blocks"]
+        for part in ("detection_s", "failover_s", "saga_s", "client_s"):
+            values = [t[part] for t in mine if t[part] is not None]
+            row[f"median_{part}"] = round(statistics.median(values), 3) if values else None
+            row[f"max_{part}"] = round(max(values), 3) if values else None
+        out[detection] = row
+    return out
+
+
+def run(kills: int, seed: int, heartbeat_timeout: float = 1.0, settle_timeout: float = 60.0,
+        mgmt_subnet: str = DEFAULT_SUBNET, say: Callable[[str], object] = print) -> dict[str, Any]:
+    """`kills` per detection, interleaved; the trials and their summary."""
+    rng = random.Random(seed)
+    trials: list[dict[str, Any]] = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mffailover") as tmp:
+        with MetaFlowNet(builders.fat_tree(4, servers=8), capacity=1_000_000, workdir=Path(tmp),
+                         controller_args=["--no-auto-split", "--heartbeat-timeout", str(heartbeat_timeout)],
+                         mgmt_subnet=mgmt_subnet) as mf:
+            mf.run_clients(250, Path(tmp), read_back=False)   # data to re-replicate after each kill
+            say(f"fail-over benchmark: k=4 fat-tree, 8 servers, r={mf.replicas}, heartbeat timeout "
+                f"{heartbeat_timeout} s; {kills} kills per detection")
+            for n in range(2 * kills):
+                result = trial(mf, rng, DETECTIONS[n % 2], settle_timeout)
+                trials.append(result)
+                say(f"kill {n + 1:3d}/{2 * kills} {result['detection']:9s} {result['victim']}: "
+                    f"{result['blocks']} blocks, slowest {result['max_s']} s (detection "
+                    f"{result['detection_s']} s, fail-over {result['failover_s']} s, client "
+                    f"{result['client_s']} s); settled in {result['settle_s']} s")
+    return {"kills_per_detection": kills, "seed": seed, "heartbeat_timeout_s": heartbeat_timeout,
+            "cpus": os.cpu_count(),
+            "seconds": round(time.monotonic() - started, 1), "summary": summarize(trials), "trials": trials}
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| detection | kills | blocks | p50 s | p99 s | max s | target p99 | detection s | fail-over s "
+             "| client s |", "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for detection, r in results["summary"].items():
+        met = "met" if r["target_met"] else "MISSED"
+        lines.append(f"| {detection} | {r['kills']} | {r['blocks']} | {r['p50_s']:.2f} | {r['p99_s']:.2f} | "
+                     f"{r['max_s']:.2f} | ≤ {r['target_p99_s']:g} s {met} | "
+                     f"{r['median_detection_s']} | {r['median_failover_s']} | {r['median_client_s']} |")
+    lines.append("\nParts are medians over the kills: detection = kill -> server-failed, fail-over = "
+                 "server-failed -> takeover (roles, flows + barriers, activation), client = takeover -> "
+                 "the probe's first success.")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for detection in results["summary"]:
+        samples = sorted(v for t in results["trials"] if t["detection"] == detection
+                         for v in t["first_ok_s"].values() if v is not None)
+        fractions = [0.0, *((i + 1) / len(samples) for i in range(len(samples)))]
+        left.step([0.0, *samples], fractions, where="post",
+                  label=f"{detection} (target p99 ≤ {TARGETS_S[detection]:g} s)")
+        left.axvline(TARGETS_S[detection], linestyle=":", color="grey")
+    left.set_xlabel("kill -9 to first successful write of a block (s)")
+    left.set_ylabel("fraction of blocks")
+    left.set_title("Fail-over time per affected block")
+    left.legend()
+    names = list(results["summary"])
+    bottom = [0.0] * len(names)
+    for part, label in (("detection_s", "detection"), ("failover_s", "controller fail-over"),
+                        ("client_s", "client (retry)")):
+        values = [results["summary"][n][f"median_{part}"] or 0.0 for n in names]
+        right.bar(names, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    right.set_ylabel("seconds (medians)")
+    right.set_title("Where the time goes")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kills", type=int, default=20, help="kills per detection")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--heartbeat-timeout", type=float, default=1.0, help="the controller's (seconds)")
+    p.add_argument("--out", type=Path, default=None, help="write failover.json and failover.png here")
+    p.add_argument("--mgmt-subnet", default=DEFAULT_SUBNET,
+                   help="the management network (another one runs beside another scenario)")
+    args = p.parse_args(argv)
+    results = run(args.kills, args.seed, args.heartbeat_timeout, mgmt_subnet=args.mgmt_subnet,
+                  say=lambda s: print(s, flush=True))
+    print(table(results))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "failover.json").write_text(json.dumps(results, indent=2) + "\n")
+        plot(results, args.out / "failover.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
