@@ -112,8 +112,8 @@ def restore(core: MetaFlowCore, tree: LogicalBTree, replicas: Replicas) -> Resto
         holds = {n for n, s in live.items()
                  if any(r.epoch == role.epoch and r.block.covers(block) for r in s.roles)}
         members = [name] + [m.name for m in role.members if m.name != name and m.name in holds]
-        unsynced = {m.name for m in role.members if not m.synced or live[m.name].suspended
-                    if m.name in live}
+        unsynced = {m.name for m in role.members
+                    if m.name in live and (not m.synced or live[m.name].suspended)}
         if role.primary:
             replicas.sets[block] = ReplicaSet(role.epoch, tuple(members),
                                               frozenset(unsynced & set(members[1:])))

@@ -299,17 +299,30 @@ class MetaFlowCore:
         return [self.role(block, name) for block in sorted(self.replicas_or_raise().of(name))]
 
     def assign_steps(self, blocks: Iterable[Block], migration: str | None = None,
-                     only: Collection[str] | None = None) -> list[Step]:
+                     only: Collection[str] | None = None, primaries: bool | None = None) -> list[Step]:
         """One /assign per member of these blocks' sets (or of `only`), giving it
-        its role in each; a failed member is skipped."""
+        its role in each (`primaries`: only the primaries' roles, or only the
+        backups'); a failed member is skipped."""
         replicas = self.replicas_or_raise()
         per: dict[str, list[Role]] = {}
         for block in blocks:
-            for member in replicas.sets[block].members:
+            s = replicas.sets[block]
+            for member in s.members:
+                if primaries is not None and (member == s.primary) != primaries:
+                    continue
                 if (only is None or member in only) and not self.registry[member].failed:
                     per.setdefault(member, []).append(self.role(block, member))
         return [CallAgent(server=name, url=self.registry[name].admin_url, route=ADMIN.assign,
                           body=AssignRequest(roles, migration)) for name, roles in sorted(per.items())]
+
+    def reassign(self, blocks: Sequence[Block]) -> Saga:
+        """Every member of the blocks' sets takes its role at the sets' new
+        epoch, the primaries first. A primary that learns the epoch before its
+        backups resends its stream until they catch up; a backup ahead of its
+        primary answers it STALE instead, which fences the primary for nothing
+        (and its heartbeat would then ask for a full re-sync)."""
+        yield self.assign_steps(blocks, primaries=True)
+        yield self.assign_steps(blocks, primaries=False)
 
     def assign_all(self) -> list[Step]:
         """Every live server is told exactly what it holds (it drops the rest)."""

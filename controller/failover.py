@@ -76,7 +76,7 @@ def failover_saga(core: MetaFlowCore, op: Operation, name: str, reason: str) -> 
     try:
         op.step = "fence"
         try:
-            yield core.assign_steps([*promoted, *shrunk])
+            yield from core.reassign([*promoted, *shrunk])
         except StepError as failed:
             core.event("fence-incomplete", logging.WARNING, server=name, reason=str(failed),
                        note="an unreachable member fails over by its heartbeat")

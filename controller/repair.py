@@ -52,7 +52,7 @@ def repair_saga(core: MetaFlowCore, op: Operation, block: Block, resync: bool) -
     wanted = replicas.assign(block, members, unsynced)
     op.step = "assign"
     try:
-        yield core.assign_steps([block])
+        yield from core.reassign([block])
         op.step = "sync"
         done = yield from _sync(core, op, block, wanted.epoch, primary, sorted(unsynced))
     except StepError as failed:
@@ -68,7 +68,7 @@ def repair_saga(core: MetaFlowCore, op: Operation, block: Block, resync: bool) -
         replicas.assign(block, [m for m in members if m not in failed_members],
                         set(replicas.sets[block].unsynced) - set(failed_members))
     try:
-        yield core.assign_steps([block])
+        yield from core.reassign([block])
     except StepError as failed:
         core.event("assign-unconfirmed", block=str(block), reason=str(failed))
     return core.outcome_event("replicated", ok=not failed_members, server=primary, block=str(block),

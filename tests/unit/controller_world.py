@@ -212,6 +212,10 @@ class FakeAgent:
                     self.degraded.add(block)
                     return "tryagain"
                 continue
+            if held is not None and held[1].epoch < role.epoch and not held[1].primary:
+                if member.synced:   # the backup has not heard of this epoch yet: the
+                    return "tryagain"   # agent resends until it has (here: the client retries)
+                continue
             if held is None or held[1].epoch != role.epoch or held[1].primary:
                 if member.synced:
                     self.fenced.add(block)   # a newer epoch exists: this primary was deposed
@@ -631,7 +635,8 @@ class World:
             if agent.reachable and not agent.dead:
                 replies[agent.name] = reply = next(self.ids)
                 self.post(Heartbeat(reply, agent.name, HeartbeatBody(
-                    len(agent.records), agent.owned(), list(agent.frozen), sorted(agent.degraded))))
+                    len(agent.records), agent.owned(), list(agent.frozen),
+                    sorted(agent.degraded | agent.fenced))))
         self.run()
         for name, reply in replies.items():
             if isinstance(self.answers.get(reply), NotFound):
