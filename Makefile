@@ -23,7 +23,7 @@ MININET_SRC  := /usr/lib/python3/dist-packages/mininet
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: setup apt mininet-link ovs test unit lint typecheck check-install demo bench bench-quick \
-        bench-flowtables bench-agent bench-failover chaos plan clean
+        bench-flowtables bench-agent bench-failover chaos bench-replication plan clean
 
 setup: apt $(STAMP) mininet-link ovs
 
@@ -138,6 +138,12 @@ bench-flowtables: setup
 # The agent's costs alone (rewrite modes, service vs raw redis): a few minutes.
 bench-agent: setup
 	$(PY) -m benchmarks.agent_bench --out benchmarks/results
+
+# What the second copy costs: write latency and throughput at r=2 against
+# r=1 (side by side, with and without --fsync), and re-replication at three
+# --sync-rate values after a kill -9 (about 10 minutes; --quick: about 2).
+bench-replication: setup
+	$(PY) -m benchmarks.replication --out benchmarks/results
 
 # The nemesis at length (`make test` runs 20 kills): 200 kill -9s of storage
 # servers (primaries, backups, in splits and fail-overs), edge links cut and
