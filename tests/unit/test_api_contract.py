@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from client_lib.api import codec
 from client_lib.api.admin import (
     ADMIN,
-    CountRequest,
-    AssignRequest,
     Assigned,
+    AssignRequest,
+    CountRequest,
     DisownRequest,
     Member,
     MigrateRequest,
