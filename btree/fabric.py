@@ -8,7 +8,7 @@ the core never depends on networkx or on how the topology was found.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeAlias
 
 Port = tuple[int, int]
@@ -45,6 +45,20 @@ class Fabric:
             if sw.group is not None:
                 out.setdefault(sw.group, []).append(sw.dpid)
         return out
+
+    def with_leaf(self, leaf: str, dpid: int, port: int, mac: str) -> Fabric:
+        """This fabric with one more storage server, on a port of a switch that
+        already carries a group of servers (a server that joined after the
+        build): its group's table can then send IDs to it."""
+        switch = self.switches[dpid]
+        if switch.group is None:
+            raise ValueError(f"switch {dpid} carries no group of servers")
+        grown = replace(switch, down={**switch.down, leaf: (port,)})
+        before = {h for h, at in self.hosts.items() if at == (dpid, port)}   # seen as a client
+        hosts = {h: at for h, at in self.hosts.items() if h not in before}
+        macs = {h: m for h, m in self.host_mac.items() if h not in before}
+        return Fabric({**self.switches, dpid: grown}, {**self.leaf_mac, leaf: mac}, self.links,
+                      {**hosts, leaf: (dpid, port)}, {**macs, leaf: mac})
 
     def peer(self, dpid: int, port: int) -> Peer | None:
         """What is on the other end of a switch port: ('switch', (dpid, port)),

@@ -106,6 +106,7 @@ class MetaFlowCore:
         self.last_change = clock()
         self._ids = itertools.count(1)
         self._loose: dict[int, str] = {}   # steps no operation waits for: what they were
+        self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
         self.first_registration: float | None = None
         self.replicas: Replicas | None = None
         self.not_serving: set[Block] = set()
@@ -459,8 +460,11 @@ class MetaFlowCore:
         self.event("agent-registered", logging.DEBUG if cut_off and not new else logging.INFO,
                    name=server.name, ip=server.data_ip, new=new, roles=len(server.roles),
                    suspended=server.suspended, failed=server.failed)
-        if self.tree is None or not self._in_tree(server.name):
-            return Registered(server.name, None if self.tree is None else [])
+        if self.tree is None:
+            return Registered(server.name, None)
+        if not self._in_tree(server.name):
+            self._join(server)
+            return Registered(server.name, [])
         if server.failed:
             if cut_off or self.operations.involving(server.name) or self.tree.blocks(server.name):
                 return Registered(server.name, [])   # not back on the data plane, or its fail-over runs
@@ -469,6 +473,32 @@ class MetaFlowCore:
             self.tree.join(server.name, self.tree.parent(server.name) or "")
             return Registered(server.name, [])
         return Registered(server.name, self.roles_of(server.name))
+
+    def _join(self, server: Server) -> None:
+        """A server the built network does not know (new, or dead while this
+        controller was built) becomes an idle leaf under its edge switch's
+        group once the data plane reaches it: no table changes until it gets
+        blocks (a split, a fail-over, a backup). A switch that carries no group
+        of servers yet would need the topology mapped again: said, not done."""
+        tree, planner = self.tree, self.planner
+        host = self.inventory.hosts.get(server.data_ip)
+        if tree is None or planner is None or host is None or not self.inventory.attached(server.data_ip):
+            return
+        switch = planner.fabric.switches.get(host.dpid)
+        group = switch.group if switch is not None else None
+        if group is None or any(not tree.is_leaf(c) for c in tree.children(group)):
+            if server.name in self._unjoinable:
+                return
+            self._unjoinable.add(server.name)
+            self.event("server-not-joined", logging.WARNING, server=server.name,
+                       at=f"{host.dpid}:{host.port}",
+                       why="its switch carries no group of servers; restart the controller to map it")
+            return
+        tree.join(server.name, group)
+        planner.fabric = planner.fabric.with_leaf(server.name, host.dpid, host.port,
+                                                  server.data_mac or host.mac)
+        server.failed = None
+        self.event("server-joined", server=server.name, group=group, note="idle")
 
     def _heartbeat(self, event: Heartbeat) -> Ack:
         """A server declared failed that still beats (it was cut off, not dead)
@@ -493,6 +523,9 @@ class MetaFlowCore:
         steps: list[Step] = []
         for server in self.registry.silent(now, self.settings.heartbeat_timeout_s):
             steps += self._fail(server.name, f"no heartbeat for {now - server.last_seen:.1f} s")
+        for server in self.registry.live():
+            if not self._in_tree(server.name):
+                self._join(server)
         steps += self._keep_replicated()
         if self.settings.auto_split:
             busy = self.operations.reserved()

@@ -290,3 +290,38 @@ def test_a_restarted_controller_prefers_a_backup_to_a_primary_that_restarted() -
     replicas = world.core.replicas_or_raise()
     assert all(victim in replicas.sets[b].unsynced or victim not in replicas.sets[b].members for b in blocks)
     check_consistent(world, acked)
+
+
+def test_a_server_the_built_network_never_saw_joins_idle_when_it_shows_up(world: World) -> None:
+    """Dead while the controller built the network (found by the nemesis: a
+    server down during a controller restart was never taken back): when it
+    starts and the data plane reaches it, it joins as an idle leaf under its
+    edge switch, and takes blocks over like any other."""
+    late = "p0e0h1"
+    world.agents[late].dead = True
+    world.cut(late)
+    world.boot()
+    tree = world.tree
+    assert late not in tree.leaves()
+    world.agents[late].dead = False
+    world.reconnect(late)
+    answer = world.register(world.agents[late])
+    assert answer.roles == [] and tree.state(late) is State.IDLE
+    assert any(e["event"] == "server-joined" and e["server"] == late for e in world.core.events)
+    busy = tree.leaves_in(State.BUSY)[-1]
+    acked = fill(world, busy, 30)
+    # every other idle server dies, then a busy one is cut off: the newcomer must take over
+    for name in [leaf for leaf in tree.leaves_in(State.IDLE) if leaf != late] + [busy]:
+        if name == busy:
+            world.cut(name)
+        else:
+            world.agents[name].dead = True
+        for _ in range(6):
+            world.advance(world.settings.heartbeat_timeout_s / 2 + 0.1)
+            world.heartbeats()
+            world.tick()
+    assert tree.blocks(late) or any(late in s.members for s in world.core.replicas_or_raise().sets.values())
+    if world.settings.replicas == 1:
+        assert tree.blocks(late)
+    assert not world.core.lost
+    check_consistent(world, acked)
