@@ -128,6 +128,7 @@ def run(kills: int, seed: int, heartbeat_timeout: float = 1.0, settle_timeout: f
     rng = random.Random(seed)
     trials: list[dict[str, Any]] = []
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="mffailover") as tmp:
         with MetaFlowNet(builders.fat_tree(4, servers=8), capacity=1_000_000, workdir=Path(tmp),
                          controller_args=["--no-auto-split", "--heartbeat-timeout", str(heartbeat_timeout)],
@@ -143,7 +144,7 @@ def run(kills: int, seed: int, heartbeat_timeout: float = 1.0, settle_timeout: f
                     f"{result['detection_s']} s, fail-over {result['failover_s']} s, client "
                     f"{result['client_s']} s); settled in {result['settle_s']} s")
     return {"kills_per_detection": kills, "seed": seed, "heartbeat_timeout_s": heartbeat_timeout,
-            "cpus": os.cpu_count(),
+            "cpus": os.cpu_count(), "loadavg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "seconds": round(time.monotonic() - started, 1), "summary": summarize(trials), "trials": trials}
 
 
