@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from benchmarks.agent_load import run as run_load
 from benchmarks.cpu import cpu_seconds, pid_of
-from benchmarks.nat_cost import SPACE, agent_in_pair
+from benchmarks.nat_cost import REQUEST_PATH_ONLY, SPACE, agent_in_pair
 from client_lib.api.admin import ADMIN
 from client_lib.client import MetaFlowClient
 from mininet_scenarios.daemons import ROOT, AgentProcess
@@ -181,8 +181,8 @@ def bench_service(rounds: int, ops: int, concurrency: list[int], seconds: float,
 def _bench_service(rounds: int, ops: int, concurrency: list[int], seconds: float,
                    workdir: Path, progress: tqdm, floor: tuple[str, int]) -> dict:
     with RedisServer(workdir / "raw", port=0) as raw, RedisServer(workdir / "backing", port=0) as backing, \
-            AgentProcess(f"leveldb:{workdir / 'svc-leveldb'}", own=[SPACE]) as ldb, \
-            AgentProcess(f"{backing.url}/0?prefix=bench:", own=[SPACE]) as rds:
+            AgentProcess(f"leveldb:{workdir / 'svc-leveldb'}", *REQUEST_PATH_ONLY, own=[SPACE]) as ldb, \
+            AgentProcess(f"{backing.url}/0?prefix=bench:", *REQUEST_PATH_ONLY, own=[SPACE]) as rds:
         assert raw.port is not None   # port=0: a free TCP port, chosen at start
         targets = {"raw redis": ("127.0.0.1", raw.port), "python floor": floor,
                    "agent leveldb": (ldb.host, ldb.port), "agent redis": (rds.host, rds.port)}

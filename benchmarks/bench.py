@@ -391,9 +391,11 @@ def run_bench(cfg: BenchConfig, show_progress: bool = True, keep: Path | None = 
         graph = builders.fat_tree(cfg.k, servers=cfg.servers)
         # every server owns a share from the start (the controller's default gives
         # half of them blocks and the rest wait for splits); one copy of each block,
-        # as the baselines keep: this compares lookups (replication's cost is
-        # `make bench-replication`'s)
+        # as the baselines keep, and no disk sync per write: this compares
+        # lookups (replication's cost is `make bench-replication`'s, a sync's
+        # `benchmarks.bench_fsync`'s)
         with MetaFlowNet(graph, store=cfg.store, workdir=workdir, replicas=1,
+                         agent_args=list(nat_cost.REQUEST_PATH_ONLY),
                          controller_args=["--bootstrap", f"preallocate:{cfg.servers}"]) as mf:
             members, names = write_membership(mf, workdir / "membership.json")
             lookups = LookupFleet(mf, workdir / "membership.json", names)
