@@ -31,7 +31,7 @@ from client_lib.errors import (
     ServerError,
     Unavailable,
 )
-from client_lib.mdid import DEFAULT_SPACE, mdid, mdid_address, normalize_path
+from client_lib.mdid import DEFAULT_SPACE, entry_key, mdid, mdid_address, normalize_path
 from client_lib.metadata import FileMetadata
 from client_lib.version import version
 
@@ -59,6 +59,7 @@ __all__ = [
     "ServerError",
     "Unavailable",
     "__version__",
+    "entry_key",
     "mdid",
     "mdid_address",
     "normalize_path",

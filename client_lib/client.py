@@ -22,6 +22,13 @@ a `FileMetadata`), ``delete`` and ``exists`` (booleans), ``stat`` (a
 their bytes) or ``bytes``, absolute, and normalized lexically on both sides,
 so ``/a//b/.`` is ``/a/b``.
 
+For a file system's metadata engine: ``create`` writes only if nothing is
+there (``SET NX``) and ``compare_and_set`` only if the value is exactly the
+one given (``SET IFEQ``); both say whether they wrote. Any key may also be an
+entry of a directory, ``entry_key(directory, name)``, which lives on the
+directory's server, and ``entries(directory, after, count)`` lists a page of
+them with their values in name order (``ELIST``, one range scan).
+
 Without the fabric: one agent directly
 --------------------------------------
 ``via="HOST[:PORT]"`` sends every request to one agent (``PORT`` defaults to
@@ -58,10 +65,14 @@ and the last reason.
 
 Idempotency
 -----------
-Every request is idempotent (GET and EXISTS read; SET writes the whole value;
-DEL removes), which is what makes retrying after a timeout safe even when the
-first attempt was applied. The one visible effect: a DEL whose reply was lost
-reports False (nothing to delete) on its retry.
+Every request is idempotent (GET, EXISTS and ELIST read; SET writes the whole
+value; DEL removes), which is what makes retrying after a timeout safe even
+when the first attempt was applied. The visible effect: a DEL, ``create`` or
+``compare_and_set`` whose reply was lost reports False on its retry (nothing
+to delete; something there; not the old value any more). A conditional write
+can never overwrite a newer value on a retry; to tell "applied on the lost
+attempt" from "lost the race", give each value something unique (a version,
+a writer's token) and read it back.
 
 Pooling
 -------
@@ -114,7 +125,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Self, TypeVar
 
 from client_lib.cidr import Block
-from client_lib.constants import METAFLOW_PORT
+from client_lib.constants import ELIST_DEFAULT, ELIST_MAX, METAFLOW_PORT
 from client_lib.errors import (
     BadReply,
     InvalidArgument,
@@ -124,7 +135,7 @@ from client_lib.errors import (
     ServerError,
     Unavailable,
 )
-from client_lib.mdid import DEFAULT_SPACE, mdid_of_key, normalize_path
+from client_lib.mdid import DEFAULT_SPACE, entry_key, mdid_of_key, normalize_key
 from client_lib.metadata import FileMetadata
 from client_lib.resp import (
     ErrorReply,
@@ -169,6 +180,8 @@ DEFAULT_DEADLINE = 5.0
 _MAX_REPLY = 1 << 30
 """Largest bulk reply accepted: the agent's value limit is its own setting
 (``--max-value``), so the client only guards against a nonsense header."""
+_MAX_REPLY_ELEMENTS = 2 * ELIST_MAX
+"""Largest array reply: a full page of ``ELIST`` (a name and a value per entry)."""
 _MIN_ATTEMPT = 0.01
 """Seconds an attempt needs to be worth starting; a pause is shortened to
 leave this much of the deadline, and a call with less left gives up."""
@@ -468,7 +481,7 @@ class _Surface(ABC, Generic[C]):
     @staticmethod
     def _key(path: str | bytes) -> bytes:
         try:
-            return normalize_path(path)
+            return normalize_key(path)
         except TypeError as exc:
             raise InvalidPath(str(exc)) from None
 
@@ -481,13 +494,24 @@ class _Surface(ABC, Generic[C]):
         return self._op(_bulk, "GET", path)
 
     def _put(self, path: str | bytes, value: bytes | FileMetadata) -> _Op[None]:
-        if isinstance(value, FileMetadata):
-            data = value.to_bytes()
-        elif isinstance(value, bytes | bytearray | memoryview):
-            data = bytes(value)
-        else:
-            raise InvalidArgument(f"a value is bytes or a FileMetadata, not {type(value).__name__}")
-        return self._op(_ok, "SET", path, data)
+        return self._op(_ok, "SET", path, _value(value))
+
+    def _create(self, path: str | bytes, value: bytes | FileMetadata) -> _Op[bool]:
+        return self._op(_written, "SET", path, _value(value), b"NX")
+
+    def _compare_and_set(self, path: str | bytes, old: bytes | FileMetadata,
+                         new: bytes | FileMetadata) -> _Op[bool]:
+        return self._op(_written, "SET", path, _value(new), b"IFEQ", _value(old))
+
+    def _entries(self, directory: str | bytes, after: str | bytes,
+                 count: int) -> _Op[list[tuple[bytes, bytes]]]:
+        key = self._key(directory)
+        if b"\0" in key:
+            raise InvalidPath(f"entries() takes a directory's path, not an entry key: {directory!r}")
+        if not 1 <= count <= ELIST_MAX:
+            raise InvalidArgument(f"count must be from 1 to {ELIST_MAX}, not {count}")
+        name = entry_key(key, after)[len(key) + 1:] if after else b""
+        return self._op(_pairs, "ELIST", key, name, str(count).encode())
 
     def _delete(self, path: str | bytes) -> _Op[bool]:
         return self._op(_flag, "DEL", path)
@@ -547,6 +571,28 @@ def _ok(reply: Reply) -> None:
         raise BadReply(f"expected +OK, got {reply!r}")
 
 
+def _value(value: bytes | FileMetadata) -> bytes:
+    if isinstance(value, FileMetadata):
+        return value.to_bytes()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise InvalidArgument(f"a value is bytes or a FileMetadata, not {type(value).__name__}")
+
+
+def _written(reply: Reply) -> bool:
+    """A conditional SET: +OK if it wrote, nil if its condition stopped it."""
+    if reply is None:
+        return False
+    _ok(reply)
+    return True
+
+
+def _pairs(reply: Reply) -> list[tuple[bytes, bytes]]:
+    if not isinstance(reply, list) or len(reply) % 2 or not all(isinstance(x, bytes) for x in reply):
+        raise BadReply(f"expected an array of names and values, got {reply!r}")
+    return [(name, value) for name, value in zip(reply[::2], reply[1::2], strict=True)]
+
+
 def _flag(reply: Reply) -> bool:
     if not isinstance(reply, int):
         raise BadReply(f"expected an integer, got {reply!r}")
@@ -592,6 +638,21 @@ class MetaFlowClient(_Surface[socket.socket]):
         """Remove `path`; whether it existed."""
         return self._run(self._delete(path))
 
+    def create(self, path: str | bytes, value: bytes | FileMetadata) -> bool:
+        """Store `value` at `path` only if nothing is there; whether it did."""
+        return self._run(self._create(path, value))
+
+    def compare_and_set(self, path: str | bytes, old: bytes | FileMetadata,
+                        new: bytes | FileMetadata) -> bool:
+        """Replace the value at `path` with `new` only if it is exactly `old`; whether it did."""
+        return self._run(self._compare_and_set(path, old, new))
+
+    def entries(self, directory: str | bytes, after: str | bytes = b"",
+                count: int = ELIST_DEFAULT) -> list[tuple[bytes, bytes]]:
+        """Up to `count` entries of `directory` whose names sort after `after`,
+        as (name, value) in name order; the next page starts after the last name."""
+        return self._run(self._entries(directory, after, count))
+
     def exists(self, path: str | bytes) -> bool:
         return self._run(self._exists(path))
 
@@ -632,7 +693,7 @@ class MetaFlowClient(_Surface[socket.socket]):
                 sock = self._checkout(op.address, attempt)
             sock.settimeout(attempt.left())
             sock.sendall(op.frame)
-            parser = RespParser(max_bulk=_MAX_REPLY)
+            parser = RespParser(max_bulk=_MAX_REPLY, max_args=_MAX_REPLY_ELEMENTS)
             while True:
                 done, reply = parser.next_reply()
                 if done:
@@ -679,7 +740,7 @@ async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, f
     raises ConnectionResetError. The caller bounds it in time."""
     writer.write(frame)
     await writer.drain()
-    parser = RespParser(max_bulk=_MAX_REPLY)
+    parser = RespParser(max_bulk=_MAX_REPLY, max_args=_MAX_REPLY_ELEMENTS)
     while True:
         done, reply = parser.next_reply()
         if done:
@@ -716,6 +777,17 @@ class AsyncMetaFlowClient(_Surface[Stream]):
 
     async def delete(self, path: str | bytes) -> bool:
         return await self._run(self._delete(path))
+
+    async def create(self, path: str | bytes, value: bytes | FileMetadata) -> bool:
+        return await self._run(self._create(path, value))
+
+    async def compare_and_set(self, path: str | bytes, old: bytes | FileMetadata,
+                              new: bytes | FileMetadata) -> bool:
+        return await self._run(self._compare_and_set(path, old, new))
+
+    async def entries(self, directory: str | bytes, after: str | bytes = b"",
+                      count: int = ELIST_DEFAULT) -> list[tuple[bytes, bytes]]:
+        return await self._run(self._entries(directory, after, count))
 
     async def exists(self, path: str | bytes) -> bool:
         return await self._run(self._exists(path))

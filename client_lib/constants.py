@@ -56,6 +56,11 @@ refuses a key header announcing more, before reading the key."""
 MAX_VALUE: Final = 1 << 20
 """Default bytes in one value (the agent's --max-value)."""
 
+ELIST_DEFAULT: Final = 100
+ELIST_MAX: Final = 1000
+"""Entries in one page of ``ELIST`` (a directory listing): by default, and
+at most, so that one reply stays bounded."""
+
 # -- the OpenFlow 1.0 table (ARCHITECTURE.md, "Flow table layout") -------------
 
 METAFLOW_BASE_PRIORITY: Final = 2000

@@ -27,12 +27,22 @@ The rule
    * The normalized key may be at most ``max_length`` bytes (default 4096,
      Linux ``PATH_MAX``); longer keys raise `InvalidPath`.
 
+   * An *entry key* names one entry of a directory: ``path NUL name``
+     (`entry_key`), where ``path`` is normalized as above and ``name`` is a
+     file name: 1 to `NAME_MAX` bytes, no ``/`` or NUL, not ``.`` or ``..``.
+     It hashes as ``path`` alone (rule 3 hashes the part before the NUL), so
+     every entry of a directory lives on the server of the directory's own
+     key, next to each other in the stores' ``(mdid, path)`` order: listing
+     a directory is one range scan on one server, and NUL, which no path
+     contains, keeps entry keys apart from path keys.
+
 2. The space is a CIDR block (`client_lib.cidr.Block`): ``first`` (its network
    address as an integer), ``size = 2 ** (width - plen)`` where ``width`` is 32 (IPv4) or 128 (IPv6).
 
 3. ``mdid = first + int.from_bytes(H, "big") % size`` where
-   ``H = hashlib.blake2b(key, digest_size=D).digest()`` (no key, salt or
-   personalization) and
+   ``H = hashlib.blake2b(route, digest_size=D).digest()`` (no key, salt or
+   personalization), ``route`` is the key up to its first NUL (the whole key
+   for a path), and
 
    * ``D = 8`` for 32-bit (IPv4) spaces: the rule fixed by ARCHITECTURE.md;
    * ``D = 16`` for 128-bit (IPv6) spaces: this project's extension of the
@@ -57,14 +67,20 @@ __all__ = [
     "DEFAULT_SPACE",
     "PATH_MAX",
     "digest_size",
+    "NAME_MAX",
+    "entry_key",
     "mdid",
     "mdid_address",
     "mdid_of_key",
+    "normalize_key",
     "normalize_path",
 ]
 
 PATH_MAX = MAX_KEY
 """Default upper bound, in bytes, on a normalized key (Linux ``PATH_MAX``)."""
+
+NAME_MAX = 255
+"""Upper bound, in bytes, on one file name (Linux ``NAME_MAX``)."""
 
 
 def normalize_path(path: str | bytes, *, max_length: int = PATH_MAX) -> bytes:
@@ -107,6 +123,32 @@ def normalize_path(path: str | bytes, *, max_length: int = PATH_MAX) -> bytes:
     return raw
 
 
+def entry_key(directory: str | bytes, name: str | bytes, *, max_length: int = PATH_MAX) -> bytes:
+    """The key of entry `name` of `directory` (rule 1): it lives where the
+    directory's own key does. A bad name raises `InvalidPath`."""
+    raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name
+    if not isinstance(raw, bytes):
+        raise TypeError(f"name must be str or bytes, not {type(name).__name__}")
+    if not raw or len(raw) > NAME_MAX:
+        raise InvalidPath(f"a name has 1 to {NAME_MAX} bytes, not {len(raw)}: {name!r}")
+    if b"/" in raw or b"\0" in raw or raw in (b".", b".."):
+        raise InvalidPath(f"not a file name (no '/', NUL, '.' or '..'): {name!r}")
+    key = normalize_path(directory, max_length=max_length) + b"\0" + raw
+    if len(key) > max_length:
+        raise InvalidPath(f"key too long: {len(key)} bytes > {max_length}")
+    return key
+
+
+def normalize_key(key: str | bytes, *, max_length: int = PATH_MAX) -> bytes:
+    """A path's canonical key, or an entry key (``path NUL name``) checked and
+    with its path normalized: what a server accepts as a key."""
+    raw = key.encode("utf-8", "surrogateescape") if isinstance(key, str) else key
+    if isinstance(raw, bytes) and b"\0" in raw:
+        directory, _, name = raw.partition(b"\0")
+        return entry_key(directory, name, max_length=max_length)
+    return normalize_path(key, max_length=max_length)
+
+
 def digest_size(space: Block) -> int:
     """BLAKE2b digest size in bytes that ``mdid`` uses for ``space`` (rule 3)."""
     return 8 if space.width == 32 else 16
@@ -121,12 +163,14 @@ def mdid(path: str | bytes, space: Block = DEFAULT_SPACE) -> int:
 
 
 def mdid_of_key(key: bytes, space: Block = DEFAULT_SPACE) -> int:
-    """The MetaDataID of a key that is already ``normalize_path``'s output.
+    """The MetaDataID of a key that is already ``normalize_key``'s output.
 
     For hot paths that normalize once and need both the key and its ID (the
     agent checks every request); anything else should call ``mdid``.
     """
-    digest = hashlib.blake2b(key, digest_size=digest_size(space)).digest()
+    nul = key.find(b"\0")
+    route = key if nul < 0 else key[:nul]
+    digest = hashlib.blake2b(route, digest_size=digest_size(space)).digest()
     return space.first + int.from_bytes(digest, "big") % space.size
 
 

@@ -61,6 +61,9 @@ from nat_agent.store import (
     check_width,
     condition_holds,
     decode_mdid,
+    decode_path,
+    encode_path,
+    entry_bounds,
     key_range,
     record_key,
     split_record_key,
@@ -168,12 +171,27 @@ class LevelDBStore(Store):
         write, since plyvel is called synchronously on the event loop."""
         key = record_key(mdid, path, self.width)
         old = cast(bytes | None, self._records.get(key))
-        if not condition_holds(when, old is not None):
+        if not condition_holds(when, old):
             await self._settled(key)
             return False, old
         self._write(mdid, key, value, old is None)
         await self._durable((key,))
         return True, old
+
+    async def entries(self, mdid: int, directory: str, after: str, limit: int) -> list[tuple[str, bytes]]:
+        start, stop = entry_bounds(mdid, directory, after, self.width)
+        skip = len(start) - len(encode_path(after))   # the name starts here
+        found: list[tuple[str, bytes]] = []
+        with self._records.iterator(start=start, stop=stop) as records:
+            for key, value in records:
+                if after and key == start:
+                    continue
+                found.append((decode_path(key[skip:]), value))
+                if len(found) >= limit:
+                    break
+        for key in {start[:skip] + encode_path(name) for name, _ in found}:
+            await self._settled(key)
+        return found
 
     def _write(self, mdid: int, key: bytes, value: bytes, is_new: bool) -> None:
         """Write a record, and count its mdid if it is new."""

@@ -68,13 +68,16 @@ from nat_agent.store import (
     DEFAULT_FSYNC,
     Condition,
     FsyncMode,
+    IfEqual,
     KeyRange,
     Record,
     Store,
     check_batch,
     check_fsync,
     check_width,
+    decode_path,
     encode_path,
+    entry_bounds,
     key_range,
     record_key,
     split_record_key,
@@ -100,11 +103,13 @@ RESTART_WINDOW = 60.0
 """An own redis-server is restarted at most RESTARTS_ALLOWED times within
 RESTART_WINDOW seconds; one more death and the agent gives up."""
 
-# KEYS: value key, index. ARGV: value, condition ("absent", "present" or ""), index member.
+# KEYS: value key, index. ARGV: value, condition ("absent", "present", "equal"
+# or ""), index member, the value "equal" compares with.
 # Returns {written (0/1), previous value or nil}.
 _PUT_IF = b"""
 local old = redis.call('GET', KEYS[1])
-if (ARGV[2] == 'absent' and old) or (ARGV[2] == 'present' and not old) then
+if (ARGV[2] == 'absent' and old) or (ARGV[2] == 'present' and not old)
+   or (ARGV[2] == 'equal' and old ~= ARGV[4]) then
   return {0, old}
 end
 redis.call('SET', KEYS[1], ARGV[1])
@@ -301,9 +306,24 @@ class RedisStore(Store):
         self, mdid: int, path: str, value: bytes, when: Condition | None = None
     ) -> tuple[bool, bytes | None]:
         value_key, member = self._keys(mdid, path)
+        condition, expected = (b"equal", when.value) if isinstance(when, IfEqual) else (when or b"", b"")
         written, old = cast(list[Any], await self._conn.call(
-            b"EVAL", _PUT_IF, 2, value_key, self._index, value, when or b"", member))
+            b"EVAL", _PUT_IF, 2, value_key, self._index, value, condition, member, expected))
         return written == 1, old
+
+    async def entries(self, mdid: int, directory: str, after: str, limit: int) -> list[tuple[str, bytes]]:
+        start, stop = entry_bounds(mdid, directory, after, self.width)
+        low = (b"(" if after else b"[") + start
+        members = cast(list[bytes], await self._conn.call(
+            b"ZRANGEBYLEX", self._index, low, b"(" + stop, b"LIMIT", 0, limit))
+        if not members:
+            return []
+        skip = len(start) - len(encode_path(after))
+        head = check_width(self.width)
+        values = cast(list[bytes | None], await self._conn.call(
+            b"MGET", *(self._value_key(m[head:]) for m in members)))
+        # a record deleted between the two calls is left out
+        return [(decode_path(m[skip:]), v) for m, v in zip(members, values, strict=True) if v is not None]
 
     async def delete(self, mdid: int, path: str) -> bool:
         value_key, member = self._keys(mdid, path)

@@ -8,10 +8,18 @@ key may be served here is the agent's own view (`ownership.Ownership`).
 
 What a Redis client sees:
 
-* ``GET``, ``SET key value [NX|XX] [GET]`` (Redis semantics, atomic in both
-  stores; expiry options are refused: metadata does not expire), ``DEL``,
-  ``EXISTS``, ``PING``, ``ECHO``, ``INFO``, ``QUIT``, and ``STAT key`` (where a
-  key lives and why, never redirected).
+* ``GET``, ``SET key value [NX|XX|IFEQ old] [GET]`` (Redis semantics, and
+  Valkey's IFEQ: write only if the value is exactly ``old``, a
+  compare-and-set; atomic in both stores; expiry options are refused:
+  metadata does not expire), ``DEL``, ``EXISTS``, ``PING``, ``ECHO``,
+  ``INFO``, ``QUIT``, and ``STAT key`` (where a key lives and why, never
+  redirected).
+* A key is a path or an entry key, ``directory NUL name``
+  (`client_lib.mdid.entry_key`), which lives with its directory; ``ELIST
+  directory [after [count]]`` lists a directory's entries as a flat array of
+  name, value, ... in name order, after ``after`` (a name; empty for the
+  first page), at most ``count`` (default 100, at most 1000) of them: a file
+  system's paged readdir, one range scan on one server.
 * ``HELLO [2|3]`` switches the connection to RESP3 (redis-py 8's default) and
   answers the map Redis answers; ``CLIENT SETNAME/SETINFO`` are accepted.
 * A key this server is not the primary of (not held, or held as a backup)
@@ -59,8 +67,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from client_lib.constants import MAX_KEY, MAX_VALUE, METAFLOW_PORT
-from client_lib.mdid import mdid_of_key, normalize_path
+from client_lib.constants import ELIST_DEFAULT, ELIST_MAX, MAX_KEY, MAX_VALUE, METAFLOW_PORT
+from client_lib.mdid import entry_key, mdid_of_key, normalize_key
 from client_lib.resp import (
     OK,
     PONG,
@@ -76,7 +84,7 @@ from nat_agent.agent import Agent
 from nat_agent.connection import Connection, sweep
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
-from nat_agent.store import Condition
+from nat_agent.store import Condition, IfEqual
 
 log = logging.getLogger("metaflow.agent.service")
 T = TypeVar("T")
@@ -158,6 +166,7 @@ class MetadataService:
                 (b"DEL", self._del, 1, 64),
                 (b"EXISTS", self._exists, 1, 64),
                 (b"STAT", self._stat, 1, 1),
+                (b"ELIST", self._elist, 1, 3),
                 (b"INFO", self._info, 0, 1),
                 (b"COMMAND", self._command, 0, 8),
                 (b"HELLO", self._hello, 0, 6),
@@ -167,8 +176,9 @@ class MetadataService:
         }
 
     def _arg_limit(self, name: bytes, index: int) -> int:
-        """Only SET's value may be long; every other argument is a key or a word."""
-        if index == 2 and name.upper() == b"SET":
+        """Only SET's values (the new one, and IFEQ's) may be long; every other
+        argument is a key or a word."""
+        if index >= 2 and name.upper() == b"SET":
             return self.limits.max_value
         return MAX_KEY
 
@@ -267,7 +277,7 @@ class MetadataService:
     def _key(self, raw: bytes, write: bool) -> tuple[int, str, Decision]:
         """Normalize a key, compute its MetaDataID, and decide who answers."""
         try:
-            key = normalize_path(raw)
+            key = normalize_key(raw)
             path = key.decode("utf-8")
         except UnicodeDecodeError:
             raise CommandError("ERR invalid path: not valid UTF-8") from None
@@ -419,6 +429,27 @@ class MetadataService:
     async def _sum(check: Callable[[int, str], Awaitable[bool]], keys: list[tuple[int, str]]) -> int:
         return sum([await check(ident, path) for ident, path in keys])
 
+    async def _elist(self, conn: Connection, args: list[bytes]) -> Reply:
+        """``ELIST directory [after [count]]``: a page of the directory's entries."""
+        if b"\0" in args[0]:
+            raise CommandError("ERR ELIST takes a directory's path, not an entry key")
+        after = args[1] if len(args) > 1 else b""
+        count = _count(args[2]) if len(args) > 2 else ELIST_DEFAULT
+        ident, path, _ = self._served(args[0], write=False)
+        if after:
+            try:
+                entry_key(path, after)
+            except ValueError as exc:
+                raise CommandError(f"ERR invalid name after which to list: {exc}") from None
+        prefix = path + "\0"
+        while pending := next((w for p, w in self.writing.items() if p.startswith(prefix)), None):
+            self.stats["waited_for_replication"] += 1
+            await asyncio.shield(pending.done)   # as `_settled`: list nothing its set may not hold
+            ident, path, _ = self._served(args[0], write=False)
+        found = await self._admitted(self.store.entries(ident, path, after.decode("utf-8", "surrogateescape"),
+                                                        count))
+        return [part for name, value in found for part in (name.encode("utf-8", "surrogateescape"), value)]
+
     async def _stat(self, conn: Connection, args: list[bytes]) -> Reply:
         """Where a key lives and whether it is here: a debugging aid that never
         answers MOVED, so it also explains *why* a key is not served."""
@@ -503,15 +534,28 @@ class MetadataService:
         return []
 
 
+def _count(raw: bytes) -> int:
+    """ELIST's page size: 1 to `ELIST_MAX`."""
+    if not raw.isdigit() or not 1 <= int(raw) <= ELIST_MAX:
+        raise CommandError(f"ERR count must be an integer from 1 to {ELIST_MAX}")
+    return int(raw)
+
+
 def _set_options(options: list[bytes]) -> tuple[Condition | None, bool]:
-    """SET's ``NX``/``XX`` and ``GET``; expiry options are refused, anything
-    else is a syntax error (as Redis says it)."""
+    """SET's ``NX``/``XX``/``IFEQ old`` and ``GET``; expiry options are
+    refused, anything else is a syntax error (as Redis says it)."""
     when: Condition | None = None
     get = False
-    for raw in options:
+    rest = iter(options)
+    for raw in rest:
         option = raw.upper()
         if option in (b"NX", b"XX") and when is None:
             when = "absent" if option == b"NX" else "present"
+        elif option == b"IFEQ" and when is None:
+            old = next(rest, None)
+            if old is None:
+                raise CommandError("ERR syntax error: IFEQ needs the value to compare with")
+            when = IfEqual(old)
         elif option == b"GET" and not get:
             get = True
         elif option in (b"EX", b"PX", b"EXAT", b"PXAT", b"KEEPTTL"):

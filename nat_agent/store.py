@@ -52,6 +52,7 @@ __all__ = [
     "KeyRange",
     "Store",
     "Condition",
+    "IfEqual",
     "check_batch",
     "check_fsync",
     "check_width",
@@ -59,6 +60,7 @@ __all__ = [
     "decode_mdid",
     "decode_path",
     "encode_mdid",
+    "entry_bounds",
     "encode_path",
     "key_range",
     "record_key",
@@ -68,8 +70,18 @@ __all__ = [
 Record = tuple[int, str, bytes]
 """``(mdid, path, value)``: one metadata record as scans return it."""
 
-Condition = Literal["absent", "present"]
-"""When `Store.put_if` writes: only if the record is absent (SET NX) or present (SET XX)."""
+@dataclass(frozen=True)
+class IfEqual:
+    """`Store.put_if` writes only if the record holds exactly `value` (SET
+    IFEQ, as Valkey has it): a compare-and-set, so a retried update cannot
+    overwrite a newer one."""
+
+    value: bytes
+
+
+Condition = Literal["absent", "present"] | IfEqual
+"""When `Store.put_if` writes: only if the record is absent (SET NX),
+present (SET XX), or holds a given value (SET IFEQ)."""
 
 
 FsyncMode = Literal["always", "batch", "off"]
@@ -93,9 +105,12 @@ def check_fsync(mode: str) -> FsyncMode:
     raise ValueError(f"fsync mode must be one of {', '.join(FSYNC_MODES)}, not {mode!r}")
 
 
-def condition_holds(when: Condition | None, exists: bool) -> bool:
-    """Whether a conditional write may go ahead (None: unconditional)."""
-    return when is None or exists == (when == "present")
+def condition_holds(when: Condition | None, old: bytes | None) -> bool:
+    """Whether a conditional write may go ahead, given the record's value
+    (None: absent); `when` None is unconditional."""
+    if isinstance(when, IfEqual):
+        return old == when.value
+    return when is None or (old is not None) == (when == "present")
 
 
 def check_width(width: int) -> int:
@@ -201,6 +216,13 @@ class Store(ABC):
         returns (whether it was written, the value it had before)."""
 
     @abstractmethod
+    async def entries(self, mdid: int, directory: str, after: str, limit: int) -> list[tuple[str, bytes]]:
+        """Up to `limit` entries of `directory` (records ``directory NUL name``
+        at `mdid`, see ``client_lib.mdid.entry_key``) whose name sorts after
+        `after` (bytewise; "" for the first page), as ``(name, value)`` in name
+        order: one range scan, since they are adjacent in the stores' order."""
+
+    @abstractmethod
     async def delete(self, mdid: int, path: str) -> bool:
         """Remove a record; True if it existed."""
 
@@ -254,6 +276,14 @@ class Store(ABC):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+def entry_bounds(mdid: int, directory: str, after: str, width: int) -> tuple[bytes, bytes]:
+    """The record keys of `directory`'s entries after `after`: from the key of
+    ``directory NUL after`` (exclusive when `after` is a name) to the first
+    key past every ``directory NUL ...`` (exclusive)."""
+    head = record_key(mdid, directory, width)
+    return head + b"\0" + encode_path(after), head + b"\1"
 
 
 def check_batch(batch: int) -> None:

@@ -12,15 +12,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import redis
 
 from client_lib import (
     DEFAULT_SPACE,
     AsyncMetaFlowClient,
     BadReply,
     FileMetadata,
+    InvalidPath,
     MetaFlowClient,
     RetryPolicy,
     Unavailable,
+    entry_key,
     mdid,
 )
 from client_lib.resp import moved_message
@@ -246,3 +249,53 @@ def test_the_standalone_route_reaches_a_real_agent(tmp_path):
                 await client.put("/b", b"raw")
                 assert await client.get("/b") == b"raw"
         asyncio.run(main())
+
+
+def test_create_compare_and_set_and_paged_entries_on_a_real_agent(tmp_path):
+    """The metadata engine's primitives through both clients and redis-py:
+    SET NX and SET IFEQ say whether they wrote, ELIST pages a directory, and
+    bad arguments get clear errors with the connection still usable."""
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", own=["100.64.0.0/10"]) as agent:
+        with MetaFlowClient(via=f"{agent.host}:{agent.port}") as client:
+            names = [f"n{i:03}".encode() for i in range(250)]
+            for name in names:
+                assert client.create(entry_key("/dir", name), name.upper())
+            assert client.mdid(entry_key("/dir", "n000")) == client.mdid("/dir")
+            pages, after = [], b""
+            while page := client.entries("/dir", after, 100):
+                pages.append(page)
+                after = page[-1][0]
+            assert [len(p) for p in pages] == [100, 100, 50]
+            assert [e for p in pages for e in p] == [(n, n.upper()) for n in names]
+            client.put("/file", b"v1")
+            assert client.compare_and_set("/file", b"v1", b"v2")
+            assert not client.compare_and_set("/file", b"v1", b"v3")
+            assert client.get("/file") == b"v2"
+            with pytest.raises(InvalidPath):
+                client.entries(entry_key("/dir", "n000"))
+            with pytest.raises(InvalidPath):
+                client.create(entry_key("/dir", "a/b"), b"")
+
+        async def main() -> None:
+            async with AsyncMetaFlowClient(via=agent.host, port=agent.port) as aclient:
+                assert await aclient.create("/only-once", b"1")
+                assert not await aclient.create("/only-once", b"2")
+                assert await aclient.compare_and_set("/only-once", b"1", b"3")
+                assert await aclient.entries("/dir", "n248") == [(b"n249", b"N249")]
+        asyncio.run(main())
+
+        r = redis.Redis(host=agent.host, port=agent.port)
+        assert r.execute_command("SET", "/file", "v3", "IFEQ", "v2") is True   # redis-py: +OK is True
+        assert r.execute_command("SET", "/file", "v4", "IFEQ", "nope") is None
+        r.execute_command("SET", "/file", "v4", "IFEQ", "v3", "GET")   # GET's reply: redis-py maps it
+        assert r.get("/file") == b"v4"
+        assert r.execute_command("ELIST", "/dir", "n247", "2") == [b"n248", b"N248", b"n249", b"N249"]
+        for args, message in [(("ELIST", "/dir", "", "0"), "count"), (("ELIST", "/dir", "", "x"), "count"),
+                              (("ELIST", "/dir\0n000"), "not an entry key"),
+                              (("ELIST", "/dir", "a/b"), "invalid name"),
+                              (("SET", "/file", "v", "IFEQ"), "syntax"),
+                              (("SET", "/file", "v", "NX", "IFEQ", "v"), "syntax")]:
+            with pytest.raises(redis.ResponseError, match=message):
+                r.execute_command(*args)
+        assert r.get("/file") == b"v4"
+        r.close()

@@ -32,7 +32,7 @@ from client_lib.api.auth import Signer, Verifier, load_secret, write_secret
 from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, RetryPolicy
 from client_lib.errors import ApiError, MetaFlowError, Unavailable
-from client_lib.mdid import mdid
+from client_lib.mdid import entry_key, mdid
 from client_lib.resp import ErrorReply, RespParser, SimpleString, encode_command, encode_reply
 from mininet_scenarios.daemons import AgentProcess
 from nat_agent.leveldb_store import LevelDBStore
@@ -411,3 +411,27 @@ def test_an_exclusive_assignment_drops_and_deletes_every_other_block(tmp_path: P
         a.call(ADMIN.assign, AssignRequest([Role(high, 3, True, [a.member()])]))
         with _client(a) as client:
             assert client.get(gone) is None
+
+
+def test_entries_and_compare_and_set_live_on_the_backup_too(tmp_path: Path, cluster_secret: Path) -> None:
+    """A directory's entries and a compare-and-set go through the replica set
+    like any write: after a kill -9 of the primary the promoted backup lists
+    the same entries and holds the value the winning update wrote."""
+    with _agents(tmp_path, cluster_secret, "a", "b") as (a, b):
+        _pair(a, b)
+        with _client(a) as client:
+            for i in range(25):
+                assert client.create(entry_key("/d", f"f{i:02}"), b"%d" % i)
+            assert not client.create(entry_key("/d", "f00"), b"again")
+            assert client.compare_and_set("/v", b"", b"x") is False      # absent is not b""
+            client.put("/v", b"v1")
+            assert client.compare_and_set("/v", b"v1", b"v2")
+            assert not client.compare_and_set("/v", b"v1", b"v3")
+            listed = client.entries("/d")
+        assert listed == [(b"f%02d" % i, b"%d" % i) for i in range(25)]
+        a.kill()
+        _assign(b, 2, [b.member()])
+        with _client(b, attempts=3) as client:
+            assert client.entries("/d") == listed
+            assert client.get("/v") == b"v2"
+        a.launch().wait_ready()

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.redis_server import RedisServer, RedisServerError
 from nat_agent.redis_store import RESTART_WINDOW, RESTARTS_ALLOWED, RedisStore
-from nat_agent.store import DEFAULT_FSYNC, FsyncMode, Record, Store, encode_mdid, encode_path
+from nat_agent.store import DEFAULT_FSYNC, FsyncMode, IfEqual, Record, Store, encode_mdid, encode_path
 from nat_agent.store_spec import open_store
 
 pytestmark = pytest.mark.timeout(120)
@@ -205,12 +205,14 @@ def test_empty_and_invalid_ranges(backend: Backend) -> None:
 
 
 @given(ops=st.lists(st.tuples(st.sampled_from(["/a", "/b", "/c"]),
-                               st.sampled_from([None, "absent", "present"]),
-                               st.binary(max_size=4)), min_size=1, max_size=12))
+                               st.one_of(st.sampled_from([None, "absent", "present"]),
+                                         st.builds(IfEqual, st.sampled_from([b"", b"x", b"y"]))),
+                               st.sampled_from([b"", b"x", b"y", b"zz"])), min_size=1, max_size=12))
 @settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_put_if_has_set_nx_xx_get_semantics(backend: Backend, ops: list[tuple[str, Any, bytes]]) -> None:
-    """Against a dict: written when the condition holds, the previous value
-    returned either way, and the index (count, scan) kept in step."""
+def test_put_if_has_set_nx_xx_ifeq_get_semantics(backend: Backend, ops: list[tuple[str, Any, bytes]]) -> None:
+    """Against a dict: written when the condition holds (IFEQ: the value is
+    exactly the one given; an absent record equals nothing), the previous
+    value returned either way, and the index (count, scan) kept in step."""
     ids = {"/a": 3, "/b": 3, "/c": backend.top}
 
     async def body() -> None:
@@ -218,7 +220,10 @@ def test_put_if_has_set_nx_xx_get_semantics(backend: Backend, ops: list[tuple[st
         async with backend.open() as store:
             for path, when, value in ops:
                 old = model.get(path)
-                holds = when is None or (old is not None) == (when == "present")
+                if isinstance(when, IfEqual):
+                    holds = old == when.value
+                else:
+                    holds = when is None or (old is not None) == (when == "present")
                 assert await store.put_if(ids[path], path, value, when) == (holds, old)
                 if holds:
                     model[path] = value
@@ -242,6 +247,55 @@ def test_put_if_is_atomic_under_concurrent_writers(backend: Backend) -> None:
             assert {old for written, old in results if not written} == {b"%d" % winners[0]}
             assert await store.get(42, "/race") == b"%d" % winners[0]
             assert await store.count(42, 42) == 1
+
+    run(body)
+
+
+def test_compare_and_set_lets_one_of_many_racing_updates_win(backend: Backend) -> None:
+    """Fifty writers read version 1 and race to replace it: exactly one wins."""
+
+    async def body() -> None:
+        async with backend.open() as store:
+            await store.put(7, "/v", b"v1")
+            results = await asyncio.gather(
+                *(store.put_if(7, "/v", b"v2-%d" % i, IfEqual(b"v1")) for i in range(50)))
+            winners = [i for i, (written, _) in enumerate(results) if written]
+            assert len(winners) == 1
+            assert await store.get(7, "/v") == b"v2-%d" % winners[0]
+
+    run(body)
+
+
+def test_entries_of_a_directory_page_in_name_order(backend: Backend) -> None:
+    """A directory's entries (``dir NUL name`` at the directory's mdid) come
+    back in bytewise name order, a page at a time after a name, and never
+    include the directory itself, a deeper path, a neighbour directory whose
+    name extends this one's, or another mdid's records."""
+    names = ["b", "a", "a b", "\u00e9t\u00e9", "z" * 255, "A", "-", "a\udcff"]
+
+    async def body() -> None:
+        async with backend.open() as store:
+            for i, name in enumerate(names):
+                await store.put(9, "/d\0" + name, b"%d" % i)
+            await store.put(9, "/d", b"the directory itself")
+            await store.put(9, "/d/x", b"a path below it")
+            await store.put(9, "/dd\0a", b"a neighbour's entry")
+            await store.put(10, "/d\0zzz", b"another mdid")
+            await store.put(8, "/d\0zzz", b"another mdid")
+            want = sorted(((n, b"%d" % i) for i, n in enumerate(names)),
+                          key=lambda e: encode_path(e[0]))
+            assert await store.entries(9, "/d", "", 100) == want
+            pages: list[tuple[str, bytes]] = []
+            after = ""
+            while page := await store.entries(9, "/d", after, 3):
+                assert len(page) <= 3
+                pages += page
+                after = page[-1][0]
+            assert pages == want
+            assert await store.entries(9, "/d", "a", 2) == want[want.index(("a", b"1")) + 1:][:2]
+            assert await store.entries(9, "/nothing", "", 10) == []
+            assert await store.delete(9, "/d\0a")
+            assert ("a", b"1") not in await store.entries(9, "/d", "", 100)
 
     run(body)
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from client_lib import DEFAULT_SPACE, mdid, normalize_path
 from client_lib.cidr import Block
 from client_lib.errors import InvalidPath, MetaFlowError
-from client_lib.mdid import PATH_MAX, mdid_address
+from client_lib.mdid import NAME_MAX, PATH_MAX, entry_key, mdid_address, mdid_of_key, normalize_key
 
 # (path, space, expected ID). Computed once when the rule was fixed; a change
 # here means every stored key moves, so never edit these to make a test pass.
@@ -248,3 +248,49 @@ def test_mdid_inside_space(space: Block, path: str) -> None:
     assert Block.parse(str(space)) == space
     assert ipaddress.ip_address(space.address(value)) in ipaddress.ip_network(str(space))
     assert value == _reference(normalize_path(path), str(space))
+
+
+# -- entry keys: a directory's entries live with it ---------------------------------------
+
+names = st.binary(min_size=1, max_size=NAME_MAX).filter(
+    lambda n: b"/" not in n and b"\0" not in n and n not in (b".", b".."))
+
+
+@given(directory=st.text(min_size=1).map(lambda t: "/" + t.replace("\0", "")), name=names,
+       space=st.sampled_from([DEFAULT_SPACE, Block.parse("0.0.0.0/0"), Block.parse("fd00::/8")]))
+def test_an_entry_has_its_directorys_id_and_round_trips(directory: str, name: bytes, space: Block) -> None:
+    try:
+        key = entry_key(directory, name)
+    except InvalidPath:   # the directory's normal form plus the name is over PATH_MAX
+        return
+    assert key == normalize_path(directory) + b"\0" + name
+    assert mdid_of_key(key, space) == mdid(directory, space)
+    assert normalize_key(key) == key                  # a server accepts it as it is
+    assert normalize_key(directory + "//" + "\0" + name.decode("utf-8", "surrogateescape")) == key
+
+
+def test_entry_keys_are_apart_from_paths_and_only_hash_the_directory() -> None:
+    assert entry_key("/a/./b/", "c") == b"/a/b\0c"
+    assert mdid_of_key(b"/a/b\0c") == mdid_of_key(b"/a/b\0d") == mdid("/a/b")
+    assert mdid_of_key(b"/a/b/c") != mdid("/a/b")     # the path /a/b/c is elsewhere
+    assert normalize_key("/x//y") == b"/x/y"          # no NUL: a path, normalized as before
+    assert entry_key("/", "top") == b"/\0top"
+
+
+@pytest.mark.parametrize("name, message", [
+    (b"", "1 to 255 bytes"), (b"x" * (NAME_MAX + 1), "1 to 255 bytes"), (b"a/b", "not a file name"),
+    (b"a\0b", "not a file name"), (b".", "not a file name"), (b"..", "not a file name"),
+])
+def test_entry_key_rejects_what_cannot_be_a_name(name: bytes, message: str) -> None:
+    with pytest.raises(InvalidPath, match=message):
+        entry_key("/d", name)
+    with pytest.raises(InvalidPath):
+        normalize_key(b"/d\0" + name)
+
+
+def test_an_entry_key_is_bounded_like_a_path() -> None:
+    directory = "/" + "d" * (PATH_MAX - 10)
+    with pytest.raises(InvalidPath, match="too long"):
+        entry_key(directory, "n" * 20)
+    with pytest.raises(InvalidPath, match="relative|absolute"):
+        entry_key("relative", "n")
