@@ -27,7 +27,11 @@ there (``SET NX``) and ``compare_and_set`` only if the value is exactly the
 one given (``SET IFEQ``); both say whether they wrote. Any key may also be an
 entry of a directory, ``entry_key(directory, name)``, which lives on the
 directory's server, and ``entries(directory, after, count)`` lists a page of
-them with their values in name order (``ELIST``, one range scan).
+them with their values in name order (``ELIST``, one range scan). A directory
+exists while its header (the value at its own path) does: ``create_entry``
+adds an entry only to an existing directory and ``remove_directory`` deletes
+the header only while there are no entries, each atomically on the
+directory's server (`NamespaceError` carries ENOENT or ENOTEMPTY).
 
 Without the fabric: one agent directly
 --------------------------------------
@@ -110,6 +114,7 @@ Everything the client raises is a `MetaFlowError` (`client_lib.errors`):
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import itertools
 import math
@@ -132,6 +137,7 @@ from client_lib.errors import (
     InvalidPath,
     MetadataFormatError,
     MetaFlowError,
+    NamespaceError,
     ServerError,
     Unavailable,
 )
@@ -180,6 +186,8 @@ DEFAULT_DEADLINE = 5.0
 _MAX_REPLY = 1 << 30
 """Largest bulk reply accepted: the agent's value limit is its own setting
 (``--max-value``), so the client only guards against a nonsense header."""
+_ERRNO = {"ENOENT": errno.ENOENT, "ENOTEMPTY": errno.ENOTEMPTY}
+"""Error replies of the namespace commands, as POSIX errors (`NamespaceError`)."""
 _MAX_REPLY_ELEMENTS = 2 * ELIST_MAX
 """Largest array reply: a full page of ``ELIST`` (a name and a value per entry)."""
 _MIN_ATTEMPT = 0.01
@@ -505,13 +513,26 @@ class _Surface(ABC, Generic[C]):
 
     def _entries(self, directory: str | bytes, after: str | bytes,
                  count: int) -> _Op[list[tuple[bytes, bytes]]]:
-        key = self._key(directory)
-        if b"\0" in key:
-            raise InvalidPath(f"entries() takes a directory's path, not an entry key: {directory!r}")
+        key = self._directory(directory)
         if not 1 <= count <= ELIST_MAX:
             raise InvalidArgument(f"count must be from 1 to {ELIST_MAX}, not {count}")
         name = entry_key(key, after)[len(key) + 1:] if after else b""
         return self._op(_pairs, "ELIST", key, name, str(count).encode())
+
+    def _create_entry(self, directory: str | bytes, name: str | bytes,
+                      value: bytes | FileMetadata) -> _Op[bool]:
+        key = self._directory(directory)
+        entry = entry_key(key, name)
+        return self._op(_written, "ECREATE", key, entry[len(key) + 1:], _value(value))
+
+    def _remove_directory(self, directory: str | bytes) -> _Op[bool]:
+        return self._op(_flag, "ERMDIR", self._directory(directory))
+
+    def _directory(self, directory: str | bytes) -> bytes:
+        key = self._key(directory)
+        if b"\0" in key:
+            raise InvalidPath(f"a directory's path, not an entry key: {directory!r}")
+        return key
 
     def _delete(self, path: str | bytes) -> _Op[bool]:
         return self._op(_flag, "DEL", path)
@@ -545,6 +566,8 @@ class _Surface(ABC, Generic[C]):
             if reply.code == "TRYAGAIN":
                 self._count("tryagain")
                 raise _Retry(reply.message)
+            if reply.code in _ERRNO:
+                raise NamespaceError(_ERRNO[reply.code], reply.message)
             raise ServerError(reply.message)
         return reply
 
@@ -652,6 +675,17 @@ class MetaFlowClient(_Surface[socket.socket]):
         """Up to `count` entries of `directory` whose names sort after `after`,
         as (name, value) in name order; the next page starts after the last name."""
         return self._run(self._entries(directory, after, count))
+
+    def create_entry(self, directory: str | bytes, name: str | bytes, value: bytes | FileMetadata) -> bool:
+        """Entry `name` of `directory`, only if the name is free (False if not)
+        and the directory exists, that is its header, the value at its own
+        path, does (`NamespaceError` ENOENT if not)."""
+        return self._run(self._create_entry(directory, name, value))
+
+    def remove_directory(self, directory: str | bytes) -> bool:
+        """Delete the directory's header if it has no entries (`NamespaceError`
+        ENOTEMPTY if it has); whether there was a header."""
+        return self._run(self._remove_directory(directory))
 
     def exists(self, path: str | bytes) -> bool:
         return self._run(self._exists(path))
@@ -788,6 +822,13 @@ class AsyncMetaFlowClient(_Surface[Stream]):
     async def entries(self, directory: str | bytes, after: str | bytes = b"",
                       count: int = ELIST_DEFAULT) -> list[tuple[bytes, bytes]]:
         return await self._run(self._entries(directory, after, count))
+
+    async def create_entry(self, directory: str | bytes, name: str | bytes,
+                           value: bytes | FileMetadata) -> bool:
+        return await self._run(self._create_entry(directory, name, value))
+
+    async def remove_directory(self, directory: str | bytes) -> bool:
+        return await self._run(self._remove_directory(directory))
 
     async def exists(self, path: str | bytes) -> bool:
         return await self._run(self._exists(path))

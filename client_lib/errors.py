@@ -30,6 +30,16 @@ class ServerError(MetaFlowError):
     """The metadata service refused the request (``-ERR ...``); retrying would not help."""
 
 
+class NamespaceError(ServerError):
+    """The namespace said no, as a file system would: `errno` is the POSIX
+    error (``errno.ENOENT``: no such directory; ``errno.ENOTEMPTY``: a
+    directory that still has entries), for a FUSE layer to hand on."""
+
+    def __init__(self, errno: int, message: str) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
 class BadReply(MetaFlowError):
     """The peer's bytes are not the reply we expected (not a MetaFlow server?)."""
 

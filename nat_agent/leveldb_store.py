@@ -54,7 +54,9 @@ from nat_agent.store import (
     DEFAULT_FSYNC,
     Condition,
     FsyncMode,
+    InDirectory,
     Record,
+    Removal,
     Store,
     check_batch,
     check_fsync,
@@ -171,7 +173,9 @@ class LevelDBStore(Store):
         write, since plyvel is called synchronously on the event loop."""
         key = record_key(mdid, path, self.width)
         old = cast(bytes | None, self._records.get(key))
-        if not condition_holds(when, old):
+        header = isinstance(when, InDirectory) and \
+            self._records.get(record_key(mdid, when.directory, self.width)) is not None
+        if not condition_holds(when, old, header):
             await self._settled(key)
             return False, old
         self._write(mdid, key, value, old is None)
@@ -208,6 +212,14 @@ class LevelDBStore(Store):
         self._mdids.remove(mdid)
         await self._durable((key,))
         return True
+
+    async def remove_directory(self, mdid: int, directory: str) -> Removal:
+        """Atomic as `put_if` is: nothing runs between the look and the delete."""
+        start, stop = entry_bounds(mdid, directory, "", self.width)
+        with self._records.iterator(start=start, stop=stop, include_value=False) as keys:
+            if next(keys, None) is not None:
+                return "not-empty"
+        return "removed" if await self.delete(mdid, directory) else "absent"
 
     async def exists(self, mdid: int, path: str) -> bool:
         key = record_key(mdid, path, self.width)

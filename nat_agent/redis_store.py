@@ -69,8 +69,10 @@ from nat_agent.store import (
     Condition,
     FsyncMode,
     IfEqual,
+    InDirectory,
     KeyRange,
     Record,
+    Removal,
     Store,
     check_batch,
     check_fsync,
@@ -103,18 +105,34 @@ RESTART_WINDOW = 60.0
 """An own redis-server is restarted at most RESTARTS_ALLOWED times within
 RESTART_WINDOW seconds; one more death and the agent gives up."""
 
-# KEYS: value key, index. ARGV: value, condition ("absent", "present", "equal"
-# or ""), index member, the value "equal" compares with.
+# KEYS: value key, index, the directory header's value key ("indir").
+# ARGV: value, condition ("absent", "present", "equal", "indir" or ""), index
+# member, the value "equal" compares with.
 # Returns {written (0/1), previous value or nil}.
 _PUT_IF = b"""
 local old = redis.call('GET', KEYS[1])
 if (ARGV[2] == 'absent' and old) or (ARGV[2] == 'present' and not old)
-   or (ARGV[2] == 'equal' and old ~= ARGV[4]) then
+   or (ARGV[2] == 'equal' and old ~= ARGV[4])
+   or (ARGV[2] == 'indir' and (old or redis.call('EXISTS', KEYS[3]) == 0)) then
   return {0, old}
 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], 0, ARGV[3])
 return {1, old}
+"""
+
+
+# KEYS: the header's value key, index. ARGV: the header's index member, then
+# the ZRANGEBYLEX bounds of its entries. Returns 1 removed, 0 absent, -1 not empty.
+_REMOVE_DIRECTORY = b"""
+if #redis.call('ZRANGEBYLEX', KEYS[2], ARGV[2], ARGV[3], 'LIMIT', 0, 1) > 0 then
+  return -1
+end
+if redis.call('DEL', KEYS[1]) == 0 then
+  return 0
+end
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
 """
 
 
@@ -306,10 +324,24 @@ class RedisStore(Store):
         self, mdid: int, path: str, value: bytes, when: Condition | None = None
     ) -> tuple[bool, bytes | None]:
         value_key, member = self._keys(mdid, path)
-        condition, expected = (b"equal", when.value) if isinstance(when, IfEqual) else (when or b"", b"")
+        header_key, expected = value_key, b""
+        condition: bytes | str = b""
+        if isinstance(when, IfEqual):
+            condition, expected = b"equal", when.value
+        elif isinstance(when, InDirectory):
+            header_key, condition = self._keys(mdid, when.directory)[0], b"indir"
+        elif when is not None:
+            condition = when
         written, old = cast(list[Any], await self._conn.call(
-            b"EVAL", _PUT_IF, 2, value_key, self._index, value, condition, member, expected))
+            b"EVAL", _PUT_IF, 3, value_key, self._index, header_key, value, condition, member, expected))
         return written == 1, old
+
+    async def remove_directory(self, mdid: int, directory: str) -> Removal:
+        value_key, member = self._keys(mdid, directory)
+        start, stop = entry_bounds(mdid, directory, "", self.width)
+        done = await self._conn.call(b"EVAL", _REMOVE_DIRECTORY, 2, value_key, self._index,
+                                     member, b"[" + start, b"(" + stop)
+        return "removed" if done == 1 else "absent" if done == 0 else "not-empty"
 
     async def entries(self, mdid: int, directory: str, after: str, limit: int) -> list[tuple[str, bytes]]:
         start, stop = entry_bounds(mdid, directory, after, self.width)

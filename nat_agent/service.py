@@ -20,6 +20,13 @@ What a Redis client sees:
   name, value, ... in name order, after ``after`` (a name; empty for the
   first page), at most ``count`` (default 100, at most 1000) of them: a file
   system's paged readdir, one range scan on one server.
+* A directory exists while its *header* (the record at its own key) does:
+  ``ECREATE directory name value`` writes the entry only if the name is free
+  and the header present (``+OK``; nil when the name is taken; ``-ENOENT``
+  without a header), and ``ERMDIR directory`` deletes the header only if the
+  directory has no entries (1; 0 without a header; ``-ENOTEMPTY``). Each is
+  one atomic step on one server, since a header and its entries share a
+  MetaDataID: no create can land in a directory that rmdir found empty.
 * ``HELLO [2|3]`` switches the connection to RESP3 (redis-py 8's default) and
   answers the map Redis answers; ``CLIENT SETNAME/SETINFO`` are accepted.
 * A key this server is not the primary of (not held, or held as a backup)
@@ -84,7 +91,7 @@ from nat_agent.agent import Agent
 from nat_agent.connection import Connection, sweep
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
-from nat_agent.store import Condition, IfEqual
+from nat_agent.store import Condition, IfEqual, InDirectory
 
 log = logging.getLogger("metaflow.agent.service")
 T = TypeVar("T")
@@ -104,6 +111,9 @@ proto-max-bulk-len); below it, an argument over its own limit is refused and
 skipped."""
 
 _VERSION = version().encode()
+
+_VALUES_FROM = {b"SET": 2, b"ECREATE": 3}
+"""Commands with values, and the index of their first argument that may be one."""
 
 _UNSUPPORTED = {
     **dict.fromkeys([b"MULTI", b"EXEC", b"DISCARD", b"WATCH", b"UNWATCH"],
@@ -167,6 +177,8 @@ class MetadataService:
                 (b"EXISTS", self._exists, 1, 64),
                 (b"STAT", self._stat, 1, 1),
                 (b"ELIST", self._elist, 1, 3),
+                (b"ECREATE", self._ecreate, 3, 3),
+                (b"ERMDIR", self._ermdir, 1, 1),
                 (b"INFO", self._info, 0, 1),
                 (b"COMMAND", self._command, 0, 8),
                 (b"HELLO", self._hello, 0, 6),
@@ -176,9 +188,10 @@ class MetadataService:
         }
 
     def _arg_limit(self, name: bytes, index: int) -> int:
-        """Only SET's values (the new one, and IFEQ's) may be long; every other
-        argument is a key or a word."""
-        if index >= 2 and name.upper() == b"SET":
+        """Only values may be long (SET's, IFEQ's and ECREATE's); every other
+        argument is a key, a name or a word."""
+        first = _VALUES_FROM.get(name.upper())
+        if first is not None and index >= first:
             return self.limits.max_value
         return MAX_KEY
 
@@ -429,10 +442,51 @@ class MetadataService:
     async def _sum(check: Callable[[int, str], Awaitable[bool]], keys: list[tuple[int, str]]) -> int:
         return sum([await check(ident, path) for ident, path in keys])
 
+    @staticmethod
+    def _directory(raw: bytes, command: str) -> bytes:
+        if b"\0" in raw:
+            raise CommandError(f"ERR {command} takes a directory's path, not an entry key")
+        return raw
+
+    async def _ecreate(self, conn: Connection, args: list[bytes]) -> Reply:
+        """``ECREATE directory name value``: a new entry in an existing directory."""
+        raw = self._directory(args[0], "ECREATE")
+        try:
+            key = entry_key(raw, args[1])
+        except ValueError as exc:
+            raise CommandError(f"ERR invalid entry: {exc}") from None
+        ident, path, held = await self._settled(key, write=True)
+        header = path.partition("\0")[0]
+        work = self._create_entry(ident, path, args[2], header)
+        if held.peers:
+            return await self._replicated(ident, path, work)
+        return (await self._admitted(work))[0]
+
+    async def _create_entry(self, ident: int, path: str, value: bytes, header: str) -> tuple[Reply, Change]:
+        written, old = await self.store.put_if(ident, path, value, InDirectory(header))
+        if written:
+            return OK, value
+        if old is None:
+            raise CommandError(f"ENOENT no such directory: {header}")
+        return None, UNCHANGED
+
+    async def _ermdir(self, conn: Connection, args: list[bytes]) -> Reply:
+        """``ERMDIR directory``: delete the directory's header if it has no entries."""
+        ident, path, held = await self._settled(self._directory(args[0], "ERMDIR"), write=True)
+        work = self._remove_directory(ident, path)
+        if held.peers:
+            return await self._replicated(ident, path, work)
+        return (await self._admitted(work))[0]
+
+    async def _remove_directory(self, ident: int, path: str) -> tuple[Reply, Change]:
+        done = await self.store.remove_directory(ident, path)
+        if done == "not-empty":
+            raise CommandError(f"ENOTEMPTY directory not empty: {path}")
+        return (1, None) if done == "removed" else (0, UNCHANGED)
+
     async def _elist(self, conn: Connection, args: list[bytes]) -> Reply:
         """``ELIST directory [after [count]]``: a page of the directory's entries."""
-        if b"\0" in args[0]:
-            raise CommandError("ERR ELIST takes a directory's path, not an entry key")
+        self._directory(args[0], "ELIST")
         after = args[1] if len(args) > 1 else b""
         count = _count(args[2]) if len(args) > 2 else ELIST_DEFAULT
         ident, path, _ = self._served(args[0], write=False)

@@ -53,6 +53,8 @@ __all__ = [
     "Store",
     "Condition",
     "IfEqual",
+    "InDirectory",
+    "Removal",
     "check_batch",
     "check_fsync",
     "check_width",
@@ -79,9 +81,23 @@ class IfEqual:
     value: bytes
 
 
-Condition = Literal["absent", "present"] | IfEqual
+@dataclass(frozen=True)
+class InDirectory:
+    """`Store.put_if` writes only if the record is absent and the header
+    record of its directory (the record `directory`, at the same mdid: see
+    ``client_lib.mdid.entry_key``) is present: a create that cannot land in
+    a directory that does not exist or is being removed (`remove_directory`)."""
+
+    directory: str
+
+
+Condition = Literal["absent", "present"] | IfEqual | InDirectory
 """When `Store.put_if` writes: only if the record is absent (SET NX),
-present (SET XX), or holds a given value (SET IFEQ)."""
+present (SET XX), holds a given value (SET IFEQ), or is absent from a
+directory that exists (ECREATE)."""
+
+Removal = Literal["removed", "absent", "not-empty"]
+"""What `Store.remove_directory` did."""
 
 
 FsyncMode = Literal["always", "batch", "off"]
@@ -105,11 +121,14 @@ def check_fsync(mode: str) -> FsyncMode:
     raise ValueError(f"fsync mode must be one of {', '.join(FSYNC_MODES)}, not {mode!r}")
 
 
-def condition_holds(when: Condition | None, old: bytes | None) -> bool:
+def condition_holds(when: Condition | None, old: bytes | None, header: bool = False) -> bool:
     """Whether a conditional write may go ahead, given the record's value
-    (None: absent); `when` None is unconditional."""
+    (None: absent) and, for `InDirectory`, whether its directory's header
+    is present; `when` None is unconditional."""
     if isinstance(when, IfEqual):
         return old == when.value
+    if isinstance(when, InDirectory):
+        return old is None and header
     return when is None or (old is not None) == (when == "present")
 
 
@@ -221,6 +240,12 @@ class Store(ABC):
         at `mdid`, see ``client_lib.mdid.entry_key``) whose name sorts after
         `after` (bytewise; "" for the first page), as ``(name, value)`` in name
         order: one range scan, since they are adjacent in the stores' order."""
+
+    @abstractmethod
+    async def remove_directory(self, mdid: int, directory: str) -> Removal:
+        """Delete the header record `directory` if it has no entries, atomically
+        with the check: "removed", "absent" (no header), or "not-empty"
+        (nothing changed)."""
 
     @abstractmethod
     async def delete(self, mdid: int, path: str) -> bool:

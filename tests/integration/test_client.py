@@ -6,6 +6,7 @@ route against a real agent."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from client_lib import (
     FileMetadata,
     InvalidPath,
     MetaFlowClient,
+    NamespaceError,
     RetryPolicy,
     Unavailable,
     entry_key,
@@ -298,4 +300,38 @@ def test_create_compare_and_set_and_paged_entries_on_a_real_agent(tmp_path):
             with pytest.raises(redis.ResponseError, match=message):
                 r.execute_command(*args)
         assert r.get("/file") == b"v4"
+        r.close()
+
+
+def test_directories_exclude_creates_and_rmdir_on_a_real_agent(tmp_path):
+    """ECREATE and ERMDIR through the client and redis-py: an entry only in a
+    directory whose header exists, rmdir only when empty, POSIX errors."""
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", own=["100.64.0.0/10"]) as agent:
+        with MetaFlowClient(via=f"{agent.host}:{agent.port}") as client:
+            with pytest.raises(NamespaceError) as missing:
+                client.create_entry("/.mf/d/1", "a", b"x")
+            assert missing.value.errno == errno.ENOENT
+            assert client.create("/.mf/d/1", b"header")
+            assert client.create_entry("/.mf/d/1", "a", b"x")
+            assert not client.create_entry("/.mf/d/1", "a", b"y")
+            with pytest.raises(NamespaceError) as full:
+                client.remove_directory("/.mf/d/1")
+            assert full.value.errno == errno.ENOTEMPTY and client.get("/.mf/d/1") == b"header"
+            assert client.entries("/.mf/d/1") == [(b"a", b"x")]
+            assert client.delete(entry_key("/.mf/d/1", "a"))
+            assert client.remove_directory("/.mf/d/1")
+            assert not client.remove_directory("/.mf/d/1")
+            with pytest.raises(InvalidPath):
+                client.create_entry("/.mf/d/1", "..", b"")
+        r = redis.Redis(host=agent.host, port=agent.port)
+        for args, message in [(("ECREATE", "/nope", "a", "v"), "ENOENT"),
+                              (("ECREATE", "/d\0x", "a", "v"), "not an entry key"),
+                              (("ECREATE", "/", "a/b", "v"), "invalid entry"),
+                              (("ERMDIR", "/d\0x"), "not an entry key")]:
+            with pytest.raises(redis.ResponseError, match=message):
+                r.execute_command(*args)
+        assert r.execute_command("SET", "/", "root") is True
+        assert r.execute_command("ECREATE", "/", "top", "v" * 100_000) == b"OK"   # a value may be long
+        with pytest.raises(redis.ResponseError, match="ENOTEMPTY"):
+            r.execute_command("ERMDIR", "/")
         r.close()

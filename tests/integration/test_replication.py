@@ -31,7 +31,7 @@ from client_lib.api.admin import ADMIN, AssignRequest, Member, Role, SyncReport,
 from client_lib.api.auth import Signer, Verifier, load_secret, write_secret
 from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, RetryPolicy
-from client_lib.errors import ApiError, MetaFlowError, Unavailable
+from client_lib.errors import ApiError, MetaFlowError, NamespaceError, Unavailable
 from client_lib.mdid import entry_key, mdid
 from client_lib.resp import ErrorReply, RespParser, SimpleString, encode_command, encode_reply
 from mininet_scenarios.daemons import AgentProcess
@@ -413,10 +413,12 @@ def test_an_exclusive_assignment_drops_and_deletes_every_other_block(tmp_path: P
             assert client.get(gone) is None
 
 
-def test_entries_and_compare_and_set_live_on_the_backup_too(tmp_path: Path, cluster_secret: Path) -> None:
-    """A directory's entries and a compare-and-set go through the replica set
-    like any write: after a kill -9 of the primary the promoted backup lists
-    the same entries and holds the value the winning update wrote."""
+def test_entries_directories_and_compare_and_set_live_on_the_backup_too(tmp_path: Path,
+                                                                        cluster_secret: Path) -> None:
+    """A directory's entries, its header and a compare-and-set go through the
+    replica set like any write: after a kill -9 of the primary the promoted
+    backup lists the same entries, knows which directories were removed, and
+    holds the value the winning update wrote."""
     with _agents(tmp_path, cluster_secret, "a", "b") as (a, b):
         _pair(a, b)
         with _client(a) as client:
@@ -428,10 +430,17 @@ def test_entries_and_compare_and_set_live_on_the_backup_too(tmp_path: Path, clus
             assert client.compare_and_set("/v", b"v1", b"v2")
             assert not client.compare_and_set("/v", b"v1", b"v3")
             listed = client.entries("/d")
+            assert client.create("/gone", b"header") and client.create_entry("/gone", "x", b"1")
+            assert client.delete(entry_key("/gone", "x")) and client.remove_directory("/gone")
+            assert client.create("/kept", b"header") and client.create_entry("/kept", "y", b"2")
         assert listed == [(b"f%02d" % i, b"%d" % i) for i in range(25)]
         a.kill()
         _assign(b, 2, [b.member()])
         with _client(b, attempts=3) as client:
             assert client.entries("/d") == listed
             assert client.get("/v") == b"v2"
+            assert client.get("/gone") is None and client.entries("/gone") == []
+            with pytest.raises(NamespaceError):
+                client.create_entry("/gone", "z", b"")
+            assert client.entries("/kept") == [(b"y", b"2")]
         a.launch().wait_ready()

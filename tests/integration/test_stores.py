@@ -24,7 +24,16 @@ from hypothesis import strategies as st
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.redis_server import RedisServer, RedisServerError
 from nat_agent.redis_store import RESTART_WINDOW, RESTARTS_ALLOWED, RedisStore
-from nat_agent.store import DEFAULT_FSYNC, FsyncMode, IfEqual, Record, Store, encode_mdid, encode_path
+from nat_agent.store import (
+    DEFAULT_FSYNC,
+    FsyncMode,
+    IfEqual,
+    InDirectory,
+    Record,
+    Store,
+    encode_mdid,
+    encode_path,
+)
 from nat_agent.store_spec import open_store
 
 pytestmark = pytest.mark.timeout(120)
@@ -296,6 +305,59 @@ def test_entries_of_a_directory_page_in_name_order(backend: Backend) -> None:
             assert await store.entries(9, "/nothing", "", 10) == []
             assert await store.delete(9, "/d\0a")
             assert ("a", b"1") not in await store.entries(9, "/d", "", 100)
+
+    run(body)
+
+
+def test_a_directory_takes_entries_only_while_its_header_exists(backend: Backend) -> None:
+    """InDirectory creates only a free name of an existing directory;
+    remove_directory deletes the header only while no entry exists, and
+    after it no create can land: the pair is how rmdir and create exclude
+    each other on one server."""
+
+    async def body() -> None:
+        async with backend.open() as store:
+            into = InDirectory("/d")
+            assert await store.put_if(5, "/d\0a", b"1", into) == (False, None)   # no directory yet
+            assert await store.remove_directory(5, "/d") == "absent"
+            await store.put(5, "/d", b"header")
+            assert await store.put_if(5, "/d\0a", b"1", into) == (True, None)
+            assert await store.put_if(5, "/d\0a", b"2", into) == (False, b"1")   # the name is taken
+            assert await store.remove_directory(5, "/d") == "not-empty"
+            assert await store.get(5, "/d") == b"header"
+            await store.put(5, "/dd", b"a neighbour")        # neither of these two
+            await store.put(5, "/d/deeper", b"a path")       # is an entry of /d
+            assert await store.delete(5, "/d\0a")
+            assert await store.remove_directory(5, "/d") == "removed"
+            assert await store.get(5, "/d") is None and await store.count(5, 5) == 2
+            assert await store.put_if(5, "/d\0b", b"1", into) == (False, None)
+
+    run(body)
+
+
+def test_rmdir_and_creates_racing_on_one_directory_never_both_win(backend: Backend) -> None:
+    """Creates and a remove_directory race on an empty directory: either the
+    header is gone and no create landed, or it stays with what landed."""
+
+    async def body() -> None:
+        async with backend.open() as store:
+            for round_ in range(20):
+                directory = f"/race{round_}"
+                await store.put(6, directory, b"header")
+                into = InDirectory(directory)
+                racers: list[Coroutine[Any, Any, Any]] = [
+                    store.put_if(6, f"{directory}\0n{i}", b"x", into) for i in range(5)]
+                at = round_ % (len(racers) + 1)   # the removal sent first, last, or in between
+                racers.insert(at, store.remove_directory(6, directory))
+                results = await asyncio.gather(*racers)
+                removal = results.pop(at)
+                landed = sum(1 for written, _ in results if written)
+                listed = await store.entries(6, directory, "", 100)
+                assert len(listed) == landed
+                if removal == "removed":
+                    assert landed == 0 and await store.get(6, directory) is None
+                else:
+                    assert removal == "not-empty" and landed > 0
 
     run(body)
 
