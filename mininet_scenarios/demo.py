@@ -101,7 +101,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         kill_time = time.monotonic()
         outage = mf.finish_probe(probe, kill_time)["first_ok_s"]
         phase2 = mf.collect(clients)
-        takeover = next(iter(mf.events("takeover")), None)
+        takeover = next((e for e in mf.events("takeover") if e["server"] == victim), None)
         lost = mf.events("DATA-LOST")
         if takeover:
             how = (f"promoted the backups of {len(takeover['promoted'])} blocks" if takeover["promoted"]

@@ -73,7 +73,7 @@ def test_a_client_host_cannot_change_the_control_plane(tmp_path):
 
         after = mf.view(REST.servers).servers[victim]
         assert after.failed is None and after.admin_url == servers[victim].admin_url
-        assert not mf.events("takeover")
+        assert not [e for e in mf.events("takeover") if e["server"] == victim]
 
         # Even with the secret, a name cannot be taken over.
         hijack = Registration(victim, servers[victim].data_ip, "02:00:00:00:00:66", 9000,
