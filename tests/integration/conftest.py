@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from client_lib import MetaFlowClient
 from client_lib.api.auth import write_secret
+from client_lib.constants import DEFAULT_SPACE_CIDR
+from mininet_scenarios.daemons import AgentProcess
 from nat_agent.redis_server import RedisServer
 
 
@@ -49,3 +52,13 @@ def cluster_secret(tmp_path: Path) -> Path:
     """A secret file for the agents of one test that must trust each other
     (`AgentProcess(secret_file=...)`); without it each gets its own."""
     return write_secret(tmp_path / "cluster.secret")
+
+
+@pytest.fixture(scope="module")
+def standalone_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetaFlowClient]:
+    """A client of one real agent that owns the whole space (LevelDB), shared
+    by a module's tests: give each test keys of its own."""
+    store = f"leveldb:{tmp_path_factory.mktemp('standalone') / 'db'}"
+    with AgentProcess(store, own=[DEFAULT_SPACE_CIDR]) as agent:
+        with MetaFlowClient(via=f"{agent.host}:{agent.port}") as client:
+            yield client

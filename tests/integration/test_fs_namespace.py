@@ -8,8 +8,6 @@ from __future__ import annotations
 import errno
 import secrets
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,18 +15,14 @@ from hypothesis import strategies as st
 
 from client_lib import MetaFlowClient, NamespaceError
 from client_lib.namespace import Attributes, Namespace, directory_key
-from mininet_scenarios.daemons import AgentProcess
 
 NAMES = ["a", "b", "c"]
 OPS = ["mkdir", "create", "symlink", "unlink", "rmdir", "setattr", "lookup"]
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetaFlowClient]:
-    path: Path = tmp_path_factory.mktemp("fsns")
-    with AgentProcess(f"leveldb:{path / 'db'}", own=["100.64.0.0/10"]) as agent:
-        with MetaFlowClient(via=f"{agent.host}:{agent.port}") as client:
-            yield client
+def client(standalone_client: MetaFlowClient) -> MetaFlowClient:
+    return standalone_client
 
 
 def _fresh(client: MetaFlowClient) -> Namespace:
