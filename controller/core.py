@@ -523,15 +523,17 @@ class MetaFlowCore:
         steps: list[Step] = []
         for server in self.registry.silent(now, self.settings.heartbeat_timeout_s):
             steps += self._fail(server.name, f"no heartbeat for {now - server.last_seen:.1f} s")
+        leaves = set(self.tree.leaves())   # once per tick, not once per server
         for server in self.registry.live():
-            if not self._in_tree(server.name):
+            if server.name not in leaves:
                 self._join(server)
+        leaves = set(self.tree.leaves())
         steps += self._keep_replicated()
         if self.settings.auto_split:
             busy = self.operations.reserved()
             for server in self.registry.live():
                 if (server.name not in busy and server.keys >= self.capacity(server)
-                        and server.name in self.tree.leaves()
+                        and server.name in leaves
                         and self.tree.state(server.name) is State.BUSY):
                     steps += self._start_split(server.name)
                     busy = self.operations.reserved()

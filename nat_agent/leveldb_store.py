@@ -185,17 +185,17 @@ class LevelDBStore(Store):
     async def entries(self, mdid: int, directory: str, after: str, limit: int) -> list[tuple[str, bytes]]:
         start, stop = entry_bounds(mdid, directory, after, self.width)
         skip = len(start) - len(encode_path(after))   # the name starts here
-        found: list[tuple[str, bytes]] = []
+        found: list[tuple[bytes, bytes]] = []
         with self._records.iterator(start=start, stop=stop) as records:
             for key, value in records:
                 if after and key == start:
                     continue
-                found.append((decode_path(key[skip:]), value))
+                found.append((key, value))
                 if len(found) >= limit:
                     break
-        for key in {start[:skip] + encode_path(name) for name, _ in found}:
+        for key, _ in found:
             await self._settled(key)
-        return found
+        return [(decode_path(key[skip:]), value) for key, value in found]
 
     def _write(self, mdid: int, key: bytes, value: bytes, is_new: bool) -> None:
         """Write a record, and count its mdid if it is new."""
