@@ -20,6 +20,8 @@ passes it to `read`, `truncate` and `remove`.
 
 from __future__ import annotations
 
+import random
+import time
 import zlib
 
 from client_lib.client import MetaFlowClient
@@ -115,7 +117,8 @@ class FileData:
     def _splice(self, ino: int, index: int, within: int, piece: bytes) -> None:
         """Put `piece` at `within` in a chunk, by compare-and-set."""
         key = chunk_key(ino, index)
-        for _ in range(_CAS_TRIES):
+        for attempt in range(_CAS_TRIES):
+            _back_off(attempt)
             raw = self.client.get(key)
             old = b"" if raw is None else _open(key, raw)
             new = old[:within] + bytes(max(0, within - len(old))) + piece + old[within + len(piece):]
@@ -127,7 +130,8 @@ class FileData:
 
     def _cut(self, ino: int, index: int, length: int) -> None:
         key = chunk_key(ino, index)
-        for _ in range(_CAS_TRIES):
+        for attempt in range(_CAS_TRIES):
+            _back_off(attempt)
             raw = self.client.get(key)
             if raw is None:
                 return
@@ -139,6 +143,14 @@ class FileData:
     def _delete(self, ino: int, first: int, size: int) -> None:
         for index in range(first, -(-size // self.chunk_size)):
             self.client.delete(chunk_key(ino, index))
+
+
+def _back_off(attempt: int) -> None:
+    """Before a retry of a compare-and-set that lost to another writer: a
+    random pause that grows with the attempts, so that writers contending for
+    one chunk spread out instead of colliding again in lockstep."""
+    if attempt:
+        time.sleep(random.uniform(0, 0.001 * (1 << min(attempt, 6))))
 
 
 def _check_range(offset: int, size: int) -> None:
