@@ -13,6 +13,10 @@ example is printed with its ``@reproduce_failure`` blob as well.
 No deadline: a property test checks what is computed, not how fast (speed
 targets live in benchmarks/), and on a shared two-core machine a deadline
 is a test that fails at random.
+
+Not derandomized, even where the environment sets ``CI``: Hypothesis then
+loads its own ``ci`` profile (derandomize=True), which a profile registered
+here would inherit, and every seed would draw the same examples.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ MAX_LISTED = 20
 
 _SEED = pytest.StashKey[int]()
 
-settings.register_profile(PROFILE, deadline=None, print_blob=True)
+settings.register_profile(PROFILE, deadline=None, print_blob=True, derandomize=False)
 settings.load_profile(PROFILE)
 
 

@@ -33,18 +33,21 @@ def project(tmp_path: Path) -> Path:
 
 
 def _pytest(project: Path, seed: str | None, *args: str, fail: bool = False,
-            drawn: str = "drawn") -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_SEED"}
+            drawn: str = "drawn", ci: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HYPOTHESIS_SEED", "CI")}
     env.update(DRAWN=str(project / drawn), FAIL="1" if fail else "0")
+    if ci:   # Hypothesis then loads its derandomizing "ci" profile as the default
+        env["CI"] = "true"
     if seed is not None:
         env["HYPOTHESIS_SEED"] = seed
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
                           cwd=project, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_one_seed_draws_the_same_examples(project: Path) -> None:
+@pytest.mark.parametrize("ci", [False, True], ids=["local", "under-CI"])
+def test_one_seed_draws_the_same_examples(project: Path, ci: bool) -> None:
     for seed, drawn in (("5", "a"), ("5", "b"), ("6", "c")):
-        run = _pytest(project, seed, "test_prop.py", drawn=drawn)
+        run = _pytest(project, seed, "test_prop.py", drawn=drawn, ci=ci)
         assert run.returncode == 0, run.stdout + run.stderr
         assert run.stdout.splitlines()[0].startswith(f"hypothesis seed {seed} ")
     a, b, c = ((project / name).read_text() for name in "abc")
