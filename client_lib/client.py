@@ -537,6 +537,9 @@ class _Surface(ABC, Generic[C]):
     def _delete(self, path: str | bytes) -> _Op[bool]:
         return self._op(_flag, "DEL", path)
 
+    def _delete_if_equal(self, path: str | bytes, value: bytes | FileMetadata) -> _Op[bool]:
+        return self._op(_flag, "DELIFEQ", path, _value(value))
+
     def _exists(self, path: str | bytes) -> _Op[bool]:
         return self._op(_flag, "EXISTS", path)
 
@@ -687,6 +690,11 @@ class MetaFlowClient(_Surface[socket.socket]):
         ENOTEMPTY if it has); whether there was a header."""
         return self._run(self._remove_directory(directory))
 
+    def delete_if_equal(self, path: str | bytes, value: bytes | FileMetadata) -> bool:
+        """Remove `path` only if it holds exactly `value`; whether it did (so a
+        retry of a delete that was applied says False)."""
+        return self._run(self._delete_if_equal(path, value))
+
     def exists(self, path: str | bytes) -> bool:
         return self._run(self._exists(path))
 
@@ -829,6 +837,9 @@ class AsyncMetaFlowClient(_Surface[Stream]):
 
     async def remove_directory(self, directory: str | bytes) -> bool:
         return await self._run(self._remove_directory(directory))
+
+    async def delete_if_equal(self, path: str | bytes, value: bytes | FileMetadata) -> bool:
+        return await self._run(self._delete_if_equal(path, value))
 
     async def exists(self, path: str | bytes) -> bool:
         return await self._run(self._exists(path))

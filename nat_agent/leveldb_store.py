@@ -203,9 +203,11 @@ class LevelDBStore(Store):
         if is_new:
             self._mdids.add(mdid)
 
-    async def delete(self, mdid: int, path: str) -> bool:
+    async def delete(self, mdid: int, path: str, if_equal: bytes | None = None) -> bool:
+        """Atomic with its check as `put_if` is."""
         key = record_key(mdid, path, self.width)
-        if self._records.get(key) is None:
+        old = self._records.get(key)
+        if old is None or (if_equal is not None and old != if_equal):
             await self._settled(key)
             return False
         self._records.delete(key, sync=self._sync_each)

@@ -122,6 +122,18 @@ return {1, old}
 """
 
 
+# KEYS: value key, index. ARGV: index member, the value to compare with.
+# Returns 1 if deleted, 0 if absent or holding another value.
+_DELETE_IF = b"""
+if redis.call('GET', KEYS[1]) ~= ARGV[2] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+
 # KEYS: the header's value key, index. ARGV: the header's index member, then
 # the ZRANGEBYLEX bounds of its entries. Returns 1 removed, 0 absent, -1 not empty.
 _REMOVE_DIRECTORY = b"""
@@ -357,8 +369,11 @@ class RedisStore(Store):
         # a record deleted between the two calls is left out
         return [(decode_path(m[skip:]), v) for m, v in zip(members, values, strict=True) if v is not None]
 
-    async def delete(self, mdid: int, path: str) -> bool:
+    async def delete(self, mdid: int, path: str, if_equal: bytes | None = None) -> bool:
         value_key, member = self._keys(mdid, path)
+        if if_equal is not None:
+            return await self._conn.call(b"EVAL", _DELETE_IF, 2, value_key, self._index,
+                                         member, if_equal) == 1
         deleted, _ = await self._conn.transaction(
             [(b"DEL", value_key), (b"ZREM", self._index, member)]
         )

@@ -11,7 +11,8 @@ What a Redis client sees:
 * ``GET``, ``SET key value [NX|XX|IFEQ old] [GET]`` (Redis semantics, and
   Valkey's IFEQ: write only if the value is exactly ``old``, a
   compare-and-set; atomic in both stores; expiry options are refused:
-  metadata does not expire), ``DEL``, ``EXISTS``, ``PING``, ``ECHO``,
+  metadata does not expire), ``DEL``, ``DELIFEQ key value`` (Valkey's:
+  delete only if the value is exactly ``value``; 1 if it did), ``EXISTS``, ``PING``, ``ECHO``,
   ``INFO``, ``QUIT``, and ``STAT key`` (where a key lives and why, never
   redirected).
 * A key is a path or an entry key, ``directory NUL name``
@@ -112,7 +113,7 @@ skipped."""
 
 _VERSION = version().encode()
 
-_VALUES_FROM = {b"SET": 2, b"ECREATE": 3}
+_VALUES_FROM = {b"SET": 2, b"ECREATE": 3, b"DELIFEQ": 2}
 """Commands with values, and the index of their first argument that may be one."""
 
 _UNSUPPORTED = {
@@ -174,6 +175,7 @@ class MetadataService:
                 (b"GET", self._get, 1, 1),
                 (b"SET", self._set, 2, 6),
                 (b"DEL", self._del, 1, 64),
+                (b"DELIFEQ", self._delifeq, 2, 2),
                 (b"EXISTS", self._exists, 1, 64),
                 (b"STAT", self._stat, 1, 1),
                 (b"ELIST", self._elist, 1, 3),
@@ -428,9 +430,18 @@ class MetadataService:
                 deleted += await self._admitted(self.store.delete(ident, path))
         return deleted
 
-    async def _delete(self, ident: int, path: str) -> tuple[int, Change]:
-        existed = await self.store.delete(ident, path)
+    async def _delete(self, ident: int, path: str, if_equal: bytes | None = None) -> tuple[int, Change]:
+        existed = await self.store.delete(ident, path, if_equal)
         return int(existed), (None if existed else UNCHANGED)
+
+    async def _delifeq(self, conn: Connection, args: list[bytes]) -> Reply:
+        """``DELIFEQ key value``: a compare-and-delete, so a retried or late
+        delete cannot remove a newer value (a rename's last step)."""
+        ident, path, held = await self._settled(args[0], write=True)
+        work = self._delete(ident, path, args[1])
+        if held.peers:
+            return await self._replicated(ident, path, work)
+        return (await self._admitted(work))[0]
 
     async def _exists(self, conn: Connection, args: list[bytes]) -> Reply:
         keys = [self._served(raw, write=False) for raw in args]

@@ -248,8 +248,9 @@ class Store(ABC):
         (nothing changed)."""
 
     @abstractmethod
-    async def delete(self, mdid: int, path: str) -> bool:
-        """Remove a record; True if it existed."""
+    async def delete(self, mdid: int, path: str, if_equal: bytes | None = None) -> bool:
+        """Remove a record (only if it holds exactly `if_equal`, when given:
+        Valkey's DELIFEQ, atomic with the check); True if it was removed."""
 
     @abstractmethod
     async def exists(self, mdid: int, path: str) -> bool:

@@ -273,6 +273,10 @@ def test_create_compare_and_set_and_paged_entries_on_a_real_agent(tmp_path):
             assert client.compare_and_set("/file", b"v1", b"v2")
             assert not client.compare_and_set("/file", b"v1", b"v3")
             assert client.get("/file") == b"v2"
+            client.put("/doomed", b"d1")
+            assert not client.delete_if_equal("/doomed", b"d0") and client.get("/doomed") == b"d1"
+            assert client.delete_if_equal("/doomed", b"d1") and client.get("/doomed") is None
+            assert not client.delete_if_equal("/doomed", b"d1")
             with pytest.raises(InvalidPath):
                 client.entries(entry_key("/dir", "n000"))
             with pytest.raises(InvalidPath):
@@ -283,6 +287,8 @@ def test_create_compare_and_set_and_paged_entries_on_a_real_agent(tmp_path):
                 assert await aclient.create("/only-once", b"1")
                 assert not await aclient.create("/only-once", b"2")
                 assert await aclient.compare_and_set("/only-once", b"1", b"3")
+                assert not await aclient.delete_if_equal("/only-once", b"1")
+                assert await aclient.delete_if_equal("/only-once", b"3")
                 assert await aclient.entries("/dir", "n248") == [(b"n249", b"N249")]
         asyncio.run(main())
 
@@ -291,12 +297,14 @@ def test_create_compare_and_set_and_paged_entries_on_a_real_agent(tmp_path):
         assert r.execute_command("SET", "/file", "v4", "IFEQ", "nope") is None
         r.execute_command("SET", "/file", "v4", "IFEQ", "v3", "GET")   # GET's reply: redis-py maps it
         assert r.get("/file") == b"v4"
+        assert r.execute_command("DELIFEQ", "/file", "v3") == 0 and r.get("/file") == b"v4"
         assert r.execute_command("ELIST", "/dir", "n247", "2") == [b"n248", b"N248", b"n249", b"N249"]
         for args, message in [(("ELIST", "/dir", "", "0"), "count"), (("ELIST", "/dir", "", "x"), "count"),
                               (("ELIST", "/dir\0n000"), "not an entry key"),
                               (("ELIST", "/dir", "a/b"), "invalid name"),
                               (("SET", "/file", "v", "IFEQ"), "syntax"),
-                              (("SET", "/file", "v", "NX", "IFEQ", "v"), "syntax")]:
+                              (("SET", "/file", "v", "NX", "IFEQ", "v"), "syntax"),
+                              (("DELIFEQ", "/file"), "wrong number of arguments")]:
             with pytest.raises(redis.ResponseError, match=message):
                 r.execute_command(*args)
         assert r.get("/file") == b"v4"

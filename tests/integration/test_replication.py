@@ -415,7 +415,8 @@ def test_an_exclusive_assignment_drops_and_deletes_every_other_block(tmp_path: P
 
 def test_entries_directories_and_compare_and_set_live_on_the_backup_too(tmp_path: Path,
                                                                         cluster_secret: Path) -> None:
-    """A directory's entries, its header and a compare-and-set go through the
+    """A directory's entries, its header, a compare-and-set and a
+    compare-and-delete go through the
     replica set like any write: after a kill -9 of the primary the promoted
     backup lists the same entries, knows which directories were removed, and
     holds the value the winning update wrote."""
@@ -433,6 +434,9 @@ def test_entries_directories_and_compare_and_set_live_on_the_backup_too(tmp_path
             assert client.create("/gone", b"header") and client.create_entry("/gone", "x", b"1")
             assert client.delete(entry_key("/gone", "x")) and client.remove_directory("/gone")
             assert client.create("/kept", b"header") and client.create_entry("/kept", "y", b"2")
+            client.put("/once", b"o1")
+            client.put("/twice", b"t1")
+            assert not client.delete_if_equal("/twice", b"t0") and client.delete_if_equal("/once", b"o1")
         assert listed == [(b"f%02d" % i, b"%d" % i) for i in range(25)]
         a.kill()
         _assign(b, 2, [b.member()])
@@ -443,4 +447,5 @@ def test_entries_directories_and_compare_and_set_live_on_the_backup_too(tmp_path
             with pytest.raises(NamespaceError):
                 client.create_entry("/gone", "z", b"")
             assert client.entries("/kept") == [(b"y", b"2")]
+            assert client.get("/once") is None and client.get("/twice") == b"t1"
         a.launch().wait_ready()

@@ -214,14 +214,15 @@ def test_empty_and_invalid_ranges(backend: Backend) -> None:
 
 
 @given(ops=st.lists(st.tuples(st.sampled_from(["/a", "/b", "/c"]),
-                               st.one_of(st.sampled_from([None, "absent", "present"]),
+                               st.one_of(st.sampled_from([None, "absent", "present", "delete"]),
                                          st.builds(IfEqual, st.sampled_from([b"", b"x", b"y"]))),
                                st.sampled_from([b"", b"x", b"y", b"zz"])), min_size=1, max_size=12))
 @settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_put_if_has_set_nx_xx_ifeq_get_semantics(backend: Backend, ops: list[tuple[str, Any, bytes]]) -> None:
     """Against a dict: written when the condition holds (IFEQ: the value is
     exactly the one given; an absent record equals nothing), the previous
-    value returned either way, and the index (count, scan) kept in step."""
+    value returned either way, and the index (count, scan) kept in step.
+    "delete" is DELIFEQ: removed only when the record holds that value."""
     ids = {"/a": 3, "/b": 3, "/c": backend.top}
 
     async def body() -> None:
@@ -229,6 +230,11 @@ def test_put_if_has_set_nx_xx_ifeq_get_semantics(backend: Backend, ops: list[tup
         async with backend.open() as store:
             for path, when, value in ops:
                 old = model.get(path)
+                if when == "delete":
+                    assert await store.delete(ids[path], path, value) == (old == value)
+                    if old == value:
+                        del model[path]
+                    continue
                 if isinstance(when, IfEqual):
                     holds = old == when.value
                 else:
