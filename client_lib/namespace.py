@@ -1,7 +1,8 @@
 """A file system's namespace on MetaFlow: directories, files and symlinks by
 inode number, each operation a few zero-hop requests.
 
-The layout is IndexFS's, on the service's primitives (`client_lib.client`):
+The layout is IndexFS's, on the service's primitives (`client_lib.client`);
+the records are defined in `client_lib.inode`:
 
 * An object is named by (parent inode, name). Its attributes live *in its
   entry* of the parent directory, ``entry_key(directory_key(parent), name)``,
@@ -11,100 +12,100 @@ The layout is IndexFS's, on the service's primitives (`client_lib.client`):
   whose record is its *header*: the directory exists (takes entries) while
   the header does, so a create in it and its rmdir exclude each other on one
   server (``ECREATE``, ``ERMDIR``). Its children are keyed by ``d``, not by
-  its name, so renaming a directory will move one record, whatever is below.
+  its name, so renaming a directory moves one entry, whatever is below.
 * Inode numbers are drawn at random (63 bits) by the creating client: no
   allocator to ask, so no extra hop. The root is inode 1, and its attributes
   live in its header (it has no parent entry).
 * Hard links are refused (`errno.EPERM`): an inode's attributes live in its
   one entry.
 
-Every update of attributes is a compare-and-set on the entry (``SET IFEQ``)
-with a version inside the value, so a retried update never overwrites a newer
-one. Errors are `NamespaceError` with the POSIX errno a file system returns.
+Every update of an entry is conditional on the record read (``SET IFEQ``,
+``DELIFEQ``), with a version inside the value, so a retried or late update
+never overwrites a newer one. Errors are `NamespaceError` with the POSIX
+errno a file system returns.
 
-Not here yet (issue 12): rename, which needs an atomic step across two
-records (and across servers); file data.
+**Rename** changes two entries, which may live on two servers, and is atomic
+all the same: no reader ever sees both names or neither, whoever crashes
+when. It is a two-phase commit whose commit record is the source entry
+itself (as Percolator's primary lock), with *presumed abort*:
+
+1. *lock* the source: add an `Intent` (role source) to its record;
+2. *prepare* the target: write the moved attributes there with an intent
+   (role target) that keeps what the target held (``ECREATE`` or CAS); an
+   empty directory being replaced loses its header now (``ERMDIR``, so
+   nothing can be created in it any more);
+3. *commit*: mark the source's intent committed (one CAS: the only step
+   that decides);
+4. *finish*: strip the intent from the target, then delete the source.
+
+Readers resolve an intent without writing: a source shows its attributes
+until committed and nothing after; a target shows the moved attributes if
+its source carries the same rename committed, and what it replaced (or
+nothing) otherwise, since the finish clears the target before it deletes
+the source, a source without the rename means it was aborted. Writers that
+meet an intent push the rename to its end first: they finish a committed
+one, and abort (one CAS on the source, then clean the target) one whose
+lease (`lease_ns`) has run out; a late step of an aborted rename then fails
+its CAS, and its client cleans up and tries again.
+
+Not checked across clients: moving a directory below itself, which the
+kernel refuses within one mount.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import json
 import secrets
-import stat
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from dataclasses import asdict, replace
+from typing import Any, Protocol
 
-from client_lib.client import MetaFlowClient
-from client_lib.errors import MetadataFormatError, NamespaceError
+from client_lib.errors import NamespaceError
+from client_lib.inode import ROOT, Attributes, Intent, Kind, decode_entry, directory_key, encode_entry
 from client_lib.mdid import entry_key
 
-__all__ = ["ROOT", "Attributes", "Kind", "Namespace", "directory_key"]
+__all__ = ["ROOT", "Attributes", "Kind", "Namespace", "Records", "directory_key"]
 
-ROOT = 1
-"""The root directory's inode number."""
-
-Kind = Literal["dir", "file", "symlink"]
-
-_TYPE_BITS: dict[Kind, int] = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "symlink": stat.S_IFLNK}
 _SETTABLE = ("mode", "uid", "gid", "size", "atime_ns", "mtime_ns")
 _CAS_TRIES = 16
+LEASE_NS = 2_000_000_000
+"""How long a rename may hold its source entry before another client may
+abort it: a rename takes a few round trips, so this is for clients that
+died (or stalled) in the middle."""
+_SETTLE_TRIES = 400
+"""Reads of an entry that another rename holds before giving up (EAGAIN):
+enough to outwait a lease at the pauses `_pause` takes."""
 
 
-def directory_key(ino: int) -> str:
-    """The routing key of directory `ino`: its header's key, and the key its
-    entries are named under (so they all live on one server)."""
-    return f"/.mf/d/{ino:016x}"
+class Records(Protocol):
+    """The record operations the namespace needs: `client_lib.MetaFlowClient`'s."""
 
-
-@dataclass(frozen=True)
-class Attributes:
-    """One object's inode, as a file system's stat sees it."""
-
-    ino: int
-    kind: Kind
-    mode: int          # permission bits only; `st_mode` adds the type
-    uid: int
-    gid: int
-    size: int
-    atime_ns: int
-    mtime_ns: int
-    ctime_ns: int
-    target: str | None = None   # a symlink's
-    version: int = 1            # bumped by every change: what compare-and-set compares
-
-    @property
-    def st_mode(self) -> int:
-        return _TYPE_BITS[self.kind] | self.mode
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True).encode()
-
-    @classmethod
-    def from_bytes(cls, raw: bytes) -> Attributes:
-        try:
-            fields = json.loads(raw)
-            attributes = cls(**fields)
-        except (ValueError, TypeError) as exc:
-            raise MetadataFormatError(f"not the attributes of an inode: {raw[:80]!r}: {exc}") from None
-        if attributes.kind not in _TYPE_BITS:
-            raise MetadataFormatError(f"unknown kind {attributes.kind!r}")
-        return attributes
+    def get(self, path: str | bytes) -> bytes | None: ...
+    def create(self, path: str | bytes, value: bytes) -> bool: ...
+    def compare_and_set(self, path: str | bytes, old: bytes, new: bytes) -> bool: ...
+    def delete(self, path: str | bytes) -> bool: ...
+    def delete_if_equal(self, path: str | bytes, value: bytes) -> bool: ...
+    def entries(self, directory: str | bytes, after: str | bytes = b"",
+                count: int = 100) -> list[tuple[bytes, bytes]]: ...
+    def create_entry(self, directory: str | bytes, name: str | bytes, value: bytes) -> bool: ...
+    def remove_directory(self, directory: str | bytes) -> bool: ...
 
 
 class Namespace:
-    """The namespace operations a file system calls, over one `MetaFlowClient`.
+    """The namespace operations a file system calls, over one `Records` client.
 
     Thread-safe as the client is. `root` names a namespace's root inode, so
     several namespaces (tests, tenants) can share a cluster.
     """
 
-    def __init__(self, client: MetaFlowClient, *, root: int = ROOT,
+    def __init__(self, client: Records, *, root: int = ROOT,
                  clock: Callable[[], int] = time.time_ns,
-                 new_ino: Callable[[], int] = lambda: secrets.randbits(63) | 2) -> None:
+                 new_ino: Callable[[], int] = lambda: secrets.randbits(63) | 2,
+                 sleep: Callable[[float], None] = time.sleep, lease_ns: int = LEASE_NS) -> None:
         self.client, self.root, self.clock, self.new_ino = client, root, clock, new_ino
+        self.sleep, self.lease_ns = sleep, lease_ns
 
     # -- reading -----------------------------------------------------------------------
 
@@ -116,16 +117,26 @@ class Namespace:
 
     def lookup(self, parent: int, name: str | bytes) -> Attributes:
         """The attributes of `name` in directory `parent` (ENOENT if absent)."""
-        raw = self.client.get(self._entry(parent, name))
-        if raw is None:
+        key = self._entry(parent, name)
+        attributes = self._visible(key, self.client.get(key))
+        if attributes is None:
             raise NamespaceError(errno.ENOENT, f"no entry {name!r} in directory {parent}")
-        return Attributes.from_bytes(raw)
+        return attributes
 
     def readdir(self, directory: int, after: str | bytes = b"",
                 count: int = 100) -> list[tuple[bytes, Attributes]]:
-        """A page of (name, attributes) in name order, after `after`."""
-        return [(name, Attributes.from_bytes(raw))
-                for name, raw in self.client.entries(directory_key(directory), after, count)]
+        """A page of (name, attributes) in name order, after `after`. A page
+        may come back shorter than `count` where renames are under way; only
+        an empty page ends the listing."""
+        page = self.client.entries(directory_key(directory), after, count)
+        listed = []
+        for name, raw in page:
+            attributes = self._visible(self._entry(directory, name), raw)
+            if attributes is not None:
+                listed.append((name, attributes))
+        if page and not listed:   # a page of renames in flight: go on past them
+            return self.readdir(directory, page[-1][0], count)
+        return listed
 
     def walk(self, directory: int) -> Iterator[tuple[bytes, Attributes]]:
         """Every entry of `directory`, page by page."""
@@ -177,11 +188,14 @@ class Namespace:
 
     def unlink(self, parent: int, name: str | bytes) -> Attributes:
         """Remove a file or symlink (EISDIR for a directory); what it was."""
-        attributes = self.lookup(parent, name)
-        if attributes.kind == "dir":
-            raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: rmdir it")
-        self.client.delete(self._entry(parent, name))   # a change since the lookup loses to it
-        return attributes
+        key = self._entry(parent, name)
+        for _ in range(_CAS_TRIES):
+            raw, attributes = self._present(key, parent, name)
+            if attributes.kind == "dir":
+                raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: rmdir it")
+            if self.client.delete_if_equal(key, raw):
+                return attributes
+        raise self._contended(name)
 
     def rmdir(self, parent: int, name: str | bytes) -> Attributes:
         """Remove an empty directory (ENOTEMPTY otherwise, ENOTDIR for a file).
@@ -190,11 +204,18 @@ class Namespace:
         nothing can be created in it afterwards; then its entry. A crash in
         between leaves the name of a directory that takes no entries, and
         rmdir of it again finishes the job."""
-        attributes = self.lookup(parent, name)
+        key = self._entry(parent, name)
+        raw, attributes = self._present(key, parent, name)
         if attributes.kind != "dir":
             raise NamespaceError(errno.ENOTDIR, f"{name!r} is not a directory")
         self.client.remove_directory(directory_key(attributes.ino))
-        self.client.delete(self._entry(parent, name))
+        held: bytes | None = raw
+        for _ in range(_CAS_TRIES):
+            if held is None or self.client.delete_if_equal(key, held):
+                break
+            held, now = self._settled(key)
+            if now is None or now.ino != attributes.ino:
+                break   # renamed away or removed meanwhile: its header is gone either way
         return attributes
 
     # -- changing ----------------------------------------------------------------------
@@ -208,10 +229,7 @@ class Namespace:
             raise NamespaceError(errno.EINVAL, f"cannot set {sorted(unknown)}: only {list(_SETTABLE)}")
         key = self._entry(parent, name)
         for _ in range(_CAS_TRIES):
-            raw = self.client.get(key)
-            if raw is None:
-                raise NamespaceError(errno.ENOENT, f"no entry {name!r} in directory {parent}")
-            old = Attributes.from_bytes(raw)
+            raw, old = self._present(key, parent, name)
             if old.kind == "dir" and "size" in changes:
                 raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: it has no size to set")
             fields: dict[str, Any] = {**asdict(old), **changes, "ctime_ns": self.clock(),
@@ -219,9 +237,164 @@ class Namespace:
             if "mode" in changes:
                 fields["mode"] = changes["mode"] & 0o7777
             new = Attributes(**fields)
-            if self.client.compare_and_set(key, raw, new.to_bytes()):
+            if self._cas(key, raw, new.to_bytes()):
                 return new
-        raise NamespaceError(errno.EAGAIN, f"{name!r} changed {_CAS_TRIES} times under this update")
+        raise self._contended(name)
+
+    def rename(self, parent: int, name: str | bytes, new_parent: int, new_name: str | bytes, *,
+               replace_target: bool = True) -> Attributes | None:
+        """Move entry (parent, name) to (new_parent, new_name), atomically (see
+        the module docstring), replacing what is there as POSIX rename does:
+        a file or symlink by a non-directory, an empty directory by a
+        directory (ENOTDIR, EISDIR, ENOTEMPTY otherwise; EEXIST without
+        `replace_target`, which is RENAME_NOREPLACE). Returns the attributes
+        it replaced, whose data the caller reclaims, or None."""
+        source_key, target_key = self._entry(parent, name), self._entry(new_parent, new_name)
+        if source_key == target_key:
+            self.lookup(parent, name)
+            return None
+        for _ in range(_CAS_TRIES):
+            source_raw, moving = self._present(source_key, parent, name)
+            if moving.kind == "dir" and new_parent == moving.ino:
+                raise NamespaceError(errno.EINVAL, f"cannot move directory {name!r} into itself")
+            target_raw, replaced = self._settled(target_key)
+            if replaced is not None:
+                _check_replace(moving, replaced, new_name, replace_target)
+            intent = Intent(secrets.token_hex(8), "source", (parent, _name_bytes(name)),
+                            (new_parent, _name_bytes(new_name)), self.clock())
+            locked = encode_entry(moving, intent)
+            if not self._cas(source_key, source_raw, locked):
+                continue
+            try:
+                if self._prepare_and_commit(intent, moving, locked, target_raw, replaced):
+                    return replaced
+            except BaseException:
+                self._end_own(intent)
+                raise
+        raise self._contended(name)
+
+    def _prepare_and_commit(self, intent: Intent, moving: Attributes, locked: bytes,
+                            target_raw: bytes | None, replaced: Attributes | None) -> bool:
+        """Steps 2 to 4 of a rename whose source this client has locked;
+        False (after undoing its steps) when another client came first."""
+        moved = replace(moving, ctime_ns=self.clock(), version=moving.version + 1)
+        prepared = encode_entry(moved, intent.as_role("target", replaced=replaced))
+        directory, name = intent.target
+        if target_raw is None:
+            written = self._create_entry(directory, name, prepared)
+        else:
+            written = self._cas(self._entry(directory, name), target_raw, prepared)
+        if not written:
+            self._abort(intent, locked, moving)
+            return False
+        if replaced is not None and replaced.kind == "dir":
+            self.client.remove_directory(directory_key(replaced.ino))   # ENOTEMPTY: undone by the caller
+        committed = encode_entry(moving, intent.as_role("source", committed=True))
+        if not self._cas(self._entry(*intent.source), locked, committed):
+            self._clean_target(intent)   # aborted by another client
+            return False
+        self._finish(intent, committed)
+        return True
+
+    # -- renames in flight -------------------------------------------------------------
+
+    def _visible(self, key: bytes, raw: bytes | None) -> Attributes | None:
+        """What entry `key`, whose record was `raw`, shows a reader: a rename
+        in flight resolved without writing anything (module docstring)."""
+        while raw is not None:
+            attributes, intent = decode_entry(raw)
+            if intent is None:
+                return attributes
+            if intent.role == "source":
+                return None if intent.committed else attributes
+            source = self._intent_at(intent.source)
+            if source is not None and source.tx == intent.tx:
+                return attributes if source.committed else intent.replaced
+            again = self.client.get(key)
+            if again == raw:   # still prepared with its source unlocked: aborted
+                return intent.replaced
+            raw = again
+        return None
+
+    def _settled(self, key: bytes) -> tuple[bytes | None, Attributes | None]:
+        """Entry `key`'s record and attributes once no rename holds it: a
+        writer's view, which pushes renames in flight to their end."""
+        for attempt in range(_SETTLE_TRIES):
+            raw = self.client.get(key)
+            if raw is None:
+                return None, None
+            attributes, intent = decode_entry(raw)
+            if intent is None:
+                return raw, attributes
+            if not self._push(intent):
+                self._pause(attempt)
+        raise NamespaceError(errno.EAGAIN, f"entry {key!r} stayed held by a rename")
+
+    def _push(self, intent: Intent, own: bool = False) -> bool:
+        """Take the rename `intent` a step towards its end: finish it if
+        committed, abort it if its lease ran out (or it is this client's own,
+        `own`), clean a target its aborted source left. False when it is
+        young and running: the caller waits."""
+        source_key = self._entry(*intent.source)
+        source_raw = self.client.get(source_key)
+        if source_raw is not None:
+            attributes, source = decode_entry(source_raw)
+            if source is not None and source.tx == intent.tx:
+                if source.committed:
+                    self._finish(source, source_raw)
+                elif own or self.clock() - source.at_ns >= self.lease_ns:
+                    self._abort(source, source_raw, attributes)
+                else:
+                    return False
+                return True
+        self._clean_target(intent)
+        return True
+
+    def _end_own(self, intent: Intent) -> None:
+        """After an error in this client's own rename: finish it if the commit
+        went through, else abort it, so that nobody waits for its lease. The
+        error is what the caller raises; a second one here adds nothing."""
+        with contextlib.suppress(Exception):   # the lease ends the rename all the same
+            self._push(intent, own=True)
+
+    def _finish(self, intent: Intent, committed: bytes) -> None:
+        """Step 4, by anyone: the target keeps the moved attributes, then the
+        committed source goes."""
+        target_key = self._entry(*intent.target)
+        target_raw = self.client.get(target_key)
+        if target_raw is not None:
+            attributes, held = decode_entry(target_raw)
+            if held is not None and held.tx == intent.tx:
+                self.client.compare_and_set(target_key, target_raw, encode_entry(attributes))
+        self.client.delete_if_equal(self._entry(*intent.source), committed)
+
+    def _abort(self, intent: Intent, locked: bytes, attributes: Attributes) -> None:
+        """Decide that rename `intent` did not happen (one CAS on its source:
+        it fails if the rename committed first), then clean its target."""
+        if self._cas(self._entry(*intent.source), locked, encode_entry(attributes)):
+            self._clean_target(intent)
+
+    def _clean_target(self, intent: Intent) -> None:
+        """Put back what an aborted rename's target held: the entry it
+        replaced (with its header, if it was a directory's) or nothing."""
+        target_key = self._entry(*intent.target)
+        target_raw = self.client.get(target_key)
+        if target_raw is None:
+            return
+        _, held = decode_entry(target_raw)
+        if held is None or held.tx != intent.tx:
+            return
+        replaced = held.replaced
+        if replaced is None:
+            self.client.delete_if_equal(target_key, target_raw)
+            return
+        if replaced.kind == "dir":
+            self.client.create(directory_key(replaced.ino), replaced.to_bytes())
+        self.client.compare_and_set(target_key, target_raw, encode_entry(replaced))
+
+    def _intent_at(self, where: tuple[int, bytes]) -> Intent | None:
+        raw = self.client.get(self._entry(*where))
+        return None if raw is None else decode_entry(raw)[1]
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -231,13 +404,57 @@ class Namespace:
         except ValueError as exc:
             raise NamespaceError(errno.EINVAL, str(exc)) from None
 
+    def _present(self, key: bytes, parent: int, name: str | bytes) -> tuple[bytes, Attributes]:
+        raw, attributes = self._settled(key)
+        if raw is None or attributes is None:
+            raise NamespaceError(errno.ENOENT, f"no entry {name!r} in directory {parent}")
+        return raw, attributes
+
+    def _cas(self, key: bytes, old: bytes, new: bytes) -> bool:
+        """A compare-and-set that also counts as done when the record holds
+        `new` already: the client retries a request whose reply was lost, and
+        the retry of an applied CAS fails. (Every `new` here is unique: a
+        fresh version, ctime or rename id.)"""
+        return self.client.compare_and_set(key, old, new) or self.client.get(key) == new
+
+    def _create_entry(self, parent: int, name: str | bytes, value: bytes) -> bool:
+        """ECREATE, counted as done on a lost reply as `_cas` is."""
+        return self.client.create_entry(directory_key(parent), name, value) or \
+            self.client.get(self._entry(parent, name)) == value
+
+    def _pause(self, attempt: int) -> None:
+        self.sleep(min(0.001 * (attempt + 1), 0.02))
+
+    @staticmethod
+    def _contended(name: str | bytes) -> NamespaceError:
+        return NamespaceError(errno.EAGAIN, f"{name!r} changed {_CAS_TRIES} times under this update")
+
     def _new(self, kind: Kind, mode: int, uid: int, gid: int, ino: int | None = None) -> Attributes:
         now = self.clock()
         return Attributes(self.new_ino() if ino is None else ino, kind, mode & 0o7777, uid, gid,
                           0, now, now, now)
 
     def _link(self, parent: int, name: str | bytes, attributes: Attributes) -> None:
-        self._entry(parent, name)   # a bad name is EINVAL before anything is written
-        if not self.client.create_entry(directory_key(parent), name, attributes.to_bytes()):
-            raise NamespaceError(errno.EEXIST, f"{name!r} exists in directory {parent}")
+        """A new entry; a name held only by a rename's leftovers (a committed
+        source, an aborted target) is settled first and then free."""
+        key = self._entry(parent, name)   # a bad name is EINVAL before anything is written
+        for _ in range(_CAS_TRIES):
+            if self._create_entry(parent, name, attributes.to_bytes()):
+                return
+            raw, _ = self._settled(key)
+            if raw is not None:
+                raise NamespaceError(errno.EEXIST, f"{name!r} exists in directory {parent}")
+        raise self._contended(name)
 
+
+def _check_replace(moving: Attributes, replaced: Attributes, name: str | bytes, allowed: bool) -> None:
+    if not allowed:
+        raise NamespaceError(errno.EEXIST, f"{name!r} exists and the rename may not replace it")
+    if moving.kind == "dir" and replaced.kind != "dir":
+        raise NamespaceError(errno.ENOTDIR, f"cannot replace non-directory {name!r} by a directory")
+    if moving.kind != "dir" and replaced.kind == "dir":
+        raise NamespaceError(errno.EISDIR, f"cannot replace directory {name!r} by a non-directory")
+
+
+def _name_bytes(name: str | bytes) -> bytes:
+    return name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")

@@ -18,6 +18,7 @@ from client_lib.api.auth import write_secret
 from client_lib.constants import DEFAULT_SPACE_CIDR
 from mininet_scenarios.daemons import AgentProcess
 from nat_agent.redis_server import RedisServer
+from tests.two_servers import HIGH, LOW, route_by_halves
 
 
 @pytest.fixture(scope="session")
@@ -62,3 +63,22 @@ def standalone_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Meta
     with AgentProcess(store, own=[DEFAULT_SPACE_CIDR]) as agent:
         with MetaFlowClient(via=f"{agent.host}:{agent.port}") as client:
             yield client
+
+
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AgentProcess, AgentProcess]]:
+    """Two real agents that own one half of the space each (`tests.two_servers`)."""
+    base = tmp_path_factory.mktemp("two-servers")
+    with AgentProcess(f"leveldb:{base / 'low'}", own=[str(LOW)]) as low, \
+            AgentProcess(f"leveldb:{base / 'high'}", own=[str(HIGH)]) as high:
+        yield low, high
+
+
+@pytest.fixture(scope="module")
+def two_server_client(two_servers: tuple[AgentProcess, AgentProcess]) -> Iterator[MetaFlowClient]:
+    """A client of `two_servers`, routed by MetaDataID as the switches would:
+    operations on two keys (a rename across directories) often span two
+    servers."""
+    low, high = two_servers
+    with MetaFlowClient(route=route_by_halves((low.host, low.port), (high.host, high.port))) as client:
+        yield client

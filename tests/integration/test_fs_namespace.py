@@ -1,114 +1,71 @@
-"""The file-system namespace (`client_lib.namespace`) on a real agent, against
-an in-memory model: random sequences of mkdir, create, symlink, unlink, rmdir,
-setattr and lookup give the same results and errno values, and leave the same
-tree. Each example gets a root of its own, so one agent serves them all."""
+"""The file-system namespace (`client_lib.namespace`) on real agents, against
+the POSIX model of `tests.fs_model`: random sequences of mkdir, create,
+symlink, unlink, rmdir, setattr, rename and lookup give the same results and
+errno values, and leave the same tree, with the space split between two
+agents so that renames cross servers. Each example gets a root of its own,
+so the agents serve them all. Concurrent creators and renamers lose and
+duplicate nothing, and neither does a renaming process killed at random."""
 
 from __future__ import annotations
 
 import errno
+import os
 import secrets
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client_lib import MetaFlowClient, NamespaceError
-from client_lib.namespace import Attributes, Namespace, directory_key
+from client_lib.namespace import Namespace, directory_key
+from mininet_scenarios.daemons import AgentProcess
+from tests.fs_model import Model, run_op, visible_tree
 
 NAMES = ["a", "b", "c"]
-OPS = ["mkdir", "create", "symlink", "unlink", "rmdir", "setattr", "lookup"]
+OPS = ["mkdir", "create", "symlink", "unlink", "rmdir", "setattr", "rename", "lookup"]
 
 
 @pytest.fixture(scope="module")
-def client(standalone_client: MetaFlowClient) -> MetaFlowClient:
-    return standalone_client
+def client(two_server_client: MetaFlowClient) -> MetaFlowClient:
+    return two_server_client
 
 
 def _fresh(client: MetaFlowClient) -> Namespace:
     """A namespace with a root of its own: every run, replays included (the
-    agent keeps what earlier runs made), starts from an empty tree."""
+    agents keep what earlier runs made), starts from an empty tree."""
     ns = Namespace(client, root=secrets.randbits(62) | 2)
     ns.format()
     return ns
 
 
-class Model:
-    """Directories as {name: (kind, ino)}, keyed by inode."""
-
-    def __init__(self, root: int) -> None:
-        self.dirs: dict[int, dict[str, tuple[str, int]]] = {root: {}}
-
-    def apply(self, op: str, parent: int, name: str, made: int | None) -> int:
-        """The errno the operation must fail with, or 0; `made` is the new inode."""
-        entries = self.dirs.get(parent)
-        if entries is None:
-            return errno.ENOENT
-        found = entries.get(name)
-        if op in ("mkdir", "create", "symlink"):
-            if found is not None:
-                return errno.EEXIST
-            assert made is not None
-            entries[name] = ("dir" if op == "mkdir" else "file" if op == "create" else "symlink", made)
-            if op == "mkdir":
-                self.dirs[made] = {}
-            return 0
-        if found is None:
-            return errno.ENOENT
-        kind, ino = found
-        if op == "unlink":
-            if kind == "dir":
-                return errno.EISDIR
-            del entries[name]
-        elif op == "rmdir":
-            if kind != "dir":
-                return errno.ENOTDIR
-            if self.dirs[ino]:
-                return errno.ENOTEMPTY
-            del entries[name], self.dirs[ino]
-        return 0
-
-
-def _run(ns: Namespace, op: str, parent: int, name: str) -> tuple[int, Attributes | None]:
-    try:
-        if op == "mkdir":
-            return 0, ns.mkdir(parent, name)
-        if op == "create":
-            return 0, ns.create(parent, name)
-        if op == "symlink":
-            return 0, ns.symlink(parent, name, "../" + name)
-        if op == "unlink":
-            return 0, ns.unlink(parent, name)
-        if op == "rmdir":
-            return 0, ns.rmdir(parent, name)
-        if op == "setattr":
-            return 0, ns.setattr(parent, name, mode=0o600, mtime_ns=7)
-        return 0, ns.lookup(parent, name)
-    except NamespaceError as exc:
-        return exc.errno, None
-
-
-@given(ops=st.lists(
-    st.tuples(st.sampled_from(OPS), st.integers(0, 7), st.sampled_from(NAMES)), min_size=1, max_size=40))
+@given(ops=st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 7), st.sampled_from(NAMES),
+                              st.integers(0, 7), st.sampled_from(NAMES)), min_size=1, max_size=40))
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_random_sequences_match_the_model(client: MetaFlowClient, ops: list[tuple[str, int, str]]) -> None:
+def test_random_sequences_match_the_model(client: MetaFlowClient,
+                                          ops: list[tuple[str, int, str, int, str]]) -> None:
     ns = _fresh(client)
     model = Model(ns.root)
     removed: list[int] = []      # directories that existed once: operations in them fail
-    for op, pick, name in ops:
+    for op, pick, name, new_pick, new_name in ops:
         known = sorted(model.dirs) + removed
-        parent = known[pick % len(known)]
-        code, attributes = _run(ns, op, parent, name)
-        expected = model.apply(op, parent, name, attributes.ino if attributes else None)
-        assert code == expected, (op, parent, name)
+        parent, new_parent = known[pick % len(known)], known[new_pick % len(known)]
+        if op == "rename" and model.below_itself(parent, name, new_parent):
+            continue
+        code, attributes = run_op(ns, op, parent, name, new_parent, new_name)
+        made = attributes.ino if attributes is not None and op != "rename" else None
+        expected = model.apply(op, parent, name, made, new_parent, new_name)
+        assert code == expected, (op, parent, name, new_parent, new_name)
         if op == "rmdir" and code == 0 and attributes is not None:
             removed.append(attributes.ino)
         if op == "setattr" and code == 0:
             assert attributes is not None and attributes.mode == 0o600 and attributes.mtime_ns == 7
             assert ns.lookup(parent, name).version == attributes.version
-    for ino, entries in model.dirs.items():
-        listed = {name.decode(): (a.kind, a.ino) for name, a in ns.walk(ino)}
-        assert listed == entries
+    assert visible_tree(ns, model) == model.dirs
     for ino in removed:
         assert client.get(directory_key(ino)) is None and list(ns.walk(ino)) == []
 
@@ -164,3 +121,103 @@ def test_errors_a_file_system_expects(client: MetaFlowClient) -> None:
         ns.rmdir(ns.root, "d")
     assert busy.value.errno == errno.ENOTEMPTY
     assert ns.setattr(ns.root, "f", size=10).size == 10
+
+
+def test_concurrent_creators_and_renamers_into_one_directory(client: MetaFlowClient) -> None:
+    """Four threads create names in one directory while four others create
+    files in directories of their own and rename them into it, some onto
+    names the creators also want: every name ends up there exactly once,
+    each shared one won once, and the renamers' directories are empty."""
+    ns = _fresh(client)
+    home = ns.mkdir(ns.root, "home")
+    outcomes: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def won(name: str, by: str) -> None:
+        with lock:
+            outcomes.setdefault(name, []).append(by)
+
+    def creator(n: int) -> None:
+        for i in range(40):
+            name = f"shared-{i}" if i % 2 else f"c{n}-{i}"
+            try:
+                ns.create(home.ino, name)
+                won(name, f"create {n}")
+            except NamespaceError as exc:
+                assert exc.errno == errno.EEXIST
+
+    def renamer(n: int) -> None:
+        own = ns.mkdir(ns.root, f"own{n}")
+        for i in range(40):
+            ns.create(own.ino, "tmp")
+            name = f"shared-{i}" if i % 4 == 1 else f"r{n}-{i}"
+            try:
+                ns.rename(own.ino, "tmp", home.ino, name, replace_target=False)
+                won(name, f"rename {n}")
+            except NamespaceError as exc:
+                assert exc.errno == errno.EEXIST
+                ns.unlink(own.ino, "tmp")
+
+    threads = [threading.Thread(target=creator, args=(n,)) for n in range(4)] + \
+        [threading.Thread(target=renamer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    names = [name.decode() for name, _ in ns.walk(home.ino)]
+    assert names == sorted(set(names)) == sorted(outcomes)
+    assert all(len(by) == 1 for by in outcomes.values()), {k: v for k, v in outcomes.items() if len(v) > 1}
+    assert len(names) == 4 * 20 + 4 * 30 + 20
+    for n in range(4):
+        assert list(ns.walk(ns.lookup(ns.root, f"own{n}").ino)) == []
+
+
+RENAMER = """
+import sys
+from client_lib import MetaFlowClient, NamespaceError
+from client_lib.namespace import Namespace
+from tests.two_servers import route_by_halves
+low, high = (tuple(x.split(":")) for x in sys.argv[1:3])
+root, a, b = (int(x) for x in sys.argv[3:6])
+route = route_by_halves((low[0], int(low[1])), (high[0], int(high[1])))
+with MetaFlowClient(route=route) as client:
+    ns = Namespace(client, root=root)
+    print("ready", flush=True)
+    n = 0
+    while True:   # each file to the other directory, wherever it is now
+        name = f"f{n % 50}"
+        try:
+            ns.rename(a, name, b, name)
+        except NamespaceError:
+            ns.rename(b, name, a, name)
+        n += 1
+"""
+
+
+def test_a_renaming_process_killed_at_random_leaves_every_file_once(
+        client: MetaFlowClient, two_servers: tuple[AgentProcess, AgentProcess]) -> None:
+    """A process renames 50 files back and forth between two directories (on
+    two servers, as it happens) and is killed with SIGKILL at a random
+    moment, ten times over; after each kill, every file is found exactly
+    once, in one directory or the other, and a rename it left half done is
+    finished or undone by the next one (whose lease waits are short here)."""
+    addresses = [f"{agent.host}:{agent.port}" for agent in two_servers]
+    ns = _fresh(client)
+    a, b = ns.mkdir(ns.root, "a"), ns.mkdir(ns.root, "b")
+    inodes = {ns.create(a.ino, f"f{i}").ino for i in range(50)}
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    half_done = 0
+    for _ in range(10):
+        proc = subprocess.Popen([sys.executable, "-c", RENAMER, *addresses, str(ns.root),
+                                 str(a.ino), str(b.ino)], stdout=subprocess.PIPE, env=env)
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        time.sleep(0.05 + secrets.randbelow(300) / 1000)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+        half_done += any(b'"intent"' in raw for d in (a, b) for _, raw in client.entries(directory_key(d.ino),
+                                                                                        count=1000))
+        listed = [(n, attrs.ino) for d in (a, b) for n, attrs in ns.walk(d.ino)]
+        assert sorted(ino for _, ino in listed) == sorted(inodes)
+        assert sorted(n for n, _ in listed) == sorted(f"f{i}".encode() for i in range(50))
+    assert half_done > 0   # the kills did land inside renames (almost all of the loop's time is)

@@ -1,0 +1,227 @@
+"""Rename's two-phase commit (`client_lib.namespace`), in memory: random
+sequences of namespace operations against the POSIX model, the same with
+the renaming client killed before or after any one of its writes, and
+readers looking between every two writes of a rename."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from client_lib import NamespaceError
+from client_lib.namespace import LEASE_NS, Namespace
+from tests.fs_model import Crash, MemoryRecords, Model, Tree, run_op, visible_tree
+
+NAMES = ["a", "b", "c"]
+OPS = ["mkdir", "create", "symlink", "unlink", "rmdir", "setattr", "rename", "rename", "lookup"]
+ROOT = 1
+
+
+class Clock:
+    """Nanoseconds that tests move on; sleeping moves them too."""
+
+    def __init__(self) -> None:
+        self.now = 10**18
+
+    def __call__(self) -> int:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += int(seconds * 1e9)
+
+
+def _namespace(records: MemoryRecords, clock: Clock) -> Namespace:
+    inodes = itertools.count(100)
+    return Namespace(records, root=ROOT, clock=clock, sleep=clock.sleep,
+                     new_ino=lambda: next(inodes) + 1000 * id(records) % 997 * 10**6)
+
+
+def _whole_tree(ns: Namespace) -> Tree:
+    """Every directory reachable from the root, as a reader lists it."""
+    tree: Tree = {}
+    todo = [ROOT]
+    while todo:
+        ino = todo.pop()
+        tree[ino] = {name.decode(): (a.kind, a.ino) for name, a in ns.walk(ino)}
+        todo += [child for kind, child in tree[ino].values() if kind == "dir"]
+    return tree
+
+
+def _fresh() -> tuple[MemoryRecords, Clock, Namespace, Model]:
+    records, clock = MemoryRecords(), Clock()
+    ns = _namespace(records, clock)
+    ns.format()
+    return records, clock, ns, Model(ROOT)
+
+
+op_lists = st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 7), st.sampled_from(NAMES),
+                              st.integers(0, 7), st.sampled_from(NAMES),
+                              st.tuples(st.integers(0, 8), st.booleans())),
+                    min_size=1, max_size=30)
+
+
+def _pick(model: Model, removed: list[int], index: int) -> int:
+    known = sorted(model.dirs) + removed
+    return known[index % len(known)]
+
+
+def _step(ns: Namespace, model: Model, removed: list[int], op: str, parent: int, name: str,
+          new_parent: int, new_name: str) -> None:
+    """One operation on both, with the same outcome required."""
+    if op == "rename" and model.below_itself(parent, name, new_parent):
+        return
+    code, attributes = run_op(ns, op, parent, name, new_parent, new_name)
+    expected = model.apply(op, parent, name, attributes.ino if attributes and op != "rename" else None,
+                           new_parent, new_name)
+    assert code == expected, (op, parent, name, new_parent, new_name)
+    if op == "rmdir" and code == 0 and attributes is not None:
+        removed.append(attributes.ino)
+
+
+@given(ops=op_lists)
+@settings(max_examples=200)
+def test_random_sequences_with_renames_match_the_model(ops: list) -> None:
+    _, _, ns, model = _fresh()
+    removed: list[int] = []
+    for op, pick, name, new_pick, new_name, _ in ops:
+        _step(ns, model, removed, op, _pick(model, removed, pick), name,
+              _pick(model, removed, new_pick), new_name)
+        assert visible_tree(ns, model) == model.dirs
+    assert not [k for k, v in ns.client.records.items() if b'"intent"' in v]   # type: ignore[attr-defined]
+
+
+@given(ops=op_lists)
+@settings(max_examples=300)
+def test_a_rename_killed_at_any_write_is_all_or_nothing(ops: list) -> None:
+    """Each rename runs on a client killed at one of its writes (before or
+    after the server applied it). Another client then sees the tree from
+    before or after the rename, never a mix; it keeps seeing that same tree
+    after its writes have pushed the rename to its end; and later
+    operations match the model."""
+    records, clock, ns, model = _fresh()
+    removed: list[int] = []
+    for op, pick, name, new_pick, new_name, (crash_at, applied) in ops:
+        parent, new_parent = _pick(model, removed, pick), _pick(model, removed, new_pick)
+        if op != "rename":
+            _step(ns, model, removed, op, parent, name, new_parent, new_name)
+            continue
+        before = model.copy()
+        after = Model(ROOT)
+        after.dirs = model.copy()
+        if model.below_itself(parent, name, new_parent):
+            continue
+        expected = after.apply("rename", parent, name, None, new_parent, new_name)
+        dying = _namespace(records.attach(crash_at, applied), clock)
+        try:
+            code, _ = run_op(dying, "rename", parent, name, new_parent, new_name)
+        except Crash:
+            code = None
+        clock.now += LEASE_NS   # the dead client's lease runs out
+        seen = visible_tree(ns, model)
+        if code is not None:
+            assert code == expected and seen == (after.dirs if code == 0 else before)
+        else:
+            assert seen in (before, after.dirs), (parent, name, new_parent, new_name)
+        for directory, entries in seen.items():   # writes to every entry settle the rename
+            for entry in entries:
+                ns._settled(ns._entry(directory, entry))
+        assert visible_tree(ns, model) == seen
+        model.dirs = {ino: entries for ino, entries in (after.dirs if seen == after.dirs else before).items()}
+    assert visible_tree(ns, model) == model.dirs
+
+
+@pytest.mark.parametrize("across", [False, True], ids=["one-directory", "two-directories"])
+@pytest.mark.parametrize("replacing", [None, "file", "dir"])
+def test_readers_between_any_two_writes_see_before_then_after(across: bool, replacing: str | None) -> None:
+    """A reader looks at the whole tree before each write of a rename: it sees
+    the tree before the rename, then (from the commit on) the tree after it,
+    and nothing else."""
+    records, clock, ns, model = _fresh()
+    src = ns.mkdir(ROOT, "src") if across else ns.root_attributes()
+    dst = ns.mkdir(ROOT, "dst") if across else src
+    moving = ns.mkdir(src.ino, "m") if replacing == "dir" else ns.create(src.ino, "m")
+    ns.create(moving.ino, "inside") if moving.kind == "dir" else None
+    if replacing == "dir":
+        ns.mkdir(dst.ino, "t")
+    elif replacing == "file":
+        ns.create(dst.ino, "t")
+    model_before = _whole_tree(ns)
+    after = Model(ROOT)
+    after.dirs = {ino: dict(e) for ino, e in model_before.items()}
+    assert after.apply("rename", src.ino, "m", None, dst.ino, "t") == 0
+    seen: list[Tree] = []
+
+    def look(number: int) -> None:
+        view = _whole_tree(_namespace(records.attach(), clock))
+        assert view in (model_before, after.dirs), number
+        seen.append(view)
+
+    renamer = _namespace(records.attach(before_write=look), clock)
+    renamer.rename(src.ino, "m", dst.ino, "t")
+    assert seen[0] == model_before and seen[-1] != model_before
+    firsts = [i for i, view in enumerate(seen) if view != model_before]
+    assert firsts == list(range(firsts[0], len(seen)))   # once after, always after
+    assert not [k for k, v in records.records.items() if b'"intent"' in v]
+
+
+def test_a_stalled_rename_is_aborted_by_another_client_and_retries() -> None:
+    """The renamer stalls after locking its source, past its lease; another
+    client's setattr aborts the rename and applies. The renamer's late
+    writes fail their compare-and-set, it cleans up after itself and tries
+    again: the file ends up moved once, with the setattr."""
+    records, clock, ns, _ = _fresh()
+    ns.create(ROOT, "f")
+    d = ns.mkdir(ROOT, "d")
+
+    def stall(number: int) -> None:
+        if number == 1:   # the renamer's prepare of its target, before it lands
+            clock.now += LEASE_NS
+            assert ns.setattr(ROOT, "f", mode=0o600).mode == 0o600
+
+    _namespace(records.attach(before_write=stall), clock).rename(ROOT, "f", d.ino, "g")
+    assert [n for n, _ in ns.walk(ROOT)] == [b"d"]
+    assert [(n, a.mode) for n, a in ns.walk(d.ino)] == [(b"g", 0o600)]
+    assert not [k for k, v in records.records.items() if b'"intent"' in v]
+
+
+def test_a_young_rename_is_waited_for_not_aborted() -> None:
+    """A writer that meets a rename in flight within its lease waits (here:
+    the clock moves only by its pauses), and aborts it only once the lease
+    has run out."""
+    records, clock, ns, _ = _fresh()
+    ns.create(ROOT, "f")
+    dying = _namespace(records.attach(crash_at=1), clock)
+    with pytest.raises(Crash):
+        dying.rename(ROOT, "f", ROOT, "g")
+    start = clock.now
+    assert ns.unlink(ROOT, "f").kind == "file"
+    assert LEASE_NS <= clock.now - start < 2 * LEASE_NS
+    assert list(ns.walk(ROOT)) == []
+
+
+def test_rename_errors() -> None:
+    _, _, ns, _ = _fresh()
+    d, e = ns.mkdir(ROOT, "d"), ns.mkdir(ROOT, "e")
+    ns.create(e.ino, "x")
+    ns.create(ROOT, "f")
+    for args, replace_target, code in [((ROOT, "missing", ROOT, "z"), True, errno.ENOENT),
+                                       ((ROOT, "d", d.ino, "z"), True, errno.EINVAL),
+                                       ((ROOT, "d", ROOT, "f"), True, errno.ENOTDIR),
+                                       ((ROOT, "f", ROOT, "d"), True, errno.EISDIR),
+                                       ((ROOT, "d", ROOT, "e"), True, errno.ENOTEMPTY),
+                                       ((ROOT, "f", 424242, "z"), True, errno.ENOENT),
+                                       ((ROOT, "f", ROOT, "a/b"), True, errno.EINVAL),
+                                       ((ROOT, "f", e.ino, "x"), False, errno.EEXIST)]:
+        with pytest.raises(NamespaceError) as failed:
+            ns.rename(*args, replace_target=replace_target)
+        assert failed.value.errno == code, args
+    assert sorted(n for n, _ in ns.walk(ROOT)) == [b"d", b"e", b"f"]   # nothing moved
+    assert [n for n, _ in ns.walk(e.ino)] == [b"x"]
+    assert ns.rename(ROOT, "f", ROOT, "f") is None and ns.lookup(ROOT, "f").kind == "file"
+    replaced = ns.rename(ROOT, "f", e.ino, "x")
+    assert replaced is not None and replaced.kind == "file"
+    assert ns.rename(ROOT, "d", e.ino, "d") is None and ns.rmdir(e.ino, "d").kind == "dir"
