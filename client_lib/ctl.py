@@ -21,12 +21,18 @@ from client_lib.constants import DEFAULT_SPACE_CIDR, METAFLOW_PORT
 from client_lib.errors import MetadataFormatError, MetaFlowError
 from client_lib.metadata import FileMetadata
 
-__all__ = ["add_common", "add_put_options", "run"]
+__all__ = ["add_common", "add_connection", "add_put_options", "client_from", "run"]
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """The arguments of every get/put/del/stat command."""
     p.add_argument("path", help="absolute path of the file or directory")
+    add_connection(p)
+
+
+def add_connection(p: argparse.ArgumentParser) -> None:
+    """How a command reaches the service (`client_from`): shared by every
+    command-line client, metaflow-fs included."""
     p.add_argument("--space", default=DEFAULT_SPACE_CIDR, help="MetaDataID space (CIDR)")
     p.add_argument("--port", type=int, default=METAFLOW_PORT, help="metadata service port")
     p.add_argument("--via", default=None, metavar="HOST[:PORT]",
@@ -88,11 +94,16 @@ def _execute(client: MetaFlowClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def client_from(args: argparse.Namespace) -> MetaFlowClient:
+    """The client `add_connection`'s arguments describe."""
+    return MetaFlowClient(args.space, port=args.port, timeout=args.timeout, deadline=args.deadline,
+                          via=args.via)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one of get/put/del/stat (`args.command`) with `add_common`'s arguments."""
     try:
-        with MetaFlowClient(args.space, port=args.port, timeout=args.timeout, deadline=args.deadline,
-                            via=args.via) as client:
+        with client_from(args) as client:
             return _execute(client, args)
     except MetaFlowError as exc:
         print(f"metaflowctl {args.command}: {exc}", file=sys.stderr)

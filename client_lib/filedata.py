@@ -12,7 +12,8 @@ and raises `ChecksumMismatch` rather than return bytes that changed on disk.
 A chunk that does not exist inside the file's size reads as zeros (a sparse
 file). A write to part of a chunk is a read-modify-write by compare-and-set
 (``SET NX`` for a new chunk, ``SET IFEQ`` otherwise), retried when another
-writer came first, so concurrent writers to one chunk lose nothing.
+writer came first, so concurrent writers to one chunk lose nothing; a write
+of a whole chunk replaces it in one plain ``SET``.
 
 The file's size lives in its attributes (`client_lib.namespace`); the caller
 passes it to `read`, `truncate` and `remove`.
@@ -24,8 +25,8 @@ import random
 import time
 import zlib
 
-from client_lib.client import MetaFlowClient
 from client_lib.errors import InvalidArgument, MetaFlowError
+from client_lib.records import Records
 
 __all__ = ["CHUNK_SIZE", "ChecksumMismatch", "FileData", "chunk_key"]
 
@@ -57,9 +58,9 @@ def _open(key: str, raw: bytes) -> bytes:
 
 
 class FileData:
-    """Reads and writes the chunks of files, over one `MetaFlowClient`."""
+    """Reads and writes the chunks of files, over one `Records` client."""
 
-    def __init__(self, client: MetaFlowClient, chunk_size: int = CHUNK_SIZE) -> None:
+    def __init__(self, client: Records, chunk_size: int = CHUNK_SIZE) -> None:
         if chunk_size < 1:
             raise InvalidArgument(f"chunk_size must be positive, not {chunk_size}")
         self.client, self.chunk_size = client, chunk_size
@@ -72,7 +73,10 @@ class FileData:
         while view:
             index, within = divmod(position, self.chunk_size)
             piece = view[:self.chunk_size - within]
-            self._splice(ino, index, within, bytes(piece))
+            if len(piece) == self.chunk_size:   # a whole chunk: nothing of the old one to keep
+                self.client.put(chunk_key(ino, index), _seal(bytes(piece)))
+            else:
+                self._splice(ino, index, within, bytes(piece))
             position += len(piece)
             view = view[len(piece):]
         return len(data)

@@ -60,11 +60,12 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
-from typing import Any, Protocol
+from typing import Any
 
 from client_lib.errors import NamespaceError
 from client_lib.inode import ROOT, Attributes, Intent, Kind, decode_entry, directory_key, encode_entry
 from client_lib.mdid import entry_key
+from client_lib.records import Records
 
 __all__ = ["ROOT", "Attributes", "Kind", "Namespace", "Records", "directory_key"]
 
@@ -77,20 +78,6 @@ died (or stalled) in the middle."""
 _SETTLE_TRIES = 400
 """Reads of an entry that another rename holds before giving up (EAGAIN):
 enough to outwait a lease at the pauses `_pause` takes."""
-
-
-class Records(Protocol):
-    """The record operations the namespace needs: `client_lib.MetaFlowClient`'s."""
-
-    def get(self, path: str | bytes) -> bytes | None: ...
-    def create(self, path: str | bytes, value: bytes) -> bool: ...
-    def compare_and_set(self, path: str | bytes, old: bytes, new: bytes) -> bool: ...
-    def delete(self, path: str | bytes) -> bool: ...
-    def delete_if_equal(self, path: str | bytes, value: bytes) -> bool: ...
-    def entries(self, directory: str | bytes, after: str | bytes = b"",
-                count: int = 100) -> list[tuple[bytes, bytes]]: ...
-    def create_entry(self, directory: str | bytes, name: str | bytes, value: bytes) -> bool: ...
-    def remove_directory(self, directory: str | bytes) -> bool: ...
 
 
 class Namespace:
@@ -224,12 +211,27 @@ class Namespace:
         """Change any of mode, uid, gid, size, atime_ns and mtime_ns; ctime and
         the version move with every change. A compare-and-set on the entry,
         retried when another change came first."""
+        key = self._entry(parent, name)
+        return self._update(key, name, changes, lambda: self._present(key, parent, name))
+
+    def setattr_root(self, **changes: int) -> Attributes:
+        """`setattr` of the root directory, whose attributes are its header's."""
+        key = directory_key(self.root)
+
+        def read() -> tuple[bytes, Attributes]:
+            raw = self.client.get(key)
+            if raw is None:
+                raise NamespaceError(errno.ENOENT, "no file system here: format() it first")
+            return raw, Attributes.from_bytes(raw)
+        return self._update(key, "/", changes, read)
+
+    def _update(self, key: bytes | str, name: str | bytes, changes: dict[str, int],
+                read: Callable[[], tuple[bytes, Attributes]]) -> Attributes:
         unknown = set(changes) - set(_SETTABLE)
         if unknown:
             raise NamespaceError(errno.EINVAL, f"cannot set {sorted(unknown)}: only {list(_SETTABLE)}")
-        key = self._entry(parent, name)
         for _ in range(_CAS_TRIES):
-            raw, old = self._present(key, parent, name)
+            raw, old = read()
             if old.kind == "dir" and "size" in changes:
                 raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: it has no size to set")
             fields: dict[str, Any] = {**asdict(old), **changes, "ctime_ns": self.clock(),
@@ -410,7 +412,7 @@ class Namespace:
             raise NamespaceError(errno.ENOENT, f"no entry {name!r} in directory {parent}")
         return raw, attributes
 
-    def _cas(self, key: bytes, old: bytes, new: bytes) -> bool:
+    def _cas(self, key: bytes | str, old: bytes, new: bytes) -> bool:
         """A compare-and-set that also counts as done when the record holds
         `new` already: the client retries a request whose reply was lost, and
         the retry of an applied CAS fails. (Every `new` here is unique: a

@@ -171,6 +171,11 @@ class MemoryRecords:
             raise Crash
         return self.records.get(normalize_key(path))
 
+    def put(self, path: str | bytes, value: bytes) -> None:
+        self._write()
+        self.records[normalize_key(path)] = value
+        self._done()
+
     def create(self, path: str | bytes, value: bytes) -> bool:
         self._write()
         done = self.records.setdefault(normalize_key(path), value) is value
