@@ -11,10 +11,13 @@ STAMP  := $(VENV)/.installed
 # client, a C toolchain for NetfilterQueue's extension, Mininet with
 # Open vSwitch (and ping, which Mininet hosts use) for the emulated fabrics
 # (mininet_scenarios/), and strace and mkfs.ext4 for the durability tests
-# (syscall counts, a disk whose power is cut).
+# (syscall counts, a disk whose power is cut), and for metaflow-fs libfuse3
+# (pyfuse3 builds against it; fusermount3 unmounts) and the tools the mount
+# is tested with (rsync, postmark, fs_mark; git is there already).
 APT_PACKAGES := redis-server redis-tools iptables conntrack iproute2 ethtool \
                 libnetfilter-queue-dev libnetfilter-queue1 build-essential \
-                mininet openvswitch-switch iputils-ping strace e2fsprogs
+                mininet openvswitch-switch iputils-ping strace e2fsprogs \
+                fuse3 libfuse3-dev pkg-config rsync postmark fsmark git
 # Debian's Mininet is a package of the system python3 only. The venv gets a
 # symlink to that one package, not a .pth line for the whole dist-packages
 # directory: a .pth would let every Debian module (an older cryptography,
@@ -52,9 +55,10 @@ apt:
 	$(call apt_install,$(APT_PACKAGES))
 
 # Every role's extra, so the venv runs every test, benchmark and check.
-EXTRAS := agent,controller,bench,test,dev
+EXTRAS := agent,controller,bench,fs,test,dev
 
-$(STAMP): pyproject.toml
+# After apt (order only): pyfuse3 and NetfilterQueue build against its libraries.
+$(STAMP): pyproject.toml | apt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'

@@ -56,13 +56,19 @@ def cluster_secret(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def standalone_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetaFlowClient]:
-    """A client of one real agent that owns the whole space (LevelDB), shared
-    by a module's tests: give each test keys of its own."""
+def standalone_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+    """One real agent that owns the whole space (LevelDB), shared by a
+    module's tests: give each test keys of its own."""
     store = f"leveldb:{tmp_path_factory.mktemp('standalone') / 'db'}"
     with AgentProcess(store, own=[DEFAULT_SPACE_CIDR]) as agent:
-        with MetaFlowClient(via=f"{agent.host}:{agent.port}") as client:
-            yield client
+        yield agent
+
+
+@pytest.fixture(scope="module")
+def standalone_client(standalone_agent: AgentProcess) -> Iterator[MetaFlowClient]:
+    """A client of `standalone_agent`."""
+    with MetaFlowClient(via=f"{standalone_agent.host}:{standalone_agent.port}") as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

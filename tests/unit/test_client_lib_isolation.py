@@ -1,5 +1,7 @@
 """A file system installs `client_lib` alone: every module of it must import
-with the standard library only, and import nothing of the rest of MetaFlow."""
+with the standard library only, and import nothing of the rest of MetaFlow.
+The one exception is the FUSE shim, `client_lib.fs.mount`, which needs the
+``fs`` extra (pyfuse3); its command says so when it is missing."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ _PROBE = """
 import importlib, json, pkgutil, sys
 sys.path.insert(0, sys.argv[1])
 import client_lib
-names = [m.name for m in pkgutil.walk_packages(client_lib.__path__, "client_lib.")]
+needs_extra = {"client_lib.fs.mount"}
+names = [m.name for m in pkgutil.walk_packages(client_lib.__path__, "client_lib.")
+         if m.name not in needs_extra]
 for name in names:
     importlib.import_module(name)
 ours = {"client_lib", "__main__"}
@@ -37,4 +41,14 @@ def test_every_module_imports_with_the_standard_library_only(tmp_path: Path) -> 
     assert result["foreign"] == []
     expected = {f"client_lib.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
     assert expected <= set(result["modules"])  # the walk really saw the package
-    assert "client_lib.api.clients" in result["modules"]
+    assert {"client_lib.api.clients", "client_lib.fs.core", "client_lib.fs.cli"} <= set(result["modules"])
+
+
+def test_the_mount_command_without_its_extra_says_what_to_install(tmp_path: Path) -> None:
+    package = Path(client_lib.__file__).parent
+    shutil.copytree(package, tmp_path / "client_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run([sys.executable, "-I", "-S", "-c",
+                          "import sys; sys.path.insert(0, sys.argv[1]); from client_lib.fs.cli import main; "
+                          "sys.exit(main(['/mnt']))", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2 and "metaflow-sdn[fs]" in out.stderr

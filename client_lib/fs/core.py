@@ -1,0 +1,344 @@
+"""The file system a FUSE mount serves, without FUSE: inode-numbered
+operations over `Namespace` (metadata) and `FileData` (contents).
+
+Why a core apart from the mount (`client_lib.fs.mount`): as faucet keeps its
+logic out of its os-ken shim, this holds every decision, stays synchronous
+and standard-library only, and is tested in memory; the shim only converts
+types and runs calls in threads.
+
+What FUSE asks and the namespace does not know:
+
+* **Inodes to names.** FUSE names objects by inode; the namespace keeps an
+  object's attributes in its entry, named (parent, name). Every reply that
+  hands the kernel an inode (lookup, readdir-plus, create, mkdir, ...)
+  records where it lives; `forget` drops it. Another client's rename makes
+  a recorded place stale: the inode found there differs or is gone, and
+  the call fails with ESTALE until the kernel looks the name up again.
+* **Open files.** Writes are buffered per inode (`buffer_limit` bytes of
+  contiguous data) and pushed when the buffer fills, on a read of that
+  inode, and on flush, fsync and release, which also write the size and
+  mtime into the entry: close-to-open consistency, as NFS gives. `fsync`
+  returns once the data and attributes were acknowledged, that is held by
+  every replica and synced as the agents' ``--fsync`` policy says.
+* **Unlinked while open.** The chunks of a file unlinked (or replaced by a
+  rename) while this mount has it open are reclaimed at its last release.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from client_lib.errors import NamespaceError
+from client_lib.filedata import CHUNK_SIZE, FileData
+from client_lib.inode import Attributes
+from client_lib.namespace import Namespace
+
+__all__ = ["DirectoryPage", "FileSystem"]
+
+DirectoryPage = list[tuple[bytes, Attributes, int]]
+"""(name, attributes, the id to continue after this entry)."""
+
+_PAGE = 256
+
+
+@dataclass
+class _OpenFile:
+    """What this mount knows of a regular file it has open."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+    opens: int = 0
+    dirty: bool = False             # size or mtime not written to the entry yet
+    pending_at: int = 0             # offset of the buffered bytes
+    pending: bytearray = field(default_factory=bytearray)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _Listing:
+    """An open directory: the names that readdir's ids stand for."""
+
+    ino: int
+    names: dict[int, bytes] = field(default_factory=dict)
+    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+class FileSystem:
+    """Thread-safe: the mount calls it from many threads at once."""
+
+    def __init__(self, namespace: Namespace, data: FileData, *, buffer_limit: int = 4 * CHUNK_SIZE,
+                 clock: Callable[[], int] = time.time_ns) -> None:
+        self.ns, self.data, self.buffer_limit, self.clock = namespace, data, buffer_limit, clock
+        self.root = namespace.root
+        self._lock = threading.Lock()
+        self._where: dict[int, tuple[int, bytes]] = {}       # ino -> (parent, name)
+        self._lookups: dict[int, int] = {}                   # ino -> the kernel's count
+        self._files: dict[int, _OpenFile] = {}               # open regular files by ino
+        self._handles: dict[int, _OpenFile] = {}
+        self._listings: dict[int, _Listing] = {}
+        self._doomed: set[int] = set()                       # unlinked while open
+        self._fhs = itertools.count(1)
+
+    # -- names and attributes ----------------------------------------------------------
+
+    def lookup(self, parent: int, name: bytes) -> Attributes:
+        return self._remember(parent, name, self.ns.lookup(parent, name))
+
+    def getattr(self, ino: int) -> Attributes:
+        if ino == self.root:
+            return self.ns.root_attributes()
+        parent, name = self._place(ino)
+        try:
+            found = self.ns.lookup(parent, name)
+        except NamespaceError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            found = None
+        if found is None or found.ino != ino:
+            raise NamespaceError(errno.ESTALE, f"inode {ino} is no longer at {name!r} in {parent}")
+        return self._current(found)
+
+    def setattr(self, ino: int, changes: dict[str, int]) -> Attributes:
+        """Any of mode, uid, gid, size, atime_ns, mtime_ns; a size cuts or
+        extends the file's contents first."""
+        if ino == self.root:
+            changes.pop("size", None)
+            return self.ns.setattr_root(**changes) if changes else self.ns.root_attributes()
+        parent, name = self._place(ino)
+        opened = self._files.get(ino)
+        if "size" in changes:
+            current = self.getattr(ino)
+            if current.kind == "file":
+                if opened is not None:
+                    with opened.lock:
+                        self._push_data(opened)
+                self.data.truncate(ino, current.size, changes["size"])
+        if opened is not None:
+            with opened.lock:
+                self._push_data(opened)
+                if opened.dirty:
+                    changes = {"size": opened.size, "mtime_ns": opened.mtime_ns} | changes
+                new = self.ns.setattr(parent, name, **changes)
+                opened.size, opened.mtime_ns, opened.dirty = new.size, new.mtime_ns, False
+                return new
+        return self.ns.setattr(parent, name, **changes)
+
+    def readlink(self, ino: int) -> bytes:
+        attributes = self.getattr(ino)
+        if attributes.target is None:
+            raise NamespaceError(errno.EINVAL, f"inode {ino} is not a symlink")
+        return attributes.target.encode("utf-8", "surrogateescape")
+
+    def forget(self, ino: int, count: int) -> None:
+        with self._lock:
+            left = self._lookups.get(ino, 0) - count
+            if left > 0:
+                self._lookups[ino] = left
+            elif ino not in self._files:
+                self._lookups.pop(ino, None)
+                self._where.pop(ino, None)
+
+    # -- creating and removing ---------------------------------------------------------
+
+    def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
+        return self._remember(parent, name, self.ns.mkdir(parent, name, mode, uid, gid))
+
+    def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Attributes:
+        made = self.ns.symlink(parent, name, target.decode("utf-8", "surrogateescape"), uid, gid)
+        return self._remember(parent, name, made)
+
+    def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
+               exclusive: bool) -> tuple[int, Attributes]:
+        """A new file, opened; an existing one is opened instead unless `exclusive`."""
+        try:
+            made = self._remember(parent, name, self.ns.create(parent, name, mode, uid, gid))
+        except NamespaceError as exc:
+            if exc.errno != errno.EEXIST or exclusive:
+                raise
+            made = self.lookup(parent, name)
+            if made.kind == "dir":
+                raise NamespaceError(errno.EISDIR, f"{name!r} is a directory") from None
+        return self.open(made.ino), made
+
+    def unlink(self, parent: int, name: bytes) -> None:
+        self._reclaim(self.ns.unlink(parent, name))
+        self._moved(parent, name)
+
+    def rmdir(self, parent: int, name: bytes) -> None:
+        self.ns.rmdir(parent, name)
+        self._moved(parent, name)
+
+    def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes, noreplace: bool) -> None:
+        replaced = self.ns.rename(parent, name, new_parent, new_name, replace_target=not noreplace)
+        if replaced is not None:
+            self._reclaim(replaced)
+        self._moved(new_parent, new_name)
+        self._moved(parent, name, (new_parent, new_name))
+
+    def link(self, ino: int, parent: int, name: bytes) -> Attributes:
+        return self.ns.link(parent, name, ino)
+
+    # -- file contents -----------------------------------------------------------------
+
+    def open(self, ino: int) -> int:
+        attributes = self.getattr(ino)
+        if attributes.kind == "dir":
+            raise NamespaceError(errno.EISDIR, f"inode {ino} is a directory")
+        with self._lock:
+            opened = self._files.get(ino)
+            if opened is None:
+                opened = self._files[ino] = _OpenFile(ino, attributes.size, attributes.mtime_ns)
+            opened.opens += 1
+            fh = next(self._fhs)
+            self._handles[fh] = opened
+        return fh
+
+    def read(self, fh: int, offset: int, size: int) -> bytes:
+        opened = self._handle(fh)
+        with opened.lock:
+            self._push_data(opened)
+            length = opened.size
+        return self.data.read(opened.ino, offset, size, length)
+
+    def write(self, fh: int, offset: int, data: bytes) -> int:
+        opened = self._handle(fh)
+        with opened.lock:
+            if opened.pending and offset == opened.pending_at + len(opened.pending) \
+                    and len(opened.pending) + len(data) <= self.buffer_limit:
+                opened.pending += data
+            else:
+                self._push_data(opened)
+                opened.pending_at, opened.pending = offset, bytearray(data)
+            if len(opened.pending) >= self.buffer_limit:
+                self._push_data(opened)
+            opened.size = max(opened.size, offset + len(data))
+            opened.mtime_ns, opened.dirty = self.clock(), True
+        return len(data)
+
+    def flush(self, fh: int) -> None:
+        """Data, then size and mtime, to the servers (close, fsync)."""
+        opened = self._handle(fh)
+        with opened.lock:
+            self._push_data(opened)
+            if not opened.dirty:
+                return
+            parent, name = self._place(opened.ino)
+            new = self.ns.setattr(parent, name, size=opened.size, mtime_ns=opened.mtime_ns)
+            opened.size, opened.dirty = new.size, False
+
+    def release(self, fh: int) -> None:
+        opened = self._handle(fh)
+        try:
+            if opened.ino not in self._doomed:
+                self.flush(fh)
+        finally:
+            with self._lock:
+                del self._handles[fh]
+                opened.opens -= 1
+                doomed = False
+                if opened.opens == 0:
+                    del self._files[opened.ino]
+                    doomed = opened.ino in self._doomed
+                    self._doomed.discard(opened.ino)
+            if doomed:
+                self.data.remove(opened.ino, opened.size)
+
+    def flush_all(self) -> None:
+        """Push every open file's buffered data and attributes (at unmount)."""
+        for fh in list(self._handles):
+            self.flush(fh)
+
+    # -- directories -------------------------------------------------------------------
+
+    def opendir(self, ino: int) -> int:
+        if ino != self.root and self.getattr(ino).kind != "dir":
+            raise NamespaceError(errno.ENOTDIR, f"inode {ino} is not a directory")
+        with self._lock:
+            fh = next(self._fhs)
+            self._listings[fh] = _Listing(ino)
+        return fh
+
+    def readdir(self, fh: int, start: int) -> DirectoryPage:
+        """The entries after id `start` (0: from the first); each reply
+        carries the id to continue after it. The kernel's lookup count of
+        every entry returned goes up by one (readdir-plus)."""
+        listing = self._listings.get(fh)
+        if listing is None:
+            raise NamespaceError(errno.EBADF, f"no open directory {fh}")
+        after = listing.names.get(start, b"") if start else b""
+        page = []
+        for name, attributes in self.ns.readdir(listing.ino, after, _PAGE):
+            ident = next(listing.ids)
+            listing.names[ident] = name
+            page.append((name, self._current(attributes), ident))
+        return page
+
+    def entry_returned(self, parent: int, name: bytes, attributes: Attributes) -> None:
+        """The kernel took an entry of a readdir page (its lookup count rose)."""
+        self._remember(parent, name, attributes)
+
+    def listing_inode(self, fh: int) -> int:
+        return self._listings[fh].ino
+
+    def releasedir(self, fh: int) -> None:
+        with self._lock:
+            self._listings.pop(fh, None)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _remember(self, parent: int, name: bytes, attributes: Attributes) -> Attributes:
+        with self._lock:
+            self._where[attributes.ino] = (parent, name)
+            self._lookups[attributes.ino] = self._lookups.get(attributes.ino, 0) + 1
+        return self._current(attributes)
+
+    def _moved(self, parent: int, name: bytes, to: tuple[int, bytes] | None = None) -> None:
+        """Entry (parent, name) went away, or moved `to` another place."""
+        with self._lock:
+            for ino, place in list(self._where.items()):
+                if place == (parent, name):
+                    if to is None:
+                        del self._where[ino]
+                    else:
+                        self._where[ino] = to
+
+    def _place(self, ino: int) -> tuple[int, bytes]:
+        place = self._where.get(ino)
+        if place is None:
+            raise NamespaceError(errno.ESTALE, f"inode {ino} was not looked up here")
+        return place
+
+    def _current(self, attributes: Attributes) -> Attributes:
+        """`attributes` with what this mount has written and not pushed."""
+        opened = self._files.get(attributes.ino)
+        if opened is None or not opened.dirty:
+            return attributes
+        return replace(attributes, size=opened.size, mtime_ns=opened.mtime_ns)
+
+    def _handle(self, fh: int) -> _OpenFile:
+        opened = self._handles.get(fh)
+        if opened is None:
+            raise NamespaceError(errno.EBADF, f"no open file {fh}")
+        return opened
+
+    def _push_data(self, opened: _OpenFile) -> None:
+        """Write the buffered bytes; the caller holds `opened.lock`."""
+        if opened.pending:
+            self.data.write(opened.ino, opened.pending_at, bytes(opened.pending))
+            opened.pending = bytearray()
+
+    def _reclaim(self, gone: Attributes) -> None:
+        """The chunks of a file that lost its name: now, or at its last release."""
+        if gone.kind != "file":
+            return
+        with self._lock:
+            if gone.ino in self._files:
+                self._doomed.add(gone.ino)
+                return
+        self.data.remove(gone.ino, gone.size)

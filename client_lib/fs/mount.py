@@ -1,0 +1,308 @@
+"""`metaflow-fs MOUNTPOINT`: the file system of `client_lib.fs.core`, mounted
+through FUSE (pyfuse3, low-level and inode-based like the core).
+
+This is only the shim: it turns FUSE's requests into calls of the core, run
+in worker threads (the core blocks on the network; the threads let one
+mount serve many processes at once), and the core's answers and errors into
+FUSE's. It needs the ``fs`` extra (pyfuse3, trio) and libfuse3.
+
+Without ``--via`` every request goes to its key's MetaDataID, through the
+switches, as any MetaFlow client's does; ``--via HOST:PORT`` sends them all
+to one agent (a standalone agent on loopback). The mount ends cleanly on
+SIGTERM or SIGINT (buffered writes pushed, then unmounted) and when
+``fusermount3 -u MOUNTPOINT`` unmounts it.
+
+What one client sees of another's changes: the kernel keeps names for
+``--entry-timeout`` and attributes for ``--attr-timeout`` seconds (defaults
+1 s), so another mount's create, rename or chmod shows within that long;
+file contents are close-to-open (written at close or fsync, and the page
+cache dropped at every open). 0 makes every lookup and stat ask the servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import math
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import pyfuse3
+import trio
+
+from client_lib.ctl import add_connection, client_from
+from client_lib.errors import MetaFlowError, NamespaceError
+from client_lib.filedata import CHUNK_SIZE, ChecksumMismatch, FileData
+from client_lib.fs.core import FileSystem
+from client_lib.inode import ROOT, Attributes
+from client_lib.mdid import NAME_MAX
+from client_lib.namespace import Namespace
+
+log = logging.getLogger("metaflow.fs")
+T = TypeVar("T")
+
+FSNAME = "metaflow"
+"""The mount's source and subtype: it shows as ``metaflow`` of type ``fuse.metaflow``."""
+
+
+class MountOperations(pyfuse3.Operations):
+    """FUSE's requests, answered by a `FileSystem`."""
+
+    enable_writeback_cache = False   # every write reaches the core: close-to-open needs it
+
+    def __init__(self, fs: FileSystem, *, attr_timeout: float, entry_timeout: float) -> None:
+        super().__init__()
+        self.fs, self.attr_timeout, self.entry_timeout = fs, attr_timeout, entry_timeout
+
+    async def _call(self, work: Callable[..., T], *args: object) -> T:
+        """Run a core call in a worker thread; its failure as an errno. An
+        error that is not the core's own is logged and answered EIO: an
+        exception that escapes a handler would end pyfuse3's main loop."""
+        try:
+            return await trio.to_thread.run_sync(work, *args)
+        except NamespaceError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except ChecksumMismatch as exc:
+            log.error("%s", exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except MetaFlowError as exc:   # the service could not be reached in time
+            log.warning("%s failed: %s", getattr(work, "__name__", work), exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception:
+            log.exception("%s failed", getattr(work, "__name__", work))
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    def _ino(self, inode: int) -> int:
+        """FUSE's root is inode 1; the namespace's may be another (``--root``)."""
+        return self.fs.root if inode == pyfuse3.ROOT_INODE else inode
+
+    def _entry(self, attributes: Attributes) -> pyfuse3.EntryAttributes:
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = pyfuse3.ROOT_INODE if attributes.ino == self.fs.root else attributes.ino
+        entry.generation = 0
+        entry.entry_timeout = self.entry_timeout
+        entry.attr_timeout = self.attr_timeout
+        entry.st_mode = attributes.st_mode
+        entry.st_nlink = 1     # directories too: no subdirectory count (find must not assume one)
+        entry.st_uid, entry.st_gid = attributes.uid, attributes.gid
+        entry.st_rdev = 0
+        entry.st_size = attributes.size
+        entry.st_blksize = CHUNK_SIZE
+        entry.st_blocks = math.ceil(attributes.size / 512)
+        entry.st_atime_ns, entry.st_mtime_ns = attributes.atime_ns, attributes.mtime_ns
+        entry.st_ctime_ns = attributes.ctime_ns
+        return entry
+
+    # -- names and attributes ----------------------------------------------------------
+
+    async def lookup(self, parent_inode: int, name: bytes,
+                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(await self._call(self.fs.lookup, self._ino(parent_inode), name))
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(await self._call(self.fs.getattr, self._ino(inode)))
+
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
+                      fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        changes = {}
+        if fields.update_mode:
+            changes["mode"] = attr.st_mode & 0o7777
+        if fields.update_uid:
+            changes["uid"] = attr.st_uid
+        if fields.update_gid:
+            changes["gid"] = attr.st_gid
+        if fields.update_size:
+            changes["size"] = attr.st_size
+        if fields.update_atime:
+            changes["atime_ns"] = attr.st_atime_ns
+        if fields.update_mtime:
+            changes["mtime_ns"] = attr.st_mtime_ns
+        return self._entry(await self._call(self.fs.setattr, self._ino(inode), changes))
+
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        return await self._call(self.fs.readlink, self._ino(inode))
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        for inode, count in inode_list:
+            self.fs.forget(self._ino(inode), count)
+
+    async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
+        return True   # default_permissions: the kernel checks the mode bits itself
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        """The service does not report a capacity: a large one, so tools that
+        check free space go ahead."""
+        stats = pyfuse3.StatvfsData()
+        stats.f_bsize, stats.f_frsize = CHUNK_SIZE, 4096
+        stats.f_blocks, stats.f_bfree, stats.f_bavail = 1 << 32, 1 << 31, 1 << 31
+        stats.f_files, stats.f_ffree, stats.f_favail = 1 << 40, 1 << 39, 1 << 39
+        stats.f_namemax = NAME_MAX
+        return stats
+
+    # -- creating and removing ---------------------------------------------------------
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int,
+                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(await self._call(self.fs.mkdir, self._ino(parent_inode), name, mode,
+                                            ctx.uid, ctx.gid))
+
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes,
+                      ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(await self._call(self.fs.symlink, self._ino(parent_inode), name, target,
+                                            ctx.uid, ctx.gid))
+
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        fh, attributes = await self._call(self.fs.create, self._ino(parent_inode), name, mode,
+                                          ctx.uid, ctx.gid, bool(flags & os.O_EXCL))
+        return pyfuse3.FileInfo(fh=fh), self._entry(attributes)
+
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
+                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        raise pyfuse3.FUSEError(errno.EPERM)   # devices, FIFOs and sockets are not kept
+
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
+                   ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(await self._call(self.fs.link, self._ino(inode), self._ino(new_parent_inode),
+                                            new_name))
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self._call(self.fs.unlink, self._ino(parent_inode), name)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self._call(self.fs.rmdir, self._ino(parent_inode), name)
+
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
+                     flags: int, ctx: pyfuse3.RequestContext) -> None:
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EINVAL)   # an atomic swap of two names is not built
+        await self._call(self.fs.rename, self._ino(parent_inode_old), name_old,
+                         self._ino(parent_inode_new), name_new, bool(flags & pyfuse3.RENAME_NOREPLACE))
+
+    # -- file contents -----------------------------------------------------------------
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        return pyfuse3.FileInfo(fh=await self._call(self.fs.open, self._ino(inode)))
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self._call(self.fs.read, fh, off, size)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return await self._call(self.fs.write, fh, off, buf)
+
+    async def flush(self, fh: int) -> None:
+        await self._call(self.fs.flush, fh)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self._call(self.fs.flush, fh)
+
+    async def release(self, fh: int) -> None:
+        await self._call(self.fs.release, fh)
+
+    # -- directories -------------------------------------------------------------------
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        return await self._call(self.fs.opendir, self._ino(inode))
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        page = await self._call(self.fs.readdir, fh, start_id)
+        parent = self.fs.listing_inode(fh)
+        for name, attributes, ident in page:
+            if not pyfuse3.readdir_reply(token, name, self._entry(attributes), ident):
+                return
+            self.fs.entry_returned(parent, name, attributes)
+
+    async def releasedir(self, fh: int) -> None:
+        self.fs.releasedir(fh)
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        """Nothing to do: a directory change is acknowledged once durable."""
+
+    # -- extended attributes: not kept -------------------------------------------------
+
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
+        return []
+
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+
+async def _serve_until_stopped() -> None:
+    """pyfuse3's loop, ended by SIGTERM/SIGINT/SIGHUP or an unmount from outside."""
+    async with trio.open_nursery() as nursery:
+        async def watch() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+                async for signum in signals:
+                    log.info("signal %d: unmounting", signum)
+                    pyfuse3.terminate()
+                    return
+        nursery.start_soon(watch)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="metaflow-fs", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mountpoint", help="an existing, empty directory")
+    add_connection(p)
+    p.add_argument("--root", type=int, default=ROOT,
+                   help="inode of the namespace's root directory, made if absent (default 1)")
+    p.add_argument("--attr-timeout", type=float, default=1.0, help="seconds the kernel keeps attributes")
+    p.add_argument("--entry-timeout", type=float, default=1.0, help="seconds the kernel keeps names")
+    p.add_argument("--allow-other", action="store_true", help="let other users than the mounting one in")
+    p.add_argument("--debug", action="store_true", help="log every failure in full, and FUSE's own debug")
+    args = p.parse_args(argv)
+    if args.attr_timeout < 0 or args.entry_timeout < 0:
+        p.error("cache timeouts must not be negative")
+    if not 2 <= args.root < 1 << 63 and args.root != ROOT:
+        p.error("--root must be 1 or an inode number from 2 to 2**63 - 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
+                        format="%(asctime)s metaflow-fs %(levelname)s %(message)s")
+    client = client_from(args)
+    namespace = Namespace(client, root=args.root)
+    try:
+        namespace.format()
+    except MetaFlowError as exc:
+        print(f"metaflow-fs: cannot reach the file system's root: {exc}", file=sys.stderr)
+        return 2
+    fs = FileSystem(namespace, FileData(client))
+    operations = MountOperations(fs, attr_timeout=args.attr_timeout, entry_timeout=args.entry_timeout)
+    options = set(pyfuse3.default_options) | {f"fsname={FSNAME}", f"subtype={FSNAME}", "noatime"}
+    if args.allow_other:
+        options.add("allow_other")
+    if args.debug:
+        options.add("debug")
+    try:
+        pyfuse3.init(operations, args.mountpoint, options)
+    except RuntimeError as exc:
+        print(f"metaflow-fs: cannot mount on {args.mountpoint}: {exc}", file=sys.stderr)
+        return 2
+    log.info("mounted on %s (root inode %d)", args.mountpoint, args.root)
+    try:
+        trio.run(_serve_until_stopped)
+        fs.flush_all()
+    finally:
+        pyfuse3.close(unmount=True)
+        client.close()
+    log.info("unmounted %s", args.mountpoint)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

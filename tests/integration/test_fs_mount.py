@@ -1,0 +1,180 @@
+"""`metaflow-fs` mounted for real (FUSE, /dev/fuse) over a real standalone
+agent (``--via``; the mount over the fabric is in tests/e2e), with ordinary
+tools on it: tar x of a source tree checked
+with diff -r, git, find, du, ls -lR, rsync -a, mv of directories, fs_mark
+and postmark; the errors a file system owes for what it does not keep;
+what a second mount sees, and when; fsync that survives a kill -9 of the
+mount; and clean unmounts by SIGTERM and by fusermount3 -u."""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import signal
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import os_ken
+import pytest
+
+from mininet_scenarios.daemons import AgentProcess
+from mininet_scenarios.fs_mount import FuseMount, mounted
+
+SOURCE = Path(os_ken.__file__).parent
+"""A real source tree (os-ken's: 1,430 files, 93 directories, 21 MB without
+its bytecode), installed in every venv here."""
+
+
+@pytest.fixture(scope="module")
+def via(standalone_agent: AgentProcess) -> str:
+    return f"{standalone_agent.host}:{standalone_agent.port}"
+
+
+@pytest.fixture
+def mount(tmp_path: Path, via: str) -> Iterator[FuseMount]:
+    """A mount of a file system of its own (a fresh root inode)."""
+    with FuseMount(tmp_path / "mnt", via=via, root=secrets.randbits(62) | 2,
+                   log_path=tmp_path / "fs.log") as fs:
+        yield fs
+
+
+def _run(*argv: str | Path, cwd: Path | None = None) -> str:
+    out = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"{argv}: {out.returncode}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+    return out.stdout
+
+
+def test_tar_x_of_a_source_tree_then_diff_r(mount: FuseMount, tmp_path: Path) -> None:
+    archive = tmp_path / "src.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(SOURCE, arcname="src", filter=lambda i: None if "__pycache__" in i.name else i)
+    _run("tar", "xf", archive, "-C", mount.path)
+    _run("diff", "-r", "--exclude=__pycache__", SOURCE, mount.path / "src")
+    files = [p for p in SOURCE.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert len(files) > 1400
+    assert (mount.path / "src" / "__init__.py").stat().st_mtime == (SOURCE / "__init__.py").stat().st_mtime
+
+
+def test_git_init_add_commit_log(mount: FuseMount) -> None:
+    repo = mount.path / "repo"
+    _run("cp", "-r", SOURCE / "lib" / "packet", repo)
+    git = ["git", "-c", "user.email=t@example.org", "-c", "user.name=t"]
+    _run(*git, "init", "-q", cwd=repo)
+    _run(*git, "add", "-A", cwd=repo)
+    _run(*git, "commit", "-qm", "first", cwd=repo)
+    (repo / "new.txt").write_text("second\n")
+    _run(*git, "add", "new.txt", cwd=repo)
+    _run(*git, "commit", "-qm", "second", cwd=repo)
+    assert _run(*git, "log", "--format=%s", cwd=repo).split() == ["second", "first"]
+    assert _run(*git, "status", "--porcelain", cwd=repo) == ""
+    _run(*git, "fsck", "--no-progress", cwd=repo)
+
+
+def test_find_du_ls_rsync_and_mv_of_directories(mount: FuseMount) -> None:
+    tree = SOURCE / "services"
+    _run("rsync", "-a", f"{tree}/", mount.path / "gen")
+    _run("diff", "-r", tree, mount.path / "gen")
+    found = _run("find", mount.path / "gen", "-type", "f").split()
+    assert len(found) == sum(1 for p in tree.rglob("*") if p.is_file())
+    assert int(_run("du", "-s", "--block-size=1", mount.path / "gen").split()[0]) > 0
+    assert "__init__.py" in _run("ls", "-lR", mount.path)
+    (mount.path / "deep" / "er").mkdir(parents=True)
+    _run("mv", mount.path / "gen", mount.path / "deep" / "er" / "gen2")
+    assert not (mount.path / "gen").exists()
+    _run("diff", "-r", tree, mount.path / "deep" / "er" / "gen2")
+    _run("rsync", "-a", "--delete", f"{mount.path / 'deep'}/", mount.path / "copy")
+    _run("diff", "-r", mount.path / "deep", mount.path / "copy")
+
+
+def test_fs_mark_and_postmark_run(mount: FuseMount, tmp_path: Path) -> None:
+    (mount.path / "fsm").mkdir()   # fs_mark wants its directory made
+    out = _run("fs_mark", "-d", "fsm", "-n", "100", "-s", "4096", "-t", "2", "-k",   # a path under 40 bytes
+               cwd=mount.path)
+    rows = [line.split() for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert rows and float(rows[-1][3]) > 0            # files/s
+    assert len(list((mount.path / "fsm").rglob("*"))) >= 200
+    (mount.path / "pm").mkdir()
+    config = tmp_path / "pm.cfg"
+    config.write_text(f"set location {mount.path / 'pm'}\nset number 100\nset transactions 200\n"
+                      "set size 512 16384\nrun\nquit\n")
+    report = _run("postmark", config)
+    assert "transactions" in report and "deleted" in report
+    assert list((mount.path / "pm").iterdir()) == []   # postmark removes what it made
+
+
+def test_what_is_not_kept_gets_a_clear_errno(mount: FuseMount) -> None:
+    target = mount.path / "f"
+    target.write_bytes(b"data")
+    for what, call, code in [("link", lambda: os.link(target, mount.path / "g"), errno.EPERM),
+                             ("mkfifo", lambda: os.mkfifo(mount.path / "fifo"), errno.EPERM),
+                             ("setxattr", lambda: os.setxattr(target, "user.a", b"1"), errno.ENOTSUP),
+                             ("getxattr", lambda: os.getxattr(target, "user.a"), errno.ENOTSUP),
+                             ("rmdir", lambda: os.rmdir(target), errno.ENOTDIR)]:
+        with pytest.raises(OSError) as failed:
+            call()
+        assert failed.value.errno == code, (what, failed.value)
+    assert os.listxattr(target) == []
+    (mount.path / "d").mkdir()
+    (mount.path / "d" / "x").write_text("x")
+    with pytest.raises(OSError) as busy:
+        os.rmdir(mount.path / "d")
+    assert busy.value.errno == errno.ENOTEMPTY
+    assert target.read_bytes() == b"data"
+
+
+def test_a_second_mount_sees_changes_within_its_cache_timeouts(tmp_path: Path, via: str) -> None:
+    """Without caching, another mount's changes show at once; with the
+    default 1 s timeouts, within a second."""
+    root = secrets.randbits(62) | 2
+    with FuseMount(tmp_path / "a", via=via, root=root, attr_timeout=0, entry_timeout=0) as a, \
+            FuseMount(tmp_path / "b", via=via, root=root, attr_timeout=0, entry_timeout=0) as b:
+        (a.path / "f").write_text("one")
+        assert (b.path / "f").read_text() == "one"
+        os.rename(a.path / "f", a.path / "g")
+        assert not (b.path / "f").exists() and (b.path / "g").read_text() == "one"
+        os.chmod(a.path / "g", 0o600)
+        assert (b.path / "g").stat().st_mode & 0o777 == 0o600
+    with FuseMount(tmp_path / "a", via=via, root=root) as a, \
+            FuseMount(tmp_path / "b", via=via, root=root) as b:
+        assert (b.path / "g").stat().st_mode & 0o777 == 0o600
+        os.chmod(a.path / "g", 0o640)
+        time.sleep(1.2)
+        assert (b.path / "g").stat().st_mode & 0o777 == 0o640
+
+
+def test_fsync_survives_a_kill_9_of_the_mount(tmp_path: Path, via: str) -> None:
+    root = secrets.randbits(62) | 2
+    first = FuseMount(tmp_path / "mnt", via=via, root=root, log_path=tmp_path / "fs.log").start()
+    try:
+        fd = os.open(first.path / "synced", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, b"s" * 300_000)
+        os.fsync(fd)
+        first.kill()     # the mount dies with the file open: no flush, no release
+        with pytest.raises(OSError) as gone:
+            os.close(fd)
+        assert gone.value.errno == errno.ENOTCONN
+    finally:
+        first.kill()
+    assert not mounted(first.path)
+    with FuseMount(tmp_path / "mnt", via=via, root=root) as second:
+        assert (second.path / "synced").read_bytes() == b"s" * 300_000
+
+
+def test_sigterm_and_fusermount_unmount_cleanly_and_push_what_is_buffered(tmp_path: Path, via: str) -> None:
+    root = secrets.randbits(62) | 2
+    mount = FuseMount(tmp_path / "mnt", via=via, root=root).start()
+    held = open(mount.path / "open-at-unmount", "wb")   # noqa: SIM115 - open across the unmount
+    held.write(b"buffered")
+    held.flush()   # to the mount's buffer (FUSE write), not yet to the servers
+    mount.proc.send_signal(signal.SIGTERM)   # type: ignore[union-attr]
+    assert mount.proc.wait(30) == 0 and not mounted(mount.path)   # type: ignore[union-attr]
+    with pytest.raises(OSError):
+        held.close()
+    mount = FuseMount(tmp_path / "mnt", via=via, root=root).start()
+    assert (mount.path / "open-at-unmount").read_bytes() == b"buffered"
+    _run("fusermount3", "-u", mount.path)
+    assert mount.proc.wait(30) == 0 and not mounted(mount.path)   # type: ignore[union-attr]
