@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from client_lib.client import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, MetaFlowClient
+from client_lib.client import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, MetaFlowClient, RetryPolicy
 from client_lib.constants import DEFAULT_SPACE_CIDR, METAFLOW_PORT
 from client_lib.errors import MetadataFormatError, MetaFlowError
 from client_lib.metadata import FileMetadata
@@ -40,6 +40,8 @@ def add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per attempt")
     p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE,
                    help="seconds for the whole request, retries included")
+    p.add_argument("--attempts", type=int, default=RetryPolicy.attempts,
+                   help="attempts per request at most (the deadline bounds them too)")
 
 
 def add_put_options(p: argparse.ArgumentParser) -> None:
@@ -97,7 +99,7 @@ def _execute(client: MetaFlowClient, args: argparse.Namespace) -> int:
 def client_from(args: argparse.Namespace) -> MetaFlowClient:
     """The client `add_connection`'s arguments describe."""
     return MetaFlowClient(args.space, port=args.port, timeout=args.timeout, deadline=args.deadline,
-                          via=args.via)
+                          retry=RetryPolicy(args.attempts), via=args.via)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,6 +8,9 @@ Stopping sends SIGTERM and insists on a clean exit and on the mount being
 gone, since a clean unmount is part of what is checked; a mount whose
 process died or hangs is lazily unmounted (``fusermount3 -uz``), so no test
 leaves one behind.
+
+A Mininet host has a mount namespace of its own: a mount made in it is seen
+only there, so commands that use it go through `run`.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from mininet_scenarios.daemons import ROOT, NetnsLike
 FSTYPE = "fuse.metaflow"
 
 
-def mounted(path: Path) -> bool:
-    """Whether a metaflow-fs mount sits on `path` (this mount namespace)."""
+def mounted(path: Path, pid: int | str = "self") -> bool:
+    """Whether a metaflow-fs mount sits on `path`, in the mount namespace of
+    process `pid` (this one's by default)."""
     target = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as table:
+    with open(f"/proc/{pid}/mountinfo") as table:
         for line in table:
             fields = line.split()
             dash = fields.index("-")
@@ -45,6 +49,7 @@ class FuseMount:
                  attr_timeout: float = 1.0, entry_timeout: float = 1.0) -> None:
         self.path = Path(path)
         self.log_path = log_path
+        self.netns = netns
         self.argv = [*(netns.command() if netns else []), sys.executable, "-m", "client_lib.fs.cli",
                      str(self.path), "--attr-timeout", str(attr_timeout),
                      "--entry-timeout", str(entry_timeout),
@@ -60,7 +65,7 @@ class FuseMount:
             self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
-        while not mounted(self.path):
+        while not self.mounted():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"metaflow-fs exited with {self.proc.returncode}: {self.log()[-2000:]}")
             if time.monotonic() > deadline:
@@ -68,6 +73,23 @@ class FuseMount:
                 raise RuntimeError(f"metaflow-fs did not mount in {timeout} s: {self.log()[-2000:]}")
             time.sleep(0.05)
         return self
+
+    def mounted(self) -> bool:
+        """Whether the mount is there (in the namespace of the process, if it runs)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return mounted(self.path, self.proc.pid)
+        return self.run("findmnt", "-n", "-t", FSTYPE, "-M", self.path, check=False).returncode == 0
+
+    def run(self, *argv: str | Path, check: bool = True,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run a command where the mount is seen (in its host, if it has one)."""
+        args = [str(a) for a in argv]
+        if self.netns is not None:
+            return self.netns.run(*args, check=check, timeout=timeout)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode:
+            raise RuntimeError(f"{' '.join(args)} exited with {done.returncode}: {done.stderr[-2000:]}")
+        return done
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
@@ -90,8 +112,8 @@ class FuseMount:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        if mounted(self.path):
-            subprocess.run(["fusermount3", "-u", "-z", str(self.path)], check=False, capture_output=True)
+        if self.mounted():
+            self.run("fusermount3", "-u", "-z", self.path, check=False)
 
     def __enter__(self) -> FuseMount:
         return self.start()
@@ -102,7 +124,7 @@ class FuseMount:
             self.kill()
             return
         code = self.stop()
-        still = mounted(self.path)
+        still = self.mounted()
         if still:
             self.kill()
         assert code == 0 and not still, f"metaflow-fs did not unmount cleanly ({code}): {self.log()[-2000:]}"

@@ -45,6 +45,11 @@ from client_lib.namespace import Namespace
 log = logging.getLogger("metaflow.fs")
 T = TypeVar("T")
 
+MOUNT_DEADLINE = 30.0
+MOUNT_ATTEMPTS = 1000
+"""A request's defaults on the mount: retried (pauses capped at 0.5 s) for
+up to 30 s before the call fails with EIO."""
+
 FSNAME = "metaflow"
 """The mount's source and subtype: it shows as ``metaflow`` of type ``fuse.metaflow``."""
 
@@ -256,6 +261,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mountpoint", help="an existing, empty directory")
     add_connection(p)
+    # A file system waits out a fail-over (about a second) rather than fail
+    # a write with EIO: as NFS's hard mounts, within a generous deadline.
+    p.set_defaults(deadline=MOUNT_DEADLINE, attempts=MOUNT_ATTEMPTS)
     p.add_argument("--root", type=int, default=ROOT,
                    help="inode of the namespace's root directory, made if absent (default 1)")
     p.add_argument("--attr-timeout", type=float, default=1.0, help="seconds the kernel keeps attributes")
