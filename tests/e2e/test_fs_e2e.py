@@ -35,8 +35,8 @@ def _files(mount: FuseMount, tree: Path) -> int:
 @pytest.mark.timeout(600)
 def test_tar_on_a_mount_in_a_client_host_survives_a_killed_server(tmp_path: Path) -> None:
     archive = tmp_path / "src.tar"
-    with tarfile.open(archive, "w") as tar:
-        tar.add(SOURCE, arcname="src", filter=lambda i: None if "__pycache__" in i.name else i)
+    with tarfile.open(archive, "w") as packing:
+        packing.add(SOURCE, arcname="src", filter=lambda i: None if "__pycache__" in i.name else i)
     expected = sum(1 for p in SOURCE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     graph = builders.fat_tree(4, servers=8)
     with MetaFlowNet(graph, capacity=100_000, workdir=tmp_path,
