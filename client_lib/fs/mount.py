@@ -34,9 +34,11 @@ from typing import TypeVar
 import pyfuse3
 import trio
 
+from client_lib.client import MetaFlowClient
 from client_lib.ctl import add_connection, client_from
 from client_lib.errors import MetaFlowError, NamespaceError
 from client_lib.filedata import CHUNK_SIZE, ChecksumMismatch, FileData
+from client_lib.fs.central import CentralRecords
 from client_lib.fs.core import FileSystem
 from client_lib.inode import ROOT, Attributes
 from client_lib.mdid import NAME_MAX
@@ -268,6 +270,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="inode of the namespace's root directory, made if absent (default 1)")
     p.add_argument("--attr-timeout", type=float, default=1.0, help="seconds the kernel keeps attributes")
     p.add_argument("--entry-timeout", type=float, default=1.0, help="seconds the kernel keeps names")
+    p.add_argument("--central-redis", metavar="HOST:PORT", default=None,
+                   help="keep every record in this one redis-server instead of MetaFlow (the baseline "
+                        "a central metadata server is; the connection arguments are then unused)")
     p.add_argument("--allow-other", action="store_true", help="let other users than the mounting one in")
     p.add_argument("--debug", action="store_true", help="log every failure in full, and FUSE's own debug")
     args = p.parse_args(argv)
@@ -275,6 +280,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("cache timeouts must not be negative")
     if not 2 <= args.root < 1 << 63 and args.root != ROOT:
         p.error("--root must be 1 or an inode number from 2 to 2**63 - 1")
+    if args.central_redis and not args.central_redis.rpartition(":")[2].isdigit():
+        p.error("--central-redis is HOST:PORT")
     return args
 
 
@@ -282,7 +289,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(asctime)s metaflow-fs %(levelname)s %(message)s")
-    client = client_from(args)
+    client: MetaFlowClient | CentralRecords
+    if args.central_redis:
+        host, _, port = args.central_redis.rpartition(":")
+        client = CentralRecords(host, int(port))
+    else:
+        client = client_from(args)
     namespace = Namespace(client, root=args.root)
     try:
         namespace.format()

@@ -178,3 +178,17 @@ def test_sigterm_and_fusermount_unmount_cleanly_and_push_what_is_buffered(tmp_pa
     assert (mount.path / "open-at-unmount").read_bytes() == b"buffered"
     _run("fusermount3", "-u", mount.path)
     assert mount.proc.wait(30) == 0 and not mounted(mount.path)   # type: ignore[union-attr]
+
+
+def test_the_same_mount_with_its_records_in_one_central_redis(tmp_path: Path, redis_server: str) -> None:
+    """The baseline the benchmarks compare with: the same FUSE client, its
+    records in one redis-server instead of MetaFlow."""
+    central = redis_server.removeprefix("redis://")
+    with FuseMount(tmp_path / "mnt", "--central-redis", central, root=secrets.randbits(62) | 2,
+                   log_path=tmp_path / "fs.log") as mount:
+        tree = SOURCE / "services"
+        _run("rsync", "-a", f"{tree}/", mount.path / "copy")
+        _run("diff", "-r", tree, mount.path / "copy")
+        os.rename(mount.path / "copy", mount.path / "moved")
+        assert len(_run("find", mount.path / "moved", "-type", "f").split()) == \
+            sum(1 for p in tree.rglob("*") if p.is_file())

@@ -16,13 +16,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client_lib import MetaFlowClient, NamespaceError
+from client_lib.fs.central import CentralRecords
 from client_lib.namespace import Namespace, directory_key
+from client_lib.records import Records
 from mininet_scenarios.daemons import AgentProcess
 from tests.fs_model import Model, run_op, visible_tree
 
@@ -30,12 +33,20 @@ NAMES = ["a", "b", "c"]
 OPS = ["mkdir", "create", "symlink", "unlink", "rmdir", "setattr", "rename", "lookup"]
 
 
-@pytest.fixture(scope="module")
-def client(two_server_client: MetaFlowClient) -> MetaFlowClient:
-    return two_server_client
+@pytest.fixture(scope="module", params=["metaflow", "central-redis"])
+def client(request: pytest.FixtureRequest, redis_server: str) -> Iterator[Records]:
+    """The same namespace logic on MetaFlow (two agents splitting the space)
+    and on one central redis-server (`client_lib.fs.central`, the baseline)."""
+    if request.param == "metaflow":
+        yield request.getfixturevalue("two_server_client")
+        return
+    host, port = redis_server.removeprefix("redis://").split(":")
+    records = CentralRecords(host, int(port))
+    yield records
+    records.close()
 
 
-def _fresh(client: MetaFlowClient) -> Namespace:
+def _fresh(client: Records) -> Namespace:
     """A namespace with a root of its own: every run, replays included (the
     agents keep what earlier runs made), starts from an empty tree."""
     ns = Namespace(client, root=secrets.randbits(62) | 2)
@@ -46,7 +57,7 @@ def _fresh(client: MetaFlowClient) -> Namespace:
 @given(ops=st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 7), st.sampled_from(NAMES),
                               st.integers(0, 7), st.sampled_from(NAMES)), min_size=1, max_size=40))
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_random_sequences_match_the_model(client: MetaFlowClient,
+def test_random_sequences_match_the_model(client: Records,
                                           ops: list[tuple[str, int, str, int, str]]) -> None:
     ns = _fresh(client)
     model = Model(ns.root)
@@ -70,7 +81,7 @@ def test_random_sequences_match_the_model(client: MetaFlowClient,
         assert client.get(directory_key(ino)) is None and list(ns.walk(ino)) == []
 
 
-def test_concurrent_creators_in_one_directory_lose_and_duplicate_nothing(client: MetaFlowClient) -> None:
+def test_concurrent_creators_in_one_directory_lose_and_duplicate_nothing(client: Records) -> None:
     """Eight threads create 50 names each, half of them shared: every name
     exists once, each shared name was won by exactly one thread."""
     ns = _fresh(client)
@@ -99,7 +110,7 @@ def test_concurrent_creators_in_one_directory_lose_and_duplicate_nothing(client:
     assert all(len(w) == 1 for w in wins.values()) and set(wins) == set(names)
 
 
-def test_errors_a_file_system_expects(client: MetaFlowClient) -> None:
+def test_errors_a_file_system_expects(client: Records) -> None:
     ns = _fresh(client)
     f = ns.create(ns.root, "f")
     for call, code in [(lambda: ns.create(ns.root, "f"), errno.EEXIST),
@@ -123,7 +134,7 @@ def test_errors_a_file_system_expects(client: MetaFlowClient) -> None:
     assert ns.setattr(ns.root, "f", size=10).size == 10
 
 
-def test_concurrent_creators_and_renamers_into_one_directory(client: MetaFlowClient) -> None:
+def test_concurrent_creators_and_renamers_into_one_directory(client: Records) -> None:
     """Four threads create names in one directory while four others create
     files in directories of their own and rename them into it, some onto
     names the creators also want: every name ends up there exactly once,
@@ -195,13 +206,14 @@ with MetaFlowClient(route=route) as client:
 
 
 def test_a_renaming_process_killed_at_random_leaves_every_file_once(
-        client: MetaFlowClient, two_servers: tuple[AgentProcess, AgentProcess]) -> None:
+        two_server_client: MetaFlowClient, two_servers: tuple[AgentProcess, AgentProcess]) -> None:
     """A process renames 50 files back and forth between two directories (on
     two servers, as it happens) and is killed with SIGKILL at a random
     moment, ten times over; after each kill, every file is found exactly
     once, in one directory or the other, and a rename it left half done is
     finished or undone by the next one (whose lease waits are short here)."""
     addresses = [f"{agent.host}:{agent.port}" for agent in two_servers]
+    client = two_server_client
     ns = _fresh(client)
     a, b = ns.mkdir(ns.root, "a"), ns.mkdir(ns.root, "b")
     inodes = {ns.create(a.ino, f"f{i}").ino for i in range(50)}
