@@ -30,6 +30,8 @@ SYSTEM = frozenset({"mininet"})
 
 CLIENT_FILES = ("client_lib", "controller/ctl.py", "controller/status.py")
 """What `metaflowctl status|get|put|del|stat|secret` runs."""
+MOUNT = "client_lib/fs/mount.py"
+"""The FUSE shim: the fs role's, left out of the others' client_lib."""
 
 ROLES = {
     # role: (what it runs, the first-party packages it may import)
@@ -38,6 +40,7 @@ ROLES = {
     "controller": (("controller", "btree", "topology", "client_lib"),
                    {"controller", "btree", "topology", "client_lib"}),
     "bench": (tuple(sorted(OURS)), None),
+    "fs": ((MOUNT,), None),
 }
 LAYERS = {
     # package: the first-party packages it may import (the pure core and the client import no daemon)
@@ -106,7 +109,10 @@ def _role_imports(role: str) -> dict[str, set[str]]:
     merged: dict[str, set[str]] = {}
     for where in ROLES[role][0]:
         for module, files in imports(where).items():
-            merged.setdefault(module, set()).update(files)
+            if role not in ("fs", "bench"):
+                files = files - {MOUNT}
+            if files:
+                merged.setdefault(module, set()).update(files)
     return merged
 
 
