@@ -26,7 +26,7 @@ MININET_SRC  := /usr/lib/python3/dist-packages/mininet
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: setup apt mininet-link ovs test unit lint typecheck check-install demo bench bench-quick \
-        bench-flowtables bench-agent bench-failover chaos bench-replication plan clean
+        bench-flowtables bench-agent bench-failover chaos bench-replication bench-fs bench-fig20 plan clean
 
 setup: apt $(STAMP) mininet-link ovs
 
@@ -161,6 +161,20 @@ chaos: setup
 # blocks, 20 kills detected by port-down and 20 by heartbeats (about 6 minutes).
 bench-failover: setup
 	$(PY) -m benchmarks.failover --out benchmarks/results
+
+# The file system: renaming a directory under full-path and inode keys, then
+# metaflow-fs on one agent beside the same mount on one central redis-server
+# (mdtest phases, tar x, git, fs_mark, postmark), 3 rounds (about 10 minutes;
+# BENCH_FS_ARGS=--quick: about 2).
+bench-fs: setup
+	$(PY) -m benchmarks.fs_bench --out benchmarks/results $(BENCH_FS_ARGS)
+
+# The paper's DFS experiment (Fig. 20) at this machine's scale: files of
+# 64 KB to 64 MB written under a 20/80 metadata load, their metadata found
+# through MetaFlow, hash mapping, One-Hop and Chord (about 15 minutes;
+# BENCH_FIG20_ARGS=--quick: about 3).
+bench-fig20: setup
+	$(PY) -m benchmarks.fig20 --out benchmarks/results $(BENCH_FIG20_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
