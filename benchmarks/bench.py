@@ -36,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO
@@ -376,6 +378,52 @@ def mdtest(sweep: Sweep, lookups: LookupFleet, members: Membership, cfg: BenchCo
     return out
 
 
+@dataclass
+class Harness:
+    """The benchmark's network, loaded: what `harness` yields."""
+
+    mf: MetaFlowNet
+    members: Membership
+    lookups: LookupFleet
+    clients: ClientFleet
+
+
+@contextmanager
+def harness(cfg: BenchConfig, workdir: Path, progress: tqdm) -> Iterator[Harness]:
+    """The fat-tree with the controller and agents, a lookup service on every
+    storage server and a bench client on every client host, the namespace
+    loaded; everything stopped after, and a lookup server that did not stop
+    cleanly raised."""
+    progress.set_description("network up")
+    graph = builders.fat_tree(cfg.k, servers=cfg.servers)
+    # every server owns a share from the start (the controller's default gives
+    # half of them blocks and the rest wait for splits); one copy of each block,
+    # as the baselines keep, and no disk sync per write: this compares
+    # lookups (replication's cost is `make bench-replication`'s, a sync's
+    # `benchmarks.bench_fsync`'s)
+    with MetaFlowNet(graph, store=cfg.store, workdir=workdir, replicas=1,
+                     agent_args=list(nat_cost.REQUEST_PATH_ONLY),
+                     controller_args=["--bootstrap", f"preallocate:{cfg.servers}"]) as mf:
+        members, names = write_membership(mf, workdir / "membership.json")
+        lookups = LookupFleet(mf, workdir / "membership.json", names)
+        failures: list[str] = []
+        try:
+            clients = ClientFleet(mf, workdir / "membership.json", cfg)
+            try:
+                progress.set_description("loading namespace")
+                loaded = clients.run({"phase": "load", "scheme": "hash", "concurrency": 64}, shares=True)
+                if sum(r["errors"] for r in loaded):
+                    raise RuntimeError(f"loading failed: {[r['error_sample'] for r in loaded]}")
+                load_ghba_filters(lookups, members, cfg)
+                yield Harness(mf, members, lookups, clients)
+            finally:
+                clients.close()
+        finally:
+            failures += lookups.stop()
+    if failures:
+        raise RuntimeError("; ".join(failures))
+
+
 def run_bench(cfg: BenchConfig, show_progress: bool = True, keep: Path | None = None) -> dict:
     """The whole benchmark; `keep` is a directory to leave the daemons' logs in
     (default: a temporary one, deleted)."""
@@ -387,43 +435,18 @@ def run_bench(cfg: BenchConfig, show_progress: bool = True, keep: Path | None = 
         workdir = keep or Path(tmp)
         progress.set_description("NAT A/B")
         nat = nat_cost.measure(cfg.nat_rounds, cfg.nat_ops, workdir, progress) if cfg.nat_rounds else {}
-        progress.set_description("network up")
-        graph = builders.fat_tree(cfg.k, servers=cfg.servers)
-        # every server owns a share from the start (the controller's default gives
-        # half of them blocks and the rest wait for splits); one copy of each block,
-        # as the baselines keep, and no disk sync per write: this compares
-        # lookups (replication's cost is `make bench-replication`'s, a sync's
-        # `benchmarks.bench_fsync`'s)
-        with MetaFlowNet(graph, store=cfg.store, workdir=workdir, replicas=1,
-                         agent_args=list(nat_cost.REQUEST_PATH_ONLY),
-                         controller_args=["--bootstrap", f"preallocate:{cfg.servers}"]) as mf:
-            members, names = write_membership(mf, workdir / "membership.json")
-            lookups = LookupFleet(mf, workdir / "membership.json", names)
-            failures: list[str] = []
-            try:
-                clients = ClientFleet(mf, workdir / "membership.json", cfg)
-                try:
-                    progress.set_description("loading namespace")
-                    loaded = clients.run({"phase": "load", "scheme": "hash", "concurrency": 64}, shares=True)
-                    if sum(r["errors"] for r in loaded):
-                        raise RuntimeError(f"loading failed: {[r['error_sample'] for r in loaded]}")
-                    load_ghba_filters(lookups, members, cfg)
-                    ovs = [int(OVS_PIDFILE.read_text())] if OVS_PIDFILE.exists() else []
-                    meter = CpuMeter({"storage": [pid_of(a.proc) for a in mf.running.agents.values()],
-                                      "lookup": lookups.pids, "client": clients.pids, "ovs": ovs})
-                    sweep = Sweep(clients, meter, cfg, progress)
-                    sweep.sweep()
-                    ghba_levels = _ghba_levels(lookups)   # of the mixed workload, before mdtest's creates
-                    phases = mdtest(sweep, lookups, members, cfg) if cfg.mdtest_files else {}
-                finally:
-                    clients.close()
-                flows = mf.flow_counts()
-            finally:
-                failures += lookups.stop()
+        with harness(cfg, workdir, progress) as bench:
+            mf, members, lookups, clients = bench.mf, bench.members, bench.lookups, bench.clients
+            ovs = [int(OVS_PIDFILE.read_text())] if OVS_PIDFILE.exists() else []
+            meter = CpuMeter({"storage": [pid_of(a.proc) for a in mf.running.agents.values()],
+                              "lookup": lookups.pids, "client": clients.pids, "ovs": ovs})
+            sweep = Sweep(clients, meter, cfg, progress)
+            sweep.sweep()
+            ghba_levels = _ghba_levels(lookups)   # of the mixed workload, before mdtest's creates
+            phases = mdtest(sweep, lookups, members, cfg) if cfg.mdtest_files else {}
+            flows = mf.flow_counts()
             timings = dict(mf.timings)
     progress.close()
-    if failures:
-        raise RuntimeError("; ".join(failures))
     schemes = summarize(sweep, nat)
     if "ghba" in schemes:
         schemes["ghba"].update(levels=ghba_levels, group_size=members.group_size)

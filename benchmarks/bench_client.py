@@ -8,6 +8,17 @@ an interpreter start per run:
     {"phase": "mixed", "scheme": "chord", "concurrency": 4, "seconds": 3}
     {"phase": "load", "share": [0, 8]}          write the namespace entries i = 0 mod 8
     {"phase": "create"|"stat"|"remove", "scheme": "ghba", "concurrency": 4}
+    {"phase": "dfs", "scheme": "onehop", "file_size": 65536, "files": 512,
+     "share": [0, 8], "concurrency": 2, "background": 2, "tag": "r0"}
+
+The ``dfs`` phase is the paper's DFS experiment (Fig. 20) on one client: it
+writes its share of `files` files of `file_size` bytes, `concurrency` at a time, each a
+metadata create found through the scheme, the data in chunks of up to
+`DFS_CHUNK` bytes straight to the storage servers that hold them (the same
+for every scheme: data placement needs no metadata lookup here), and a
+metadata update with the size; meanwhile `background` workers keep the 20/80
+metadata load of the mixed phase going through the same scheme. Its time is
+from the first file's start to the last one's end.
 
 Per operation, a scheme first finds the owner (MetaFlow and hash mapping:
 no lookup; the others: lookup RPCs to `metaflow-lookupd` over kept-open
@@ -37,6 +48,8 @@ from client_lib.mdid import mdid_of_key
 from client_lib.resp import ErrorReply, encode_command
 
 SCHEMES = ("metaflow", "hash", "central", "onehop", "chord", "ghba")
+DFS_CHUNK = 256 * 1024
+"""Bytes of file data per request in the dfs phase (`client_lib.filedata`'s chunk)."""
 
 
 class Router:
@@ -103,6 +116,7 @@ class Client:
         self.mixed = MixedOps(len(self.namespace), args.get_fraction, args.zipf,
                               args.seed * 1000 + args.index)
         self.mdtest = mdtest_entries(self.name, args.mdtest_files)
+        self.data = RpcPool(timeout=60)   # file data: kept-open connections, as a stream would be
 
     async def op(self, scheme: str, verb: str, entry: Entry, stats: Counter) -> None:
         """One operation, lookups and retries included; a false location (a
@@ -129,7 +143,58 @@ class Client:
             return
         raise RpcError(f"{entry.key!r}: still MOVED after 4 lookups")
 
+    async def dfs(self, cmd: dict) -> dict:
+        """The dfs phase (module docstring)."""
+        scheme, size = cmd["scheme"], int(cmd["file_size"])
+        stats: Counter[str] = Counter()
+        errors: list[str] = []
+        index, clients = cmd.get("share", [0, 1])
+        files = iter(range(int(cmd["files"]) // clients + (index < int(cmd["files"]) % clients)))
+        payload = bytes(range(256)) * (min(size, DFS_CHUNK) // 256 + 1)
+        writing = True
+
+        async def write_file(i: int) -> None:
+            key = f"/fig20/{cmd['tag']}/{self.name}/f{i:06}".encode()
+            await self.op(scheme, "SET", Entry(key, b'{"size":0}'), stats)
+            for offset in range(0, size, DFS_CHUNK):
+                chunk = key + b"#%08x" % (offset // DFS_CHUNK)
+                frame = encode_command("SET", chunk, payload[:min(DFS_CHUNK, size - offset)])
+                reply = await self.data.call_frame(f"{self.router.placed(chunk)}:{METAFLOW_PORT}", frame)
+                if isinstance(reply, ErrorReply):
+                    raise RpcError(f"data {chunk!r}: {reply.message}")
+                stats["data_requests"] += 1
+            await self.op(scheme, "SET", Entry(key, b'{"size":%d}' % size), stats)
+
+        async def writer() -> None:
+            for i in files:
+                try:
+                    await write_file(i)
+                    stats["files"] += 1
+                except (TimeoutError, OSError, RpcError) as exc:
+                    errors.append(f"file {i}: {exc!r}")
+
+        async def background() -> None:
+            mixed = self._work("mixed", cmd)
+            while writing:
+                verb, entry = next(mixed)
+                try:
+                    await self.op(scheme, verb, entry, stats)
+                    stats["background_ops"] += 1
+                except (TimeoutError, OSError, RpcError) as exc:
+                    errors.append(f"background {verb}: {exc!r}")
+
+        loads = [asyncio.ensure_future(background()) for _ in range(int(cmd.get("background", 0)))]
+        began = time.perf_counter()
+        await asyncio.gather(*(writer() for _ in range(int(cmd.get("concurrency", 1)))))
+        seconds = time.perf_counter() - began
+        writing = False
+        await asyncio.gather(*loads)
+        return {"client": self.name, "phase": "dfs", "scheme": scheme, "file_size": size,
+                "seconds": round(seconds, 4), "errors": len(errors), "error_sample": errors[:3], **stats}
+
     async def run(self, cmd: dict) -> dict:
+        if cmd["phase"] == "dfs":
+            return await self.dfs(cmd)
         phase, scheme = cmd["phase"], cmd.get("scheme", "hash")
         stats: Counter[str] = Counter()
         latencies: list[int] = []
