@@ -100,3 +100,18 @@ def test_the_report_shows_every_scheme_and_every_target():
     for needle in needles:
         assert needle in text
     assert text.index("metaflow") < text.index("\nhash") < text.index("\nchord")
+
+
+def test_fig20_table_gives_medians_and_paired_ratios_against_metaflow():
+    from benchmarks.fig20 import KIB, MIB, SCHEMES, report, table
+
+    runs = [{"scheme": s, "file_size": size, "round": r, "errors": 0,
+             "seconds": base * (1 + r) * {"metaflow": 1.0, "hash": 1.0, "onehop": 1.2, "chord": 1.5}[s]}
+            for size, base in ((64 * KIB, 10.0), (16 * MIB, 40.0)) for r in range(3) for s in SCHEMES]
+    rows = table(runs)
+    assert list(rows) == ["64 KB", "16 MB"]
+    assert rows["64 KB"]["chord"] == {"seconds": 30.0, "vs_metaflow": 1.5, "errors": 0}
+    assert rows["64 KB"]["targets"]["onehop"] == {"target": 1.1, "value": 1.2, "met": True}
+    assert rows["64 KB"]["targets"]["chord"]["met"] and "targets" not in rows["16 MB"]
+    text = report({"setting": {"topology": "t"}, "table": rows})
+    assert "onehop >= 1.1x MetaFlow: 1.2x, met" in text and "64 KB" in text
