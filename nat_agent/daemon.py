@@ -38,7 +38,7 @@ from client_lib.api.admin import Stats
 from client_lib.api.auth import Verifier, load_secret, server_authority
 from client_lib.api.clients import DEFAULT_TIMEOUT
 from client_lib.cidr import Block
-from client_lib.constants import ADMIN_PORT, METAFLOW_PORT, REPLICATION_PORT
+from client_lib.constants import ADMIN_PORT, MAX_VALUE, METAFLOW_PORT, REPLICATION_PORT
 from client_lib.errors import InvalidArgument
 from client_lib.mdid import DEFAULT_SPACE
 from client_lib.version import add_version_flag
@@ -117,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "for the controller)")
     p.add_argument("--capacity", type=int, default=1_000_000,
                    help="keys this server should hold before the controller splits it")
-    p.add_argument("--max-value", type=int, default=1 << 20, help="largest value in bytes")
+    p.add_argument("--max-value", type=int, default=MAX_VALUE, help="largest value in bytes")
     p.add_argument("--read-timeout", type=float, default=5.0,
                    help="seconds a started request may take to arrive in full")
     p.add_argument("--idle-timeout", type=float, default=300.0,
