@@ -65,9 +65,12 @@ class FileData:
             raise InvalidArgument(f"chunk_size must be positive, not {chunk_size}")
         self.client, self.chunk_size = client, chunk_size
 
-    def write(self, ino: int, offset: int, data: bytes) -> int:
+    def write(self, ino: int, offset: int, data: bytes, known_size: int | None = None) -> int:
         """Write `data` at `offset`; returns its length. The caller grows the
-        file's size in its attributes if the write went past it."""
+        file's size in its attributes if the write went past it. With
+        `known_size`, chunks wholly past it are first created without being
+        read (SET NX; one request instead of two for a growing file), and
+        read-modify-written as usual if they turn out to exist."""
         _check_range(offset, len(data))
         position, view = offset, memoryview(data)
         while view:
@@ -76,7 +79,8 @@ class FileData:
             if len(piece) == self.chunk_size:   # a whole chunk: nothing of the old one to keep
                 self.client.put(chunk_key(ino, index), _seal(bytes(piece)))
             else:
-                self._splice(ino, index, within, bytes(piece))
+                fresh = known_size is not None and index * self.chunk_size >= known_size
+                self._splice(ino, index, within, bytes(piece), fresh)
             position += len(piece)
             view = view[len(piece):]
         return len(data)
@@ -118,12 +122,13 @@ class FileData:
         raw = self.client.get(key)
         return b"" if raw is None else _open(key, raw)
 
-    def _splice(self, ino: int, index: int, within: int, piece: bytes) -> None:
-        """Put `piece` at `within` in a chunk, by compare-and-set."""
+    def _splice(self, ino: int, index: int, within: int, piece: bytes, fresh: bool = False) -> None:
+        """Put `piece` at `within` in a chunk, by compare-and-set; a `fresh`
+        chunk is first assumed absent."""
         key = chunk_key(ino, index)
         for attempt in range(_CAS_TRIES):
             _back_off(attempt)
-            raw = self.client.get(key)
+            raw = None if fresh and not attempt else self.client.get(key)
             old = b"" if raw is None else _open(key, raw)
             new = old[:within] + bytes(max(0, within - len(old))) + piece + old[within + len(piece):]
             done = (self.client.create(key, _seal(new)) if raw is None

@@ -57,7 +57,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import secrets
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from typing import Any
@@ -75,6 +77,8 @@ LEASE_NS = 2_000_000_000
 """How long a rename may hold its source entry before another client may
 abort it: a rename takes a few round trips, so this is for clients that
 died (or stalled) in the middle."""
+KNOWN = 65536
+"""Entries whose last record a `Namespace` remembers (a few hundred bytes each)."""
 _SETTLE_TRIES = 400
 """Reads of an entry that another rename holds before giving up (EAGAIN):
 enough to outwait a lease at the pauses `_pause` takes."""
@@ -85,6 +89,12 @@ class Namespace:
 
     Thread-safe as the client is. `root` names a namespace's root inode, so
     several namespaces (tests, tenants) can share a cluster.
+
+    It remembers the last record it read or wrote of up to `KNOWN` entries,
+    so that an update (setattr, unlink) can try its compare-and-set on it
+    without reading first: one request instead of two when nobody else
+    changed the entry, and a failed comparison (then a read) when someone
+    did. A guess is never trusted, only compared.
     """
 
     def __init__(self, client: Records, *, root: int = ROOT,
@@ -93,6 +103,8 @@ class Namespace:
                  sleep: Callable[[float], None] = time.sleep, lease_ns: int = LEASE_NS) -> None:
         self.client, self.root, self.clock, self.new_ino = client, root, clock, new_ino
         self.sleep, self.lease_ns = sleep, lease_ns
+        self._known: OrderedDict[bytes | str, bytes] = OrderedDict()
+        self._known_lock = threading.Lock()
 
     # -- reading -----------------------------------------------------------------------
 
@@ -105,9 +117,11 @@ class Namespace:
     def lookup(self, parent: int, name: str | bytes) -> Attributes:
         """The attributes of `name` in directory `parent` (ENOENT if absent)."""
         key = self._entry(parent, name)
-        attributes = self._visible(key, self.client.get(key))
+        raw = self.client.get(key)
+        attributes = self._visible(key, raw)
         if attributes is None:
             raise NamespaceError(errno.ENOENT, f"no entry {name!r} in directory {parent}")
+        self._remember(key, raw)
         return attributes
 
     def readdir(self, directory: int, after: str | bytes = b"",
@@ -118,9 +132,11 @@ class Namespace:
         page = self.client.entries(directory_key(directory), after, count)
         listed = []
         for name, raw in page:
-            attributes = self._visible(self._entry(directory, name), raw)
+            key = self._entry(directory, name)
+            attributes = self._visible(key, raw)
             if attributes is not None:
                 listed.append((name, attributes))
+                self._remember(key, raw)
         if page and not listed:   # a page of renames in flight: go on past them
             return self.readdir(directory, page[-1][0], count)
         return listed
@@ -176,11 +192,17 @@ class Namespace:
     def unlink(self, parent: int, name: str | bytes) -> Attributes:
         """Remove a file or symlink (EISDIR for a directory); what it was."""
         key = self._entry(parent, name)
+        guess = self._recall(key)
         for _ in range(_CAS_TRIES):
-            raw, attributes = self._present(key, parent, name)
+            raw, attributes = guess if guess is not None else self._present(key, parent, name)
             if attributes.kind == "dir":
-                raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: rmdir it")
+                if guess is None:
+                    raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: rmdir it")
+                guess = None
+                continue   # a guess is only compared, never believed: read it
+            guess = None
             if self.client.delete_if_equal(key, raw):
+                self._forget(key)
                 return attributes
         raise self._contended(name)
 
@@ -196,6 +218,7 @@ class Namespace:
         if attributes.kind != "dir":
             raise NamespaceError(errno.ENOTDIR, f"{name!r} is not a directory")
         self.client.remove_directory(directory_key(attributes.ino))
+        self._forget(key)
         held: bytes | None = raw
         for _ in range(_CAS_TRIES):
             if held is None or self.client.delete_if_equal(key, held):
@@ -230,16 +253,22 @@ class Namespace:
         unknown = set(changes) - set(_SETTABLE)
         if unknown:
             raise NamespaceError(errno.EINVAL, f"cannot set {sorted(unknown)}: only {list(_SETTABLE)}")
+        guess = self._recall(key)
         for _ in range(_CAS_TRIES):
-            raw, old = read()
+            raw, old = guess if guess is not None else read()
             if old.kind == "dir" and "size" in changes:
-                raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: it has no size to set")
+                if guess is None:
+                    raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: it has no size to set")
+                guess = None
+                continue   # a guess is only compared, never believed: read it
+            guess = None
             fields: dict[str, Any] = {**asdict(old), **changes, "ctime_ns": self.clock(),
                                       "version": old.version + 1}
             if "mode" in changes:
                 fields["mode"] = changes["mode"] & 0o7777
             new = Attributes(**fields)
             if self._cas(key, raw, new.to_bytes()):
+                self._remember(key, new.to_bytes())
                 return new
         raise self._contended(name)
 
@@ -255,6 +284,8 @@ class Namespace:
         if source_key == target_key:
             self.lookup(parent, name)
             return None
+        self._forget(source_key)
+        self._forget(target_key)
         for _ in range(_CAS_TRIES):
             source_raw, moving = self._present(source_key, parent, name)
             if moving.kind == "dir" and new_parent == moving.ino:
@@ -424,6 +455,25 @@ class Namespace:
         return self.client.create_entry(directory_key(parent), name, value) or \
             self.client.get(self._entry(parent, name)) == value
 
+    def _remember(self, key: bytes | str, raw: bytes | None) -> None:
+        """Keep `raw` as entry `key`'s last known record, if it is a plain one."""
+        if raw is None or decode_entry(raw)[1] is not None:
+            return
+        with self._known_lock:
+            self._known[key] = raw
+            self._known.move_to_end(key)
+            while len(self._known) > KNOWN:
+                self._known.popitem(last=False)
+
+    def _recall(self, key: bytes | str) -> tuple[bytes, Attributes] | None:
+        with self._known_lock:
+            raw = self._known.get(key)
+        return None if raw is None else (raw, Attributes.from_bytes(raw))
+
+    def _forget(self, key: bytes | str) -> None:
+        with self._known_lock:
+            self._known.pop(key, None)
+
     def _pause(self, attempt: int) -> None:
         self.sleep(min(0.001 * (attempt + 1), 0.02))
 
@@ -442,6 +492,7 @@ class Namespace:
         key = self._entry(parent, name)   # a bad name is EINVAL before anything is written
         for _ in range(_CAS_TRIES):
             if self._create_entry(parent, name, attributes.to_bytes()):
+                self._remember(key, attributes.to_bytes())
                 return
             raw, _ = self._settled(key)
             if raw is not None:

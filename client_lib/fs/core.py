@@ -22,6 +22,11 @@ What FUSE asks and the namespace does not know:
   every replica and synced as the agents' ``--fsync`` policy says.
 * **Unlinked while open.** The chunks of a file unlinked (or replaced by a
   rename) while this mount has it open are reclaimed at its last release.
+* **Attributes for `attr_ttl`.** What an inode's attributes were when this
+  mount last read or wrote them answers a getattr for `attr_ttl` seconds
+  (the mount's ``--attr-timeout``, which the kernel applies to its own
+  cache too): the kernel asks again after every write, which would
+  otherwise cost a request each time.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class _OpenFile:
     size: int
     mtime_ns: int
     opens: int = 0
+    stored: int = 0                 # bytes the servers may hold chunks of (beyond: none yet)
     dirty: bool = False             # size or mtime not written to the entry yet
     pending_at: int = 0             # offset of the buffered bytes
     pending: bytearray = field(default_factory=bytearray)
@@ -73,8 +79,11 @@ class FileSystem:
     """Thread-safe: the mount calls it from many threads at once."""
 
     def __init__(self, namespace: Namespace, data: FileData, *, buffer_limit: int = 4 * CHUNK_SIZE,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+                 attr_ttl: float = 0.0, clock: Callable[[], int] = time.time_ns,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.ns, self.data, self.buffer_limit, self.clock = namespace, data, buffer_limit, clock
+        self.attr_ttl, self.monotonic = attr_ttl, monotonic
+        self._seen: dict[int, tuple[float, Attributes]] = {}   # ino -> (when, attributes)
         self.root = namespace.root
         self._lock = threading.Lock()
         self._where: dict[int, tuple[int, bytes]] = {}       # ino -> (parent, name)
@@ -91,8 +100,11 @@ class FileSystem:
         return self._remember(parent, name, self.ns.lookup(parent, name))
 
     def getattr(self, ino: int) -> Attributes:
+        seen = self._seen.get(ino)
+        if seen is not None and self.monotonic() - seen[0] < self.attr_ttl:
+            return self._current(seen[1])
         if ino == self.root:
-            return self.ns.root_attributes()
+            return self._saw(self.ns.root_attributes())
         parent, name = self._place(ino)
         try:
             found = self.ns.lookup(parent, name)
@@ -102,17 +114,18 @@ class FileSystem:
             found = None
         if found is None or found.ino != ino:
             raise NamespaceError(errno.ESTALE, f"inode {ino} is no longer at {name!r} in {parent}")
-        return self._current(found)
+        return self._current(self._saw(found))
 
     def setattr(self, ino: int, changes: dict[str, int]) -> Attributes:
         """Any of mode, uid, gid, size, atime_ns, mtime_ns; a size cuts or
         extends the file's contents first."""
         if ino == self.root:
             changes.pop("size", None)
-            return self.ns.setattr_root(**changes) if changes else self.ns.root_attributes()
+            return self._saw(self.ns.setattr_root(**changes) if changes else self.ns.root_attributes())
         parent, name = self._place(ino)
         opened = self._files.get(ino)
         if "size" in changes:
+            self._seen.pop(ino, None)   # cutting chunks needs the size on the servers
             current = self.getattr(ino)
             if current.kind == "file":
                 if opened is not None:
@@ -124,10 +137,10 @@ class FileSystem:
                 self._push_data(opened)
                 if opened.dirty:
                     changes = {"size": opened.size, "mtime_ns": opened.mtime_ns} | changes
-                new = self.ns.setattr(parent, name, **changes)
+                new = self._saw(self.ns.setattr(parent, name, **changes))
                 opened.size, opened.mtime_ns, opened.dirty = new.size, new.mtime_ns, False
                 return new
-        return self.ns.setattr(parent, name, **changes)
+        return self._saw(self.ns.setattr(parent, name, **changes))
 
     def readlink(self, ino: int) -> bytes:
         attributes = self.getattr(ino)
@@ -143,6 +156,7 @@ class FileSystem:
             elif ino not in self._files:
                 self._lookups.pop(ino, None)
                 self._where.pop(ino, None)
+                self._seen.pop(ino, None)
 
     # -- creating and removing ---------------------------------------------------------
 
@@ -164,7 +178,7 @@ class FileSystem:
             made = self.lookup(parent, name)
             if made.kind == "dir":
                 raise NamespaceError(errno.EISDIR, f"{name!r} is a directory") from None
-        return self.open(made.ino), made
+        return self._open(made), made
 
     def unlink(self, parent: int, name: bytes) -> None:
         self._reclaim(self.ns.unlink(parent, name))
@@ -187,13 +201,19 @@ class FileSystem:
     # -- file contents -----------------------------------------------------------------
 
     def open(self, ino: int) -> int:
-        attributes = self.getattr(ino)
+        """Close-to-open: the size comes from the servers, not from a cache."""
+        self._seen.pop(ino, None)
+        return self._open(self.getattr(ino))
+
+    def _open(self, attributes: Attributes) -> int:
+        ino = attributes.ino
         if attributes.kind == "dir":
             raise NamespaceError(errno.EISDIR, f"inode {ino} is a directory")
         with self._lock:
             opened = self._files.get(ino)
             if opened is None:
-                opened = self._files[ino] = _OpenFile(ino, attributes.size, attributes.mtime_ns)
+                opened = self._files[ino] = _OpenFile(ino, attributes.size, attributes.mtime_ns,
+                                                      stored=attributes.size)
             opened.opens += 1
             fh = next(self._fhs)
             self._handles[fh] = opened
@@ -229,7 +249,7 @@ class FileSystem:
             if not opened.dirty:
                 return
             parent, name = self._place(opened.ino)
-            new = self.ns.setattr(parent, name, size=opened.size, mtime_ns=opened.mtime_ns)
+            new = self._saw(self.ns.setattr(parent, name, size=opened.size, mtime_ns=opened.mtime_ns))
             opened.size, opened.dirty = new.size, False
 
     def release(self, fh: int) -> None:
@@ -296,13 +316,20 @@ class FileSystem:
         with self._lock:
             self._where[attributes.ino] = (parent, name)
             self._lookups[attributes.ino] = self._lookups.get(attributes.ino, 0) + 1
-        return self._current(attributes)
+        return self._current(self._saw(attributes))
+
+    def _saw(self, attributes: Attributes) -> Attributes:
+        """Attributes just read or written: a getattr's answer for `attr_ttl`."""
+        if self.attr_ttl > 0:
+            self._seen[attributes.ino] = (self.monotonic(), attributes)
+        return attributes
 
     def _moved(self, parent: int, name: bytes, to: tuple[int, bytes] | None = None) -> None:
         """Entry (parent, name) went away, or moved `to` another place."""
         with self._lock:
             for ino, place in list(self._where.items()):
                 if place == (parent, name):
+                    self._seen.pop(ino, None)   # its ctime changed, or it is gone
                     if to is None:
                         del self._where[ino]
                     else:
@@ -330,7 +357,8 @@ class FileSystem:
     def _push_data(self, opened: _OpenFile) -> None:
         """Write the buffered bytes; the caller holds `opened.lock`."""
         if opened.pending:
-            self.data.write(opened.ino, opened.pending_at, bytes(opened.pending))
+            self.data.write(opened.ino, opened.pending_at, bytes(opened.pending), known_size=opened.stored)
+            opened.stored = max(opened.stored, opened.pending_at + len(opened.pending))
             opened.pending = bytearray()
 
     def _reclaim(self, gone: Attributes) -> None:

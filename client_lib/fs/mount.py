@@ -301,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MetaFlowError as exc:
         print(f"metaflow-fs: cannot reach the file system's root: {exc}", file=sys.stderr)
         return 2
-    fs = FileSystem(namespace, FileData(client))
+    fs = FileSystem(namespace, FileData(client), attr_ttl=args.attr_timeout)
     operations = MountOperations(fs, attr_timeout=args.attr_timeout, entry_timeout=args.entry_timeout)
     options = set(pyfuse3.default_options) | {f"fsname={FSNAME}", f"subtype={FSNAME}", "noatime"}
     if args.allow_other:

@@ -164,3 +164,28 @@ def test_the_root_takes_setattr_and_hard_links_are_refused() -> None:
     with pytest.raises(NamespaceError) as refused:
         fs.link(made.ino, ROOT, b"g")
     assert refused.value.errno == errno.EPERM
+
+
+def test_attributes_answer_getattr_for_their_ttl_and_own_writes_show_at_once() -> None:
+    records = MemoryRecords()
+    now = [0.0]
+    mine = _fs(records)
+    mine.attr_ttl, mine.monotonic = 1.0, lambda: now[0]
+    theirs = _fs(records)
+    fh, made = mine.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    theirs.lookup(ROOT, b"f")
+    theirs.setattr(made.ino, {"mode": 0o600})
+    mine.write(fh, 0, b"abc")
+    assert mine.getattr(made.ino).mode == 0o644 and mine.getattr(made.ino).size == 3   # cached, own size
+    now[0] = 1.5
+    assert mine.getattr(made.ino).mode == 0o600 and mine.getattr(made.ino).size == 3   # read again
+
+
+def test_a_chunk_assumed_new_that_exists_is_merged_not_replaced() -> None:
+    """`known_size` lets a growing file create chunks without reading them;
+    a chunk another writer made meanwhile is read-modify-written instead."""
+    records = MemoryRecords()
+    data, other = FileData(records, chunk_size=CHUNK), FileData(records, chunk_size=CHUNK)
+    other.write(7, 0, b"x" * 10)
+    data.write(7, 4, b"yy", known_size=0)
+    assert data.read(7, 0, 16, 10) == b"xxxxyyxxxx"

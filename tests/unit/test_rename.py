@@ -94,6 +94,21 @@ def test_random_sequences_with_renames_match_the_model(ops: list) -> None:
     assert not [k for k, v in ns.client.records.items() if b'"intent"' in v]   # type: ignore[attr-defined]
 
 
+@given(ops=op_lists, clients=st.lists(st.integers(0, 2), min_size=30, max_size=30))
+@settings(max_examples=200)
+def test_three_clients_taking_turns_match_the_model(ops: list, clients: list[int]) -> None:
+    """The same sequences, each operation by one of three clients of the same
+    records: each remembers records the others have since changed, and its
+    guesses must never show (they are only compared, never believed)."""
+    records, clock, ns, model = _fresh()
+    others = [ns] + [_namespace(records.attach(), clock) for _ in range(2)]
+    removed: list[int] = []
+    for (op, pick, name, new_pick, new_name, _), who in zip(ops, clients, strict=False):
+        _step(others[who], model, removed, op, _pick(model, removed, pick), name,
+              _pick(model, removed, new_pick), new_name)
+        assert visible_tree(ns, model) == model.dirs
+
+
 @given(ops=op_lists)
 @settings(max_examples=300)
 def test_a_rename_killed_at_any_write_is_all_or_nothing(ops: list) -> None:
