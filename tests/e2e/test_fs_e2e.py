@@ -1,8 +1,10 @@
 """metaflow-fs in a Mininet client host, over the fabric: every request of
 the mount goes to its key's MetaDataID through real Open vSwitch switches
-(k=4 fat-tree, 8 servers, a backup per block). A tar x of a source tree
-runs on the mount while the busiest storage server's agent is killed with
-kill -9; the tar finishes without an error, diff -r finds the tree whole,
+(k=4 fat-tree, 8 servers, a backup per block). A tar x of a source tree,
+and renames of 100 files from one directory to another, run on the mount
+while the busiest storage server's agent is killed with kill -9; the tar
+finishes without an error, every renamed file is found exactly once, in
+its new directory, diff -r finds the tree whole,
 and git, find, du, ls -lR, rsync -a, mv, fs_mark and postmark work on it
 afterwards. (The host has a mount namespace of its own:
 every tool runs in it, through `FuseMount.run`.)"""
@@ -46,6 +48,11 @@ def test_tar_on_a_mount_in_a_client_host_survives_a_killed_server(tmp_path: Path
         with FuseMount(tmp_path / "mnt", netns=host, log_path=tmp_path / "fs.log",
                        attr_timeout=0, entry_timeout=0) as mount:
             tree = mount.path / "src"
+            mount.run("sh", "-c", f"mkdir {mount.path}/a {mount.path}/b && cd {mount.path}/a && "
+                                  "for i in $(seq 100); do echo $i > f$i; done")
+            moves = f"cd {mount.path} && for i in $(seq 100); do mv a/f$i b/f$i || exit 1; sleep 0.05; done"
+            mover = subprocess.Popen(host.command("sh", "-c", moves),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             tar = subprocess.Popen(host.command("tar", "xf", str(archive), "-C", str(mount.path)),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             wait_for(lambda: _files(mount, tree) > 40, 120)
@@ -56,6 +63,12 @@ def test_tar_on_a_mount_in_a_client_host_survives_a_killed_server(tmp_path: Path
             _, err = tar.communicate(timeout=300)
             finished = time.monotonic() - killed_at
             assert tar.returncode == 0, err[-3000:]
+            _, moved_err = mover.communicate(timeout=300)
+            assert mover.returncode == 0, moved_err[-3000:]
+            assert mount.run("ls", mount.path / "a").stdout.split() == []
+            moved = sorted(mount.run("ls", mount.path / "b").stdout.split())
+            assert moved == sorted(f"f{i}" for i in range(1, 101))
+            assert mount.run("cat", mount.path / "b" / "f42").stdout == "42\n"
             assert _files(mount, tree) == expected
             mount.run("diff", "-r", "--exclude=__pycache__", SOURCE, tree)
             takeover = next(e for e in mf.events("takeover") if e["server"] == victim)

@@ -75,7 +75,7 @@ def test_git_init_add_commit_log(mount: FuseMount) -> None:
 
 
 def test_find_du_ls_rsync_and_mv_of_directories(mount: FuseMount) -> None:
-    tree = SOURCE / "services"
+    tree = SOURCE / "lib" / "packet"
     _run("rsync", "-a", f"{tree}/", mount.path / "gen")
     _run("diff", "-r", tree, mount.path / "gen")
     found = _run("find", mount.path / "gen", "-type", "f").split()
