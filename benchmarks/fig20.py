@@ -24,7 +24,6 @@ each scheme's ratio to MetaFlow's in the same round.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.bench import BenchConfig, harness
+from benchmarks.publish import publish
 
 SCHEMES = ("metaflow", "hash", "onehop", "chord")
 KIB, MIB = 1 << 10, 1 << 20
@@ -153,12 +153,7 @@ def main() -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     totals = {size: max(size, total // 10) for size, total in TOTALS.items()} if args.quick else TOTALS
     results = run(rounds, totals, args.concurrency, args.background)
-    name = "fig20-quick" if args.quick else "fig20"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot(results, args.out / f"{name}.png")
-    print(report(results))
-    print(f"\nwritten: {args.out / (name + '.json')}, {args.out / (name + '.png')}")
+    publish(results, args.out, "fig20-quick" if args.quick else "fig20", plot, report)
     return 0
 
 

@@ -28,7 +28,6 @@ MetaFlow mount in a Mininet fabric is tested in tests/e2e).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import secrets
 import statistics
@@ -46,6 +45,7 @@ import os_ken
 from tqdm import tqdm
 
 from benchmarks import mdtest
+from benchmarks.publish import publish
 from client_lib.client import MetaFlowClient
 from client_lib.constants import DEFAULT_SPACE_CIDR
 from client_lib.namespace import Namespace
@@ -222,12 +222,7 @@ def main() -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     files = args.files or (100 if args.quick else 500)
     results = run(args.quick, rounds, args.procs, files)
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "fs-quick" if args.quick else "fs"
-    (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot(results, args.out / f"{name}.png")
-    print(report(results))
-    print(f"\nwritten: {args.out / (name + '.json')}, {args.out / (name + '.png')}")
+    publish(results, args.out, "fs-quick" if args.quick else "fs", plot, report)
     return 0
 
 

@@ -115,3 +115,13 @@ def test_fig20_table_gives_medians_and_paired_ratios_against_metaflow():
     assert rows["64 KB"]["targets"]["chord"]["met"] and "targets" not in rows["16 MB"]
     text = report({"setting": {"topology": "t"}, "table": rows})
     assert "onehop >= 1.1x MetaFlow: 1.2x, met" in text and "64 KB" in text
+
+
+def test_publish_writes_the_json_and_the_plot_and_prints_the_report(tmp_path, capsys):
+    from benchmarks.publish import publish
+
+    publish({"a": 1}, tmp_path / "out", "thing", lambda r, p: p.write_bytes(b"png"),
+            lambda r: f"a is {r['a']}")
+    assert (tmp_path / "out" / "thing.json").read_text() == '{\n  "a": 1\n}\n'
+    assert (tmp_path / "out" / "thing.png").read_bytes() == b"png"
+    assert capsys.readouterr().out.startswith("a is 1\n\nwritten: ")
