@@ -255,10 +255,13 @@ class Scenario:
         self._closed = True
         failures: list[str] = []
         with SignalsHeld() as held, self._timed("teardown"):
-            steps: list[tuple[str, Callable[[], object]]] = [
-                ("stop agents", lambda: self._stop_agents(failures))]
+            # The controller first: one that outlives the agents takes their
+            # going for failures and keeps re-assigning and re-syncing blocks
+            # to agents that are shutting down.
+            steps: list[tuple[str, Callable[[], object]]] = []
             if self._stop_controller is not None:
                 steps.append(("stop controller", self._stop_controller))
+            steps.append(("stop agents", lambda: self._stop_agents(failures)))
             if self.net is not None:
                 steps.append(("stop Mininet", partial(_stop_mininet, self.net)))
             steps += [("remove management network", self.mgmt.close),

@@ -52,6 +52,8 @@ log = logging.getLogger("metaflow.agent.registration")
 
 REMIND_S = 60.0
 """How often a trouble that persists is logged again."""
+STOP_WAIT_S = 0.5
+"""How long `Registrar.stop` waits for a cancellation to end the loop before it cancels again."""
 
 
 class Registrar:
@@ -65,6 +67,7 @@ class Registrar:
         self.registered = False
         self.heartbeats = 0
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._trouble: str | None = None
         self._told = 0.0
 
@@ -72,13 +75,16 @@ class Registrar:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="registrar")
 
     async def stop(self) -> None:
-        if self._task is not None:
+        """Cancel the loop, again if need be: a cancellation that lands as a
+        request times out can come back as the request's timeout error,
+        which the loop would take for a controller that is down and go on."""
+        if self._task is None:
+            return
+        self._stopping = True
+        while not self._task.done():
             self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+            await asyncio.wait([self._task], timeout=STOP_WAIT_S)
+        self._task = None
 
     def registration(self) -> Registration:
         ident, agent = self.agent.identity, self.agent
@@ -90,7 +96,7 @@ class Registrar:
 
     async def _run(self) -> None:
         base = self.controller.base_url
-        while True:
+        while not self._stopping:
             try:
                 await self._once()
                 self._fine(f"registration with the controller at {base} works again")
