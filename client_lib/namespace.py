@@ -109,10 +109,14 @@ class Namespace:
     # -- reading -----------------------------------------------------------------------
 
     def root_attributes(self) -> Attributes:
+        return self._root_record()[1]
+
+    def _root_record(self) -> tuple[bytes, Attributes]:
+        """The root's header: its record and attributes (it has no entry)."""
         raw = self.client.get(directory_key(self.root))
         if raw is None:
             raise NamespaceError(errno.ENOENT, "no file system here: format() it first")
-        return Attributes.from_bytes(raw)
+        return raw, Attributes.from_bytes(raw)
 
     def lookup(self, parent: int, name: str | bytes) -> Attributes:
         """The attributes of `name` in directory `parent` (ENOENT if absent)."""
@@ -192,15 +196,11 @@ class Namespace:
     def unlink(self, parent: int, name: str | bytes) -> Attributes:
         """Remove a file or symlink (EISDIR for a directory); what it was."""
         key = self._entry(parent, name)
-        guess = self._recall(key)
-        for _ in range(_CAS_TRIES):
-            raw, attributes = guess if guess is not None else self._present(key, parent, name)
+        for raw, attributes, guessed in self._candidates(key, lambda: self._present(key, parent, name)):
             if attributes.kind == "dir":
-                if guess is None:
-                    raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: rmdir it")
-                guess = None
-                continue   # a guess is only compared, never believed: read it
-            guess = None
+                if guessed:
+                    continue   # a guess is only compared, never believed: read it
+                raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: rmdir it")
             if self.client.delete_if_equal(key, raw):
                 self._forget(key)
                 return attributes
@@ -239,36 +239,26 @@ class Namespace:
 
     def setattr_root(self, **changes: int) -> Attributes:
         """`setattr` of the root directory, whose attributes are its header's."""
-        key = directory_key(self.root)
-
-        def read() -> tuple[bytes, Attributes]:
-            raw = self.client.get(key)
-            if raw is None:
-                raise NamespaceError(errno.ENOENT, "no file system here: format() it first")
-            return raw, Attributes.from_bytes(raw)
-        return self._update(key, "/", changes, read)
+        return self._update(directory_key(self.root), "/", changes, self._root_record)
 
     def _update(self, key: bytes | str, name: str | bytes, changes: dict[str, int],
                 read: Callable[[], tuple[bytes, Attributes]]) -> Attributes:
         unknown = set(changes) - set(_SETTABLE)
         if unknown:
             raise NamespaceError(errno.EINVAL, f"cannot set {sorted(unknown)}: only {list(_SETTABLE)}")
-        guess = self._recall(key)
-        for _ in range(_CAS_TRIES):
-            raw, old = guess if guess is not None else read()
+        for raw, old, guessed in self._candidates(key, read):
             if old.kind == "dir" and "size" in changes:
-                if guess is None:
-                    raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: it has no size to set")
-                guess = None
-                continue   # a guess is only compared, never believed: read it
-            guess = None
+                if guessed:
+                    continue   # a guess is only compared, never believed: read it
+                raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: it has no size to set")
             fields: dict[str, Any] = {**asdict(old), **changes, "ctime_ns": self.clock(),
                                       "version": old.version + 1}
             if "mode" in changes:
                 fields["mode"] = changes["mode"] & 0o7777
             new = Attributes(**fields)
-            if self._cas(key, raw, new.to_bytes()):
-                self._remember(key, new.to_bytes())
+            record = new.to_bytes()
+            if self._cas(key, raw, record):
+                self._remember(key, record)
                 return new
         raise self._contended(name)
 
@@ -465,10 +455,19 @@ class Namespace:
             while len(self._known) > KNOWN:
                 self._known.popitem(last=False)
 
-    def _recall(self, key: bytes | str) -> tuple[bytes, Attributes] | None:
+    def _candidates(self, key: bytes | str, read: Callable[[], tuple[bytes, Attributes]]
+                    ) -> Iterator[tuple[bytes, Attributes, bool]]:
+        """What an update of entry `key` compares with, `_CAS_TRIES` times in
+        all: the remembered record first, if there is one (guessed: True),
+        then what `read` finds each time."""
         with self._known_lock:
             raw = self._known.get(key)
-        return None if raw is None else (raw, Attributes.from_bytes(raw))
+        for _ in range(_CAS_TRIES):
+            if raw is not None:
+                yield raw, Attributes.from_bytes(raw), True
+                raw = None
+            else:
+                yield *read(), False
 
     def _forget(self, key: bytes | str) -> None:
         with self._known_lock:
@@ -490,9 +489,10 @@ class Namespace:
         """A new entry; a name held only by a rename's leftovers (a committed
         source, an aborted target) is settled first and then free."""
         key = self._entry(parent, name)   # a bad name is EINVAL before anything is written
+        record = attributes.to_bytes()
         for _ in range(_CAS_TRIES):
-            if self._create_entry(parent, name, attributes.to_bytes()):
-                self._remember(key, attributes.to_bytes())
+            if self._create_entry(parent, name, record):
+                self._remember(key, record)
                 return
             raw, _ = self._settled(key)
             if raw is not None:

@@ -383,6 +383,14 @@ class MetadataService:
                                f"by the replica set: {exc}") from None
         return reply
 
+    async def _conditional(self, ident: int, path: str, held: Held,
+                           work: Awaitable[tuple[Reply, Change]]) -> Reply:
+        """A write whose change depends on what the store holds (ECREATE,
+        ERMDIR, DELIFEQ): through the replica set if the block has one."""
+        if held.peers:
+            return await self._replicated(ident, path, work)
+        return (await self._admitted(work))[0]
+
     # -- data commands -------------------------------------------------------
 
     async def _get(self, conn: Connection, args: list[bytes]) -> Reply:
@@ -439,9 +447,7 @@ class MetadataService:
         delete cannot remove a newer value (a rename's last step)."""
         ident, path, held = await self._settled(args[0], write=True)
         work = self._delete(ident, path, args[1])
-        if held.peers:
-            return await self._replicated(ident, path, work)
-        return (await self._admitted(work))[0]
+        return await self._conditional(ident, path, held, work)
 
     async def _exists(self, conn: Connection, args: list[bytes]) -> Reply:
         keys = [self._served(raw, write=False) for raw in args]
@@ -469,9 +475,7 @@ class MetadataService:
         ident, path, held = await self._settled(key, write=True)
         header = path.partition("\0")[0]
         work = self._create_entry(ident, path, args[2], header)
-        if held.peers:
-            return await self._replicated(ident, path, work)
-        return (await self._admitted(work))[0]
+        return await self._conditional(ident, path, held, work)
 
     async def _create_entry(self, ident: int, path: str, value: bytes, header: str) -> tuple[Reply, Change]:
         written, old = await self.store.put_if(ident, path, value, InDirectory(header))
@@ -485,9 +489,7 @@ class MetadataService:
         """``ERMDIR directory``: delete the directory's header if it has no entries."""
         ident, path, held = await self._settled(self._directory(args[0], "ERMDIR"), write=True)
         work = self._remove_directory(ident, path)
-        if held.peers:
-            return await self._replicated(ident, path, work)
-        return (await self._admitted(work))[0]
+        return await self._conditional(ident, path, held, work)
 
     async def _remove_directory(self, ident: int, path: str) -> tuple[Reply, Change]:
         done = await self.store.remove_directory(ident, path)
