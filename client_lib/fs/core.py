@@ -31,6 +31,7 @@ What FUSE asks and the namespace does not know:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import threading
@@ -87,6 +88,7 @@ class FileSystem:
         self.root = namespace.root
         self._lock = threading.Lock()
         self._where: dict[int, tuple[int, bytes]] = {}       # ino -> (parent, name)
+        self._at: dict[tuple[int, bytes], int] = {}          # the reverse: (parent, name) -> ino
         self._lookups: dict[int, int] = {}                   # ino -> the kernel's count
         self._files: dict[int, _OpenFile] = {}               # open regular files by ino
         self._handles: dict[int, _OpenFile] = {}
@@ -122,25 +124,16 @@ class FileSystem:
         if ino == self.root:
             changes.pop("size", None)
             return self._saw(self.ns.setattr_root(**changes) if changes else self.ns.root_attributes())
-        parent, name = self._place(ino)
         opened = self._files.get(ino)
-        if "size" in changes:
-            self._seen.pop(ino, None)   # cutting chunks needs the size on the servers
-            current = self.getattr(ino)
-            if current.kind == "file":
-                if opened is not None:
-                    with opened.lock:
-                        self._push_data(opened)
-                self.data.truncate(ino, current.size, changes["size"])
-        if opened is not None:
-            with opened.lock:
+        with opened.lock if opened is not None else contextlib.nullcontext():
+            if opened is not None:
                 self._push_data(opened)
-                if opened.dirty:
-                    changes = {"size": opened.size, "mtime_ns": opened.mtime_ns} | changes
-                new = self._saw(self.ns.setattr(parent, name, **changes))
-                opened.size, opened.mtime_ns, opened.dirty = new.size, new.mtime_ns, False
-                return new
-        return self._saw(self.ns.setattr(parent, name, **changes))
+            if "size" in changes:
+                self._seen.pop(ino, None)   # cutting chunks needs the size on the servers
+                current = self.getattr(ino)
+                if current.kind == "file":
+                    self.data.truncate(ino, current.size, changes["size"])
+            return self._write_entry(ino, opened, changes)
 
     def readlink(self, ino: int) -> bytes:
         attributes = self.getattr(ino)
@@ -155,7 +148,7 @@ class FileSystem:
                 self._lookups[ino] = left
             elif ino not in self._files:
                 self._lookups.pop(ino, None)
-                self._where.pop(ino, None)
+                self._unplace(ino)
                 self._seen.pop(ino, None)
 
     # -- creating and removing ---------------------------------------------------------
@@ -246,11 +239,8 @@ class FileSystem:
         opened = self._handle(fh)
         with opened.lock:
             self._push_data(opened)
-            if not opened.dirty:
-                return
-            parent, name = self._place(opened.ino)
-            new = self._saw(self.ns.setattr(parent, name, size=opened.size, mtime_ns=opened.mtime_ns))
-            opened.size, opened.dirty = new.size, False
+            if opened.dirty:
+                self._write_entry(opened.ino, opened, {})
 
     def release(self, fh: int) -> None:
         opened = self._handle(fh)
@@ -312,11 +302,30 @@ class FileSystem:
 
     # -- helpers -----------------------------------------------------------------------
 
+    def _write_entry(self, ino: int, opened: _OpenFile | None, changes: dict[str, int]) -> Attributes:
+        """`changes` to a (non-root) inode's entry, with the size and mtime an
+        open file has not written yet; the caller holds `opened.lock`."""
+        if opened is not None and opened.dirty:
+            changes = {"size": opened.size, "mtime_ns": opened.mtime_ns} | changes
+        parent, name = self._place(ino)
+        new = self._saw(self.ns.setattr(parent, name, **changes))
+        if opened is not None:
+            opened.size, opened.mtime_ns, opened.dirty = new.size, new.mtime_ns, False
+        return new
+
     def _remember(self, parent: int, name: bytes, attributes: Attributes) -> Attributes:
+        ino, place = attributes.ino, (parent, name)
         with self._lock:
-            self._where[attributes.ino] = (parent, name)
-            self._lookups[attributes.ino] = self._lookups.get(attributes.ino, 0) + 1
+            self._unplace(ino)
+            self._where[ino], self._at[place] = place, ino
+            self._lookups[ino] = self._lookups.get(ino, 0) + 1
         return self._current(self._saw(attributes))
+
+    def _unplace(self, ino: int) -> None:
+        """Drop `ino`'s place from both maps; the caller holds `_lock`."""
+        place = self._where.pop(ino, None)
+        if place is not None and self._at.get(place) == ino:
+            del self._at[place]
 
     def _saw(self, attributes: Attributes) -> Attributes:
         """Attributes just read or written: a getattr's answer for `attr_ttl`."""
@@ -327,13 +336,13 @@ class FileSystem:
     def _moved(self, parent: int, name: bytes, to: tuple[int, bytes] | None = None) -> None:
         """Entry (parent, name) went away, or moved `to` another place."""
         with self._lock:
-            for ino, place in list(self._where.items()):
-                if place == (parent, name):
-                    self._seen.pop(ino, None)   # its ctime changed, or it is gone
-                    if to is None:
-                        del self._where[ino]
-                    else:
-                        self._where[ino] = to
+            ino = self._at.get((parent, name))
+            if ino is None:
+                return
+            self._seen.pop(ino, None)   # its ctime changed, or it is gone
+            self._unplace(ino)
+            if to is not None:
+                self._where[ino], self._at[to] = to, ino
 
     def _place(self, ino: int) -> tuple[int, bytes]:
         place = self._where.get(ino)
