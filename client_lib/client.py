@@ -154,6 +154,7 @@ from client_lib.resp import (
 )
 
 __all__ = [
+    "host_port",
     "DEFAULT_DEADLINE",
     "DEFAULT_TIMEOUT",
     "AsyncMetaFlowClient",
@@ -376,8 +377,9 @@ class _IdlePool(Generic[C]):
         return conns
 
 
-def _host_port(text: str, default_port: int) -> Destination:
-    """'HOST', 'HOST:PORT', '[IPV6]:PORT' or a bare IPv6 address."""
+def host_port(text: str, default_port: int) -> Destination:
+    """'HOST', 'HOST:PORT', '[IPV6]:PORT' or a bare IPv6 address (`InvalidArgument`, a
+    ValueError, otherwise: argparse takes it as a type's refusal)."""
     if not isinstance(text, str):
         raise InvalidArgument(f"via is text, HOST[:PORT], not {text!r}")
     if text.startswith("["):
@@ -458,7 +460,7 @@ class _Surface(ABC, Generic[C]):
         self.max_idle = max_idle if reuse else 0
         self.follow_moved = follow_moved
         if via is not None:
-            fixed = _host_port(via, port)
+            fixed = host_port(via, port)
             self.route: Route | None = lambda _address: fixed
         else:
             self.route = route

@@ -34,9 +34,9 @@ from typing import TypeVar
 import pyfuse3
 import trio
 
-from client_lib.client import MetaFlowClient
+from client_lib.client import MetaFlowClient, host_port
 from client_lib.ctl import add_connection, client_from
-from client_lib.errors import MetaFlowError, NamespaceError
+from client_lib.errors import InvalidArgument, MetaFlowError, NamespaceError
 from client_lib.filedata import CHUNK_SIZE, ChecksumMismatch, FileData
 from client_lib.fs.central import CentralRecords
 from client_lib.fs.core import FileSystem
@@ -51,6 +51,9 @@ MOUNT_DEADLINE = 30.0
 MOUNT_ATTEMPTS = 1000
 """A request's defaults on the mount: retried (pauses capped at 0.5 s) for
 up to 30 s before the call fails with EIO."""
+
+REDIS_PORT = 6379
+"""``--central-redis``'s port when it names none: redis-server's own."""
 
 FSNAME = "metaflow"
 """The mount's source and subtype: it shows as ``metaflow`` of type ``fuse.metaflow``."""
@@ -258,6 +261,13 @@ async def _serve_until_stopped() -> None:
         nursery.cancel_scope.cancel()
 
 
+def _redis_address(text: str) -> tuple[str, int]:
+    try:
+        return host_port(text, REDIS_PORT)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="metaflow-fs", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -270,7 +280,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="inode of the namespace's root directory, made if absent (default 1)")
     p.add_argument("--attr-timeout", type=float, default=1.0, help="seconds the kernel keeps attributes")
     p.add_argument("--entry-timeout", type=float, default=1.0, help="seconds the kernel keeps names")
-    p.add_argument("--central-redis", metavar="HOST:PORT", default=None,
+    p.add_argument("--central-redis", metavar="HOST[:PORT]", default=None,
+                   type=_redis_address,
                    help="keep every record in this one redis-server instead of MetaFlow (the baseline "
                         "a central metadata server is; the connection arguments are then unused)")
     p.add_argument("--allow-other", action="store_true", help="let other users than the mounting one in")
@@ -280,8 +291,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("cache timeouts must not be negative")
     if not 2 <= args.root < 1 << 63 and args.root != ROOT:
         p.error("--root must be 1 or an inode number from 2 to 2**63 - 1")
-    if args.central_redis and not args.central_redis.rpartition(":")[2].isdigit():
-        p.error("--central-redis is HOST:PORT")
     return args
 
 
@@ -291,8 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s metaflow-fs %(levelname)s %(message)s")
     client: MetaFlowClient | CentralRecords
     if args.central_redis:
-        host, _, port = args.central_redis.rpartition(":")
-        client = CentralRecords(host, int(port))
+        client = CentralRecords(*args.central_redis)
     else:
         client = client_from(args)
     namespace = Namespace(client, root=args.root)

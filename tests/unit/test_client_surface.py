@@ -19,7 +19,7 @@ from client_lib import (
     RetryPolicy,
     Unavailable,
 )
-from client_lib.client import _Call, _host_port, _moved_hint, _Retry
+from client_lib.client import _Call, _moved_hint, _Retry, host_port
 from client_lib.resp import ErrorReply, moved_message
 
 
@@ -108,7 +108,7 @@ def test_address_and_mdid_follow_the_clients_space():
     ("fd00::1", ("fd00::1", 9000)),
 ])
 def test_via_host_and_port(text, expected):
-    assert _host_port(text, 9000) == expected
+    assert host_port(text, 9000) == expected
     assert MetaFlowClient(via=text).route is not None
     assert MetaFlowClient(via=text).route("100.64.0.1") == expected
 
