@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-__all__ = ["RedisServer", "RedisServerError"]
+__all__ = ["RedisServer", "RedisServerError", "RedisServerExited"]
 
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 _MAX_SOCKET_PATH = 107
@@ -31,6 +31,15 @@ _APPENDFSYNC = ("always", "everysec", "no")
 
 class RedisServerError(RuntimeError):
     """The server could not be started (the message carries its log tail)."""
+
+
+class RedisServerExited(RedisServerError):
+    """The server exited before it answered PING: it may have been killed
+    just as it became ready, which a keeper counts as one more death."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class RedisServer:
@@ -156,9 +165,10 @@ class RedisServer:
         deadline = time.monotonic() + self.start_timeout
         while not _answers_ping(address):
             if self._process.poll() is not None:
-                raise RedisServerError(
+                raise RedisServerExited(
                     f"redis-server exited with status {self._process.returncode} "
-                    f"during start-up; log tail:\n{self._log_tail()}"
+                    f"during start-up; log tail:\n{self._log_tail()}",
+                    self._process.returncode,
                 )
             if time.monotonic() > deadline:
                 raise RedisServerError(

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from nat_agent.redis_conn import RedisConnection, RedisReplyError
-from nat_agent.redis_server import RedisServer, RedisServerError
+from nat_agent.redis_server import RedisServer, RedisServerError, RedisServerExited
 from nat_agent.store import (
     DEFAULT_FSYNC,
     Condition,
@@ -194,22 +194,37 @@ class ServerKeeper:
     def _died(self) -> None:
         self._unwatch()
         pid, status = self.server.pid, self.server.reap()
-        now = time.monotonic()
-        self._deaths.append(now)
-        while self._deaths[0] < now - self._window:
-            self._deaths.popleft()
-        if len(self._deaths) > self._allowed:
-            self._fail(f"redis-server {pid} died {len(self._deaths)} times within "
-                       f"{self._window:g} s (last status {status})")
+        if self._one_death_too_many(f"redis-server {pid}", status):
             return
         log.error("redis-server %s died (status %s); restarting it from its append-only file",
                   pid, status)
         self._restarting = self._loop.create_task(self._restart())
 
+    def _one_death_too_many(self, who: str, status: object) -> bool:
+        """Count a death; past the allowance, give up and say so."""
+        now = time.monotonic()
+        self._deaths.append(now)
+        while self._deaths[0] < now - self._window:
+            self._deaths.popleft()
+        if len(self._deaths) <= self._allowed:
+            return False
+        self._fail(f"{who} died {len(self._deaths)} times within {self._window:g} s (last status {status})")
+        return True
+
     async def _restart(self) -> None:
         try:
-            self.server.launch()  # on the loop's thread: see RedisServer.launch
-            await asyncio.to_thread(self.server.wait_ready)
+            while True:
+                try:
+                    self.server.launch()  # on the loop's thread: see RedisServer.launch
+                    await asyncio.to_thread(self.server.wait_ready)
+                    break
+                except RedisServerExited as exc:
+                    # Killed while starting, perhaps just as it answered: one
+                    # more death, not a server that cannot start.
+                    if self._one_death_too_many("redis-server", exc.status):
+                        return
+                    log.error("redis-server died while starting (status %s); starting it again",
+                              exc.status)
         except RedisServerError as exc:
             self._fail(f"cannot restart redis-server: {exc}")
             return

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.redis_server import RedisServer, RedisServerError
-from nat_agent.redis_store import RESTART_WINDOW, RESTARTS_ALLOWED, RedisStore
+from nat_agent.redis_store import RESTART_WINDOW, RESTARTS_ALLOWED, RedisStore, ServerKeeper
 from nat_agent.store import (
     DEFAULT_FSYNC,
     FsyncMode,
@@ -796,6 +796,43 @@ def test_own_redis_server_that_keeps_dying_is_given_up(tmp_path: Path) -> None:
     run(body)
     assert len(reasons) == 1
     assert f"died {RESTARTS_ALLOWED + 1} times within {RESTART_WINDOW:g} s" in reasons[0]
+
+
+class _KilledWhileStarting(RedisServer):
+    """A real redis-server that is SIGKILLed once just as the keeper waits
+    for it to answer (`kills` times), as a test or an operator may do."""
+
+    kills = 0
+
+    def wait_ready(self) -> RedisServer:
+        if self.kills:
+            self.kills -= 1
+            _kill(self.pid)
+        return super().wait_ready()
+
+
+def test_own_redis_server_killed_while_restarting_is_one_more_death(tmp_path: Path) -> None:
+    """Found in CI: a restarted server answered the store, was killed, and the
+    keeper, still waiting for its PING, took it for a server that cannot
+    start and gave up after two deaths, not RESTARTS_ALLOWED + 1."""
+    reasons: list[str] = []
+
+    async def body() -> None:
+        server = _KilledWhileStarting(tmp_path / "rs", unix_socket=tmp_path / "rs.sock")
+        server.start()
+        keeper = ServerKeeper(server, give_up=reasons.append)
+        try:
+            server.kills = 1
+            _kill(server.pid)
+            await _until(lambda: keeper.restarts == 1)
+            assert reasons == [] and server.kills == 0
+            assert server.unix_socket is not None
+            assert redis.Redis(unix_socket_path=str(server.unix_socket)).ping()
+        finally:
+            await keeper.close()
+            server.stop()
+
+    run(body)
 
 
 # ---------------------------------------------------------------- durability (--fsync)
