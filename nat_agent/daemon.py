@@ -51,6 +51,7 @@ from nat_agent.replica import ReplicaServer
 from nat_agent.replication import DEFAULT_TIMEOUT as REPLICATION_TIMEOUT
 from nat_agent.replication import Replicator
 from nat_agent.rewrite import Rewriter
+from nat_agent.rules import MODES
 from nat_agent.service import MetadataService, ServiceLimits
 from nat_agent.store import DEFAULT_FSYNC, FSYNC_MODES
 from nat_agent.store_spec import open_store
@@ -104,9 +105,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a synced backup may take to acknowledge a write; after that the "
                         "write is refused (TRYAGAIN) and the block held back until the controller "
                         "re-syncs its members")
-    p.add_argument("--rewrite", choices=("kernel", "nfqueue", "none"), default="kernel",
-                   help="MetaDataID rewrite: iptables DNAT, the paper's user-space NFQUEUE agent, "
-                        "or none (clients connect to --listen directly)")
+    p.add_argument("--rewrite", choices=MODES, default="kernel",
+                   help="how requests to MetaDataIDs reach the service: local (no rewrite: the space "
+                        "is local for TCP to the service port arriving on the data interface, and "
+                        "conntrack is bypassed; needs a wildcard --listen host), kernel (iptables "
+                        "DNAT), nfqueue (the paper's user-space agent), or none (clients connect "
+                        "to --listen directly)")
     p.add_argument("--data-ip", default=None,
                    help="this server's data-plane address (DNAT target; reported to the controller); "
                         "if not given, the --listen host, else the first non-loopback IPv4")
@@ -154,14 +158,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not getattr(args, flag) > 0:
             p.error(f"--{flag.replace('_', '-')} must be positive")
     args.listen = _hostport(args.listen, METAFLOW_PORT)
+    if args.rewrite == "local" and args.listen[0] not in ("", "0.0.0.0"):
+        p.error(f"--rewrite local needs --listen 0.0.0.0:PORT: requests arrive addressed to "
+                f"MetaDataIDs, which a listener bound to {args.listen[0]} never sees")
     args.admin = _hostport(args.admin, ADMIN_PORT)
     args.replication = _hostport(args.replication or f"{args.admin[0]}:{REPLICATION_PORT}",
                                  REPLICATION_PORT)
     return args
 
 
-def _data_address(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """The data-plane IP and MAC; an IP is required when we rewrite to it."""
+def _data_address(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
+    """The data-plane IP, MAC and interface; an IP is required when we rewrite."""
     ip = args.data_ip
     if ip is None and args.listen[0] not in ("", "0.0.0.0", "::"):
         ip = args.listen[0]
@@ -170,13 +177,16 @@ def _data_address(args: argparse.Namespace) -> tuple[str | None, str | None]:
     if ip is None and args.rewrite != "none":
         raise SystemExit("metaflow-agent: no data-plane address found; pass --data-ip")
     found = netinfo.interface_of(ip) if ip else None
-    mac = found[1] if found else None
+    interface, mac = found if found else (None, None)
+    if args.rewrite == "local" and interface is None:
+        raise SystemExit(f"metaflow-agent: --rewrite local needs the interface requests arrive on, "
+                         f"but the data-plane address {ip} is on no interface here; pass --data-ip")
     if args.controller and not (ip and mac):
         missing = f"{ip} is on no interface here, so its MAC is unknown" if ip else "no address was found"
         raise SystemExit(f"metaflow-agent: --controller needs this server's data-plane address and MAC "
                          f"(the switches deliver to them), but {missing}; pass --data-ip with an "
                          "address of one of this machine's interfaces")
-    return ip, mac
+    return ip, mac, interface
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -184,7 +194,7 @@ async def run(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    data_ip, data_mac = _data_address(args)
+    data_ip, data_mac, data_interface = _data_address(args)
     name = args.name or f"{socket.gethostname()}-{args.listen[1]}"
     async with contextlib.AsyncExitStack() as undo:
         store = open_store(args.store, args.space.width, args.fsync)
@@ -205,12 +215,13 @@ async def run(args: argparse.Namespace) -> None:
         undo.push_async_callback(syncs.close)
         service = MetadataService(agent, replicator, ServiceLimits(args.max_value, args.read_timeout,
                                                                    args.idle_timeout, args.max_clients))
-        await service.start(*args.listen)
+        await service.start(args.listen[0], args.listen[1], transparent=args.rewrite == "local")
         undo.push_async_callback(service.stop)
         migrator = Migrator(agent, replicator, args.secret, timeout=args.peer_timeout)
         undo.push_async_callback(migrator.close)
         rewriter = Rewriter(args.rewrite, args.space, data_ip, port=args.listen[1],
-                            queue_num=args.queue_num, tag=f"metaflow-agent:{name}")
+                            queue_num=args.queue_num, tag=f"metaflow-agent:{name}",
+                            interface=data_interface)
         await loop.run_in_executor(None, rewriter.start)
         undo.callback(rewriter.stop)
 

@@ -5,8 +5,10 @@
 
 `start` replaces whatever rules carry our tag (a previous run may have been
 killed and left them), so restarting never duplicates rules; `stop` removes
-exactly the rules with our tag, and is safe to call twice. Mode ``none``
-touches nothing, so it works without root or iptables.
+exactly the rules with our tag, and is safe to call twice. In ``local``
+mode the same goes for the route and policy rules that make the space
+local (`nat_agent.anyip`), found again by the table the tag names. Mode
+``none`` touches nothing, so it works without root or iptables.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from types import TracebackType
 
 from client_lib.cidr import Block
 from client_lib.constants import METAFLOW_PORT
-from nat_agent import iptables
+from nat_agent import anyip, iptables
+from nat_agent.anyip_plan import anyip_plan
 from nat_agent.nfqueue import NfqueueWorker
 from nat_agent.rules import DEFAULT_QUEUE_NUM, DEFAULT_TAG, rewrite_rules
 
@@ -30,10 +33,13 @@ class Rewriter:
 
     def __init__(self, mode: str, space: Block, own_ip: str | None,
                  port: int = METAFLOW_PORT, queue_num: int = DEFAULT_QUEUE_NUM,
-                 tag: str = DEFAULT_TAG) -> None:
+                 tag: str = DEFAULT_TAG, interface: str | None = None) -> None:
         self.mode = mode
         self.rules = rewrite_rules(mode, space, own_ip, port, queue_num, tag)
         self.tag = tag
+        if mode == "local" and interface is None:
+            raise ValueError("local mode needs the data interface the requests arrive on")
+        self._anyip = anyip_plan(space, interface, port, tag) if mode == "local" and interface else None
         # own_ip is an IPv4 address in nfqueue mode: rewrite_rules refused anything else
         self._worker = (NfqueueWorker(space, own_ip, port, queue_num)
                         if mode == "nfqueue" and own_ip is not None else None)
@@ -50,10 +56,14 @@ class Rewriter:
         if self._worker is not None:
             self._worker.start()
         try:
+            if self._anyip is not None:
+                anyip.install(self._anyip)
             iptables.install(self.rules, self.tag)
         except BaseException:
             if self._worker is not None:
                 self._worker.stop()
+            if self._anyip is not None:
+                anyip.remove(self._anyip)
             raise
         self._installed = True
 
@@ -63,16 +73,19 @@ class Rewriter:
             return
         try:
             iptables.remove(self.tag)
+            if self._anyip is not None:
+                anyip.remove(self._anyip)
             self._installed = False
         finally:
             if self._worker is not None:
                 self._worker.stop()
 
     def stats(self) -> dict[str, object]:
-        """Mode, installed rule count and, in nfqueue mode, the worker's
+        """Mode, installed rule count (iptables and, in local mode, policy
+        rules) and, in nfqueue mode, the worker's
         counters (`nat_agent.nfqueue.COUNTERS`, `alive`, `us_per_packet`)."""
-        stats: dict[str, object] = {"mode": self.mode,
-                                    "rules": len(self.rules) if self._installed else 0}
+        installed = len(self.rules) + (len(self._anyip.rules()) if self._anyip else 0)
+        stats: dict[str, object] = {"mode": self.mode, "rules": installed if self._installed else 0}
         if self._worker is not None:
             stats.update(self._worker.stats())
         return stats

@@ -25,6 +25,14 @@ reply must come back from the mdid or the client's TCP socket ignores it.
   too, conntrack never sees them, and the clients' next packets are INVALID.
   ``--queue-bypass`` lets traffic through unchanged while no agent is bound
   to the queue instead of dropping it.
+* ``local``: no rewrite at all. The server takes the space as local
+  addresses (`nat_agent.anyip_plan`), so requests arrive as they were sent
+  and replies leave from the mdid by construction. The only rules are
+  connection tracking's bypass for the service port in both directions
+  (raw PREROUTING for requests, raw OUTPUT for replies): no NAT needs a
+  connection's state, and the rules match the space only, so a stateful
+  firewall keeps tracking every other connection, including clients of our
+  own address. TCP only: the metadata service speaks nothing else.
 * ``none``: no rules (the service is reached by its own address only).
 """
 
@@ -38,7 +46,7 @@ from typing import Literal, get_args
 from client_lib.cidr import Block
 from client_lib.constants import METAFLOW_PORT
 
-Mode = Literal["kernel", "nfqueue", "none"]
+Mode = Literal["local", "kernel", "nfqueue", "none"]
 MODES: tuple[str, ...] = get_args(Mode)
 
 
@@ -74,7 +82,7 @@ def rewrite_rules(mode: str, space: Block, own_ip: str | None,
     and replies leave from the requested mdid, in the given mode.
 
     Mode ``none`` ignores the other arguments: an agent without a data-plane
-    address (``own_ip`` None) can still run it.
+    address (``own_ip`` None) can still run it; ``local`` needs no address.
     """
     if mode not in MODES:
         raise ValueError(f"unknown rewrite mode {mode!r}: want one of {', '.join(MODES)}")
@@ -82,15 +90,21 @@ def rewrite_rules(mode: str, space: Block, own_ip: str | None,
         return []
     if space.width != 32:
         raise ValueError(f"the rewrite is IPv4 only; {space} is not an IPv4 space")
+    if not 0 < port < 1 << 16:
+        raise ValueError(f"port {port} outside 1..65535")
+    comment = ("-m", "comment", "--comment", check_tag(tag))
+    if mode == "local":
+        notrack = (*comment, "-j", "CT", "--notrack")
+        return [Rule("raw", "PREROUTING", ("-d", str(space), "-p", "tcp", "-m", "tcp", "--dport", str(port),
+                                           *notrack)),
+                Rule("raw", "OUTPUT", ("-s", str(space), "-p", "tcp", "-m", "tcp", "--sport", str(port),
+                                       *notrack))]
     try:
         address = str(ipaddress.IPv4Address(own_ip))
     except ValueError:
         raise ValueError(f"own address {own_ip!r} is not an IPv4 address") from None
-    if not 0 < port < 1 << 16:
-        raise ValueError(f"port {port} outside 1..65535")
     if not 0 <= queue_num < 1 << 16:
         raise ValueError(f"queue number {queue_num} outside 0..65535")
-    comment = ("-m", "comment", "--comment", check_tag(tag))
     rules: list[Rule] = []
     for proto in TRANSPORTS:
         inbound = ("-d", str(space), "-p", proto, "-m", proto, "--dport", str(port), *comment)

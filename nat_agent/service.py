@@ -89,6 +89,7 @@ from client_lib.resp import (
 )
 from client_lib.version import version
 from nat_agent.agent import Agent
+from nat_agent.anyip import transparent_listener
 from nat_agent.connection import Connection, sweep
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
@@ -199,11 +200,17 @@ class MetadataService:
 
     # -- lifecycle ---------------------------------------------------------
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on host:port; returns the bound port (port 0 picks one)."""
+    async def start(self, host: str, port: int, transparent: bool = False) -> int:
+        """Listen on host:port; returns the bound port (port 0 picks one).
+        `transparent`: accept connections to any address the routes deliver
+        here, and answer from it (the ``local`` rewrite's mdids)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Connection(self), host, port,
-                                                backlog=1024, reuse_address=True)
+        if transparent:
+            self._server = await loop.create_server(lambda: Connection(self),
+                                                    sock=transparent_listener(host, port))
+        else:
+            self._server = await loop.create_server(lambda: Connection(self), host, port,
+                                                    backlog=1024, reuse_address=True)
         self._sweeper = loop.create_task(sweep(self._connections, self.limits.read_timeout,
                                                self.limits.idle_timeout), name="connection-sweeper")
         return int(self._server.sockets[0].getsockname()[1])

@@ -4,7 +4,8 @@ A client namespace routes the MetaDataID space to a server namespace (as the
 switches would deliver it); the server runs the real daemon with the kernel
 or the NFQUEUE rewrite. Every reply must come back from the MetaDataID the
 client addressed (checked on the wire by a packet capture in the client
-namespace), and after SIGTERM no rule with the agent's tag may remain.
+namespace), and after SIGTERM no rule with the agent's tag may remain (in
+``local`` mode, no policy rule or route of its table either).
 """
 
 from __future__ import annotations
@@ -16,19 +17,27 @@ import sys
 import pytest
 
 from client_lib.api.admin import ADMIN
+from client_lib.cidr import Block
 from mininet_scenarios.daemons import ROOT, AgentProcess
 from mininet_scenarios.netns_pair import NetnsPair
+from nat_agent.anyip_plan import anyip_plan
 
 ROUND_TRIPS = 10_000
 
 
 def _ours(net: NetnsPair, tag: str) -> list[str]:
+    """Our iptables rules, policy rules and routes (``local`` mode's) in the server."""
     saved = net.server.run("iptables-save").stdout
-    return [line for line in saved.splitlines() if f'"{tag}"' in line or f" {tag} " in line]
+    found = [line for line in saved.splitlines() if f'"{tag}"' in line or f" {tag} " in line]
+    plan = anyip_plan(Block.parse(net.space), net.server_if, 9000, tag)
+    found += [line for line in net.server.run("ip", "rule", "show").stdout.splitlines()
+              if line.split(":")[0] in (str(plan.pref), str(plan.pref + 1))]
+    routes = net.server.run("ip", "route", "show", "table", str(plan.table), check=False)
+    return found + routes.stdout.splitlines()
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("mode", ["kernel", "nfqueue"])
+@pytest.mark.parametrize("mode", ["local", "kernel", "nfqueue"])
 def test_ten_thousand_round_trips_through_the_rewrite(mode, tmp_path):
     with NetnsPair(prefix="mfag") as net:
         agent = AgentProcess(f"leveldb:{tmp_path / 'db'}", own=[net.space], rewrite=mode,
@@ -47,7 +56,7 @@ def test_ten_thousand_round_trips_through_the_rewrite(mode, tmp_path):
         assert report["ops"] >= ROUND_TRIPS and report["wrong_count"] == 0
         assert report["client"]["retries"] == 0
         audit = report["audit"]
-        if mode == "kernel":
+        if mode in ("local", "kernel"):
             assert audit["replies_from_elsewhere"] == 0, audit
         else:
             # The paper's per-flow table is keyed by client address and port. When
@@ -71,16 +80,18 @@ def test_ten_thousand_round_trips_through_the_rewrite(mode, tmp_path):
     assert not any(name in listed for name in names)
 
 
-def test_stale_rules_of_a_crashed_agent_are_replaced(tmp_path):
+@pytest.mark.parametrize("mode", ["local", "kernel"])
+def test_stale_rules_of_a_crashed_agent_are_replaced(mode, tmp_path):
     with NetnsPair(prefix="mfag") as net:
         def agent() -> AgentProcess:
-            proc = AgentProcess(f"leveldb:{tmp_path / 'db'}", own=[net.space], rewrite="kernel",
+            proc = AgentProcess(f"leveldb:{tmp_path / 'db'}", own=[net.space], rewrite=mode,
                                 host="0.0.0.0", port=9000, netns=net.server, name="crashy",
                                 log_path=tmp_path / "agent.log")
             proc.argv += ["--data-ip", net.server_ip]
             return proc
         first = agent().start()
         installed = _ours(net, "metaflow-agent:crashy")
+        assert len(installed) == {"local": 5, "kernel": 2}[mode]  # local: 2 NOTRACK, 2 rules, 1 route
         first.kill()  # SIGKILL: no chance to clean up
         assert _ours(net, "metaflow-agent:crashy") == installed
         with agent():

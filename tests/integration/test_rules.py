@@ -6,6 +6,7 @@ import pytest
 
 from client_lib.cidr import Block
 from client_lib.mdid import DEFAULT_SPACE
+from nat_agent.anyip_plan import PREF_BASE, TABLE_BASE, anyip_plan
 from nat_agent.rules import MODES, Rule, check_tag, rewrite_rules
 
 TAG = "metaflow-agent:s1"
@@ -35,6 +36,52 @@ def test_nfqueue_mode_queues_requests_before_conntrack_and_replies_after() -> No
                                       "--sport", "9100", *COMMENT, *queue)),
         ]
     assert rules == expected
+
+
+def test_local_mode_only_bypasses_conntrack_for_the_space_and_port() -> None:
+    notrack = (*COMMENT, "-j", "CT", "--notrack")
+    assert rewrite_rules("local", DEFAULT_SPACE, None, port=9100, tag=TAG) == [
+        Rule("raw", "PREROUTING", ("-d", "100.64.0.0/10", "-p", "tcp", "-m", "tcp", "--dport", "9100",
+                                   *notrack)),
+        Rule("raw", "OUTPUT", ("-s", "100.64.0.0/10", "-p", "tcp", "-m", "tcp", "--sport", "9100",
+                               *notrack)),
+    ]
+
+
+def test_local_mode_delivers_only_tcp_to_the_port_and_blackholes_the_rest() -> None:
+    plan = anyip_plan(DEFAULT_SPACE, "eth1", 9100, TAG)
+    assert plan.route() == ["route", "add", "local", "100.64.0.0/10", "dev", "eth1", "table", str(plan.table)]
+    arriving = ["iif", "eth1", "to", "100.64.0.0/10"]
+    assert plan.rules() == [
+        ["rule", "add", "pref", str(plan.pref), *arriving, "ipproto", "tcp", "dport", "9100",
+         "lookup", str(plan.table)],
+        ["rule", "add", "pref", str(plan.pref + 1), *arriving, "blackhole"]]
+    assert TABLE_BASE <= plan.table <= TABLE_BASE + 0xFFFF
+    assert PREF_BASE <= plan.pref < plan.pref + 1 < 32766  # before the main table's rule
+
+
+def test_local_mode_tables_are_found_again_by_tag() -> None:
+    """A restarted agent derives the same table and priorities (so it finds
+    what a killed run left); the hosts of a scenario get others (a 16-bit
+    hash: thousands of tags in one namespace could collide, one per host never)."""
+    tags = [f"metaflow-agent:h{i}" for i in range(16)]
+    plans = [anyip_plan(DEFAULT_SPACE, "eth0", 9000, tag) for tag in tags]
+    assert plans == [anyip_plan(DEFAULT_SPACE, "eth0", 9000, tag) for tag in tags]
+    assert len({p.table for p in plans}) == len(tags)
+    assert all(p.pref % 2 == PREF_BASE % 2 for p in plans)  # pairs never overlap
+
+
+@pytest.mark.parametrize("args, message", [
+    ((Block.parse("fd00::/64"), "eth0", 9000, TAG), "IPv4 only"),
+    ((DEFAULT_SPACE, "", 9000, TAG), "interface"),
+    ((DEFAULT_SPACE, "a-name-far-too-long", 9000, TAG), "interface"),
+    ((DEFAULT_SPACE, "eth0 lookup 5", 9000, TAG), "interface"),
+    ((DEFAULT_SPACE, "eth0", 70000, TAG), "port"),
+    ((DEFAULT_SPACE, "eth0", 9000, "bad tag"), "bad rule tag"),
+])
+def test_local_mode_refuses_what_ip_would_misread(args: tuple, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        anyip_plan(*args)
 
 
 def test_none_mode_has_no_rules_and_needs_no_address() -> None:
