@@ -29,6 +29,9 @@ from topology import builders
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 SPACE = Block.parse("100.64.0.0/10")
+PING_TIMEOUT = 5
+"""Seconds for each pair's one ping: the first crosses the controller (ARP
+and path set-up), which took over a second on a loaded machine."""
 
 
 def wait_for(probe, seconds: float = 20.0):
@@ -58,7 +61,7 @@ def test_fat_tree_end_to_end(tmp_path):
     graph = builders.fat_tree(4, servers=8)
     with MetaFlowNet(graph, capacity=1000, workdir=tmp_path,
                      controller_args=["--bootstrap", "preallocate:2"]) as mf:
-        assert mf.scenario.net.pingAll(timeout=1) == 0
+        assert mf.scenario.net.pingAll(timeout=PING_TIMEOUT) == 0
         results = mf.run_clients(1000, tmp_path)
         assert all(r["errors"] == 0 and r["read_back"] == r["written"] == 1000 for r in results), results
         wait_for(lambda: len(mf.view(REST.splits).splits) >= 2)
@@ -88,7 +91,7 @@ def test_three_tier_end_to_end(tmp_path):
                                 clients_per_edge=1)
     with MetaFlowNet(graph, capacity=800, workdir=tmp_path, replicas=1,
                      controller_args=["--bootstrap", "preallocate:2"]) as mf:
-        assert mf.scenario.net.pingAll(timeout=1) == 0
+        assert mf.scenario.net.pingAll(timeout=PING_TIMEOUT) == 0
         results = mf.run_clients(1000, tmp_path)
         assert all(r["errors"] == 0 and r["read_back"] == 1000 for r in results), results
         wait_for(lambda: mf.view(REST.splits).splits)
