@@ -67,8 +67,12 @@ $(STAMP): pyproject.toml | apt
 # ruff and mypy (pyproject.toml says what each checks) gate `make test`.
 STATIC_CHECKS := lint typecheck
 
+# The unit tests are pure and CPU-bound: both cores (pytest-xdist). The rest
+# start daemons, networks and mounts whose timeouts assume a machine that is
+# not saturated by the tests themselves: one at a time.
 test: setup $(STATIC_CHECKS)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests/unit
+	$(PY) -m pytest -q tests --ignore=tests/unit
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -14,6 +14,9 @@ No deadline: a property test checks what is computed, not how fast (speed
 targets live in benchmarks/), and on a shared two-core machine a deadline
 is a test that fails at random.
 
+Under pytest-xdist (``make test`` runs the unit tests on both cores) the
+workers run on the seed the controller drew and printed.
+
 Not derandomized, even where the environment sets ``CI``: Hypothesis then
 loads its own ``ci`` profile (derandomize=True), which a profile registered
 here would inherit, and every seed would draw the same examples.
@@ -52,10 +55,18 @@ def _chosen_seed(config: pytest.Config) -> int:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Runs before Hypothesis's own plugin, which then forces the seed."""
-    seed = _chosen_seed(config)
+    """Runs before Hypothesis's own plugin, which then forces the seed. An
+    xdist worker takes the seed its controller chose and printed."""
+    workerinput = getattr(config, "workerinput", {})
+    seed = int(workerinput[SEED_ENV]) if SEED_ENV in workerinput else _chosen_seed(config)
     config.option.hypothesis_seed = str(seed)
     config.stash[_SEED] = seed
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # noqa: ANN001 (xdist's WorkerController, untyped)
+    """xdist: hand the run's one seed to every worker (each would draw its own)."""
+    node.workerinput[SEED_ENV] = node.config.stash[_SEED]
 
 
 def pytest_report_header(config: pytest.Config) -> str:

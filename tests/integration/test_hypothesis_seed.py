@@ -54,6 +54,20 @@ def test_one_seed_draws_the_same_examples(project: Path, ci: bool) -> None:
     assert a == b and a != c and len(a.splitlines()) > 50
 
 
+def test_xdist_workers_draw_from_the_seed_the_run_printed(project: Path) -> None:
+    """`make test` runs the unit tests under pytest-xdist: each worker is a
+    process of its own that would draw a seed of its own, and the printed
+    one would replay nothing."""
+    (project / "test_prop2.py").write_text(PROPERTY)
+    parallel = _pytest(project, None, "-n", "2", "test_prop.py", "test_prop2.py", drawn="parallel")
+    assert parallel.returncode == 0, parallel.stdout + parallel.stderr
+    seed = parallel.stdout.split()[2]
+    serial = _pytest(project, seed, "test_prop.py", "test_prop2.py", drawn="serial")
+    assert serial.returncode == 0, serial.stdout + serial.stderr
+    drawn = [sorted((project / name).read_text().splitlines()) for name in ("parallel", "serial")]
+    assert drawn[0] == drawn[1] and len(drawn[0]) > 100
+
+
 def test_without_a_seed_one_is_drawn_and_printed(project: Path) -> None:
     seeds = {_pytest(project, None, "test_prop.py").stdout.split()[2] for _ in range(2)}
     assert len(seeds) == 2 and all(s.isdigit() for s in seeds)
