@@ -82,7 +82,7 @@ def _number(stats: Mapping[str, object], key: str) -> float:
 
 
 def bench_rewrite(rounds: int, ops: int, workdir: Path, progress: tqdm) -> dict:
-    modes = ("none", "kernel", "nfqueue")
+    modes = ("none", "local", "kernel", "nfqueue")
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(rounds):
         for mode in (modes if r % 2 == 0 else reversed(modes)):
@@ -95,7 +95,7 @@ def bench_rewrite(rounds: int, ops: int, workdir: Path, progress: tqdm) -> dict:
             if extra in results[0]:
                 row[extra] = round(statistics.median(r[extra] for r in results), 3)
         table[mode] = row
-    for mode in ("kernel", "nfqueue"):
+    for mode in modes[1:]:
         for w in ("get", "set"):
             table[mode][f"{w}_ratio"] = round(table[mode][f"{w}_p50_us"] / table["none"][f"{w}_p50_us"], 3)
     return table

@@ -54,11 +54,14 @@ def format_report(report: dict) -> str:
                      f"{'met' if t['met'] else 'MISSED'}")
     nat = report.get("nat")
     if nat:
-        lines.append(f"kernel NAT: {nat['nat_cpu_us_per_op']} us CPU per op against the service's "
-                     f"{nat['service_cpu_us_per_op']} us: "
-                     f"connection tracking {nat['conntrack_cpu_us_per_op']} us, "
-                     f"the DNAT rule itself {nat['rule_cpu_us_per_op']} us (A/B, {nat['rounds']} rounds of "
-                     f"{nat['ops_per_round']} ops, kernel - none per round {nat['per_round_diff_us']})")
+        lines.append(f"address handling (A/B against no rule, {nat['rounds']} rounds of "
+                     f"{nat['ops_per_round']} ops; the service itself "
+                     f"{nat['service_cpu_us_per_op']} us CPU per op): " + "; ".join(
+                         f"{mode}{' (in use)' if mode == nat['mode'] else ''} {cost['cpu_us_per_op']} us = "
+                         f"{cost['share_of_service'] * 100:.1f} %, per round {cost['per_round_diff_us']}"
+                         for mode, cost in nat["by_mode"].items()))
+        lines.append(f"  kernel's parts: connection tracking {nat['conntrack_cpu_us_per_op']} us, "
+                     f"the DNAT rule itself {nat['rule_cpu_us_per_op']} us")
     if "ghba" in schemes and "levels" in schemes["ghba"]:
         ghba = schemes["ghba"]
         lines.append(f"G-HBA lookups ended at: {ghba['levels']} (group size {ghba['group_size']})")
@@ -120,7 +123,8 @@ def plot(report: dict, out: Path, prefix: str = "bench") -> list[Path]:
     bottom = [0.0] * len(names)
     for part, label in (("storage_cpu_us_per_op", "storage (agent)"),
                         ("lookup_cpu_us_per_op", "lookup servers"),
-                        ("nat_cpu_us_per_op", "kernel NAT (A/B)"), ("ovs_cpu_us_per_op", "Open vSwitch")):
+                        ("nat_cpu_us_per_op", "address handling (A/B)"),
+                        ("ovs_cpu_us_per_op", "Open vSwitch")):
         values = [schemes[n][part] for n in names]
         ax.bar(names, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]

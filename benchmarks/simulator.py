@@ -156,6 +156,8 @@ class Calibration:
             value = _number(schemes, scheme, key)
             if value is not None and value >= 0:
                 found[name] = (value, f"schemes.{scheme}.{key}")
+            elif value is not None and name == "nat_us":  # an A/B difference within its noise
+                found[name] = (0.0, f"schemes.{scheme}.{key} ({value}, below the A/B's noise: 0)")
         base = replace(cls(), **_values(found))
         rtt = _rtt_from_sweep(schemes.get("hash", {}), base.storage_us, base.client_us)
         if rtt is not None:

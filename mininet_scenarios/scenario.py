@@ -28,7 +28,7 @@ Bring-up, in order (each phase's seconds end up in `timings`):
    (data-plane address = the host's, admin API on its management address
    port 9001 and the replication stream on port 9002 there, so copies of
    writes do not compete with clients on the data plane; service on
-   0.0.0.0:9000, kernel rewrite, store under the
+   0.0.0.0:9000, the agent's default rewrite (``local``), store under the
    scenario's temporary directory), all started at once, then awaited
    until /health answers over the management network from the root
    namespace, as the controller will call them.
@@ -77,6 +77,7 @@ from mininet_scenarios.leaks import leaks, netns_inode, sweep, unique_prefix
 from mininet_scenarios.mgmt import DEFAULT_SUBNET, ManagementNetwork
 from mininet_scenarios.syscmd import vsctl
 from mininet_scenarios.topos import HOST_NETWORK, GraphTopo, host_number
+from nat_agent.rules import DEFAULT_MODE
 from topology import builders
 
 log = logging.getLogger("metaflow.scenario")
@@ -105,7 +106,7 @@ class Scenario:
 
     def __init__(self, graph: nx.Graph, *, controller: tuple[str, int] | None = ("127.0.0.1", OPENFLOW_PORT),
                  fail_mode: str = "secure", start_controller: ControllerHook | None = None,
-                 rest_port: int | None = None, store: str = "leveldb", rewrite: str = "kernel",
+                 rest_port: int | None = None, store: str = "leveldb", rewrite: str = DEFAULT_MODE,
                  space: str = str(DEFAULT_SPACE), gateway: str = DEFAULT_GATEWAY,
                  mgmt_subnet: str = DEFAULT_SUBNET, prefix: str | None = None,
                  agent_args: Sequence[str] = (), connect_timeout: float = 30.0,

@@ -51,7 +51,7 @@ from nat_agent.replica import ReplicaServer
 from nat_agent.replication import DEFAULT_TIMEOUT as REPLICATION_TIMEOUT
 from nat_agent.replication import Replicator
 from nat_agent.rewrite import Rewriter
-from nat_agent.rules import MODES
+from nat_agent.rules import DEFAULT_MODE, MODES
 from nat_agent.service import MetadataService, ServiceLimits
 from nat_agent.store import DEFAULT_FSYNC, FSYNC_MODES
 from nat_agent.store_spec import open_store
@@ -105,7 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a synced backup may take to acknowledge a write; after that the "
                         "write is refused (TRYAGAIN) and the block held back until the controller "
                         "re-syncs its members")
-    p.add_argument("--rewrite", choices=MODES, default="kernel",
+    p.add_argument("--rewrite", choices=MODES, default=DEFAULT_MODE,
                    help="how requests to MetaDataIDs reach the service: local (no rewrite: the space "
                         "is local for TCP to the service port arriving on the data interface, and "
                         "conntrack is bypassed; needs a wildcard --listen host), kernel (iptables "

@@ -48,6 +48,9 @@ from client_lib.constants import METAFLOW_PORT
 
 Mode = Literal["local", "kernel", "nfqueue", "none"]
 MODES: tuple[str, ...] = get_args(Mode)
+DEFAULT_MODE: Mode = "local"
+"""What the agent and the scenarios run unless told otherwise: it measured
+cheapest (`benchmarks.nat_cost`, README)."""
 
 
 DEFAULT_QUEUE_NUM = METAFLOW_PORT

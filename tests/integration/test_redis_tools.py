@@ -178,11 +178,11 @@ def test_redis_cli_follows_moved_to_the_metadataid_itself(tmp_path: Path) -> Non
     """Found: `redis-cli -c` crashed (exit 139) on the old `-MOVED <mdid-ip>`.
     With no hint, MOVED names the MetaDataID on port 9000, and the network
     delivers that to the owner: here a client namespace routes the space to a
-    server namespace whose agent owns it all (kernel rewrite), while the agent
+    server namespace whose agent owns it all (local mode), while the agent
     asked first, in the client namespace, owns only the lower half."""
     path = path_in(UPPER)
     with NetnsPair(prefix="mfh1") as net:
-        owner = AgentProcess(f"leveldb:{tmp_path / 'owner'}", own=[net.space], rewrite="kernel",
+        owner = AgentProcess(f"leveldb:{tmp_path / 'owner'}", own=[net.space], rewrite="local",
                              host="0.0.0.0", port=METAFLOW_PORT, netns=net.server,
                              log_path=tmp_path / "owner.log")
         owner.argv += ["--data-ip", net.server_ip]

@@ -100,6 +100,12 @@ def test_calibration_reads_the_documented_fields():
     assert cal.sources["lookup_us"].startswith("schemes.onehop.")
 
 
+def test_an_address_cost_below_the_noise_calibrates_to_zero():
+    """The local mode's A/B difference can come out negative: no cost, not the default."""
+    cal = Calibration.from_bench({"schemes": {"metaflow": {"nat_cpu_us_per_op": -3.0}}})
+    assert cal.nat_us == 0.0 and "below the A/B's noise" in cal.sources["nat_us"]
+
+
 def test_calibration_falls_back_to_chord_and_defaults():
     cal = Calibration.from_bench({"schemes": {
         "chord": {"lookup_cpu_us_per_op": 500.0, "lookup_rpcs_per_op": 2.5},
