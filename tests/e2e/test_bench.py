@@ -43,7 +43,8 @@ def test_every_scheme_runs_side_by_side_with_its_costs(tmp_path):
     # MetaFlow's partition in the switches: the core switches hold prefix entries
     assert any(c["metaflow"] > 0 for c in report["flows"].values() if c["layer"] == "core")
     assert set(report["targets"]) == {"latency_vs_hash", "throughput_vs_hash", "throughput_vs_chord",
-                                      "nat_share"}
+                                      "nat_share", "mdtest_create_vs_hash", "mdtest_stat_vs_hash",
+                                      "mdtest_remove_vs_hash"}
     json.dumps(report)
     text = format_report(report)
     assert "metaflow" in text and "target latency_vs_hash" in text
