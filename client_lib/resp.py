@@ -260,10 +260,12 @@ class RespParser:
         return line
 
     def _length(self, header: bytes, what: str) -> int:
-        try:
-            return int(header)
-        except ValueError:
-            raise ProtocolError(f"invalid {what} length {header[:32]!r}") from None
+        """A decimal integer as Redis writes one: an optional minus and ASCII
+        digits, nothing else (Python's int() would also take spaces, a plus
+        and underscores, which no RESP peer sends)."""
+        if not (header[1:] if header[:1] == b"-" else header).isdigit():
+            raise ProtocolError(f"invalid {what} length {header[:32]!r}")
+        return int(header)
 
     def _bulk_size(self, header: bytes) -> int:
         """The length a bulk header announces (-1 for null), within the hard cap."""
