@@ -23,12 +23,24 @@ APT_PACKAGES := redis-server redis-tools iptables conntrack iproute2 ethtool \
 # directory: a .pth would let every Debian module (an older cryptography,
 # yaml, ovs, ...) stand in silently for anything missing from the venv.
 MININET_SRC  := /usr/lib/python3/dist-packages/mininet
+# The agent's compiled request path (nat_agent/fastpath, Rust through PyO3),
+# built with the machine's cargo (rustup's, if it is not on PATH) from the
+# locked crates and placed where the editable install imports it from.
+CARGO    ?= $(or $(shell command -v cargo 2>/dev/null),$(HOME)/.cargo/bin/cargo)
+FASTPATH := nat_agent/_fastpath.abi3.so
+FASTPATH_CRATE := nat_agent/fastpath
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: setup apt mininet-link ovs test unit lint typecheck check-install demo bench bench-quick \
         bench-flowtables bench-agent bench-failover chaos bench-replication bench-fs bench-fig20 plan clean
 
-setup: apt $(STAMP) mininet-link ovs
+setup: apt $(STAMP) mininet-link ovs $(FASTPATH)
+
+# Built from the locked crates (crates.io), with the interpreter the venv is made from.
+$(FASTPATH): $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Cargo.toml $(FASTPATH_CRATE)/Cargo.lock
+	@test -x "$(CARGO)" || { echo "make: cargo is needed to build $(FASTPATH_CRATE) (install Rust with rustup)" >&2; exit 1; }
+	PYO3_PYTHON=$(PYTHON) $(CARGO) build --release --locked --quiet --manifest-path $(FASTPATH_CRATE)/Cargo.toml
+	cp $(FASTPATH_CRATE)/target/release/lib_fastpath.so $@
 
 # Open vSwitch's daemons (userspace datapath: this kernel has no openvswitch
 # module). Started only when not already answering; never restarted, since
@@ -181,4 +193,4 @@ bench-fig20: setup
 	$(PY) -m benchmarks.fig20 --out benchmarks/results $(BENCH_FIG20_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis $(FASTPATH_CRATE)/target $(FASTPATH)

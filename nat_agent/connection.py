@@ -45,9 +45,9 @@ from client_lib.resp import (
     ArgumentTooLarge,
     ErrorReply,
     ProtocolError,
-    RespParser,
     encode_reply,
 )
+from nat_agent._fastpath import CommandParser
 
 log = logging.getLogger("metaflow.agent.service")
 
@@ -110,7 +110,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, host: Host) -> None:
         self.host = host
-        self.parser = RespParser(max_bulk=host.max_bulk, limit=host.arg_limit)
+        self.parser = CommandParser(max_bulk=host.max_bulk, limit=host.arg_limit)
         self.transport: asyncio.Transport  # set by connection_made, before any other callback
         self.peer: object = None
         self.ident = 0

@@ -1,0 +1,16 @@
+"""Types of the compiled request path (`nat_agent/fastpath`, built by `make`)."""
+
+from client_lib.resp import ArgLimit
+
+class CommandParser:
+    """The command side of `client_lib.resp.RespParser`, compiled: same limits,
+    same refusals, same exceptions and messages."""
+
+    def __init__(self, max_bulk: int = ..., max_args: int = ..., max_line: int = ...,
+                 limit: ArgLimit | None = ...) -> None: ...
+    def feed(self, data: bytes) -> None: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def busy(self) -> bool: ...
+    def next_command(self) -> list[bytes] | None: ...
