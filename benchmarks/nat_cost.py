@@ -67,14 +67,17 @@ def agent_in_pair(rewrite: str, workdir: Path, name: str,
             yield net, agent, ["--via", f"{net.server_ip}:{METAFLOW_PORT}"] if rewrite == "none" else []
 
 
-def nat_round(mode: str, ops: int, workdir: Path) -> dict:
+def nat_round(mode: str, ops: int, workdir: Path, reused: bool = False) -> dict:
+    """One mode's round: SETs on a new connection each (the paper's client),
+    or with `reused`, on connections kept open (the per-packet cost alone)."""
     rewrite = mode if mode in REWRITES else "none"
+    connections = [] if reused else ["--fresh"]
     with agent_in_pair(rewrite, workdir, f"nat-{mode}", "mfbn") as (net, agent, via):
         if mode == "conntrack":
             net.server.run(*IDLE_NAT_RULE)   # goes with the namespace
         before = cpu_seconds(pid_of(agent.proc))
         out = net.client.run(sys.executable, "-m", "benchmarks.agent_load", "--ops", str(ops),
-                             "--workload", "set", "--fresh", "--space", SPACE, *via, cwd=ROOT, timeout=600)
+                             "--workload", "set", *connections, "--space", SPACE, *via, cwd=ROOT, timeout=600)
         service = cpu_seconds(pid_of(agent.proc)) - before
     report = json.loads(out.stdout)
     return {"mode": mode, "service_us_per_op": service * 1e6 / ops,
@@ -82,14 +85,14 @@ def nat_round(mode: str, ops: int, workdir: Path) -> dict:
             "p50_us": report["latency"]["set"]["p50_us"]}
 
 
-def measure(rounds: int, ops: int, workdir: Path, progress=None) -> dict:
+def measure(rounds: int, ops: int, workdir: Path, progress=None, reused: bool = False) -> dict:
     """Rotating rounds of every mode. A rewrite's CPU per op is the median
     total (client + agent) difference between it and `none`, compared with
     the service's own CPU per op (the agent without any rule)."""
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for r in range(rounds):
         for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
-            runs[mode].append(nat_round(mode, ops, workdir))
+            runs[mode].append(nat_round(mode, ops, workdir, reused))
             if progress is not None:
                 progress.update(1)
     med = {mode: {k: statistics.median(run[k] for run in rs)
@@ -97,7 +100,7 @@ def measure(rounds: int, ops: int, workdir: Path, progress=None) -> dict:
     total = {mode: m["total_us_per_op"] for mode, m in med.items()}
     service = med["none"]["service_us_per_op"]
     cost = {mode: total[mode] - total["none"] for mode in REWRITES}
-    return {"rounds": rounds, "ops_per_round": ops, "mode": DEFAULT_MODE,
+    return {"rounds": rounds, "ops_per_round": ops, "reused_connections": reused, "mode": DEFAULT_MODE,
             "nat_cpu_us_per_op": round(cost[DEFAULT_MODE], 2),
             "nat_share_of_service": round(cost[DEFAULT_MODE] / service, 4),
             "by_mode": {mode: {"cpu_us_per_op": round(cost[mode], 2),
@@ -116,9 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--ops", type=int, default=3000)
+    p.add_argument("--reused", action="store_true",
+                   help="keep connections open (per-packet cost) instead of one per request")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mf-nat-cost-") as workdir:
-        print(json.dumps(measure(args.rounds, args.ops, Path(workdir)), indent=1))
+        print(json.dumps(measure(args.rounds, args.ops, Path(workdir), reused=args.reused), indent=1))
     return 0
 
 
