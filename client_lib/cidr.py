@@ -12,6 +12,7 @@ flow generation cheap; `ipaddress` is used only to parse and print.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -80,7 +81,9 @@ class Block:
         value = self.first if addr is None else addr
         if not self.contains(value):
             raise ValueError(f"{value:#x} is not an address of {self}")
-        return str(ipaddress.IPv4Address(value) if self.width == 32 else ipaddress.IPv6Address(value))
+        if self.width == 32:  # every request's destination: inet_ntoa is ten times ipaddress's speed
+            return socket.inet_ntoa(value.to_bytes(4, "big"))
+        return str(ipaddress.IPv6Address(value))
 
     def __str__(self) -> str:
         return f"{self.address()}/{self.plen}"

@@ -632,6 +632,16 @@ def _metadata(reply: Reply) -> FileMetadata | None:
     return None if data is None else FileMetadata.from_bytes(data)
 
 
+def _is_ipv4(host: str) -> bool:
+    """Whether `host` is dotted-quad IPv4 text (what `Block.address` makes),
+    strictly: not a name, not IPv6, not inet_aton's short or octal forms."""
+    try:
+        socket.inet_pton(socket.AF_INET, host)
+    except (OSError, UnicodeError):
+        return False
+    return True
+
+
 def _still_open(sock: socket.socket) -> bool:
     """Whether an idle connection can carry a request: it must not be readable,
     since an idle connection that is has been closed by the peer (a server
@@ -770,7 +780,17 @@ class MetaFlowClient(_Surface[socket.socket]):
 
     def _connect(self, destination: Destination, attempt: _Attempt) -> socket.socket:
         self._count("connects")
-        sock = socket.create_connection(destination, timeout=attempt.left())
+        host, port = destination
+        if not _is_ipv4(host):  # a name or IPv6: resolved, every address tried
+            sock = socket.create_connection(destination, timeout=attempt.left())
+        else:  # a MetaDataID: no resolver call (it cost as much as the rest of a request's Python)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(attempt.left())
+                sock.connect((host, port))
+            except BaseException:
+                sock.close()
+                raise
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:

@@ -246,6 +246,10 @@ def test_the_standalone_route_reaches_a_real_agent(tmp_path):
             assert client.stat("/user//a/data.csv") == meta
             assert client.delete("/user/a/data.csv") and not client.exists("/user/a/data.csv")
 
+        # A name is resolved (an IPv4 literal, as above, skips the resolver).
+        with MetaFlowClient(via=f"localhost:{agent.port}") as client:
+            assert client.get("/user/a/data.csv") is None and client.stats.connects == 1
+
         async def main() -> None:
             async with AsyncMetaFlowClient(via=agent.host, port=agent.port) as client:
                 await client.put("/b", b"raw")

@@ -321,3 +321,11 @@ def test_lpm_matches_reference(raw, probes):
         a = (bases[i % len(bases)] + off) % (1 << 32)
         assert lpm(table, a) == reference_lpm(table.items(), a)
         assert lpm(list(table.items()), a) == reference_lpm(table.items(), a)
+
+
+@given(st.integers(0, 2**32 - 1))
+def test_an_ipv4_address_reads_as_ipaddress_writes_it(value):
+    """`address` formats IPv4 with inet_ntoa (every request's destination);
+    it must be the text ipaddress gives, for every 32-bit value."""
+    assert Block(0, 0, 32).address(value) == str(ipaddress.IPv4Address(value))
+    assert Block.parse("100.64.0.0/10").address() == "100.64.0.0"
