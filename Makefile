@@ -2,6 +2,11 @@
 # Every target installs what it needs, idempotently, so a fresh machine only
 # needs `make test` or `make demo`.
 
+# Independent set-up steps run side by side (the venv's pip install beside the
+# cargo build, ruff beside mypy); `make test`'s own recipe runs its two pytest
+# phases one after the other as always.
+MAKEFLAGS += --jobs=2
+
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -37,7 +42,7 @@ SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("pu
 setup: apt $(STAMP) mininet-link ovs $(FASTPATH)
 
 # Built from the locked crates (crates.io), with the interpreter the venv is made from.
-$(FASTPATH): $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Cargo.toml $(FASTPATH_CRATE)/Cargo.lock
+$(FASTPATH): $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Cargo.toml $(FASTPATH_CRATE)/Cargo.lock | apt
 	@test -x "$(CARGO)" || { echo "make: cargo is needed to build $(FASTPATH_CRATE) (install Rust with rustup)" >&2; exit 1; }
 	PYO3_PYTHON=$(PYTHON) $(CARGO) build --release --locked --quiet --manifest-path $(FASTPATH_CRATE)/Cargo.toml
 	cp $(FASTPATH_CRATE)/target/release/lib_fastpath.so $@

@@ -1,4 +1,4 @@
-"""The whole agent on a real data path: 10,000 round trips to MetaDataIDs.
+"""The whole agent on a real data path: 5,000 round trips to MetaDataIDs.
 
 A client namespace routes the MetaDataID space to a server namespace (as the
 switches would deliver it); the server runs the real daemon with the kernel
@@ -22,7 +22,7 @@ from mininet_scenarios.daemons import ROOT, AgentProcess
 from mininet_scenarios.netns_pair import NetnsPair
 from nat_agent.anyip_plan import anyip_plan
 
-ROUND_TRIPS = 10_000
+ROUND_TRIPS = 5_000
 
 
 def _ours(net: NetnsPair, tag: str) -> list[str]:
@@ -38,7 +38,7 @@ def _ours(net: NetnsPair, tag: str) -> list[str]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", ["local", "kernel", "nfqueue"])
-def test_ten_thousand_round_trips_through_the_rewrite(mode, tmp_path):
+def test_five_thousand_round_trips_through_the_rewrite(mode, tmp_path):
     with NetnsPair(prefix="mfag") as net:
         agent = AgentProcess(f"leveldb:{tmp_path / 'db'}", own=[net.space], rewrite=mode,
                              host="0.0.0.0", port=9000, netns=net.server,

@@ -2,7 +2,7 @@
 local addresses in a server namespace, and a client namespace probes what
 must and must not happen on the wire.
 
-The 10,000-round-trip audit of every reply's source, and the crash and
+The 5,000-round-trip audit of every reply's source, and the crash and
 restart, are in `test_agent_netns.py` (parametrised over the modes).
 """
 
