@@ -241,18 +241,18 @@ impl CommandParser {
             let line = self.buf[start..end].to_vec();
             return self.inline(py, &line);
         }
-        let count = self.count(&self.buf[start + 1..end].to_vec())?;
+        let count = self.count(&self.buf[start + 1..end])?;
         if count <= 0 {
             return Err(Stop::Protocol("empty command".into()));
         }
         let mut args: Vec<Arg> = Vec::with_capacity(count as usize);
         for index in 0..count as usize {
             let size = self.argument_size()?;
-            let name = match args.first() {
-                Some(Arg::Range(a, b)) => self.buf[*a..*b].to_vec(),
-                _ => Vec::new(),
-            };
             if self.limit.is_some() {
+                let name = match args.first() {
+                    Some(Arg::Range(a, b)) => self.buf[*a..*b].to_vec(),
+                    _ => Vec::new(),
+                };
                 if let Some(most) = self.limit_of(py, &name, index)? {
                     if size > most {
                         self.refuse(count - index as i64, size);
@@ -269,7 +269,7 @@ impl CommandParser {
     /// The length a command argument's header announces (a bulk string, not null).
     fn argument_size(&mut self) -> Parsed<i64> {
         let (start, end) = self.line()?;
-        let header = self.buf[start..end].to_vec();
+        let header = &self.buf[start..end];
         if header.first() != Some(&b'$') {
             return Err(Stop::Protocol(format!(
                 "expected a bulk string, got {}",
