@@ -781,9 +781,7 @@ class MetaFlowClient(_Surface[socket.socket]):
     def _connect(self, destination: Destination, attempt: _Attempt) -> socket.socket:
         self._count("connects")
         host, port = destination
-        if not _is_ipv4(host):  # a name or IPv6: resolved, every address tried
-            sock = socket.create_connection(destination, timeout=attempt.left())
-        else:  # a MetaDataID: no resolver call (it cost as much as the rest of a request's Python)
+        if _is_ipv4(host):  # a MetaDataID: no resolver call (it cost what the rest of our Python did)
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 sock.settimeout(attempt.left())
@@ -791,6 +789,8 @@ class MetaFlowClient(_Surface[socket.socket]):
             except BaseException:
                 sock.close()
                 raise
+        else:  # a name or IPv6: resolved, every address tried
+            sock = socket.create_connection(destination, timeout=attempt.left())
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:

@@ -38,15 +38,7 @@ def _ip(*argv: str) -> str:
 
 def ours(plan: AnyIpPlan) -> tuple[list[list[str]], list[dict]]:
     """(``ip rule del`` arguments of our rules present, our table's routes)."""
-    space = plan.space
-    rules = []
-    for rule in json.loads(_ip("-j", "rule", "show")):
-        where = (rule.get("priority"), rule.get("dst"), rule.get("dstlen"))
-        selector = ["rule", "del", "pref", str(where[0]), "to", str(space)]
-        if where == (plan.pref, space.address(), space.plen) and rule.get("table") == str(plan.table):
-            rules.append([*selector, "lookup", str(plan.table)])
-        elif where == (plan.pref + 1, space.address(), space.plen) and rule.get("action") == "blackhole":
-            rules.append([*selector, "blackhole"])
+    rules = plan.leftovers(json.loads(_ip("-j", "rule", "show")))
     try:
         routes = json.loads(_ip("-j", "route", "show", "table", str(plan.table)) or "[]")
     except AnyIpError as exc:

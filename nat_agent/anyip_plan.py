@@ -65,6 +65,24 @@ class AnyIpPlan:
                 ["rule", "add", "pref", str(self.pref + 1), *arriving, "blackhole"]]
 
 
+    def leftovers(self, listed: list[dict]) -> list[list[str]]:
+        """The ``ip`` arguments that delete our rules among `listed` (the
+        entries of ``ip -j rule show``), one per rule present: what a killed
+        run left, or what `rules` added. Anyone else's rules are not ours,
+        even at our priorities."""
+        space = (self.space.address(), self.space.plen)
+        found = []
+        for rule in listed:
+            if (rule.get("dst"), rule.get("dstlen")) != space:
+                continue
+            delete = ["rule", "del", "pref", str(rule.get("priority")), "to", str(self.space)]
+            if rule.get("priority") == self.pref and rule.get("table") == str(self.table):
+                found.append([*delete, "lookup", str(self.table)])
+            elif rule.get("priority") == self.pref + 1 and rule.get("action") == "blackhole":
+                found.append([*delete, "blackhole"])
+        return found
+
+
 def anyip_plan(space: Block, interface: str, port: int, tag: str) -> AnyIpPlan:
     """The plan for an agent with `tag`; refuses what ``ip`` would misread."""
     if space.width != 32:

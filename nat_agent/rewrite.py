@@ -37,9 +37,11 @@ class Rewriter:
         self.mode = mode
         self.rules = rewrite_rules(mode, space, own_ip, port, queue_num, tag)
         self.tag = tag
-        if mode == "local" and interface is None:
-            raise ValueError("local mode needs the data interface the requests arrive on")
-        self._anyip = anyip_plan(space, interface, port, tag) if mode == "local" and interface else None
+        self._anyip = None
+        if mode == "local":
+            if interface is None:
+                raise ValueError("local mode needs the data interface the requests arrive on")
+            self._anyip = anyip_plan(space, interface, port, tag)
         # own_ip is an IPv4 address in nfqueue mode: rewrite_rules refused anything else
         self._worker = (NfqueueWorker(space, own_ip, port, queue_num)
                         if mode == "nfqueue" and own_ip is not None else None)

@@ -71,6 +71,24 @@ def test_local_mode_tables_are_found_again_by_tag() -> None:
     assert all(p.pref % 2 == PREF_BASE % 2 for p in plans)  # pairs never overlap
 
 
+def test_local_mode_finds_its_leftover_rules_and_only_those() -> None:
+    """From ``ip -j rule show``: ours once per copy (a rule added twice is
+    deleted twice); another table, space or action at our priorities is not ours."""
+    plan = anyip_plan(DEFAULT_SPACE, "eth0", 9000, TAG)
+    here = {"dst": "100.64.0.0", "dstlen": 10}
+    lookup = {"priority": plan.pref, **here, "iif": "eth0", "table": str(plan.table)}
+    blackhole = {"priority": plan.pref + 1, **here, "iif": "eth0", "action": "blackhole"}
+    others = [{"priority": 0, "src": "all", "table": "local"},
+              {"priority": plan.pref, **here, "table": "main"},
+              {"priority": plan.pref, "dst": "100.64.0.0", "dstlen": 11, "table": str(plan.table)},
+              {"priority": plan.pref + 1, **here, "action": "unreachable"}]
+    delete = [["rule", "del", "pref", str(plan.pref), "to", "100.64.0.0/10", "lookup", str(plan.table)],
+              ["rule", "del", "pref", str(plan.pref + 1), "to", "100.64.0.0/10", "blackhole"]]
+    assert plan.leftovers([*others, lookup, blackhole]) == delete
+    assert plan.leftovers([lookup, lookup]) == [delete[0], delete[0]]
+    assert plan.leftovers(others) == []
+
+
 @pytest.mark.parametrize("args, message", [
     ((Block.parse("fd00::/64"), "eth0", 9000, TAG), "IPv4 only"),
     ((DEFAULT_SPACE, "", 9000, TAG), "interface"),
