@@ -139,6 +139,9 @@ class Ownership:
         self._frozen: list[Block] = []
         self._moved: OrderedDict[Block, str] = OrderedDict()
         self._suspended = False
+        self.version = 0
+        """Moves on every change of what `decide` could answer: the compiled
+        request path recomputes its `fast_ranges` when it sees a new one."""
 
     # -- views -------------------------------------------------------------
 
@@ -212,8 +215,22 @@ class Ownership:
                     return Decision(Verdict.TRYAGAIN, frozen, held=held, reason="is migrating")
         return decision
 
+    def fast_ranges(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Where the compiled request path may answer on its own, as sorted
+        disjoint (first, last) ID ranges: reads where `decide` says SERVE and
+        the block has no other member (no replicated write to wait for), and
+        writes where that holds and no migration froze the ID."""
+        reads = [h.block for h in self._held if h.decision.verdict is Verdict.SERVE and not h.peers]
+        writes = reads
+        for frozen in self._frozen:
+            writes = [part for block in writes
+                      for part in (subtract(block, frozen) if block.covers(frozen)
+                                   else [] if frozen.covers(block) else [block])]
+        return ([(b.first, b.last) for b in reads], sorted((b.first, b.last) for b in writes))
+
     def _refresh(self, held: Held) -> None:
         """Work out the (cached) decision for requests in `held`."""
+        self.version += 1
         block = held.block
         reason = ""
         if not held.role.primary:
@@ -353,6 +370,7 @@ class Ownership:
                 members = [dataclasses.replace(m, synced=True) if m.name == name else m
                            for m in held.role.members]
                 held.role = dataclasses.replace(held.role, members=members)
+        self.version += 1
 
     # -- giving blocks away --------------------------------------------------
 
@@ -421,6 +439,7 @@ class Ownership:
 
     def _replace(self, old: list[Held], new: list[Held]) -> None:
         """Swap held parts, keeping them sorted and the bisect index in step."""
+        self.version += 1
         gone = {id(h) for h in old}
         self._held = sorted([h for h in self._held if id(h) not in gone] + new, key=lambda h: h.block)
         self._firsts = [h.block.first for h in self._held]
@@ -433,8 +452,10 @@ class Ownership:
         for block in blocks:
             if block not in self._frozen:
                 self._frozen.append(block)
+        self.version += 1
 
     def unfreeze(self, blocks: Iterable[Block]) -> None:
         for block in blocks:
             if block in self._frozen:
                 self._frozen.remove(block)
+        self.version += 1

@@ -4,7 +4,7 @@ hand-off; roles with epochs (primary or backup, fenced, degraded, suspended)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from client_lib.api.admin import Member, Role
@@ -301,3 +301,69 @@ def test_roles_follow_a_cell_model_and_epochs_never_go_back(ops: list[tuple[str,
         else:
             assert decision.held is not None and decision.held.epoch == expected[0]
             assert decision.verdict is (Verdict.SERVE if expected[1] else Verdict.MOVED)
+
+
+# -- the compiled path's table ------------------------------------------------------
+
+def _fast(ranges: list[tuple[int, int]], probe: int) -> bool:
+    return any(first <= probe <= last for first, last in ranges)
+
+
+PROBES = [SPACE.first + (c << (32 - CELL)) + offset for c in range(16) for offset in (0, 77, (1 << 18) - 1)]
+few_cells_st = st.sampled_from([Block(SPACE.first + (i << 20), 12) for i in range(4)]
+                               + [Block(SPACE.first + (i << 19), 13) for i in range(8)])
+"""Fewer, larger blocks than `cells_st`, so that freezes, fences and
+degrades often land on what an earlier step assigned."""
+fast_ops_st = st.lists(st.tuples(st.sampled_from(["solo", "replicated", "waiting", "backup", "disown",
+                                                  "freeze", "unfreeze", "fence", "degrade", "suspend",
+                                                  "resume", "synced"]),
+                                 few_cells_st, st.integers(0, 4)), max_size=25)
+
+
+@settings(max_examples=300)
+@given(fast_ops_st)
+def test_fast_ranges_are_what_decide_serves_alone_and_move_with_the_version(ops) -> None:
+    """`fast_ranges` (what the compiled path answers by itself) holds exactly
+    the IDs `decide` serves with no replica to wait for, for reads and
+    (minus frozen parts) for writes; and any change of what `decide` says
+    moves `version`, which is all the service watches to refresh the table."""
+    own = Ownership(32, ME)
+
+    def seen() -> list[tuple[Verdict, Verdict, bool]]:
+        out = []
+        for probe in PROBES:
+            read, write = own.decide(probe, write=False), own.decide(probe, write=True)
+            out.append((read.verdict, write.verdict, bool(read.held and read.held.peers)))
+        return out
+
+    for kind, block, epoch in ops:
+        version, before, table = own.version, seen(), own.fast_ranges()
+        try:
+            if kind in ("solo", "replicated", "waiting"):
+                role = primary(block, epoch, *([OTHER] if kind != "solo" else []), serving=kind != "waiting")
+                own.assign([role])
+            elif kind == "backup":
+                own.assign([backup(block, epoch)])
+            elif kind == "disown":
+                own.disown([block])
+            elif kind == "freeze":
+                own.freeze([block])
+            elif kind == "unfreeze":
+                own.unfreeze([block])
+            elif kind == "fence":
+                own.fence(block, epoch)
+            elif kind == "degrade":
+                own.degrade(block, epoch)
+            elif kind == "synced":
+                own.update_peer(block, epoch, OTHER.name, synced=True)
+            else:
+                own.suspended = kind == "suspend"
+        except OwnershipError:
+            pass
+        if own.version == version:
+            assert seen() == before and own.fast_ranges() == table
+        reads, writes = own.fast_ranges()
+        assert reads == sorted(reads) and writes == sorted(writes)
+        for probe, (read, write, peers) in zip(PROBES, seen(), strict=True):
+            assert _fast(reads, probe) == (read is Verdict.SERVE and not peers)
+            assert _fast(writes, probe) == (write is Verdict.SERVE and not peers)
