@@ -80,6 +80,10 @@ class GroupCommit:
                 self._round = asyncio.get_running_loop().create_task(self._run())
             await asyncio.shield(self._round)
 
+    def unsynced(self, key: bytes) -> bool:
+        """Whether a read of ``key`` must wait for a sync (`settled` would wait)."""
+        return key in self._dirty or key in self._covering
+
     async def settled(self, key: bytes) -> None:
         """Return once the last write of ``key`` (if any) is on disk."""
         ticket = self._dirty.get(key) or self._covering.get(key)

@@ -56,6 +56,7 @@ from nat_agent.store import (
     FsyncMode,
     InDirectory,
     Record,
+    RecordAccess,
     Removal,
     Store,
     check_batch,
@@ -196,6 +197,12 @@ class LevelDBStore(Store):
         for key, _ in found:
             await self._settled(key)
         return [(decode_path(key[skip:]), value) for key, value in found]
+
+    def record_access(self) -> RecordAccess:
+        return RecordAccess(get=self._records.get, put=self._records.put,
+                            put_options={"sync": True} if self._sync_each else None,
+                            counted=self._mdids.add,
+                            unsynced=self._group.unsynced if self._group is not None else None)
 
     def _write(self, mdid: int, key: bytes, value: bytes, is_new: bool) -> None:
         """Write a record, and count its mdid if it is new."""

@@ -37,7 +37,7 @@ loses nothing; the mode decides what a power loss can take:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Literal
@@ -49,6 +49,7 @@ __all__ = [
     "FSYNC_MODES",
     "FsyncMode",
     "Record",
+    "RecordAccess",
     "KeyRange",
     "Store",
     "Condition",
@@ -203,6 +204,22 @@ def key_range(first: int, last: int, width: int) -> KeyRange | None:
     return KeyRange(start, stop)
 
 
+@dataclass(frozen=True)
+class RecordAccess:
+    """A store's records as plain synchronous calls on record keys
+    (`record_key`), for the compiled request path (`nat_agent._fastpath.FastLane`),
+    which answers inside one event-loop callback and so cannot await."""
+
+    get: Callable[[bytes], bytes | None]
+    put: Callable[..., None]
+    """``put(key, value, **put_options)``."""
+    put_options: dict[str, Any] | None
+    counted: Callable[[int], None]
+    """Called with the mdid of a record that `put` created (the range index)."""
+    unsynced: Callable[[bytes], bool] | None
+    """Whether a key's last write still waits for a sync; None if writes never wait."""
+
+
 class Store(ABC):
     """Metadata records ordered by ``(mdid, path bytes)``, plus one state document.
 
@@ -218,6 +235,11 @@ class Store(ABC):
     """Bits of an mdid: 32 or 128."""
     fsync: FsyncMode
     """What a write waits for before it returns."""
+
+    def record_access(self) -> RecordAccess | None:
+        """Synchronous access to the records, if this store has it (an
+        in-process store); None sends every request through the Python path."""
+        return None
 
     @abstractmethod
     async def get(self, mdid: int, path: str) -> bytes | None:
