@@ -41,11 +41,12 @@ SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("pu
 
 setup: apt $(STAMP) mininet-link ovs $(FASTPATH)
 
-# Built from the locked crates (crates.io), with the interpreter the venv is made from.
+# Built from the locked crates (crates.io), with the interpreter the venv is made from;
+# the library is replaced, not overwritten, so a running agent keeps the copy it mapped.
 $(FASTPATH): $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Cargo.toml $(FASTPATH_CRATE)/Cargo.lock | apt
 	@test -x "$(CARGO)" || { echo "make: cargo is needed to build $(FASTPATH_CRATE) (install Rust with rustup)" >&2; exit 1; }
 	PYO3_PYTHON=$(PYTHON) $(CARGO) build --release --locked --quiet --manifest-path $(FASTPATH_CRATE)/Cargo.toml
-	cp $(FASTPATH_CRATE)/target/release/lib_fastpath.so $@
+	cp $(FASTPATH_CRATE)/target/release/lib_fastpath.so $@.tmp && mv -f $@.tmp $@
 
 # Open vSwitch's daemons (userspace datapath: this kernel has no openvswitch
 # module). Started only when not already answering; never restarted, since

@@ -1,6 +1,11 @@
 """Types of the compiled request path (`nat_agent/fastpath`, built by `make`)."""
 
+from collections import Counter
+from typing import Any
+
+from client_lib.cidr import Block
 from client_lib.resp import ArgLimit
+from nat_agent.store import RecordAccess
 
 class CommandParser:
     """The command side of `client_lib.resp.RespParser`, compiled: same limits,
@@ -14,3 +19,24 @@ class CommandParser:
     @property
     def busy(self) -> bool: ...
     def next_command(self) -> list[bytes] | None: ...
+
+class ArgLimits:
+    """Per-argument limits as data (`key` bytes, or `value` bytes from the
+    index `values_from` gives for a command on); a `client_lib.resp.ArgLimit`."""
+
+    def __init__(self, key: int, value: int, values_from: list[tuple[bytes, int]]) -> None: ...
+    def __call__(self, name: bytes, index: int) -> int: ...
+
+class FastLane:
+    """The common commands answered end to end in compiled code (`lane.rs`)."""
+
+    def __init__(self, *, space: Block, max_length: int, access: RecordAccess, writing: dict[str, Any],
+                 stats: Counter[str], counters: list[tuple[bytes, str]], total: str) -> None: ...
+    @property
+    def version(self) -> int: ...
+    def set_table(self, version: int, reads: list[tuple[int, int]],
+                  writes: list[tuple[int, int]]) -> None: ...
+    def answer(self, parser: CommandParser, resp3: bool, budget: int) -> bytes | None: ...
+
+def route(raw: bytes, space: Block, max_length: int) -> tuple[bytes, int] | None:
+    """A raw key's normalized form and MetaDataID, or None where the service answers an error."""

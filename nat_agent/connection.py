@@ -47,7 +47,7 @@ from client_lib.resp import (
     ProtocolError,
     encode_reply,
 )
-from nat_agent._fastpath import CommandParser
+from nat_agent._fastpath import CommandParser, FastLane
 
 log = logging.getLogger("metaflow.agent.service")
 
@@ -73,6 +73,7 @@ class Host(Protocol):
     def arg_limit(self) -> ArgLimit | None: ...  # per-argument limits (refuse the command)
 
     def execute(self, command: list[bytes], conn: Connection) -> Coroutine[Any, Any, bytes]: ...
+    def lane(self) -> FastLane | None: ...  # the compiled path for the common commands, if any
     def attach(self, conn: Connection) -> ErrorReply | None: ...  # a refusal, or None
     def detach(self, conn: Connection) -> None: ...
 
@@ -194,37 +195,17 @@ class Connection(asyncio.Protocol):
         the client has too many unread replies (`resume_writing` goes on)."""
         transport = self.transport
         parser = self.parser
+        lane = self.host.lane()
         replies: list[bytes] = []
         size = 0
-        while True:
-            try:
-                command = parser.next_command()
-            except ArgumentTooLarge as exc:
-                self.host.stats["oversized_arguments"] += 1
-                reply = encode_reply(ErrorReply(f"ERR {exc}"))
-            except ProtocolError as exc:
-                self.host.stats["protocol_errors"] += 1
-                log.warning("client %s: protocol error: %s; closing", self.peer, exc)
-                transport.write(b"".join(replies))
-                self.close_with(ErrorReply(f"ERR protocol error: {exc}"))
-                return
-            else:
-                if command is None:
+        while parser.busy:
+            # The compiled path answers what it can of the leading commands;
+            # the first one it declines is the Python path's (below).
+            reply = lane.answer(parser, self.resp3, FLUSH_BYTES - size) if lane is not None else None
+            if reply is None:
+                reply = self._next_reply(now, replies)
+                if reply is None:
                     break
-                if command[0].upper() == b"QUIT":
-                    transport.write(b"".join(replies) + encode_reply(OK))
-                    self.close()
-                    return
-                coro = self.host.execute(command, self)
-                try:
-                    waiting = coro.send(None)
-                except StopIteration as done:
-                    reply = done.value
-                else:
-                    transport.write(b"".join(replies))
-                    self.useful = self.started = now
-                    self._waiting = asyncio.get_running_loop().create_task(self._finish(coro, waiting))
-                    return
             replies.append(reply)
             size += len(reply)
             if size >= FLUSH_BYTES:
@@ -237,6 +218,43 @@ class Connection(asyncio.Protocol):
         if replies:
             transport.write(b"".join(replies))
             self.useful = self.started = now
+
+    def _next_reply(self, now: float, replies: list[bytes]) -> bytes | None:
+        """The reply to the next complete command on the Python path, or None
+        when there is none to give now: no complete command, or one that
+        must wait (handed to a task) or ends the connection, in which cases
+        `replies` so far are written first (and the list emptied)."""
+        try:
+            command = self.parser.next_command()
+        except ArgumentTooLarge as exc:
+            self.host.stats["oversized_arguments"] += 1
+            return encode_reply(ErrorReply(f"ERR {exc}"))
+        except ProtocolError as exc:
+            self.host.stats["protocol_errors"] += 1
+            log.warning("client %s: protocol error: %s; closing", self.peer, exc)
+            self._write_out(replies)
+            self.close_with(ErrorReply(f"ERR protocol error: {exc}"))
+            return None
+        if command is None:
+            return None
+        if command[0].upper() == b"QUIT":
+            self._write_out(replies)
+            self.transport.write(encode_reply(OK))
+            self.close()
+            return None
+        coro = self.host.execute(command, self)
+        try:
+            waiting = coro.send(None)
+        except StopIteration as done:
+            return cast(bytes, done.value)
+        self._write_out(replies)
+        self.useful = self.started = now
+        self._waiting = asyncio.get_running_loop().create_task(self._finish(coro, waiting))
+        return None
+
+    def _write_out(self, replies: list[bytes]) -> None:
+        self.transport.write(b"".join(replies))
+        replies.clear()
 
     async def _finish(self, coro: Coroutine[Any, Any, bytes], waiting: Awaitable[Any] | None) -> None:
         reply = await resume(coro, waiting)

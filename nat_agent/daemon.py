@@ -136,6 +136,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds between heartbeats (the controller declares a silent server "
                         "failed after a few missed ones)")
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop")
+    p.add_argument("--request-path", choices=("compiled", "python"), default="compiled",
+                   help="compiled: GET/SET/EXISTS/PING that need no waiting are answered in compiled "
+                        "code (LevelDB store); python: every request on the Python path (for A/B)")
     p.add_argument("--log-level", default="INFO",
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level")
     add_version_flag(p)
@@ -214,7 +217,8 @@ async def run(args: argparse.Namespace) -> None:
         syncs = Syncs(agent, replicator)
         undo.push_async_callback(syncs.close)
         service = MetadataService(agent, replicator, ServiceLimits(args.max_value, args.read_timeout,
-                                                                   args.idle_timeout, args.max_clients))
+                                                                   args.idle_timeout, args.max_clients),
+                                  compiled=args.request_path == "compiled")
         await service.start(args.listen[0], args.listen[1], transparent=args.rewrite == "local")
         undo.push_async_callback(service.stop)
         migrator = Migrator(agent, replicator, args.secret, timeout=args.peer_timeout)

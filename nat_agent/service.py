@@ -76,7 +76,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from client_lib.constants import ELIST_DEFAULT, ELIST_MAX, MAX_KEY, MAX_VALUE, METAFLOW_PORT
-from client_lib.mdid import entry_key, mdid_of_key, normalize_key
+from client_lib.mdid import PATH_MAX, entry_key, mdid_of_key, normalize_key
 from client_lib.resp import (
     OK,
     PONG,
@@ -88,6 +88,7 @@ from client_lib.resp import (
     parse_moved,
 )
 from client_lib.version import version
+from nat_agent._fastpath import ArgLimits, FastLane
 from nat_agent.agent import Agent
 from nat_agent.anyip import transparent_listener
 from nat_agent.connection import Connection, sweep
@@ -116,6 +117,9 @@ _VERSION = version().encode()
 
 _VALUES_FROM = {b"SET": 2, b"ECREATE": 3, b"DELIFEQ": 2}
 """Commands with values, and the index of their first argument that may be one."""
+
+FAST_COMMANDS = (b"GET", b"SET", b"EXISTS", b"PING")
+"""What `FastLane` may answer itself (the cases it takes on are in its docstring)."""
 
 _UNSUPPORTED = {
     **dict.fromkeys([b"MULTI", b"EXEC", b"DISCARD", b"WATCH", b"UNWATCH"],
@@ -153,7 +157,11 @@ class MetadataService:
 
     max_bulk = PROTO_MAX_BULK
 
-    def __init__(self, agent: Agent, replicator: Replicator, limits: ServiceLimits = ServiceLimits()) -> None:
+    def __init__(self, agent: Agent, replicator: Replicator, limits: ServiceLimits = ServiceLimits(),
+                 compiled: bool = True) -> None:
+        """`compiled`: answer the common commands on the compiled path
+        (`FastLane`) where the store allows it; False keeps every request on
+        the Python path (the oracle, and the A/B of the benchmarks)."""
         self.agent = agent
         self.store = agent.store
         self.ownership = agent.ownership
@@ -162,7 +170,9 @@ class MetadataService:
         self.space = agent.space
         self.limits = limits
         self.stats: Counter[str] = Counter()
-        self.arg_limit: ArgLimit = self._arg_limit
+        # Only values may be long (SET's, IFEQ's and ECREATE's); every other
+        # argument is a key, a name or a word.
+        self.arg_limit: ArgLimit = ArgLimits(MAX_KEY, limits.max_value, list(_VALUES_FROM.items()))
         self._connections: set[Connection] = set()
         self._started = time.monotonic()
         self._server: asyncio.AbstractServer | None = None
@@ -190,13 +200,22 @@ class MetadataService:
             )
         }
 
-    def _arg_limit(self, name: bytes, index: int) -> int:
-        """Only values may be long (SET's, IFEQ's and ECREATE's); every other
-        argument is a key, a name or a word."""
-        first = _VALUES_FROM.get(name.upper())
-        if first is not None and index >= first:
-            return self.limits.max_value
-        return MAX_KEY
+        self._lane = self._fast_lane() if compiled else None
+
+    def _fast_lane(self) -> FastLane | None:
+        access = self.store.record_access()
+        if access is None:
+            return None
+        return FastLane(space=self.space, max_length=PATH_MAX, access=access, writing=self.writing,
+                        stats=self.stats, counters=[(name, spec[3]) for name, spec in self._commands.items()
+                                                    if name in FAST_COMMANDS], total="compiled_requests")
+
+    def lane(self) -> FastLane | None:
+        """The compiled path, its table in step with the ownership view."""
+        lane = self._lane
+        if lane is not None and lane.version != self.ownership.version:
+            lane.set_table(self.ownership.version, *self.ownership.fast_ranges())
+        return lane
 
     # -- lifecycle ---------------------------------------------------------
 

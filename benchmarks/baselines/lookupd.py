@@ -117,6 +117,9 @@ class LookupService:
         self.peers.close()
         await self._server.wait_closed()
 
+    def lane(self) -> None:
+        return None   # every lookup command runs on the Python path
+
     def attach(self, conn: Connection) -> ErrorReply | None:
         self._connections.add(conn)
         return None

@@ -29,6 +29,9 @@ enum Stop {
     ArgumentTooLarge(Vec<u8>, usize, i64, i64),
     /// The argument-limit callable raised.
     Python(PyErr),
+    /// A look-ahead (`take_leading`) met a command it must leave whole for
+    /// `next_command` (an argument over its limit).
+    Declined,
 }
 
 impl From<PyErr> for Stop {
@@ -45,7 +48,9 @@ impl Stop {
             Err(err) => return err,
         };
         let made = match self {
-            Stop::Incomplete => return PyValueError::new_err("internal: incomplete is not an error"),
+            Stop::Incomplete | Stop::Declined => {
+                return PyValueError::new_err("internal: not an error of the input")
+            }
             Stop::Python(err) => return err,
             Stop::Protocol(message) => resp.getattr("ProtocolError").and_then(|cls| cls.call1((message,))),
             Stop::BulkTooLarge(size, limit) => py
@@ -71,7 +76,7 @@ pub struct CommandParser {
     max_bulk: i64,
     max_args: i64,
     max_line: usize,
-    limit: Option<PyObject>,
+    limit: Option<Limit>,
     buf: Vec<u8>,
     pos: usize,
     /// Bytes the buffer must hold before a new attempt can get further.
@@ -81,13 +86,60 @@ pub struct CommandParser {
     /// header has not been read yet).
     refused: i64,
     left: i64,
+    /// Set while `take_leading` looks ahead: refuse nothing, decline instead.
+    looking: bool,
+}
+
+/// Per-argument limits: a Python callable, as `RespParser` takes, or the
+/// compiled `ArgLimits`, read without calling into Python.
+enum Limit {
+    Callable(PyObject),
+    Native(ArgLimits),
+}
+
+/// The service's argument limits as data: `value` bytes for the arguments
+/// of `values_from`'s commands from the index it gives on (values), `key`
+/// bytes for every other argument (keys, names, words). Callable as a
+/// `client_lib.resp.ArgLimit`, so the Python parser can take it too.
+#[pyclass(module = "nat_agent._fastpath", frozen)]
+#[derive(Clone)]
+pub struct ArgLimits {
+    key: i64,
+    value: i64,
+    values_from: Vec<(Vec<u8>, usize)>,
+}
+
+#[pymethods]
+impl ArgLimits {
+    #[new]
+    fn new(key: i64, value: i64, values_from: Vec<(Vec<u8>, usize)>) -> Self {
+        ArgLimits { key, value, values_from }
+    }
+
+    fn __call__(&self, name: &[u8], index: usize) -> i64 {
+        self.of(name, index)
+    }
+}
+
+impl ArgLimits {
+    fn of(&self, name: &[u8], index: usize) -> i64 {
+        let upper = name.to_ascii_uppercase();
+        match self.values_from.iter().find(|(known, _)| *known == upper) {
+            Some((_, first)) if index >= *first => self.value,
+            _ => self.key,
+        }
+    }
 }
 
 #[pymethods]
 impl CommandParser {
     #[new]
     #[pyo3(signature = (max_bulk = 1 << 20, max_args = 64, max_line = 64 * 1024, limit = None))]
-    fn new(max_bulk: i64, max_args: i64, max_line: usize, limit: Option<PyObject>) -> Self {
+    fn new(py: Python<'_>, max_bulk: i64, max_args: i64, max_line: usize, limit: Option<PyObject>) -> Self {
+        let limit = limit.map(|limit| match limit.downcast_bound::<ArgLimits>(py) {
+            Ok(native) => Limit::Native(native.get().clone()),
+            Err(_) => Limit::Callable(limit),
+        });
         CommandParser {
             max_bulk,
             max_args,
@@ -98,6 +150,7 @@ impl CommandParser {
             wanted: 0,
             refused: 0,
             left: -1,
+            looking: false,
         }
     }
 
@@ -165,6 +218,46 @@ enum Arg {
 }
 
 impl CommandParser {
+    /// For `FastLane`: offer the leading complete multibulk commands, in
+    /// order, to `take` (the buffer and each argument's byte range), and
+    /// drop the ones it took. It stops at the first command `take` declines
+    /// (false), and at anything it is not offered: an inline command, a
+    /// partial one, one with an argument over its limit, a protocol error.
+    /// Those stay in the buffer, untouched, for `next_command` to meet.
+    /// Returns how many commands were taken.
+    pub(crate) fn take_leading<F>(&mut self, py: Python<'_>, mut take: F) -> usize
+    where
+        F: FnMut(&[u8], &[(usize, usize)]) -> bool,
+    {
+        if self.refused != 0 {
+            return 0;
+        }
+        let mut base = 0;
+        let mut taken = 0;
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        self.looking = true;
+        while self.buf.get(base) == Some(&b'*') && self.buf.len() >= self.wanted {
+            self.pos = base;
+            let Ok(args) = self.command(py) else { break };
+            ranges.clear();
+            ranges.extend(args.iter().filter_map(|arg| match arg {
+                Arg::Range(start, end) => Some((*start, *end)),
+                Arg::Owned(_) => None,
+            }));
+            if ranges.len() != args.len() || !take(&self.buf, &ranges) {
+                break;
+            }
+            base = self.pos;
+            taken += 1;
+        }
+        self.looking = false;
+        if base > 0 {
+            self.buf.drain(..base);
+            self.wanted = 0; // it was counted from the old start
+        }
+        taken
+    }
+
     fn line(&mut self) -> Parsed<(usize, usize)> {
         let Some(found) = memmem::find(&self.buf[self.pos..], CRLF) else {
             if self.buf.len() - self.pos > self.max_line {
@@ -230,7 +323,8 @@ impl CommandParser {
     fn limit_of(&self, py: Python<'_>, name: &[u8], index: usize) -> Parsed<Option<i64>> {
         match &self.limit {
             None => Ok(None),
-            Some(limit) => Ok(Some(limit.call1(py, (PyBytes::new(py, name), index))?.extract(py)?)),
+            Some(Limit::Native(limits)) => Ok(Some(limits.of(name, index))),
+            Some(Limit::Callable(limit)) => Ok(Some(limit.call1(py, (PyBytes::new(py, name), index))?.extract(py)?)),
         }
     }
 
@@ -255,6 +349,9 @@ impl CommandParser {
                 };
                 if let Some(most) = self.limit_of(py, &name, index)? {
                     if size > most {
+                        if self.looking {
+                            return Err(Stop::Declined);
+                        }
                         self.refuse(count - index as i64, size);
                         return Err(Stop::ArgumentTooLarge(name, index, size, most));
                     }

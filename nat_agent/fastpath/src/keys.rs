@@ -1,0 +1,121 @@
+//! Keys as the service accepts them, and the MetaDataID each routes to:
+//! `client_lib.mdid.normalize_key` followed by the service's strict UTF-8
+//! check, and `client_lib.mdid.mdid_of_key`. A key that the Python side
+//! would refuse is `None` here: the compiled path then leaves the command to
+//! the Python path, which words the error. `tests/unit/test_fastpath.py`
+//! holds the two to the same answers.
+
+use std::borrow::Cow;
+
+use blake2::digest::{Update, VariableOutput};
+use blake2::Blake2bVar;
+use memchr::{memchr, memmem};
+use pyo3::prelude::*;
+
+const NAME_MAX: usize = 255;
+
+/// `normalize_path` for bytes: the canonical key of an absolute path.
+fn normalize_path(raw: &[u8], max_length: usize) -> Option<Cow<'_, [u8]>> {
+    if raw.first() != Some(&b'/') || memchr(0, raw).is_some() {
+        return None;
+    }
+    let canonical = memmem::find(raw, b"//").is_none()
+        && memmem::find(raw, b"/./").is_none()
+        && memmem::find(raw, b"/../").is_none()
+        && !(raw.ends_with(b"/") || raw.ends_with(b"/.") || raw.ends_with(b"/.."));
+    let key: Cow<'_, [u8]> = if canonical {
+        Cow::Borrowed(raw)
+    } else {
+        let mut parts: Vec<&[u8]> = Vec::new();
+        for component in raw.split(|&b| b == b'/') {
+            if component == b".." {
+                parts.pop();
+            } else if !component.is_empty() && component != b"." {
+                parts.push(component);
+            }
+        }
+        let mut joined = Vec::with_capacity(raw.len());
+        joined.push(b'/');
+        joined.extend_from_slice(&parts.join(&b'/'));
+        Cow::Owned(joined)
+    };
+    (key.len() <= max_length).then_some(key)
+}
+
+/// `entry_key`: ``directory NUL name``, with the directory normalized.
+fn entry_key(directory: &[u8], name: &[u8], max_length: usize) -> Option<Vec<u8>> {
+    if name.is_empty() || name.len() > NAME_MAX || name == b"." || name == b".." {
+        return None;
+    }
+    if memchr(b'/', name).is_some() || memchr(0, name).is_some() {
+        return None;
+    }
+    let directory = normalize_path(directory, max_length)?;
+    let mut key = Vec::with_capacity(directory.len() + 1 + name.len());
+    key.extend_from_slice(&directory);
+    key.push(0);
+    key.extend_from_slice(name);
+    (key.len() <= max_length).then_some(key)
+}
+
+/// `normalize_key`, and the service's refusal of a key that is not UTF-8.
+pub fn normalize_key(raw: &[u8], max_length: usize) -> Option<Cow<'_, [u8]>> {
+    let key = match memchr(0, raw) {
+        Some(nul) => Cow::Owned(entry_key(&raw[..nul], &raw[nul + 1..], max_length)?),
+        None => normalize_path(raw, max_length)?,
+    };
+    std::str::from_utf8(&key).is_ok().then_some(key)
+}
+
+/// The MetaDataID space (a CIDR block) and how IDs are hashed into it.
+pub struct Keyspace {
+    first: u128,
+    mask: u128,
+    digest: usize,
+    /// Bytes of an ID in a record key (`nat_agent.store.encode_mdid`).
+    id_bytes: usize,
+    max_length: usize,
+}
+
+impl Keyspace {
+    /// The space of a `client_lib.cidr.Block` (which checked its width, 32
+    /// or 128, and its prefix); `max_length` is a key's limit.
+    pub fn of(block: &Bound<'_, PyAny>, max_length: usize) -> PyResult<Self> {
+        let first: u128 = block.getattr("first")?.extract()?;
+        let width: u32 = block.getattr("width")?.extract()?;
+        let host_bits = width - block.getattr("plen")?.extract::<u32>()?;
+        let mask = if host_bits >= 128 { u128::MAX } else { (1u128 << host_bits) - 1 };
+        let digest = if width == 32 { 8 } else { 16 };
+        Ok(Keyspace { first, mask, digest, id_bytes: (width / 8) as usize, max_length })
+    }
+
+    /// `mdid_of_key` of a normalized key: BLAKE2b of the key up to its first
+    /// NUL, as a big-endian number, modulo the space's size (a power of two).
+    pub fn mdid(&self, key: &[u8]) -> u128 {
+        let route = match memchr(0, key) {
+            Some(nul) => &key[..nul],
+            None => key,
+        };
+        let mut hasher = Blake2bVar::new(self.digest).expect("8 and 16 are valid BLAKE2b sizes");
+        hasher.update(route);
+        let mut out = [0u8; 16];
+        hasher.finalize_variable(&mut out[..self.digest]).expect("the buffer has the digest's size");
+        let number = out[..self.digest].iter().fold(0u128, |n, &b| (n << 8) | u128::from(b));
+        self.first + (number & self.mask)
+    }
+
+    /// The normalized key and its ID, or None where the service answers an error.
+    pub fn route<'a>(&self, raw: &'a [u8]) -> Option<(Cow<'a, [u8]>, u128)> {
+        let key = normalize_key(raw, self.max_length)?;
+        let id = self.mdid(&key);
+        Some((key, id))
+    }
+
+    /// `nat_agent.store.record_key`: the ID big-endian in fixed width, then the path.
+    pub fn record_key(&self, id: u128, key: &[u8]) -> Vec<u8> {
+        let mut record = Vec::with_capacity(self.id_bytes + key.len());
+        record.extend_from_slice(&id.to_be_bytes()[16 - self.id_bytes..]);
+        record.extend_from_slice(key);
+        record
+    }
+}

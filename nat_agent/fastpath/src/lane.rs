@@ -1,0 +1,265 @@
+//! `FastLane`: the service's common commands answered in one compiled step.
+//!
+//! Why: against a bare uvloop server (`benchmarks/agent_bench.py`'s "python
+//! floor", as fast as raw redis), the agent's own per-request Python work was
+//! most of its latency: coroutine, dispatch, normalize, hash, ownership,
+//! store call, reply. Here a connection's leading complete commands are
+//! parsed, routed, checked and answered without entering the interpreter
+//! except for the store's own calls.
+//!
+//! It answers only what it can answer exactly as the Python path would, and
+//! leaves the rest (the first command it declines, and everything after it)
+//! in the parser for `MetadataService.execute`: so replies stay in order and
+//! every error, redirect and refusal is still worded in one place. What it
+//! takes on:
+//!
+//! * `GET key`, `EXISTS key` (one key), `SET key value` (no options), `PING`;
+//! * a key that normalizes (`keys::normalize_key`) into an ID the table says
+//!   is served here: reads where `Ownership.decide` says SERVE with no
+//!   replica to wait for, writes where that holds and no migration froze the
+//!   ID (`Ownership.fast_ranges`, pushed by the service whenever the view's
+//!   version moves);
+//! * writes only if the store acknowledges without waiting for a sync
+//!   (`--fsync off` or `always`): a `batch` write waits for its group commit,
+//!   which only the event loop can do; a read of a key whose last write is
+//!   not yet synced is declined for the same reason;
+//! * nothing at all while a replicated write is under way anywhere (the
+//!   service's `writing`), since reads must wait for those.
+//!
+//! Everything runs synchronously inside one `data_received` callback, so no
+//! ownership change and no migration step can come between a check and its
+//! store call (what `InFlight` guards on the Python path).
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::keys::Keyspace;
+use crate::parser::CommandParser;
+
+type Table = Vec<(u128, u128)>;
+
+/// A store's records as `nat_agent.store.RecordAccess` hands them over.
+struct Records {
+    get: PyObject,
+    put: PyObject,
+    put_options: Option<Py<PyDict>>,
+    counted: PyObject,
+    unsynced: Option<PyObject>,
+}
+
+impl Records {
+    fn of(access: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let optional = |name: &str| -> PyResult<Option<Bound<'_, PyAny>>> {
+            let value = access.getattr(name)?;
+            Ok((!value.is_none()).then_some(value))
+        };
+        Ok(Records {
+            get: access.getattr("get")?.unbind(),
+            put: access.getattr("put")?.unbind(),
+            put_options: optional("put_options")?.map(|o| o.downcast_into::<PyDict>()).transpose()?.map(Bound::unbind),
+            counted: access.getattr("counted")?.unbind(),
+            unsynced: optional("unsynced")?.map(Bound::unbind),
+        })
+    }
+}
+
+#[pyclass(module = "nat_agent._fastpath")]
+pub struct FastLane {
+    space: Keyspace,
+    /// The `Ownership.version` the tables were computed at.
+    #[pyo3(get)]
+    version: i64,
+    reads: Table,
+    writes: Table,
+    records: Records,
+    writing: Py<PyDict>,
+    stats: Py<PyDict>,
+    counters: Vec<(Vec<u8>, PyObject)>,
+    total: PyObject,
+}
+
+/// The ID is inside one of the table's sorted, disjoint ranges.
+fn within(table: &Table, id: u128) -> bool {
+    let after = table.partition_point(|&(first, _)| first <= id);
+    after > 0 && id <= table[after - 1].1
+}
+
+fn bulk(out: &mut Vec<u8>, value: &[u8]) {
+    out.push(b'$');
+    out.extend_from_slice(value.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+#[pymethods]
+impl FastLane {
+    /// `space`: the MetaDataID space (a `client_lib.cidr.Block`);
+    /// `max_length`: a key's limit; `access`: the store's records
+    /// (`nat_agent.store.RecordAccess`; writes are taken on only if its
+    /// `unsynced` is None, i.e. no write waits for a sync); `writing`: the
+    /// replicated writes under way; `stats`: the service's counters,
+    /// `counters` the name each command counts under, `total` the name
+    /// everything this lane answered counts under.
+    #[new]
+    #[pyo3(signature = (*, space, max_length, access, writing, stats, counters, total))]
+    fn new(
+        space: &Bound<'_, PyAny>,
+        max_length: usize,
+        access: &Bound<'_, PyAny>,
+        writing: Py<PyDict>,
+        stats: Py<PyDict>,
+        counters: Vec<(Vec<u8>, PyObject)>,
+        total: PyObject,
+    ) -> PyResult<Self> {
+        Ok(FastLane {
+            space: Keyspace::of(space, max_length)?,
+            version: -1,
+            reads: Vec::new(),
+            writes: Vec::new(),
+            records: Records::of(access)?,
+            writing,
+            stats,
+            counters,
+            total,
+        })
+    }
+
+    /// The ranges (first, last) served for reads and for writes at `version`;
+    /// each list sorted and disjoint.
+    fn set_table(&mut self, version: i64, reads: Table, writes: Table) {
+        self.version = version;
+        self.reads = reads;
+        self.writes = writes;
+    }
+
+    /// Answer the parser's leading complete commands that this lane takes
+    /// on, stopping at the first it declines or once the replies reach
+    /// `budget` bytes. Returns the replies, or None if it answered nothing.
+    fn answer<'py>(
+        &self,
+        py: Python<'py>,
+        mut parser: PyRefMut<'py, CommandParser>,
+        resp3: bool,
+        budget: usize,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        if !self.writing.bind(py).is_empty() {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        let mut counts = vec![0u64; self.counters.len()];
+        let taken = parser.take_leading(py, |buf, args| {
+            out.len() < budget && self.execute(py, buf, args, resp3, &mut out, &mut counts)
+        });
+        if taken == 0 {
+            return Ok(None);
+        }
+        let stats = self.stats.bind(py);
+        let named = self.counters.iter().map(|(_, key)| key).zip(counts);
+        for (key, n) in named.chain([(&self.total, taken as u64)]) {
+            if n > 0 {
+                // The dict's own slots, not Counter's methods: a missing key is 0.
+                let was: u64 = match stats.get_item(key)? {
+                    Some(was) => was.extract()?,
+                    None => 0,
+                };
+                stats.set_item(key, was + n)?;
+            }
+        }
+        Ok(Some(PyBytes::new(py, &out)))
+    }
+}
+
+impl FastLane {
+    /// One command; false if declined (nothing done, nothing written).
+    fn execute(
+        &self,
+        py: Python<'_>,
+        buf: &[u8],
+        args: &[(usize, usize)],
+        resp3: bool,
+        out: &mut Vec<u8>,
+        counts: &mut [u64],
+    ) -> bool {
+        let arg = |i: usize| &buf[args[i].0..args[i].1];
+        let name = arg(0).to_ascii_uppercase();
+        let Some(counter) = self.counters.iter().position(|(known, _)| *known == name) else {
+            return false;
+        };
+        let done = match (name.as_slice(), args.len()) {
+            (b"PING", 1) => {
+                out.extend_from_slice(b"+PONG\r\n");
+                true
+            }
+            (b"GET", 2) | (b"EXISTS", 2) => match self.read(py, arg(1)) {
+                None => false,
+                Some(value) => {
+                    match (name.as_slice(), value) {
+                        (b"GET", Some(value)) => bulk(out, value.bind(py).as_bytes()),
+                        (b"GET", None) => out.extend_from_slice(if resp3 { b"_\r\n" } else { b"$-1\r\n" }),
+                        (_, found) => out.extend_from_slice(if found.is_some() { b":1\r\n" } else { b":0\r\n" }),
+                    }
+                    true
+                }
+            },
+            (b"SET", 3) => {
+                let written = self.write(py, arg(1), arg(2));
+                if written {
+                    out.extend_from_slice(b"+OK\r\n");
+                }
+                written
+            }
+            _ => false,
+        };
+        if done {
+            counts[counter] += 1;
+        }
+        done
+    }
+
+    /// The record of a key served here for reads: Some(value or None), or
+    /// None to decline.
+    /// A store call that fails is declined: the Python path meets the same
+    /// failure and answers it.
+    fn read(&self, py: Python<'_>, raw: &[u8]) -> Option<Option<Py<PyBytes>>> {
+        let (key, id) = self.space.route(raw)?;
+        if !within(&self.reads, id) {
+            return None;
+        }
+        let record = PyBytes::new(py, &self.space.record_key(id, &key));
+        if let Some(unsynced) = &self.records.unsynced {
+            if unsynced.call1(py, (&record,)).and_then(|u| u.is_truthy(py)).unwrap_or(true) {
+                return None;
+            }
+        }
+        let value = self.records.get.call1(py, (&record,)).ok()?;
+        if value.is_none(py) {
+            return Some(None);
+        }
+        value.downcast_bound::<PyBytes>(py).ok().map(|v| Some(v.clone().unbind()))
+    }
+
+    /// Write a key served here for writes; false to decline (nothing written).
+    fn write(&self, py: Python<'_>, raw: &[u8], value: &[u8]) -> bool {
+        if self.records.unsynced.is_some() {
+            return false;
+        }
+        let Some((key, id)) = self.space.route(raw) else { return false };
+        if !within(&self.writes, id) {
+            return false;
+        }
+        let record = PyBytes::new(py, &self.space.record_key(id, &key));
+        let Ok(old) = self.records.get.call1(py, (&record,)) else { return false };
+        let options = self.records.put_options.as_ref().map(|o| o.bind(py));
+        if self.records.put.call(py, (&record, PyBytes::new(py, value)), options).is_err() {
+            return false; // not written: the Python path tries again and words the failure
+        }
+        if old.is_none(py) {
+            // Written, so never declined now: a failure to count it is reported, not retried.
+            if let Err(err) = self.records.counted.call1(py, (id,)) {
+                err.write_unraisable(py, None);
+            }
+        }
+        true
+    }
+}
