@@ -10,6 +10,9 @@ handed to a task, and the connection reads no further commands until it is
 answered, so replies stay in request order. (Python 3.12's eager task
 factory does the same; this runs on 3.11.) Code that a command runs must
 therefore not need a current task (no `asyncio.timeout` on its first step).
+Before any of that, the host's compiled `FastLane` answers what it can of the
+leading commands (most GETs and SETs) in one call; the first command it
+declines, and everything after it, take the path above.
 
 No client can make the agent hold much on its behalf:
 

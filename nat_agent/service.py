@@ -46,6 +46,12 @@ What a Redis client sees:
 * Commands that make no sense here (transactions, pub/sub, ``SELECT`` other
   than 0, ...) get an ``-ERR`` saying so; the connection stays usable.
 
+The compiled path (`nat_agent._fastpath.FastLane`, ``--request-path``): GET,
+SET, EXISTS and PING are answered in Rust where the answer is a plain success
+that needs no waiting (the table of `Ownership.fast_ranges`, a store with
+`record_access`); this class answers everything else, words every error, and
+is the oracle the lane is tested against.
+
 Limits, so that this port, which faces every client of the file system,
 cannot be starved by one of them (the mechanics are in `connection.py`):
 
