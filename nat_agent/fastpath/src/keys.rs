@@ -2,8 +2,8 @@
 //! `client_lib.mdid.normalize_key` followed by the service's strict UTF-8
 //! check, and `client_lib.mdid.mdid_of_key`. A key that the Python side
 //! would refuse is `None` here: the compiled path then leaves the command to
-//! the Python path, which words the error. `tests/unit/test_fastpath.py`
-//! holds the two to the same answers.
+//! the Python path, which words the error.
+//! `tests/integration/test_fast_lane.py` holds the two to the same answers.
 
 use std::borrow::Cow;
 

@@ -182,11 +182,11 @@ impl FastLane {
         counts: &mut [u64],
     ) -> bool {
         let arg = |i: usize| &buf[args[i].0..args[i].1];
-        let name = arg(0).to_ascii_uppercase();
-        let Some(counter) = self.counters.iter().position(|(known, _)| *known == name) else {
+        let Some(counter) = self.counters.iter().position(|(known, _)| known.eq_ignore_ascii_case(arg(0))) else {
             return false;
         };
-        let done = match (name.as_slice(), args.len()) {
+        let name = self.counters[counter].0.as_slice(); // as the service names it: upper case
+        let done = match (name, args.len()) {
             (b"PING", 1) => {
                 out.extend_from_slice(b"+PONG\r\n");
                 true
@@ -194,7 +194,7 @@ impl FastLane {
             (b"GET", 2) | (b"EXISTS", 2) => match self.read(py, arg(1)) {
                 None => false,
                 Some(value) => {
-                    match (name.as_slice(), value) {
+                    match (name, value) {
                         (b"GET", Some(value)) => bulk(out, value.bind(py).as_bytes()),
                         (b"GET", None) => out.extend_from_slice(if resp3 { b"_\r\n" } else { b"$-1\r\n" }),
                         (_, found) => out.extend_from_slice(if found.is_some() { b":1\r\n" } else { b":0\r\n" }),

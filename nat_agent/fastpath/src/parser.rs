@@ -113,6 +113,7 @@ pub struct ArgLimits {
 impl ArgLimits {
     #[new]
     fn new(key: i64, value: i64, values_from: Vec<(Vec<u8>, usize)>) -> Self {
+        let values_from = values_from.into_iter().map(|(name, first)| (name.to_ascii_uppercase(), first)).collect();
         ArgLimits { key, value, values_from }
     }
 
@@ -122,9 +123,9 @@ impl ArgLimits {
 }
 
 impl ArgLimits {
+    /// Command names compare as `bytes.upper()` would make them equal (ASCII only).
     fn of(&self, name: &[u8], index: usize) -> i64 {
-        let upper = name.to_ascii_uppercase();
-        match self.values_from.iter().find(|(known, _)| *known == upper) {
+        match self.values_from.iter().find(|(known, _)| known.eq_ignore_ascii_case(name)) {
             Some((_, first)) if index >= *first => self.value,
             _ => self.key,
         }
@@ -343,15 +344,16 @@ impl CommandParser {
         for index in 0..count as usize {
             let size = self.argument_size()?;
             if self.limit.is_some() {
-                let name = match args.first() {
-                    Some(Arg::Range(a, b)) => self.buf[*a..*b].to_vec(),
-                    _ => Vec::new(),
+                let name: &[u8] = match args.first() {
+                    Some(Arg::Range(a, b)) => &self.buf[*a..*b],
+                    _ => b"",
                 };
-                if let Some(most) = self.limit_of(py, &name, index)? {
+                if let Some(most) = self.limit_of(py, name, index)? {
                     if size > most {
                         if self.looking {
                             return Err(Stop::Declined);
                         }
+                        let name = name.to_vec(); // the buffer is dropped below
                         self.refuse(count - index as i64, size);
                         return Err(Stop::ArgumentTooLarge(name, index, size, most));
                     }
