@@ -106,6 +106,10 @@ class MetaFlowCore:
         self.last_change = clock()
         self._ids = itertools.count(1)
         self._loose: dict[int, str] = {}   # steps no operation waits for: what they were
+        self._routing: dict[str, set[int]] = {}
+        """Hosts just learned: the route steps toward them not yet confirmed."""
+        self._held: list[tuple[set[int], PacketOut]] = []
+        """ARP replies to such hosts, sent once those steps are confirmed."""
         self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
         self.first_registration: float | None = None
         self.replicas: Replicas | None = None
@@ -180,7 +184,7 @@ class MetaFlowCore:
         if what is not None:
             if isinstance(event, StepFailed):
                 self.event("step-failed", logging.WARNING, what=what, reason=event.error)
-            return []
+            return self._confirmed(event.step)
         if isinstance(event, StepDone):
             return self.operations.result(event.step, True, event.result)
         return self.operations.result(event.step, False, event.error)
@@ -400,11 +404,40 @@ class MetaFlowCore:
             self.last_change = self.clock()
             if self.graph is not None:
                 steps += self._refresh_routes()
+                pending = {s.id for s in steps if isinstance(s, SendFlows)}
+                if pending:
+                    self._routing[message.sender_ip] = pending
         reply = arp.answer(message, self.inventory.mac_of, self.settings.gateway_ip)
         if reply is not None:
-            steps.append(PacketOut(dpid=event.dpid, port=event.port, data=reply))
-            self._issue(steps[-1])
+            packet = PacketOut(dpid=event.dpid, port=event.port, data=reply)
+            self._issue(packet)
+            pending = (self._routing.get(message.sender_ip, set())
+                       | self._routing.get(message.target_ip, set()))
+            if pending:
+                # The asker sends its first packet the moment it has this
+                # answer; that packet travels the routes toward the target,
+                # and the answer to it those toward the asker. A switch that
+                # does not hold them yet drops it, so the answer waits for
+                # every switch's barrier on either.
+                self._held.append((pending, packet))
+            else:
+                steps.append(packet)
         return steps
+
+    def _confirmed(self, step: int) -> list[Step]:
+        """A loose step is over (done or failed: a switch that does not answer
+        must not keep a host unreachable): release what waited only for it."""
+        for ip, pending in list(self._routing.items()):
+            pending.discard(step)
+            if not pending:
+                del self._routing[ip]
+        released: list[Step] = []
+        for pending, packet in self._held:
+            pending.discard(step)
+            if not pending:
+                released.append(packet)
+        self._held = [(pending, packet) for pending, packet in self._held if pending]
+        return released
 
     def missing(self) -> list[str]:
         """What keeps the network from being built: servers not located yet."""

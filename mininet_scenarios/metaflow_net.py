@@ -90,10 +90,14 @@ class MetaFlowNet:
     def __init__(self, graph: nx.Graph, *, capacity: int | None = None, store: str = "leveldb",
                  replicas: int = DEFAULT_REPLICAS, controller_args: Sequence[str] = (),
                  agent_args: Sequence[str] = (), build_timeout: float = 60.0,
-                 workdir: Path | None = None, mgmt_subnet: str = DEFAULT_SUBNET) -> None:
+                 workdir: Path | None = None, mgmt_subnet: str = DEFAULT_SUBNET,
+                 silent_clients: bool = False) -> None:
         """`mgmt_subnet`: the management network's; another one lets this
-        network run beside another scenario on the same machine."""
+        network run beside another scenario on the same machine.
+        `silent_clients`: clients are not announced, so their first packet
+        is also the controller's first word of them (a test of that path)."""
         self.graph = graph
+        self.silent_clients = silent_clients
         self.capacity = capacity
         self.replicas = replicas
         self.agent_args = list(agent_args)
@@ -152,12 +156,16 @@ class MetaFlowNet:
             raise RuntimeError("the MetaFlow network is not running")
         return self.scenario
 
+    def announced(self) -> list[str]:
+        """The hosts `announce` speaks for."""
+        return self.hosts("storage") if self.silent_clients else self.hosts()
+
     def announce(self) -> None:
         """One ARP per host: forget the gateway's address and ping it (the
         controller answers). Real hosts re-ARP on their own within a minute;
         emulated ones are otherwise silent."""
         scenario = self.running
-        for node in self.hosts():
+        for node in self.announced():
             scenario.host(node).cmd(f"ip neigh del {scenario.gateway} dev "
                                     f"{scenario.host(node).defaultIntf()} 2>/dev/null; "
                                     f"ping -c1 -W1 {scenario.gateway} >/dev/null 2>&1 &")
@@ -209,10 +217,15 @@ class MetaFlowNet:
         scenario.net.configLinkStatus(server, scenario.topo.names[edge], "up" if up else "down")
 
     def wait_built(self) -> None:
+        """Until the tree is built and every announced host is located: the
+        build needs only the servers, and a client whose ARP is still on its
+        way is unreachable (the controller never floods)."""
+        scenario = self.running
+        want = {scenario.host(node).IP() for node in self.announced()}
         deadline = time.monotonic() + self.build_timeout
         while time.monotonic() < deadline:
             try:
-                if self.view(REST.tree).built:
+                if self.view(REST.tree).built and want <= {h.ip for h in self.view(REST.topology).hosts}:
                     return
             except ApiError:
                 pass

@@ -3,6 +3,7 @@
 For a k=4 fat-tree and a small three-tier tree: all-pairs ping with no loss;
 every client writes and reads back its files through the switches (no
 lookup) while low capacity forces splits, and no acknowledged write is lost;
+a client's very first packet, before the controller knew it, is answered;
 the flow tables *read back from Open vSwitch* deliver sampled IDs from
 every client to their owners; and after a server is killed, every ID still
 routes to a live owner. The fat-tree runs with a backup per block (the
@@ -89,8 +90,14 @@ def test_fat_tree_end_to_end(tmp_path):
 def test_three_tier_end_to_end(tmp_path):
     graph = builders.three_tier(core=2, agg=2, edges=3, servers_per_edge=2, edge_uplinks=2,
                                 clients_per_edge=1)
-    with MetaFlowNet(graph, capacity=800, workdir=tmp_path, replicas=1,
+    with MetaFlowNet(graph, capacity=800, workdir=tmp_path, replicas=1, silent_clients=True,
                      controller_args=["--bootstrap", "preallocate:2"]) as mf:
+        # A client's first packet reaches a server and the answer comes back:
+        # the controller answers its ARP only once every switch routes to it.
+        server = mf.scenario.host(mf.hosts("storage")[-1])
+        for client in mf.hosts("client"):
+            out = mf.scenario.host(client).cmd(f"ping -c1 -W{PING_TIMEOUT} {server.IP()}")
+            assert " 0% packet loss" in out, (client, out)
         assert mf.scenario.net.pingAll(timeout=PING_TIMEOUT) == 0
         results = mf.run_clients(1000, tmp_path)
         assert all(r["errors"] == 0 and r["read_back"] == 1000 for r in results), results

@@ -12,14 +12,19 @@ from btree.tree import State
 from client_lib.api.rest import Outcome, Registered, Registration
 from client_lib.constants import METAFLOW_PORT
 from client_lib.errors import Conflict, NotFound
+from controller.arp import ArpMessage
 from controller.steps import (
+    ArpIn,
     CallAgent,
     FailNow,
+    PacketOut,
     PortDown,
     ReadFlows,
     SendFlows,
     SplitNow,
     Step,
+    StepDone,
+    StepFailed,
     SwitchDown,
     SwitchUp,
 )
@@ -251,6 +256,45 @@ def test_forged_arp_cannot_move_a_server_or_claim_the_gateway(built: World) -> N
     assert "10.255.255.254" not in built.core.inventory.hosts
     assert any(e["event"] == "arp-refused" for e in built.core.events)
     check_consistent(built, {})
+
+
+@pytest.mark.parametrize("outcome", [StepDone, StepFailed])
+def test_a_new_host_hears_its_arp_answer_only_once_every_switch_routes_back_to_it(
+        built: World, outcome: type[StepDone] | type[StepFailed]) -> None:
+    """Its first packet leaves the moment the answer arrives, and the answer to
+    that packet comes back along the routes toward it: on a switch still
+    applying them, the reply is dropped (seen in Mininet under load). A
+    switch that fails its barrier does not keep the host waiting forever."""
+    g = built.graph
+    client = client_hosts(g)[0]
+    (edge,) = list(g.neighbors(client))
+    at = (g.nodes[edge]["dpid"], port(g, edge, client))
+    target = g.nodes[storage_hosts(g)[0]]["ip"]
+
+    def ask(sender: str, mac: str) -> list[Step]:
+        return built.core.handle(ArpIn(*at, ArpMessage(sender, mac, target, True)))
+
+    first = ask("10.0.9.99", "02:00:00:00:09:99")
+    routes = [s for s in first if isinstance(s, SendFlows)]
+    assert routes and not [s for s in first if isinstance(s, PacketOut)]
+    assert {s.dpid for s in routes} == set(built.switches)   # every switch learns the way back
+    again = ask("10.0.9.99", "02:00:00:00:09:99")   # the host's ARP retry: not answered early either
+    assert not [s for s in again if isinstance(s, PacketOut)]
+    other = next(h for h in client_hosts(g) if h != client)
+    (other_edge,) = list(g.neighbors(other))
+    toward = built.core.handle(ArpIn(g.nodes[other_edge]["dpid"], port(g, other_edge, other), ArpMessage(
+        g.nodes[other]["ip"], g.nodes[other]["mac"], "10.0.9.99", True)))   # a known host asks for it
+    assert not [s for s in toward if isinstance(s, PacketOut)]
+    released: list[Step] = []
+    for step in routes:
+        assert not released, "answered before the last switch confirmed its routes"
+        done = StepDone(step.id) if outcome is StepDone else StepFailed(step.id, "barrier timeout")
+        released = built.core.handle(done)
+    outs = [s for s in released if isinstance(s, PacketOut)]
+    assert len(outs) == len(released) == 3
+    assert [(s.dpid, s.port) for s in outs][:2] == [at, at]
+    known = ask("10.0.9.99", "02:00:00:00:09:99")   # once routed, answered at once
+    assert [type(s) for s in known] == [PacketOut]
 
 
 def test_a_server_restarted_in_service_comes_back_empty_unless_it_holds_the_only_copy(built: World) -> None:
