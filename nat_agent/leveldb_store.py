@@ -78,6 +78,25 @@ _RECORDS = b"r"
 _META = b"m"
 _WIDTH_KEY = b"width"
 _STATE_KEY = b"state"
+# How LevelDB is opened. Measured with `redis-benchmark -c 50` SET/GET of
+# 250-byte records on 100,000 random paths (LevelDB's defaults beside these,
+# one run): GETs 38,300 against 46,600/s, SETs 22,300 against 27,300/s.
+_OPEN_OPTIONS: dict[str, Any] = {
+    # Metadata records are small and a read is a point lookup: a block-cache
+    # miss spent more time in snappy than the lookup itself (a quarter of
+    # the agent's CPU under GETs), to save disk a metadata server has.
+    "compression": None,
+    # Creates look up paths that do not exist yet: a filter answers those
+    # from memory instead of reading a block of every level.
+    "bloom_filter_bits": 10,
+    # The default 8 MiB holds about 30,000 records' blocks; redis keeps
+    # every record in memory, and this is still far from that.
+    "lru_cache_size": 128 << 20,
+    # The default 4 MiB memtable flushes and compacts every ~15,000 writes,
+    # on the same two cores that serve; a larger one does it 8 times less
+    # often (the price: up to 32 MiB of log replayed at open).
+    "write_buffer_size": 32 << 20,
+}
 _LOG_SUFFIX = ".log"
 """LevelDB's write-ahead logs are ``NNNNNN.log`` (its info log is ``LOG``)."""
 
@@ -104,7 +123,7 @@ class LevelDBStore(Store):
                        if self.fsync == "batch" else None)
         self._logs_synced: frozenset[str] = frozenset()
         os.makedirs(self.path, exist_ok=True)  # LevelDB creates only the last level
-        self._db = plyvel.DB(self.path, create_if_missing=True)
+        self._db = plyvel.DB(self.path, create_if_missing=True, **_OPEN_OPTIONS)
         try:
             self._records = self._db.prefixed_db(_RECORDS)
             self._meta = self._db.prefixed_db(_META)

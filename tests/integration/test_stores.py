@@ -561,6 +561,27 @@ def test_leveldb_refuses_another_width(leveldb_path: Path) -> None:
     run(body)
 
 
+def test_leveldb_tables_hold_records_uncompressed_behind_a_bloom_filter(leveldb_path: Path) -> None:
+    """What the open options promise, read from the table files themselves:
+    a point lookup never decompresses, and a path that is not there is
+    answered by a filter."""
+    value = bytes(range(256)) * 2   # no run that snappy would shorten by much, none it would keep
+
+    async def body() -> None:
+        leveldb = LevelDBStore(leveldb_path, 32)
+        async with leveldb as store:
+            await store.put_many([(i, f"/d/{i}", value) for i in range(500)])
+            leveldb._db.compact_range()   # out of the memtable, into tables
+        tables = [f.read_bytes() for f in leveldb_path.glob("*.ldb")]
+        assert tables, "no table written"
+        assert sum(t.count(value) for t in tables) == 500
+        assert all(b"filter.leveldb.BuiltinBloomFilter2" in t for t in tables)
+        async with LevelDBStore(leveldb_path, 32) as store:   # and it reads them back
+            assert await store.get(7, "/d/7") == value and await store.get(7, "/d/8") is None
+
+    run(body)
+
+
 # ---------------------------------------------------------------- Redis layout
 
 
