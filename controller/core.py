@@ -108,8 +108,8 @@ class MetaFlowCore:
         self._loose: dict[int, str] = {}   # steps no operation waits for: what they were
         self._routing: dict[str, set[int]] = {}
         """Hosts just learned: the route steps toward them not yet confirmed."""
-        self._held: list[tuple[set[int], PacketOut]] = []
-        """ARP replies to such hosts, sent once those steps are confirmed."""
+        self._held: list[tuple[set[str], PacketOut]] = []
+        """ARP replies from or for such hosts, sent once none of them is in `_routing`."""
         self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
         self.first_registration: float | None = None
         self.replicas: Replicas | None = None
@@ -411,15 +411,14 @@ class MetaFlowCore:
         if reply is not None:
             packet = PacketOut(dpid=event.dpid, port=event.port, data=reply)
             self._issue(packet)
-            pending = (self._routing.get(message.sender_ip, set())
-                       | self._routing.get(message.target_ip, set()))
-            if pending:
+            waits = {message.sender_ip, message.target_ip} & self._routing.keys()
+            if waits:
                 # The asker sends its first packet the moment it has this
                 # answer; that packet travels the routes toward the target,
                 # and the answer to it those toward the asker. A switch that
                 # does not hold them yet drops it, so the answer waits for
                 # every switch's barrier on either.
-                self._held.append((pending, packet))
+                self._held.append((waits, packet))
             else:
                 steps.append(packet)
         return steps
@@ -431,12 +430,8 @@ class MetaFlowCore:
             pending.discard(step)
             if not pending:
                 del self._routing[ip]
-        released: list[Step] = []
-        for pending, packet in self._held:
-            pending.discard(step)
-            if not pending:
-                released.append(packet)
-        self._held = [(pending, packet) for pending, packet in self._held if pending]
+        released: list[Step] = [packet for waits, packet in self._held if not waits & self._routing.keys()]
+        self._held = [(waits, packet) for waits, packet in self._held if waits & self._routing.keys()]
         return released
 
     def missing(self) -> list[str]:

@@ -227,7 +227,8 @@ class MetaFlowNet:
         deadline = time.monotonic() + self.build_timeout
         while time.monotonic() < deadline:
             try:
-                if self.view(REST.tree).built and want <= {h.ip for h in self.view(REST.topology).hosts}:
+                if self.view(REST.tree).built and (
+                        not want or want <= {h.ip for h in self.view(REST.topology).hosts}):
                     return
             except ApiError:
                 pass
