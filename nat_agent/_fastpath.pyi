@@ -1,6 +1,7 @@
 """Types of the compiled request path (`nat_agent/fastpath`, built by `make`)."""
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from client_lib.cidr import Block
@@ -40,3 +41,19 @@ class FastLane:
 
 def route(raw: bytes, space: Block, max_length: int) -> tuple[bytes, int] | None:
     """A raw key's normalized form and MetaDataID, or None where the service answers an error."""
+
+class ServiceLoop:
+    """The service's port served by threads of its own (`server.rs`): one
+    per listener (file descriptors it takes over), the lane on each, what
+    the lane declines handed to `handoff` (which schedules the service)."""
+
+    def __init__(self, *, listeners: list[int], lane: FastLane | None, ownership: Any,
+                 handoff: Callable[[int, int, tuple[str, int], int, bool, list[bytes] | Exception], object],
+                 stats: Counter[str], arg_limit: ArgLimit, max_bulk: int, unsent: tuple[int, int],
+                 flush_bytes: int, read_ahead: int, read_timeout: float, idle_timeout: float,
+                 max_clients: int, refusal: bytes, reclaimed_prefix: bytes, at_limit: str) -> None: ...
+    def reply(self, worker: int, conn: int, data: bytes, close: bool, resp3: bool) -> None: ...
+    def barrier(self) -> None: ...
+    @property
+    def connections(self) -> int: ...
+    def stop(self) -> None: ...

@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from client_lib.api import codec
@@ -77,6 +78,9 @@ class InFlight:
         self._next = 0
         self._pending: set[int] = set()
         self._waiters: list[tuple[set[int], asyncio.Future[None]]] = []
+        self.barrier: Callable[[], None] | None = None
+        """The compiled path's requests on other threads (`ServiceLoop.barrier`):
+        waits, briefly and blocking, for those admitted before the call."""
 
     def begin(self) -> int:
         self._next += 1
@@ -93,6 +97,8 @@ class InFlight:
             self._waiters = [w for w in self._waiters if not w[1].done()]
 
     async def drain(self) -> None:
+        if self.barrier is not None:
+            self.barrier()
         if self._pending:
             done = asyncio.get_running_loop().create_future()
             self._waiters.append((set(self._pending), done))

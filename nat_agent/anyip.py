@@ -71,12 +71,19 @@ def install(plan: AnyIpPlan) -> None:
         raise
 
 
-def transparent_listener(host: str, port: int, backlog: int = 1024) -> socket.socket:
-    """A listening TCP socket that may answer from any address (mdids)."""
+def transparent_listener(host: str, port: int, backlog: int = 1024, *, reuse_port: bool = False,
+                         transparent: bool = True) -> socket.socket:
+    """A listening TCP socket that may answer from any address (mdids).
+    `reuse_port`: one of several on the same port (the service's worker
+    threads), among which the kernel spreads new connections;
+    `transparent=False` makes a plain listener."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if transparent:
+            sock.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
         sock.bind((host, port))
         sock.listen(backlog)
         sock.setblocking(False)

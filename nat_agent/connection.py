@@ -63,6 +63,36 @@ FLUSH_BYTES = 64 << 10
 replies go out together; large ones reach the transport's accounting at once)."""
 READ_AHEAD = 256 << 10
 """Bytes read beyond the command a connection waits on before it stops reading."""
+RECLAIMED = "ERR connection reclaimed: "
+"""How a busy connection is told that its slot went to another (the reason follows)."""
+
+
+class Client(Protocol):
+    """What a command's handler may read or set of the client that sent it:
+    a `Connection` here, or a connection of `nat_agent._fastpath.ServiceLoop`'s
+    worker threads (`service.WorkerClient`)."""
+
+    resp3: bool
+    ident: int
+    peer: object
+
+
+def settled(stats: Counter[str], peer: object, parsed: list[bytes] | Exception) -> tuple[bytes, bool] | None:
+    """The reply, and whether the connection then closes, to what the parser
+    gave that no handler runs for: a refused argument, a protocol error, QUIT.
+    None: `parsed` is a command for the service to execute."""
+    if isinstance(parsed, ArgumentTooLarge):
+        stats["oversized_arguments"] += 1
+        return encode_reply(ErrorReply(f"ERR {parsed}")), False
+    if isinstance(parsed, ProtocolError):
+        stats["protocol_errors"] += 1
+        log.warning("client %s: protocol error: %s; closing", peer, parsed)
+        return encode_reply(ErrorReply(f"ERR protocol error: {parsed}")), True
+    if isinstance(parsed, Exception):
+        raise parsed
+    if parsed[0].upper() == b"QUIT":
+        return encode_reply(OK), True
+    return None
 
 
 class Host(Protocol):
@@ -75,7 +105,7 @@ class Host(Protocol):
     @property
     def arg_limit(self) -> ArgLimit | None: ...  # per-argument limits (refuse the command)
 
-    def execute(self, command: list[bytes], conn: Connection) -> Coroutine[Any, Any, bytes]: ...
+    def execute(self, command: list[bytes], conn: Client) -> Coroutine[Any, Any, bytes]: ...
     def lane(self) -> FastLane | None: ...  # the compiled path for the common commands, if any
     def attach(self, conn: Connection) -> ErrorReply | None: ...  # a refusal, or None
     def detach(self, conn: Connection) -> None: ...
@@ -228,23 +258,21 @@ class Connection(asyncio.Protocol):
         must wait (handed to a task) or ends the connection, in which cases
         `replies` so far are written first (and the list emptied)."""
         try:
-            command = self.parser.next_command()
-        except ArgumentTooLarge as exc:
-            self.host.stats["oversized_arguments"] += 1
-            return encode_reply(ErrorReply(f"ERR {exc}"))
-        except ProtocolError as exc:
-            self.host.stats["protocol_errors"] += 1
-            log.warning("client %s: protocol error: %s; closing", self.peer, exc)
-            self._write_out(replies)
-            self.close_with(ErrorReply(f"ERR protocol error: {exc}"))
-            return None
+            command: list[bytes] | Exception | None = self.parser.next_command()
+        except (ArgumentTooLarge, ProtocolError) as exc:
+            command = exc
         if command is None:
             return None
-        if command[0].upper() == b"QUIT":
+        immediate = settled(self.host.stats, self.peer, command)
+        if immediate is not None:
+            reply, close = immediate
+            if not close:
+                return reply
             self._write_out(replies)
-            self.transport.write(encode_reply(OK))
+            self.transport.write(reply)
             self.close()
             return None
+        assert not isinstance(command, Exception)
         coro = self.host.execute(command, self)
         try:
             waiting = coro.send(None)
@@ -297,7 +325,7 @@ class Connection(asyncio.Protocol):
         if self._closing or self._paused:
             self.abort()
         elif self.parser.busy:
-            self.close_with(ErrorReply(f"ERR connection reclaimed: {why}"))
+            self.close_with(ErrorReply(RECLAIMED + why))
             self.host.detach(self)
         else:
             self.close()  # idle: a silent close, as for an idle timeout

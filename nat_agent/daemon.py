@@ -139,6 +139,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-path", choices=("compiled", "python"), default="compiled",
                    help="compiled: GET/SET/EXISTS/PING that need no waiting are answered in compiled "
                         "code (LevelDB store); python: every request on the Python path (for A/B)")
+    p.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="threads serving port 9000 in compiled code, each on its own SO_REUSEPORT "
+                        "listener, handing what they cannot answer to the event loop; 0: the event "
+                        "loop serves the port itself")
     p.add_argument("--log-level", default="INFO",
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level")
     add_version_flag(p)
@@ -160,6 +164,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag in ("peer_timeout", "replication_timeout", "heartbeat"):
         if not getattr(args, flag) > 0:
             p.error(f"--{flag.replace('_', '-')} must be positive")
+    if not 0 <= args.workers <= 64:
+        p.error("--workers must be between 0 and 64")
     args.listen = _hostport(args.listen, METAFLOW_PORT)
     if args.rewrite == "local" and args.listen[0] not in ("", "0.0.0.0"):
         p.error(f"--rewrite local needs --listen 0.0.0.0:PORT: requests arrive addressed to "
@@ -217,7 +223,8 @@ async def run(args: argparse.Namespace) -> None:
         syncs = Syncs(agent, replicator)
         undo.push_async_callback(syncs.close)
         service = MetadataService(agent, replicator, ServiceLimits(args.max_value, args.read_timeout,
-                                                                   args.idle_timeout, args.max_clients),
+                                                                   args.idle_timeout, args.max_clients,
+                                                                   args.workers),
                                   compiled=args.request_path == "compiled")
         await service.start(args.listen[0], args.listen[1], transparent=args.rewrite == "local")
         undo.push_async_callback(service.stop)

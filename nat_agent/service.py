@@ -75,11 +75,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from client_lib.constants import ELIST_DEFAULT, ELIST_MAX, MAX_KEY, MAX_VALUE, METAFLOW_PORT
 from client_lib.mdid import PATH_MAX, entry_key, mdid_of_key, normalize_key
@@ -94,10 +95,21 @@ from client_lib.resp import (
     parse_moved,
 )
 from client_lib.version import version
-from nat_agent._fastpath import ArgLimits, FastLane
+from nat_agent._fastpath import ArgLimits, FastLane, ServiceLoop
 from nat_agent.agent import Agent
 from nat_agent.anyip import transparent_listener
-from nat_agent.connection import Connection, sweep
+from nat_agent.connection import (
+    FLUSH_BYTES,
+    READ_AHEAD,
+    RECLAIMED,
+    UNSENT_HIGH,
+    UNSENT_LOW,
+    Client,
+    Connection,
+    resume,
+    settled,
+    sweep,
+)
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
 from nat_agent.store import Condition, IfEqual, InDirectory
@@ -145,6 +157,7 @@ class ServiceLimits:
     read_timeout: float = 5.0     # seconds from a request's first byte to its last
     idle_timeout: float = 300.0   # seconds a connection may sit without a request
     max_clients: int = 4096       # open connections; beyond, the least useful one is reclaimed
+    workers: int = 0              # threads serving the port (`ServiceLoop`); 0: the event loop does
 
 
 class CommandError(Exception):
@@ -155,7 +168,20 @@ class CommandError(Exception):
         self.reply = ErrorReply(message)
 
 
-Handler = Callable[[Connection, list[bytes]], Awaitable[Reply]]
+Handler = Callable[[Client, list[bytes]], Awaitable[Reply]]
+
+
+class WorkerClient:
+    """A connection of a `ServiceLoop` worker, as a handler sees it. Made
+    anew for each command handed over: the worker keeps the state (its
+    `resp3` comes back with the reply)."""
+
+    __slots__ = ("ident", "peer", "resp3")
+
+    def __init__(self, ident: int, peer: object, resp3: bool) -> None:
+        self.ident = ident
+        self.peer = peer
+        self.resp3 = resp3
 
 
 class MetadataService:
@@ -182,6 +208,8 @@ class MetadataService:
         self._connections: set[Connection] = set()
         self._started = time.monotonic()
         self._server: asyncio.AbstractServer | None = None
+        self._workers: ServiceLoop | None = None
+        self._handed: set[asyncio.Task[None]] = set()  # handed-over commands that wait in the store
         self._sweeper: asyncio.Task[None] | None = None
         # name: (handler, min args, max args, stats counter); args after the name
         self._commands: dict[bytes, tuple[Handler, int, int, str]] = {
@@ -229,6 +257,8 @@ class MetadataService:
         """Listen on host:port; returns the bound port (port 0 picks one).
         `transparent`: accept connections to any address the routes deliver
         here, and answer from it (the ``local`` rewrite's mdids)."""
+        if self.limits.workers > 0:
+            return self._start_workers(host, port, transparent)
         loop = asyncio.get_running_loop()
         if transparent:
             self._server = await loop.create_server(lambda: Connection(self),
@@ -240,8 +270,43 @@ class MetadataService:
                                                self.limits.idle_timeout), name="connection-sweeper")
         return int(self._server.sockets[0].getsockname()[1])
 
+    def _start_workers(self, host: str, port: int, transparent: bool) -> int:
+        """`limits.workers` threads, each on its own `SO_REUSEPORT` listener."""
+        listeners: list[socket.socket] = []
+        try:
+            for _ in range(self.limits.workers):
+                listeners.append(transparent_listener(host, port, reuse_port=True, transparent=transparent))
+                port = listeners[0].getsockname()[1]
+        except BaseException:
+            for sock in listeners:
+                sock.close()
+            raise
+        loop = asyncio.get_running_loop()
+        limits = self.limits
+
+        def handoff(*handed: Any) -> None:  # on a worker thread
+            loop.call_soon_threadsafe(self._serve_handed, *handed)
+
+        self._workers = ServiceLoop(
+            listeners=[sock.detach() for sock in listeners], lane=self._lane, ownership=self.ownership,
+            handoff=handoff, stats=self.stats, arg_limit=self.arg_limit, max_bulk=self.max_bulk,
+            unsent=(UNSENT_HIGH, UNSENT_LOW), flush_bytes=FLUSH_BYTES, read_ahead=READ_AHEAD,
+            read_timeout=limits.read_timeout, idle_timeout=limits.idle_timeout,
+            max_clients=limits.max_clients, refusal=encode_reply(self._refusal()),
+            reclaimed_prefix=encode_reply(ErrorReply(RECLAIMED))[:-2],
+            at_limit=self._at_limit())
+        self.agent.inflight.barrier = self._workers.barrier
+        return port
+
     async def stop(self) -> None:
         """Stop accepting, then close every client connection."""
+        if self._workers is not None:
+            workers, self._workers = self._workers, None
+            self.agent.inflight.barrier = None
+            workers.stop()
+            for task in list(self._handed):
+                task.cancel()
+            return
         if self._server is None:
             return
         self._server.close()
@@ -252,14 +317,43 @@ class MetadataService:
         await self._server.wait_closed()
         self._server = None
 
+    # -- commands handed over by the worker threads ------------------------
+
+    def _serve_handed(self, worker: int, conn: int, peer: tuple[str, int], ident: int, resp3: bool,
+                      parsed: list[bytes] | Exception) -> None:
+        """Answer what a worker's lane declined, on the event loop, as a
+        `Connection` would; the reply goes back to the worker."""
+        workers = self._workers
+        if workers is None:
+            return  # stopped meanwhile: the connection is gone
+        client = WorkerClient(ident, peer, resp3)
+        done = settled(self.stats, peer, parsed)
+        if done is not None:
+            workers.reply(worker, conn, done[0], done[1], resp3)
+            return
+        assert not isinstance(parsed, Exception)
+        coro = self.execute(parsed, client)
+        try:
+            waiting = coro.send(None)
+        except StopIteration as finished:
+            workers.reply(worker, conn, finished.value, False, client.resp3)
+            return
+
+        async def finish() -> None:
+            reply = await resume(coro, waiting)
+            if self._workers is workers:
+                workers.reply(worker, conn, reply, False, client.resp3)
+
+        task = asyncio.get_running_loop().create_task(finish())
+        self._handed.add(task)
+        task.add_done_callback(self._handed.discard)
+
     # -- connections (called by `Connection`) ----------------------------------
 
     def attach(self, conn: Connection) -> ErrorReply | None:
         if len(self._connections) >= self.limits.max_clients and not self._reclaim_one():
             self.stats["refused_connections"] += 1
-            # TRYAGAIN, not ERR: overload is transient and clients back off and retry.
-            return ErrorReply(f"TRYAGAIN max number of clients reached ({self.limits.max_clients}), "
-                              "all of them busy")
+            return self._refusal()
         self._connections.add(conn)
         self.stats["connections"] += 1
         conn.ident = self.stats["connections"]
@@ -281,13 +375,21 @@ class MetadataService:
             log.warning("at the limit of %d clients: reclaiming %s, idle or stalled for %.1f s "
                         "(%d reclaimed so far)", self.limits.max_clients, victim.peer,
                         time.monotonic() - victim.useful, self.stats["reclaimed_connections"])
-        victim.reclaim(f"the server is at its limit of {self.limits.max_clients} clients "
-                       "and this connection was the least recently active")
+        victim.reclaim(self._at_limit())
         return True
+
+    def _refusal(self) -> ErrorReply:
+        # TRYAGAIN, not ERR: overload is transient and clients back off and retry.
+        return ErrorReply(f"TRYAGAIN max number of clients reached ({self.limits.max_clients}), "
+                          "all of them busy")
+
+    def _at_limit(self) -> str:
+        return (f"the server is at its limit of {self.limits.max_clients} clients "
+                "and this connection was the least recently active")
 
     # -- commands ----------------------------------------------------------
 
-    async def execute(self, command: list[bytes], conn: Connection) -> bytes:
+    async def execute(self, command: list[bytes], conn: Client) -> bytes:
         name = command[0].upper()
         spec = self._commands.get(name)
         if spec is None:
@@ -425,13 +527,13 @@ class MetadataService:
 
     # -- data commands -------------------------------------------------------
 
-    async def _get(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _get(self, conn: Client, args: list[bytes]) -> Reply:
         ident, path, _ = self._served(args[0], write=False)
         if self.writing and path in self.writing:
             ident, path, _ = await self._settled(args[0], write=False)
         return await self._admitted(self.store.get(ident, path))
 
-    async def _set(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _set(self, conn: Client, args: list[bytes]) -> Reply:
         """``SET key value [NX|XX] [GET]``, as Redis: nil when NX/XX stops the
         write, and with GET the previous value (nil if none) either way."""
         when, get = _set_options(args[2:])
@@ -457,7 +559,7 @@ class MetadataService:
             return old, change
         return (OK if written else None), change
 
-    async def _del(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _del(self, conn: Client, args: list[bytes]) -> Reply:
         keys = [self._served(raw, write=True) for raw in args]  # all checked before any is touched
         if not self.writing and not any(held.peers for _, _, held in keys):
             return await self._admitted(self._sum(self.store.delete, [(i, p) for i, p, _ in keys]))
@@ -474,14 +576,14 @@ class MetadataService:
         existed = await self.store.delete(ident, path, if_equal)
         return int(existed), (None if existed else UNCHANGED)
 
-    async def _delifeq(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _delifeq(self, conn: Client, args: list[bytes]) -> Reply:
         """``DELIFEQ key value``: a compare-and-delete, so a retried or late
         delete cannot remove a newer value (a rename's last step)."""
         ident, path, held = await self._settled(args[0], write=True)
         work = self._delete(ident, path, args[1])
         return await self._conditional(ident, path, held, work)
 
-    async def _exists(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _exists(self, conn: Client, args: list[bytes]) -> Reply:
         keys = [self._served(raw, write=False) for raw in args]
         if self.writing:
             keys = [await self._settled(raw, write=False) for raw in args]
@@ -497,7 +599,7 @@ class MetadataService:
             raise CommandError(f"ERR {command} takes a directory's path, not an entry key")
         return raw
 
-    async def _ecreate(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _ecreate(self, conn: Client, args: list[bytes]) -> Reply:
         """``ECREATE directory name value``: a new entry in an existing directory."""
         raw = self._directory(args[0], "ECREATE")
         try:
@@ -517,7 +619,7 @@ class MetadataService:
             raise CommandError(f"ENOENT no such directory: {header}")
         return None, UNCHANGED
 
-    async def _ermdir(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _ermdir(self, conn: Client, args: list[bytes]) -> Reply:
         """``ERMDIR directory``: delete the directory's header if it has no entries."""
         ident, path, held = await self._settled(self._directory(args[0], "ERMDIR"), write=True)
         work = self._remove_directory(ident, path)
@@ -529,7 +631,7 @@ class MetadataService:
             raise CommandError(f"ENOTEMPTY directory not empty: {path}")
         return (1, None) if done == "removed" else (0, UNCHANGED)
 
-    async def _elist(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _elist(self, conn: Client, args: list[bytes]) -> Reply:
         """``ELIST directory [after [count]]``: a page of the directory's entries."""
         self._directory(args[0], "ELIST")
         after = args[1] if len(args) > 1 else b""
@@ -549,7 +651,7 @@ class MetadataService:
                                                         count))
         return [part for name, value in found for part in (name.encode("utf-8", "surrogateescape"), value)]
 
-    async def _stat(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _stat(self, conn: Client, args: list[bytes]) -> Reply:
         """Where a key lives and whether it is here: a debugging aid that never
         answers MOVED, so it also explains *why* a key is not served."""
         ident, path, decision = self._key(args[0], write=False)
@@ -568,13 +670,13 @@ class MetadataService:
 
     # -- connection and server commands ----------------------------------------
 
-    async def _ping(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _ping(self, conn: Client, args: list[bytes]) -> Reply:
         return args[0] if args else PONG
 
-    async def _echo(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _echo(self, conn: Client, args: list[bytes]) -> Reply:
         return args[0]
 
-    async def _hello(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _hello(self, conn: Client, args: list[bytes]) -> Reply:
         """``HELLO [protover [AUTH user pass] [SETNAME name]]``: the reply protocol
         for this connection (2 or 3), and the server's description as Redis gives it."""
         protocol = 3 if conn.resp3 else 2
@@ -597,7 +699,7 @@ class MetadataService:
         return {b"server": b"metaflow", b"version": _VERSION, b"proto": protocol, b"id": conn.ident,
                 b"mode": b"standalone", b"role": b"master", b"modules": []}
 
-    async def _client(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _client(self, conn: Client, args: list[bytes]) -> Reply:
         """What client libraries send on connect: accepted (and forgotten)."""
         sub = args[0].upper()
         if sub in (b"SETNAME", b"SETINFO") and len(args) >= 2:
@@ -606,12 +708,12 @@ class MetadataService:
             return conn.ident
         raise CommandError("ERR MetaFlow supports only CLIENT SETNAME, SETINFO and ID")
 
-    async def _select(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _select(self, conn: Client, args: list[bytes]) -> Reply:
         if args[0] == b"0":
             return OK
         raise CommandError("ERR MetaFlow has one keyspace: only SELECT 0")
 
-    async def _info(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _info(self, conn: Client, args: list[bytes]) -> Reply:
         lines = [
             "# metaflow-agent",
             f"store:{self.store.kind}",
@@ -628,7 +730,7 @@ class MetadataService:
         lines += [f"{k}:{v}" for k, v in sorted(self.stats.items())]
         return "\r\n".join(lines).encode() + b"\r\n"
 
-    async def _command(self, conn: Connection, args: list[bytes]) -> Reply:
+    async def _command(self, conn: Client, args: list[bytes]) -> Reply:
         """`redis-cli` asks for COMMAND DOCS in interactive mode; we have none."""
         return []
 

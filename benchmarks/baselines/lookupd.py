@@ -46,7 +46,7 @@ from client_lib.cidr import Block
 from client_lib.constants import LOOKUP_PORT
 from client_lib.resp import ErrorReply, Reply, encode_reply
 from client_lib.version import add_version_flag
-from nat_agent.connection import Connection
+from nat_agent.connection import Client, Connection
 
 log = logging.getLogger("metaflow.lookupd")
 
@@ -127,7 +127,7 @@ class LookupService:
     def detach(self, conn: Connection) -> None:
         self._connections.discard(conn)
 
-    async def execute(self, command: list[bytes], conn: Connection) -> bytes:
+    async def execute(self, command: list[bytes], conn: Client) -> bytes:
         handler = self._commands.get(command[0].upper())
         if handler is None:
             name = command[0][:64].decode("utf-8", "replace")

@@ -26,9 +26,15 @@
 //! * nothing at all while a replicated write is under way anywhere (the
 //!   service's `writing`), since reads must wait for those.
 //!
-//! Everything runs synchronously inside one `data_received` callback, so no
-//! ownership change and no migration step can come between a check and its
-//! store call (what `InFlight` guards on the Python path).
+//! On the event loop everything runs synchronously inside one
+//! `data_received` callback, so no ownership change and no migration step
+//! can come between a check and its store call (what `InFlight` guards on
+//! the Python path). The worker threads of `server.rs` call the lane too;
+//! there the store's own calls release the GIL, so the workers hold
+//! `ServiceLoop`'s gate around each call and `InFlight.drain` closes it
+//! (`barrier`) before a migration copies anything.
+
+use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -63,14 +69,20 @@ impl Records {
     }
 }
 
-#[pyclass(module = "nat_agent._fastpath")]
-pub struct FastLane {
-    space: Keyspace,
-    /// The `Ownership.version` the tables were computed at.
-    #[pyo3(get)]
+/// What is served here, as of one `Ownership.version`.
+struct Tables {
     version: i64,
     reads: Table,
     writes: Table,
+}
+
+/// Shared by the event loop and the worker threads, hence frozen: the
+/// tables are swapped whole (an `Arc`), never borrowed across a store call,
+/// since a store call releases the GIL and another thread may swap them.
+#[pyclass(module = "nat_agent._fastpath", frozen)]
+pub struct FastLane {
+    space: Keyspace,
+    tables: Mutex<Arc<Tables>>,
     records: Records,
     writing: Py<PyDict>,
     stats: Py<PyDict>,
@@ -114,9 +126,7 @@ impl FastLane {
     ) -> PyResult<Self> {
         Ok(FastLane {
             space: Keyspace::of(space, max_length)?,
-            version: -1,
-            reads: Vec::new(),
-            writes: Vec::new(),
+            tables: Mutex::new(Arc::new(Tables { version: -1, reads: Vec::new(), writes: Vec::new() })),
             records: Records::of(access)?,
             writing,
             stats,
@@ -127,10 +137,15 @@ impl FastLane {
 
     /// The ranges (first, last) served for reads and for writes at `version`;
     /// each list sorted and disjoint.
-    fn set_table(&mut self, version: i64, reads: Table, writes: Table) {
-        self.version = version;
-        self.reads = reads;
-        self.writes = writes;
+    fn set_table(&self, version: i64, reads: Table, writes: Table) {
+        *self.tables.lock().expect("never poisoned: nothing panics holding it") =
+            Arc::new(Tables { version, reads, writes });
+    }
+
+    /// The `Ownership.version` the tables were computed at.
+    #[getter]
+    pub(crate) fn version(&self) -> i64 {
+        self.tables().version
     }
 
     /// Answer the parser's leading complete commands that this lane takes
@@ -143,16 +158,49 @@ impl FastLane {
         resp3: bool,
         budget: usize,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        if !self.writing.bind(py).is_empty() {
-            return Ok(None);
-        }
         let mut out = Vec::new();
+        let taken = self.answer_into(py, &mut parser, resp3, budget, &mut out)?;
+        Ok((taken > 0).then(|| PyBytes::new(py, &out)))
+    }
+}
+
+impl FastLane {
+    /// Bring the tables in step with `ownership` (an `Ownership`), as the
+    /// service's `lane()` does on the event loop: for the worker threads.
+    pub(crate) fn refresh(&self, ownership: &Bound<'_, PyAny>) -> PyResult<()> {
+        let version: i64 = ownership.getattr("version")?.extract()?;
+        if version != self.version() {
+            let (reads, writes): (Table, Table) = ownership.call_method0("fast_ranges")?.extract()?;
+            self.set_table(version, reads, writes);
+        }
+        Ok(())
+    }
+
+    fn tables(&self) -> Arc<Tables> {
+        Arc::clone(&self.tables.lock().expect("never poisoned: nothing panics holding it"))
+    }
+
+    /// `answer`, appending the replies to `out`; returns how many commands
+    /// it answered (0: the first one is the Python path's).
+    pub(crate) fn answer_into(
+        &self,
+        py: Python<'_>,
+        parser: &mut CommandParser,
+        resp3: bool,
+        budget: usize,
+        out: &mut Vec<u8>,
+    ) -> PyResult<usize> {
+        if !self.writing.bind(py).is_empty() {
+            return Ok(0);
+        }
+        let tables = self.tables();
+        let start = out.len();
         let mut counts = vec![0u64; self.counters.len()];
         let taken = parser.take_leading(py, |buf, args| {
-            out.len() < budget && self.execute(py, buf, args, resp3, &mut out, &mut counts)
+            out.len() - start < budget && self.execute(py, &tables, buf, args, resp3, out, &mut counts)
         });
         if taken == 0 {
-            return Ok(None);
+            return Ok(0);
         }
         let stats = self.stats.bind(py);
         let named = self.counters.iter().map(|(_, key)| key).zip(counts);
@@ -166,15 +214,15 @@ impl FastLane {
                 stats.set_item(key, was + n)?;
             }
         }
-        Ok(Some(PyBytes::new(py, &out)))
+        Ok(taken)
     }
-}
 
-impl FastLane {
     /// One command; false if declined (nothing done, nothing written).
+    #[allow(clippy::too_many_arguments)]
     fn execute(
         &self,
         py: Python<'_>,
+        tables: &Tables,
         buf: &[u8],
         args: &[(usize, usize)],
         resp3: bool,
@@ -191,7 +239,7 @@ impl FastLane {
                 out.extend_from_slice(b"+PONG\r\n");
                 true
             }
-            (b"GET", 2) | (b"EXISTS", 2) => match self.read(py, arg(1)) {
+            (b"GET", 2) | (b"EXISTS", 2) => match self.read(py, tables, arg(1)) {
                 None => false,
                 Some(value) => {
                     match (name, value) {
@@ -203,7 +251,7 @@ impl FastLane {
                 }
             },
             (b"SET", 3) => {
-                let written = self.write(py, arg(1), arg(2));
+                let written = self.write(py, tables, arg(1), arg(2));
                 if written {
                     out.extend_from_slice(b"+OK\r\n");
                 }
@@ -221,9 +269,9 @@ impl FastLane {
     /// None to decline.
     /// A store call that fails is declined: the Python path meets the same
     /// failure and answers it.
-    fn read(&self, py: Python<'_>, raw: &[u8]) -> Option<Option<Py<PyBytes>>> {
+    fn read(&self, py: Python<'_>, tables: &Tables, raw: &[u8]) -> Option<Option<Py<PyBytes>>> {
         let (key, id) = self.space.route(raw)?;
-        if !within(&self.reads, id) {
+        if !within(&tables.reads, id) {
             return None;
         }
         let record = PyBytes::new(py, &self.space.record_key(id, &key));
@@ -240,12 +288,12 @@ impl FastLane {
     }
 
     /// Write a key served here for writes; false to decline (nothing written).
-    fn write(&self, py: Python<'_>, raw: &[u8], value: &[u8]) -> bool {
+    fn write(&self, py: Python<'_>, tables: &Tables, raw: &[u8], value: &[u8]) -> bool {
         if self.records.unsynced.is_some() {
             return false;
         }
         let Some((key, id)) = self.space.route(raw) else { return false };
-        if !within(&self.writes, id) {
+        if !within(&tables.writes, id) {
             return false;
         }
         let record = PyBytes::new(py, &self.space.record_key(id, &key));

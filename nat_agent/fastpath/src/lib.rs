@@ -4,6 +4,8 @@
 //!   PING) end to end: parse, normalize, hash, ownership check, store call,
 //!   reply; it leaves everything else to the Python service, which stays the
 //!   oracle it is fuzzed against.
+//! * `ServiceLoop` (`server.rs`) serves the port itself on N threads, the
+//!   lane on each, handing what the lane declines to the service.
 //! * `route` (`keys.rs`) is its key step on its own, for that comparison.
 //!
 //! The first piece was the RESP *command* parser the service runs on every
@@ -20,6 +22,7 @@ mod lane;
 mod number;
 mod parser;
 mod pyrepr;
+mod server;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -42,6 +45,7 @@ fn _fastpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<parser::CommandParser>()?;
     m.add_class::<parser::ArgLimits>()?;
     m.add_class::<lane::FastLane>()?;
+    m.add_class::<server::ServiceLoop>()?;
     m.add_function(wrap_pyfunction!(route, m)?)?;
     Ok(())
 }

@@ -136,7 +136,7 @@ impl ArgLimits {
 impl CommandParser {
     #[new]
     #[pyo3(signature = (max_bulk = 1 << 20, max_args = 64, max_line = 64 * 1024, limit = None))]
-    fn new(py: Python<'_>, max_bulk: i64, max_args: i64, max_line: usize, limit: Option<PyObject>) -> Self {
+    pub(crate) fn new(py: Python<'_>, max_bulk: i64, max_args: i64, max_line: usize, limit: Option<PyObject>) -> Self {
         let limit = limit.map(|limit| match limit.downcast_bound::<ArgLimits>(py) {
             Ok(native) => Limit::Native(native.get().clone()),
             Err(_) => Limit::Callable(limit),
@@ -155,25 +155,25 @@ impl CommandParser {
         }
     }
 
-    fn feed(&mut self, data: &[u8]) {
+    pub(crate) fn feed(&mut self, data: &[u8]) {
         self.buf.extend_from_slice(data);
     }
 
     /// Bytes received but not yet consumed by a complete message.
     #[getter]
-    fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.buf.len()
     }
 
     /// Whether a request has started and not ended.
     #[getter]
-    fn busy(&self) -> bool {
+    pub(crate) fn busy(&self) -> bool {
         !self.buf.is_empty() || self.refused > 0
     }
 
     /// The next complete command as a list of bytes, or None; raises as
     /// `RespParser.next_command` does.
-    fn next_command<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+    pub(crate) fn next_command<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         loop {
             if self.refused != 0 {
                 match self.discard() {

@@ -1,0 +1,589 @@
+//! `ServiceLoop`: the metadata service's connections on threads of our own
+//! (issue 13, parts 2 and 3: the connection loop out of CPython, every core).
+//!
+//! Why: with `FastLane` answering most requests, what the event loop still
+//! spent per request was its own: a Python callback per read, a
+//! `transport.write` per reply, and the system calls, all on one core. Here
+//! each of N threads runs an epoll loop (mio) over its own `SO_REUSEPORT`
+//! listener, so the kernel spreads connections over the threads, and the
+//! system calls, parsing and hashing run without the GIL. A thread takes
+//! the GIL only to call the lane (whose store calls are Python's) and to
+//! hand a command over.
+//!
+//! The lane answers what it can of a connection's leading commands; the
+//! first command it declines (and any parse error) is handed to the service
+//! on the event loop (`handoff`, which schedules it there), and the
+//! connection answers nothing more until the service's reply comes back
+//! through `reply`, so replies stay in request order. The service words
+//! every refusal and error, as on the event loop's path.
+//!
+//! The limits are `nat_agent.connection`'s, enforced here the same way:
+//! unsent replies (`UNSENT_HIGH`/`UNSENT_LOW`), read-ahead while a command
+//! waits (`READ_AHEAD`), a request's deadline from its first byte, the idle
+//! timeout, and `max_clients` (the least recently useful connection is
+//! reclaimed, a newcomer refused only when every connection waits).
+//!
+//! Migration safety: a store call releases the GIL, so the event loop can
+//! freeze a block while a worker's write to it is under way. Every lane
+//! call holds `gate` for reading (taken before the GIL, so it never waits
+//! on a holder of the GIL), and `barrier` takes it for writing:
+//! `InFlight.drain` calls it, so once a freeze has drained, every write
+//! admitted before the freeze has landed, and every later one sees it.
+
+use std::collections::HashMap;
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use pyo3::exceptions::PyOSError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::lane::FastLane;
+use crate::parser::CommandParser;
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_CONN: usize = 2;
+
+/// A reply the service sends back to a worker's connection.
+struct Reply {
+    conn: usize,
+    data: Vec<u8>,
+    close: bool,
+    resp3: bool,
+}
+
+/// The limits, from `nat_agent.connection` and `ServiceLimits`.
+#[derive(Clone)]
+struct Limits {
+    max_bulk: i64,
+    unsent_high: usize,
+    unsent_low: usize,
+    flush_bytes: usize,
+    read_ahead: usize,
+    read_timeout: Duration,
+    idle_timeout: Duration,
+    max_clients: usize,
+}
+
+/// What every worker shares.
+struct Shared {
+    lane: Option<Py<FastLane>>,
+    ownership: PyObject,
+    /// `(worker, conn, peer, resp3, command or exception)`: schedules the
+    /// service's answer on the event loop.
+    handoff: PyObject,
+    arg_limit: PyObject,
+    stats: Py<PyDict>,
+    /// Pre-worded by the service: the refusal at `max_clients`, and the
+    /// reclaim reply's prefix (`-ERR connection reclaimed: `).
+    refusal: Vec<u8>,
+    reclaimed_prefix: Vec<u8>,
+    at_limit: String,
+    limits: Limits,
+    live: AtomicUsize,
+    gate: RwLock<()>,
+    stopping: AtomicBool,
+}
+
+impl Shared {
+    fn count(&self, py: Python<'_>, key: &str) -> u64 {
+        let stats = self.stats.bind(py);
+        let was: u64 = stats.get_item(key).ok().flatten().and_then(|v| v.extract().ok()).unwrap_or(0);
+        // A failure to count is not worth failing a connection over.
+        let _ = stats.set_item(key, was + 1);
+        was + 1
+    }
+}
+
+struct Worker {
+    inbox: Arc<Mutex<Vec<Reply>>>,
+    waker: Arc<Waker>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The service's port on N threads. `listeners` are listening sockets'
+/// file descriptors (one per worker, `SO_REUSEPORT`), which it takes over.
+#[pyclass(module = "nat_agent._fastpath", frozen)]
+pub struct ServiceLoop {
+    shared: Arc<Shared>,
+    workers: Mutex<Vec<Worker>>,
+}
+
+#[pymethods]
+impl ServiceLoop {
+    #[new]
+    #[pyo3(signature = (*, listeners, lane, ownership, handoff, stats, arg_limit, max_bulk, unsent, flush_bytes,
+                        read_ahead, read_timeout, idle_timeout, max_clients, refusal, reclaimed_prefix, at_limit))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        listeners: Vec<i32>,
+        lane: Option<Py<FastLane>>,
+        ownership: PyObject,
+        handoff: PyObject,
+        stats: Py<PyDict>,
+        arg_limit: PyObject,
+        max_bulk: i64,
+        unsent: (usize, usize),
+        flush_bytes: usize,
+        read_ahead: usize,
+        read_timeout: f64,
+        idle_timeout: f64,
+        max_clients: usize,
+        refusal: Vec<u8>,
+        reclaimed_prefix: Vec<u8>,
+        at_limit: String,
+    ) -> PyResult<Self> {
+        let shared = Arc::new(Shared {
+            lane,
+            ownership,
+            handoff,
+            arg_limit,
+            stats,
+            refusal,
+            reclaimed_prefix,
+            at_limit,
+            limits: Limits {
+                max_bulk,
+                unsent_high: unsent.0,
+                unsent_low: unsent.1,
+                flush_bytes,
+                read_ahead,
+                read_timeout: Duration::from_secs_f64(read_timeout),
+                idle_timeout: Duration::from_secs_f64(idle_timeout),
+                max_clients,
+            },
+            live: AtomicUsize::new(0),
+            gate: RwLock::new(()),
+            stopping: AtomicBool::new(false),
+        });
+        let mut workers = Vec::new();
+        for (index, fd) in listeners.into_iter().enumerate() {
+            // SAFETY: the caller hands the descriptor over (`socket.detach()`).
+            let std_listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+            std_listener.set_nonblocking(true)?;
+            let mut listener = TcpListener::from_std(std_listener);
+            let poll = Poll::new()?;
+            poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+            let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+            let inbox = Arc::new(Mutex::new(Vec::new()));
+            let mut run = Run::new(index, poll, listener, Arc::clone(&inbox), Arc::clone(&shared));
+            let thread = std::thread::Builder::new()
+                .name(format!("metaflow-worker-{index}"))
+                .spawn(move || run.serve())
+                .map_err(|err| PyOSError::new_err(err.to_string()))?;
+            workers.push(Worker { inbox, waker, thread: Some(thread) });
+        }
+        Ok(ServiceLoop { shared, workers: Mutex::new(workers) })
+    }
+
+    /// The service's reply to a command handed over by `worker` for `conn`:
+    /// sent in order, then the connection goes on (or closes, if `close`).
+    fn reply(&self, worker: usize, conn: usize, data: Vec<u8>, close: bool, resp3: bool) -> PyResult<()> {
+        let workers = self.workers.lock().expect("never poisoned");
+        let Some(target) = workers.get(worker) else { return Ok(()) };
+        target.inbox.lock().expect("never poisoned").push(Reply { conn, data, close, resp3 });
+        target.waker.wake()?;
+        Ok(())
+    }
+
+    /// Wait until no worker is inside a lane call that began before this
+    /// one (see the module's docstring); the GIL is released meanwhile.
+    fn barrier(&self, py: Python<'_>) {
+        py.allow_threads(|| drop(self.shared.gate.write().expect("never poisoned")));
+    }
+
+    /// Connections open now, over every worker.
+    #[getter]
+    fn connections(&self) -> usize {
+        self.shared.live.load(Ordering::Relaxed)
+    }
+
+    /// Stop accepting, close every connection (a busy one is told why),
+    /// and join the threads. Safe to call twice.
+    fn stop(&self, py: Python<'_>) -> PyResult<()> {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let threads: Vec<JoinHandle<()>> = {
+            let mut workers = self.workers.lock().expect("never poisoned");
+            for worker in workers.iter() {
+                worker.waker.wake()?;
+            }
+            workers.iter_mut().filter_map(|w| w.thread.take()).collect()
+        };
+        py.allow_threads(|| {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        });
+        Ok(())
+    }
+}
+
+/// One client connection of a worker.
+struct Conn {
+    stream: TcpStream,
+    peer: SocketAddr,
+    ident: u64,
+    parser: CommandParser,
+    out: Vec<u8>,
+    sent: usize,
+    resp3: bool,
+    /// A command is with the service; nothing more is answered until it replies.
+    waiting: bool,
+    /// The client reads none of its replies: no answering, no reading.
+    paused: bool,
+    /// The socket has bytes we have not read (we stopped short of `WouldBlock`).
+    unread: bool,
+    closing: Option<Instant>,
+    useful: Instant,
+    started: Instant,
+}
+
+impl Conn {
+    fn unsent(&self) -> usize {
+        self.out.len() - self.sent
+    }
+}
+
+/// Why a connection's turn ended.
+enum Next {
+    Keep,
+    Drop,
+}
+
+/// One worker thread's loop and connections.
+struct Run {
+    index: usize,
+    poll: Poll,
+    listener: TcpListener,
+    inbox: Arc<Mutex<Vec<Reply>>>,
+    shared: Arc<Shared>,
+    conns: HashMap<usize, Conn>,
+    next: usize,
+}
+
+impl Run {
+    fn new(index: usize, poll: Poll, listener: TcpListener, inbox: Arc<Mutex<Vec<Reply>>>, shared: Arc<Shared>) -> Self {
+        Run { index, poll, listener, inbox, shared, conns: HashMap::new(), next: FIRST_CONN }
+    }
+
+    fn serve(&mut self) {
+        let mut events = Events::with_capacity(256);
+        let limits = &self.shared.limits;
+        let tick = limits.read_timeout.min(limits.idle_timeout).div_f64(4.0).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let mut swept = Instant::now();
+        while !self.shared.stopping.load(Ordering::SeqCst) {
+            if let Err(err) = self.poll.poll(&mut events, Some(tick)) {
+                if err.kind() != ErrorKind::Interrupted {
+                    break;
+                }
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept(),
+                    WAKER => self.replies(),
+                    Token(id) => {
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            if let Some(conn) = self.conns.get_mut(&id) {
+                                conn.unread = true;
+                            }
+                        }
+                        self.turn(id);
+                    }
+                }
+            }
+            let now = Instant::now();
+            if now.duration_since(swept) >= tick {
+                swept = now;
+                self.sweep(now);
+            }
+        }
+        self.shutdown();
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let (stream, peer) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(err) if err.kind() == ErrorKind::WouldBlock => return,
+                Err(err) if err.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return, // e.g. EMFILE: the backlog keeps the client until we can
+            };
+            let _ = stream.set_nodelay(true);
+            if self.shared.live.load(Ordering::Relaxed) >= self.shared.limits.max_clients && !self.reclaim_one() {
+                Python::with_gil(|py| self.shared.count(py, "refused_connections"));
+                let _ = (&stream).write(&self.shared.refusal);
+                continue;
+            }
+            let id = self.next;
+            self.next += 1;
+            let mut stream = stream;
+            if self.poll.registry().register(&mut stream, Token(id), Interest::READABLE | Interest::WRITABLE).is_err() {
+                continue;
+            }
+            let (ident, parser) = Python::with_gil(|py| {
+                let ident = self.shared.count(py, "connections");
+                let limit = Some(self.shared.arg_limit.clone_ref(py));
+                (ident, CommandParser::new(py, self.shared.limits.max_bulk, 64, 64 * 1024, limit))
+            });
+            let now = Instant::now();
+            self.shared.live.fetch_add(1, Ordering::Relaxed);
+            self.conns.insert(id, Conn {
+                stream,
+                peer,
+                ident,
+                parser,
+                out: Vec::new(),
+                sent: 0,
+                resp3: false,
+                waiting: false,
+                paused: false,
+                unread: true,
+                closing: None,
+                useful: now,
+                started: now,
+            });
+            self.turn(id);
+        }
+    }
+
+    /// At `max_clients`: free the slot of the connection that made useful
+    /// progress least recently, unless it waits on the service. Only this
+    /// worker's connections are looked at.
+    fn reclaim_one(&mut self) -> bool {
+        let victim = self
+            .conns
+            .iter()
+            .min_by_key(|(_, c)| (c.waiting, c.closing.is_none(), c.useful))
+            .map(|(id, c)| (*id, c.waiting));
+        match victim {
+            Some((id, false)) => {
+                Python::with_gil(|py| self.shared.count(py, "reclaimed_connections"));
+                let why = self.shared.at_limit.clone();
+                self.reclaim(id, &why);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `Connection.reclaim`: a busy connection is told why; an idle one is
+    /// closed silently.
+    fn reclaim(&mut self, id: usize, why: &str) {
+        if let Some(conn) = self.conns.get_mut(&id) {
+            if conn.closing.is_none() && !conn.paused && conn.parser.busy() {
+                conn.out.extend_from_slice(&self.shared.reclaimed_prefix);
+                conn.out.extend_from_slice(why.as_bytes());
+                conn.out.extend_from_slice(b"\r\n");
+                let _ = flush(conn);
+            }
+        }
+        self.forget(id);
+    }
+
+    fn forget(&mut self, id: usize) {
+        if let Some(mut conn) = self.conns.remove(&id) {
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+            let _ = conn.stream.shutdown(Shutdown::Both);
+            self.shared.live.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn replies(&mut self) {
+        let replies = std::mem::take(&mut *self.inbox.lock().expect("never poisoned"));
+        for reply in replies {
+            let Some(conn) = self.conns.get_mut(&reply.conn) else { continue }; // closed meanwhile
+            conn.waiting = false;
+            conn.resp3 = reply.resp3;
+            conn.out.extend_from_slice(&reply.data);
+            let now = Instant::now();
+            conn.useful = now;
+            conn.started = now;
+            if reply.close && conn.closing.is_none() {
+                conn.closing = Some(now);
+            }
+            self.turn(reply.conn);
+        }
+    }
+
+    /// Everything a connection can do now: send, read, answer, in a loop
+    /// until it would block, waits, is paused or is done.
+    fn turn(&mut self, id: usize) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let next = step(conn, self.index, id, &self.shared);
+        if let Next::Drop = next {
+            self.forget(id);
+        }
+    }
+
+    /// `Connection.expire` for every connection.
+    fn sweep(&mut self, now: Instant) {
+        let limits = self.shared.limits.clone();
+        let mut overdue = Vec::new();
+        let mut dropped = Vec::new();
+        for (id, conn) in self.conns.iter_mut() {
+            if let Some(since) = conn.closing {
+                if now.duration_since(since) > limits.read_timeout {
+                    dropped.push(*id); // its last replies were never read
+                }
+            } else if conn.waiting {
+            } else if conn.paused {
+                if now.duration_since(conn.useful) > limits.idle_timeout {
+                    dropped.push(*id);
+                }
+            } else if conn.parser.busy() {
+                if now.duration_since(conn.started) > limits.read_timeout {
+                    overdue.push(*id);
+                }
+            } else if now.duration_since(conn.useful) > limits.idle_timeout {
+                dropped.push(*id);
+            }
+        }
+        for id in dropped {
+            self.forget(id);
+        }
+        if overdue.is_empty() {
+            return;
+        }
+        let message = format!("-ERR timeout: request incomplete after {} s\r\n", limits.read_timeout.as_secs_f64());
+        for id in overdue {
+            Python::with_gil(|py| self.shared.count(py, "timeouts"));
+            if let Some(conn) = self.conns.get_mut(&id) {
+                conn.out.extend_from_slice(message.as_bytes());
+                conn.closing = Some(now);
+            }
+            self.turn(id);
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let ids: Vec<usize> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.reclaim(id, "the server is shutting down");
+        }
+    }
+}
+
+/// Send what can be sent; Err if the connection is broken.
+fn flush(conn: &mut Conn) -> io::Result<()> {
+    while conn.sent < conn.out.len() {
+        match conn.stream.write(&conn.out[conn.sent..]) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => conn.sent += n,
+            Err(err) if err.kind() == ErrorKind::WouldBlock => break,
+            Err(err) if err.kind() == ErrorKind::Interrupted => continue,
+            Err(err) => return Err(err),
+        }
+    }
+    if conn.sent == conn.out.len() {
+        conn.out.clear();
+        conn.sent = 0;
+    } else if conn.sent > (64 << 10) {
+        conn.out.drain(..conn.sent);
+        conn.sent = 0;
+    }
+    Ok(())
+}
+
+fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared) -> Next {
+    let limits = &shared.limits;
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        if flush(conn).is_err() {
+            return Next::Drop;
+        }
+        let now = Instant::now();
+        if conn.paused && conn.unsent() <= limits.unsent_low {
+            conn.paused = false;
+            conn.useful = now;
+        }
+        if conn.closing.is_some() {
+            return if conn.unsent() == 0 { Next::Drop } else { Next::Keep };
+        }
+        if conn.unsent() >= limits.unsent_high {
+            conn.paused = true;
+        }
+        if conn.paused {
+            return Next::Keep;
+        }
+        // Answer what is buffered, as far as the lane goes or up to a handoff.
+        if !conn.waiting && conn.parser.busy() {
+            let before = conn.out.len();
+            answer(conn, worker, id, shared);
+            if conn.out.len() > before {
+                conn.useful = now;
+                conn.started = now;
+                continue; // send it, then go on
+            }
+        }
+        // Read, unless a waiting command has enough read ahead of it.
+        if !conn.unread || (conn.waiting && conn.parser.pending() > limits.read_ahead) {
+            return Next::Keep;
+        }
+        match conn.stream.read(&mut buf) {
+            Ok(0) => {
+                if conn.parser.busy() && conn.closing.is_none() {
+                    Python::with_gil(|py| shared.count(py, "dropped_connections"));
+                }
+                return Next::Drop;
+            }
+            Ok(n) => {
+                if !conn.parser.busy() {
+                    conn.started = now; // the first byte of a new request
+                }
+                conn.parser.feed(&buf[..n]);
+            }
+            Err(err) if err.kind() == ErrorKind::WouldBlock => {
+                conn.unread = false;
+                if conn.waiting || !conn.parser.busy() {
+                    return Next::Keep;
+                }
+            }
+            Err(err) if err.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return Next::Drop,
+        }
+    }
+}
+
+/// One lane call over the buffered commands, and the handoff of the first
+/// one it declines. Holds the gate, then the GIL (in that order: see the
+/// module's docstring).
+fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared) {
+    let _gate = shared.gate.read().expect("never poisoned");
+    Python::with_gil(|py| {
+        let budget = shared.limits.flush_bytes;
+        if let Some(lane) = &shared.lane {
+            let lane = lane.get();
+            let answered = lane
+                .refresh(shared.ownership.bind(py))
+                .and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out));
+            match answered {
+                Ok(0) => {}
+                Ok(_) => return,
+                Err(err) => err.write_unraisable(py, None), // the service's path answers it
+            }
+        }
+        let parsed: PyObject = match conn.parser.next_command(py) {
+            Ok(None) => return,
+            Ok(Some(command)) => command.into_any().unbind(),
+            Err(err) => err.into_value(py).into_any(),
+        };
+        let peer = (conn.peer.ip().to_string(), conn.peer.port());
+        match shared.handoff.call1(py, (worker, id, peer, conn.ident, conn.resp3, parsed)) {
+            Ok(_) => conn.waiting = true,
+            Err(err) => {
+                // The event loop is gone (shutting down): nothing can answer.
+                err.write_unraisable(py, None);
+                conn.out.extend_from_slice(b"-ERR the service is shutting down\r\n");
+                conn.closing = Some(Instant::now());
+            }
+        }
+    });
+}
