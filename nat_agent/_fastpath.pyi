@@ -1,5 +1,6 @@
 """Types of the compiled request path (`nat_agent/fastpath`, built by `make`)."""
 
+import logging
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +50,8 @@ class ServiceLoop:
 
     def __init__(self, *, listeners: list[int], lane: FastLane | None, ownership: Any,
                  handoff: Callable[[int, int, tuple[str, int], int, bool, list[bytes] | Exception], object],
-                 stats: Counter[str], arg_limit: ArgLimit, max_bulk: int, unsent: tuple[int, int],
+                 stats: Counter[str], log: logging.Logger, arg_limit: ArgLimit, max_bulk: int,
+                 unsent: tuple[int, int],
                  flush_bytes: int, read_ahead: int, read_timeout: float, idle_timeout: float,
                  max_clients: int, refusal: bytes, reclaimed_prefix: bytes, at_limit: str) -> None: ...
     def reply(self, worker: int, conn: int, data: bytes, close: bool, resp3: bool) -> None: ...

@@ -289,7 +289,7 @@ class MetadataService:
 
         self._workers = ServiceLoop(
             listeners=[sock.detach() for sock in listeners], lane=self._lane, ownership=self.ownership,
-            handoff=handoff, stats=self.stats, arg_limit=self.arg_limit, max_bulk=self.max_bulk,
+            handoff=handoff, stats=self.stats, log=log, arg_limit=self.arg_limit, max_bulk=self.max_bulk,
             unsent=(UNSENT_HIGH, UNSENT_LOW), flush_bytes=FLUSH_BYTES, read_ahead=READ_AHEAD,
             read_timeout=limits.read_timeout, idle_timeout=limits.idle_timeout,
             max_clients=limits.max_clients, refusal=encode_reply(self._refusal()),

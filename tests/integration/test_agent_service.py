@@ -38,10 +38,16 @@ def store_spec(request, tmp_path):
     return f"{url}/0?prefix={request.getfixturevalue('redis_prefix')}"
 
 
+@pytest.fixture(params=["0", "2"], ids=["event-loop", "worker-threads"])
+def workers(request):
+    """`--workers`: the port served by the event loop, or by threads of the compiled path."""
+    return request.param
+
+
 @pytest.fixture
-def agent(store_spec, tmp_path):
-    with AgentProcess(store_spec, "--read-timeout", "0.5", "--max-value", "4096", own=[SPACE],
-                      log_path=tmp_path / "agent.log") as proc:
+def agent(store_spec, workers, tmp_path):
+    with AgentProcess(store_spec, "--read-timeout", "0.5", "--max-value", "4096", "--workers", workers,
+                      own=[SPACE], log_path=tmp_path / "agent.log") as proc:
         yield proc
 
 
@@ -159,8 +165,10 @@ def test_value_limit_is_a_typed_error_for_the_client(agent):
             c.get("relative")
 
 
-def test_vanishing_and_flooding_clients_do_not_disturb_others(tmp_path):
-    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--max-clients", "40", own=[SPACE],
+@pytest.mark.parametrize("threads", ["0", "1"], ids=["event-loop", "worker-thread"])
+def test_vanishing_and_flooding_clients_do_not_disturb_others(tmp_path, threads):
+    # One worker thread: with more, each reclaims among the connections it accepted itself.
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--max-clients", "40", "--workers", threads, own=[SPACE],
                       log_path=tmp_path / "agent.log") as agent:
         _vanish_and_flood(agent)
 

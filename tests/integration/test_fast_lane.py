@@ -273,3 +273,81 @@ def test_the_lane_steps_aside_while_a_replicated_write_is_under_way(sides):
         return taken
 
     assert asyncio.run(run()) == [0, 0, 1]
+
+
+# -- the worker threads (`ServiceLoop`) against the same oracle -------------------------
+
+@pytest.fixture(params=["off", "batch"])
+def threaded(request, tmp_path: Path) -> Iterator[tuple[Side, Side]]:
+    """A service whose port is served by two worker threads, and the Python path."""
+    made = []
+    for workers, compiled in ((2, True), (0, False)):
+        store = LevelDBStore(tmp_path / f"workers-{workers}", SPACE.width, fsync=request.param)
+        agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
+        replicator = Replicator(agent.ownership, NAME, b"s" * 32)
+        limits = ServiceLimits(max_value=MAX_VALUE, workers=workers)
+        made.append(Side(MetadataService(agent, replicator, limits, compiled=compiled), store))
+    yield made[0], made[1]
+    for side in made:
+        asyncio.run(side.store.close())
+
+
+async def _over_tcp(service: MetadataService, chunks: list[bytes]) -> bytes:
+    """`_exchange` through the worker threads: the service listens, a client connects."""
+    port = await service.start("127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for chunk in chunks:
+            writer.write(chunk)
+            await writer.drain()
+            await asyncio.sleep(0)
+        received = b""
+        end = encode_reply(MARK)
+        while not received.endswith(end):
+            got = await asyncio.wait_for(reader.read(1 << 16), 10)
+            if not got:
+                break
+            received += got
+        writer.close()
+        return received
+    finally:
+        await loop.run_in_executor(None, lambda: None)   # let a handed-over reply finish
+        await service.stop()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(view=views(), stream=streams())
+def test_the_worker_threads_answer_exactly_as_the_python_path(threaded, view, stream):
+    workers, python = threaded
+    epoch = next(EPOCHS)
+    for side in threaded:
+        _apply(side.service, view, epoch)
+
+    async def both() -> tuple[bytes, bytes]:
+        return await _over_tcp(workers.service, stream), await _exchange(python.service, stream)
+
+    got, want = asyncio.run(both())
+    assert got == want
+    assert asyncio.run(_records(workers.store)) == asyncio.run(_records(python.store))
+    taken = Counter(workers.service.stats)
+    del taken["compiled_requests"]
+    assert taken == python.service.stats
+
+
+def test_the_worker_threads_answer_on_the_lane_and_hand_over_the_rest(threaded):
+    """Not a lane that answers nothing, nor one that hands everything over:
+    a served GET, EXISTS and PING are the threads' own (`compiled_requests`),
+    and so is the SET with ``--fsync off``; the declined SET XX and bad key
+    are the service's, in order on the same connection."""
+    workers, _ = threaded
+    _apply(workers.service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
+    stream = [encode_command(b"GET", b"/a") + encode_command(b"PING") + encode_command(b"SET", b"/a", b"v"),
+              encode_command(b"SET", b"/a", b"w", b"XX") + encode_command(b"GET", b"rel")
+              + encode_command(b"EXISTS", b"/a") + encode_command(b"ECHO", MARK)]
+    got = asyncio.run(_over_tcp(workers.service, stream))
+    assert got == (b"$-1\r\n+PONG\r\n+OK\r\n+OK\r\n-ERR invalid path: path must be absolute: b'rel'\r\n:1\r\n"
+                   + encode_reply(MARK))
+    batch = workers.store.fsync == "batch"
+    # With batch the SET is the service's (it waits for its sync), the EXISTS after it the lane's.
+    assert workers.service.stats["compiled_requests"] == (3 if batch else 4)

@@ -62,10 +62,14 @@ def read_until_closed(sock: socket.socket) -> bytes:
     return out
 
 
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[AgentProcess]:
-    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--read-timeout", "1", own=[SPACE],
-                      log_path=tmp_path / "agent.log") as proc:
+WORKERS = pytest.mark.parametrize("workers", ["0", "2"], ids=["event-loop", "worker-threads"])
+"""Every finding holds for the port served by the event loop and by `--workers` threads."""
+
+
+@pytest.fixture(params=["0", "2"], ids=["event-loop", "worker-threads"])
+def agent(request, tmp_path: Path) -> Iterator[AgentProcess]:
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--read-timeout", "1", "--workers", request.param,
+                      own=[SPACE], log_path=tmp_path / "agent.log") as proc:
         yield proc
 
 
@@ -164,11 +168,12 @@ class Tricklers:
             sock.close()
 
 
-def test_slow_connections_beyond_max_clients_do_not_lock_out_a_working_client(tmp_path: Path) -> None:
+@WORKERS
+def test_slow_connections_beyond_max_clients_do_not_lock_out_a_working_client(tmp_path: Path, workers: str) -> None:
     """Found: 4,200 connections sending a byte a second held every slot and
     no good client was served. At the limit, a new connection now reclaims the
     slot of the least recently useful one."""
-    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--max-clients", "64", own=[SPACE],
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--max-clients", "64", "--workers", workers, own=[SPACE],
                       log_path=tmp_path / "agent.log") as agent, Tricklers(agent, 150) as slow:
         time.sleep(1.5)  # every trickler has sent something and holds (or wants) a slot
         waits = []

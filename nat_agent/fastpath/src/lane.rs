@@ -36,6 +36,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -168,9 +169,10 @@ impl FastLane {
     /// Bring the tables in step with `ownership` (an `Ownership`), as the
     /// service's `lane()` does on the event loop: for the worker threads.
     pub(crate) fn refresh(&self, ownership: &Bound<'_, PyAny>) -> PyResult<()> {
-        let version: i64 = ownership.getattr("version")?.extract()?;
+        let py = ownership.py();
+        let version: i64 = ownership.getattr(intern!(py, "version"))?.extract()?;
         if version != self.version() {
-            let (reads, writes): (Table, Table) = ownership.call_method0("fast_ranges")?.extract()?;
+            let (reads, writes): (Table, Table) = ownership.call_method0(intern!(py, "fast_ranges"))?.extract()?;
             self.set_table(version, reads, writes);
         }
         Ok(())

@@ -82,6 +82,8 @@ struct Shared {
     handoff: PyObject,
     arg_limit: PyObject,
     stats: Py<PyDict>,
+    /// The service's `logging.Logger`.
+    log: PyObject,
     /// Pre-worded by the service: the refusal at `max_clients`, and the
     /// reclaim reply's prefix (`-ERR connection reclaimed: `).
     refusal: Vec<u8>,
@@ -94,6 +96,12 @@ struct Shared {
 }
 
 impl Shared {
+    /// A record through the service's logger at `level` ("info", "warning");
+    /// a failure to log is ignored.
+    fn log(&self, py: Python<'_>, level: &str, message: String) {
+        let _ = self.log.call_method1(py, level, (message,));
+    }
+
     fn count(&self, py: Python<'_>, key: &str) -> u64 {
         let stats = self.stats.bind(py);
         let was: u64 = stats.get_item(key).ok().flatten().and_then(|v| v.extract().ok()).unwrap_or(0);
@@ -120,7 +128,7 @@ pub struct ServiceLoop {
 #[pymethods]
 impl ServiceLoop {
     #[new]
-    #[pyo3(signature = (*, listeners, lane, ownership, handoff, stats, arg_limit, max_bulk, unsent, flush_bytes,
+    #[pyo3(signature = (*, listeners, lane, ownership, handoff, stats, log, arg_limit, max_bulk, unsent, flush_bytes,
                         read_ahead, read_timeout, idle_timeout, max_clients, refusal, reclaimed_prefix, at_limit))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -129,6 +137,7 @@ impl ServiceLoop {
         ownership: PyObject,
         handoff: PyObject,
         stats: Py<PyDict>,
+        log: PyObject,
         arg_limit: PyObject,
         max_bulk: i64,
         unsent: (usize, usize),
@@ -147,6 +156,7 @@ impl ServiceLoop {
             handoff,
             arg_limit,
             stats,
+            log,
             refusal,
             reclaimed_prefix,
             at_limit,
@@ -177,7 +187,10 @@ impl ServiceLoop {
             let mut run = Run::new(index, poll, listener, Arc::clone(&inbox), Arc::clone(&shared));
             let thread = std::thread::Builder::new()
                 .name(format!("metaflow-worker-{index}"))
-                .spawn(move || run.serve())
+                // A thread state of its own for the thread's life, the GIL
+                // released: each `with_gil` then only takes the GIL, where it
+                // would otherwise make and free a thread state every time.
+                .spawn(move || Python::with_gil(|py| py.allow_threads(|| run.serve())))
                 .map_err(|err| PyOSError::new_err(err.to_string()))?;
             workers.push(Worker { inbox, waker, thread: Some(thread) });
         }
@@ -267,11 +280,12 @@ struct Run {
     shared: Arc<Shared>,
     conns: HashMap<usize, Conn>,
     next: usize,
+    buf: Vec<u8>,
 }
 
 impl Run {
     fn new(index: usize, poll: Poll, listener: TcpListener, inbox: Arc<Mutex<Vec<Reply>>>, shared: Arc<Shared>) -> Self {
-        Run { index, poll, listener, inbox, shared, conns: HashMap::new(), next: FIRST_CONN }
+        Run { index, poll, listener, inbox, shared, conns: HashMap::new(), next: FIRST_CONN, buf: vec![0; 64 << 10] }
     }
 
     fn serve(&mut self) {
@@ -365,7 +379,15 @@ impl Run {
             .map(|(id, c)| (*id, c.waiting));
         match victim {
             Some((id, false)) => {
-                Python::with_gil(|py| self.shared.count(py, "reclaimed_connections"));
+                Python::with_gil(|py| {
+                    let reclaimed = self.shared.count(py, "reclaimed_connections");
+                    if reclaimed % 100 == 1 {
+                        let conn = &self.conns[&id];
+                        self.shared.log(py, "warning", format!(
+                            "at the limit of {} clients: reclaiming {}, idle or stalled for {:.1} s ({} reclaimed so far)",
+                            self.shared.limits.max_clients, conn.peer, conn.useful.elapsed().as_secs_f64(), reclaimed));
+                    }
+                });
                 let why = self.shared.at_limit.clone();
                 self.reclaim(id, &why);
                 true
@@ -417,7 +439,7 @@ impl Run {
     /// until it would block, waits, is paused or is done.
     fn turn(&mut self, id: usize) {
         let Some(conn) = self.conns.get_mut(&id) else { return };
-        let next = step(conn, self.index, id, &self.shared);
+        let next = step(conn, self.index, id, &self.shared, &mut self.buf);
         if let Next::Drop = next {
             self.forget(id);
         }
@@ -454,8 +476,13 @@ impl Run {
         }
         let message = format!("-ERR timeout: request incomplete after {} s\r\n", limits.read_timeout.as_secs_f64());
         for id in overdue {
-            Python::with_gil(|py| self.shared.count(py, "timeouts"));
             if let Some(conn) = self.conns.get_mut(&id) {
+                Python::with_gil(|py| {
+                    self.shared.count(py, "timeouts");
+                    self.shared.log(py, "warning", format!(
+                        "client {} started a request {:.1} s ago and has not finished it ({} bytes so far); closing",
+                        conn.peer, now.duration_since(conn.started).as_secs_f64(), conn.parser.pending()));
+                });
                 conn.out.extend_from_slice(message.as_bytes());
                 conn.closing = Some(now);
             }
@@ -492,9 +519,8 @@ fn flush(conn: &mut Conn) -> io::Result<()> {
     Ok(())
 }
 
-fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared) -> Next {
+fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, buf: &mut [u8]) -> Next {
     let limits = &shared.limits;
-    let mut buf = [0u8; 64 << 10];
     loop {
         if flush(conn).is_err() {
             return Next::Drop;
@@ -527,10 +553,14 @@ fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared) -> Next {
         if !conn.unread || (conn.waiting && conn.parser.pending() > limits.read_ahead) {
             return Next::Keep;
         }
-        match conn.stream.read(&mut buf) {
+        match conn.stream.read(buf) {
             Ok(0) => {
                 if conn.parser.busy() && conn.closing.is_none() {
-                    Python::with_gil(|py| shared.count(py, "dropped_connections"));
+                    Python::with_gil(|py| {
+                        shared.count(py, "dropped_connections");
+                        shared.log(py, "info", format!("client {} closed mid-request with {} bytes unread",
+                                                       conn.peer, conn.parser.pending()));
+                    });
                 }
                 return Next::Drop;
             }
