@@ -169,7 +169,8 @@ class Tricklers:
 
 
 @WORKERS
-def test_slow_connections_beyond_max_clients_do_not_lock_out_a_working_client(tmp_path: Path, workers: str) -> None:
+def test_slow_connections_beyond_max_clients_do_not_lock_out_a_working_client(tmp_path: Path,
+                                                                             workers: str) -> None:
     """Found: 4,200 connections sending a byte a second held every slot and
     no good client was served. At the limit, a new connection now reclaims the
     slot of the least recently useful one."""
