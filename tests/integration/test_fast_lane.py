@@ -15,8 +15,11 @@ records and counts, and the service counters must be identical, whatever
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import socket
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +33,7 @@ from client_lib.api.admin import Member, Role
 from client_lib.cidr import Block
 from client_lib.mdid import PATH_MAX, mdid_of_key, normalize_key
 from client_lib.resp import encode_command, encode_reply
-from nat_agent._fastpath import route
+from nat_agent._fastpath import FastLane, route
 from nat_agent.agent import Agent, Identity
 from nat_agent.connection import Connection
 from nat_agent.leveldb_store import LevelDBStore
@@ -351,3 +354,49 @@ def test_the_worker_threads_answer_on_the_lane_and_hand_over_the_rest(threaded):
     batch = workers.store.fsync == "batch"
     # With batch the SET is the service's (it waits for its sync), the EXISTS after it the lane's.
     assert workers.service.stats["compiled_requests"] == (3 if batch else 4)
+
+
+def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path: Path):
+    """A store call releases the GIL, so the event loop can freeze a block
+    while a worker's write to it is under way. A migration freezes, drains,
+    then copies: the drain must not return before that write has landed, or
+    the copy misses an acknowledged write. The put here is made slow (0.3 s,
+    the GIL released) so that the freeze surely falls inside it."""
+    store = LevelDBStore(tmp_path / "db", SPACE.width, fsync="off")
+    agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
+    service = MetadataService(agent, Replicator(agent.ownership, NAME, b"s" * 32),
+                              ServiceLimits(max_value=MAX_VALUE, workers=1))
+    access = store.record_access()
+    assert access is not None
+    entered = threading.Event()
+
+    def slow_put(key: bytes, value: bytes, **options: object) -> None:
+        entered.set()
+        time.sleep(0.3)
+        access.put(key, value, **options)
+
+    service._lane = FastLane(space=SPACE, max_length=PATH_MAX, access=dataclasses.replace(access, put=slow_put),
+                             writing=service.writing, stats=service.stats,
+                             counters=[(b"SET", "cmd_set")], total="compiled_requests")
+    _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
+
+    async def run() -> tuple[list[Record], bytes]:
+        port = await service.start("127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(encode_command(b"SET", b"/a", b"v"))
+            await loop.run_in_executor(None, entered.wait, 5)
+            service.ownership.freeze([SPACE])           # what a migration does first...
+            await agent.inflight.drain()                # ...then waits for what it admitted...
+            copied = [row async for chunk in store.scan(SPACE.first, SPACE.last) for row in chunk]  # ...and copies
+            reply = await asyncio.wait_for(reader.readexactly(5), 5)
+            writer.close()
+            return copied, reply
+        finally:
+            await service.stop()
+
+    copied, reply = asyncio.run(run())
+    assert reply == b"+OK\r\n" and service.stats["compiled_requests"] == 1
+    assert [row[1] for row in copied] == ["/a"]
+    asyncio.run(store.close())
