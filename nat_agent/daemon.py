@@ -52,7 +52,7 @@ from nat_agent.replication import DEFAULT_TIMEOUT as REPLICATION_TIMEOUT
 from nat_agent.replication import Replicator
 from nat_agent.rewrite import Rewriter
 from nat_agent.rules import DEFAULT_MODE, MODES
-from nat_agent.service import MetadataService, ServiceLimits
+from nat_agent.service import DEFAULT_WORKERS, MetadataService, ServiceLimits
 from nat_agent.store import DEFAULT_FSYNC, FSYNC_MODES
 from nat_agent.store_spec import open_store
 from nat_agent.syncs import Syncs
@@ -139,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-path", choices=("compiled", "python"), default="compiled",
                    help="compiled: GET/SET/EXISTS/PING that need no waiting are answered in compiled "
                         "code (LevelDB store); python: every request on the Python path (for A/B)")
-    p.add_argument("--workers", type=int, default=0, metavar="N",
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
                    help="threads serving port 9000 in compiled code, each on its own SO_REUSEPORT "
                         "listener, handing what they cannot answer to the event loop; 0: the event "
                         "loop serves the port itself")

@@ -151,6 +151,11 @@ _UNSUPPORTED = {
 """Redis commands a client might send that MetaFlow refuses, and why."""
 
 
+DEFAULT_WORKERS = 1
+"""Threads serving the port: one measured best on this project's 2-core
+machines, where the clients share the cores (README, `make bench-agent`)."""
+
+
 @dataclass(frozen=True)
 class ServiceLimits:
     max_value: int = MAX_VALUE    # bytes in one value

@@ -375,7 +375,8 @@ def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path
         time.sleep(0.3)
         access.put(key, value, **options)
 
-    service._lane = FastLane(space=SPACE, max_length=PATH_MAX, access=dataclasses.replace(access, put=slow_put),
+    slowed = dataclasses.replace(access, put=slow_put)
+    service._lane = FastLane(space=SPACE, max_length=PATH_MAX, access=slowed,
                              writing=service.writing, stats=service.stats,
                              counters=[(b"SET", "cmd_set")], total="compiled_requests")
     _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
@@ -389,7 +390,8 @@ def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path
             await loop.run_in_executor(None, entered.wait, 5)
             service.ownership.freeze([SPACE])           # what a migration does first...
             await agent.inflight.drain()                # ...then waits for what it admitted...
-            copied = [row async for chunk in store.scan(SPACE.first, SPACE.last) for row in chunk]  # ...and copies
+            # ...and copies.
+            copied = [row async for chunk in store.scan(SPACE.first, SPACE.last) for row in chunk]
             reply = await asyncio.wait_for(reader.readexactly(5), 5)
             writer.close()
             return copied, reply
