@@ -48,7 +48,7 @@ class ServiceLoop:
     per listener (file descriptors it takes over), the lane on each, what
     the lane declines handed to `handoff` (which schedules the service)."""
 
-    def __init__(self, *, listeners: list[int], lane: FastLane | None, ownership: Any,
+    def __init__(self, *, listeners: list[int], lane: FastLane, ownership: Any,
                  handoff: Callable[[int, int, tuple[str, int], int, bool, list[bytes] | Exception], object],
                  stats: Counter[str], log: logging.Logger, arg_limit: ArgLimit, max_bulk: int,
                  unsent: tuple[int, int],

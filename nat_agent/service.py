@@ -162,7 +162,7 @@ class ServiceLimits:
     read_timeout: float = 5.0     # seconds from a request's first byte to its last
     idle_timeout: float = 300.0   # seconds a connection may sit without a request
     max_clients: int = 4096       # open connections; beyond, the least useful one is reclaimed
-    workers: int = 0              # threads serving the port (`ServiceLoop`); 0: the event loop does
+    workers: int = 0              # threads serving the port (`ServiceLoop`) given a lane; 0: the loop does
 
 
 class CommandError(Exception):
@@ -262,8 +262,8 @@ class MetadataService:
         """Listen on host:port; returns the bound port (port 0 picks one).
         `transparent`: accept connections to any address the routes deliver
         here, and answer from it (the ``local`` rewrite's mdids)."""
-        if self.limits.workers > 0:
-            return self._start_workers(host, port, transparent)
+        if self.limits.workers > 0 and self._lane is not None:
+            return self._start_workers(host, port, transparent, self._lane)
         loop = asyncio.get_running_loop()
         if transparent:
             self._server = await loop.create_server(lambda: Connection(self),
@@ -275,8 +275,11 @@ class MetadataService:
                                                self.limits.idle_timeout), name="connection-sweeper")
         return int(self._server.sockets[0].getsockname()[1])
 
-    def _start_workers(self, host: str, port: int, transparent: bool) -> int:
-        """`limits.workers` threads, each on its own `SO_REUSEPORT` listener."""
+    def _start_workers(self, host: str, port: int, transparent: bool, lane: FastLane) -> int:
+        """`limits.workers` threads, each on its own `SO_REUSEPORT` listener.
+        Only with a lane: without one (the Redis store, ``--request-path
+        python``) every command would be handed over, and the event loop
+        serves the port better itself."""
         listeners: list[socket.socket] = []
         try:
             for _ in range(self.limits.workers):
@@ -293,7 +296,7 @@ class MetadataService:
             loop.call_soon_threadsafe(self._serve_handed, *handed)
 
         self._workers = ServiceLoop(
-            listeners=[sock.detach() for sock in listeners], lane=self._lane, ownership=self.ownership,
+            listeners=[sock.detach() for sock in listeners], lane=lane, ownership=self.ownership,
             handoff=handoff, stats=self.stats, log=log, arg_limit=self.arg_limit, max_bulk=self.max_bulk,
             unsent=(UNSENT_HIGH, UNSENT_LOW), flush_bytes=FLUSH_BYTES, read_ahead=READ_AHEAD,
             read_timeout=limits.read_timeout, idle_timeout=limits.idle_timeout,

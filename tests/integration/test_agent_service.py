@@ -40,7 +40,8 @@ def store_spec(request, tmp_path):
 
 @pytest.fixture(params=["0", "2"], ids=["event-loop", "worker-threads"])
 def workers(request):
-    """`--workers`: the port served by the event loop, or by threads of the compiled path."""
+    """`--workers`: the port served by the event loop, or by threads of the
+    compiled path (the Redis store has none: its agent serves on the event loop)."""
     return request.param
 
 

@@ -75,7 +75,7 @@ struct Limits {
 
 /// What every worker shares.
 struct Shared {
-    lane: Option<Py<FastLane>>,
+    lane: Py<FastLane>,
     ownership: PyObject,
     /// `(worker, conn, peer, resp3, command or exception)`: schedules the
     /// service's answer on the event loop.
@@ -133,7 +133,7 @@ impl ServiceLoop {
     #[allow(clippy::too_many_arguments)]
     fn new(
         listeners: Vec<i32>,
-        lane: Option<Py<FastLane>>,
+        lane: Py<FastLane>,
         ownership: PyObject,
         handoff: PyObject,
         stats: Py<PyDict>,
@@ -589,16 +589,14 @@ fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared) {
     let _gate = shared.gate.read().expect("never poisoned");
     Python::with_gil(|py| {
         let budget = shared.limits.flush_bytes;
-        if let Some(lane) = &shared.lane {
-            let lane = lane.get();
-            let answered = lane
-                .refresh(shared.ownership.bind(py))
-                .and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out));
-            match answered {
-                Ok(0) => {}
-                Ok(_) => return,
-                Err(err) => err.write_unraisable(py, None), // the service's path answers it
-            }
+        let lane = shared.lane.get();
+        let answered = lane
+            .refresh(shared.ownership.bind(py))
+            .and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out));
+        match answered {
+            Ok(0) => {}
+            Ok(_) => return,
+            Err(err) => err.write_unraisable(py, None), // the service's path answers it
         }
         let parsed: PyObject = match conn.parser.next_command(py) {
             Ok(None) => return,
