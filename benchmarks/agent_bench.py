@@ -200,14 +200,19 @@ def _redis_benchmark(target: tuple[str, int], command: str, requests: int) -> di
 
 def _bench_service(rounds: int, ops: int, concurrency: list[int], seconds: float,
                    workdir: Path, progress: tqdm, floor: tuple[str, int]) -> dict:
+    def leveldb(name: str, *flags: str) -> AgentProcess:
+        return AgentProcess(f"leveldb:{workdir / name}", *REQUEST_PATH_ONLY, *flags, own=[SPACE])
+
     with RedisServer(workdir / "raw", port=0) as raw, RedisServer(workdir / "backing", port=0) as backing, \
-            AgentProcess(f"leveldb:{workdir / 'svc-leveldb'}", *REQUEST_PATH_ONLY, own=[SPACE]) as ldb, \
-            AgentProcess(f"leveldb:{workdir / 'svc-python'}", *REQUEST_PATH_ONLY, "--request-path", "python",
-                         own=[SPACE]) as py_path, \
+            leveldb("svc-leveldb") as ldb, leveldb("svc-2", "--workers", "2") as two, \
+            leveldb("svc-loop", "--workers", "0") as on_loop, \
+            leveldb("svc-python", "--request-path", "python") as py_path, \
             AgentProcess(f"{backing.url}/0?prefix=bench:", *REQUEST_PATH_ONLY, own=[SPACE]) as rds:
         assert raw.port is not None   # port=0: a free TCP port, chosen at start
         targets = {"raw redis": ("127.0.0.1", raw.port), "python floor": floor,
                    "agent leveldb": (ldb.host, ldb.port),
+                   "agent leveldb, 2 workers": (two.host, two.port),
+                   "agent leveldb, event loop": (on_loop.host, on_loop.port),
                    "agent leveldb, python path": (py_path.host, py_path.port),
                    "agent redis": (rds.host, rds.port)}
         samples: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
@@ -299,9 +304,18 @@ def format_report(results: dict) -> str:
                  f"{REDIS_BENCHMARK_TARGET}x raw: measured {rb}x "
                  f"({'met' if rb >= REDIS_BENCHMARK_TARGET else 'MISSED'}).")
     compiled, python = svc["agent leveldb"], svc["agent leveldb, python path"]
-    lines.append(f"\nThe compiled request path against the Python one (`--request-path python`): "
-                 f"GET p50 {compiled['get_reused_p50_us']} against {python['get_reused_p50_us']} µs, "
-                 f"SET p50 {compiled['set_reused_p50_us']} against {python['set_reused_p50_us']} µs.")
+    lines.append(f"\nThe compiled request path (one worker thread, the default) against the Python one "
+                 f"(`--request-path python`): GET p50 {compiled['get_reused_p50_us']} against "
+                 f"{python['get_reused_p50_us']} µs, SET p50 {compiled['set_reused_p50_us']} against "
+                 f"{python['set_reused_p50_us']} µs.")
+    two, loop = svc["agent leveldb, 2 workers"], svc["agent leveldb, event loop"]
+    top_clients = f"ops_per_s_{max(results['concurrency'])}"
+    lines.append(f"\nWorkers (`--workers`), 1 / 2 / 0 (the lane on the event loop): "
+                 f"{compiled[top_clients]:.0f} / {two[top_clients]:.0f} / {loop[top_clients]:.0f} ops/s at "
+                 f"{max(results['concurrency'])} clients; `redis-benchmark` SET "
+                 f"{compiled['rb_set_rps']:.0f} / {two['rb_set_rps']:.0f} / {loop['rb_set_rps']:.0f}, GET "
+                 f"{compiled['rb_get_rps']:.0f} / {two['rb_get_rps']:.0f} / {loop['rb_get_rps']:.0f} "
+                 "requests/s.")
     floor = max(svc["python floor"]["get_reused_ratio"], svc["python floor"]["set_reused_ratio"])
     agent_over_floor = round(svc["agent leveldb"]["get_reused_p50_us"]
                              / svc["python floor"]["get_reused_p50_us"], 2)
@@ -350,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rounds, ops, seconds = (1, 1000, 1.0) if args.quick else (3, 3000, 3.0)
     concurrency = [1, 4, 16]
-    steps = rounds * 3 * 2 + rounds * 5 * (2 + len(concurrency)) + rounds * 4
+    steps = rounds * 3 * 2 + rounds * 7 * (2 + len(concurrency)) + rounds * 6
     with tempfile.TemporaryDirectory(prefix="mfbench") as tmp, \
             tqdm(total=steps, desc="agent bench", disable=not sys.stderr.isatty()) as progress:
         workdir = Path(tmp)
