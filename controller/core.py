@@ -36,9 +36,11 @@ from client_lib.api.rest import (
     FlowsView,
     HostInfo,
     LeafInfo,
+    LoadView,
     OperationInfo,
     OperationsView,
     Outcome,
+    PrefixLoad,
     Registered,
     ServerInfo,
     ServersView,
@@ -53,6 +55,7 @@ from controller import arp, ofmsgs
 from controller.build import build
 from controller.failover import failover_saga
 from controller.inventory import Inventory
+from controller.load import LoadMeter
 from controller.migrations import salvage_now
 from controller.registry import Registry, Server
 from controller.repair import repair_saga
@@ -116,6 +119,10 @@ class MetaFlowCore:
         self.not_serving: set[Block] = set()
         """Blocks whose primary holds its role but waits to serve (a promotion
         or a move before its flows are in place)."""
+        self.load = LoadMeter()
+        self._polls: dict[int, int] = {}
+        """Flow-counter reads under way: step id to dpid."""
+        self._polled = float("-inf")
 
     # -- the one entry point ---------------------------------------------------------
 
@@ -180,6 +187,11 @@ class MetaFlowCore:
         return out
 
     def _outcome(self, event: StepDone | StepFailed) -> list[Step]:
+        dpid = self._polls.pop(event.step, None)
+        if dpid is not None:
+            if isinstance(event, StepDone) and isinstance(event.result, list):
+                self.load.observe(dpid, self.clock(), ofmsgs.entry_counts(event.result))
+            return []   # a failed read: the next poll asks again
         what = self._loose.pop(event.step, None)
         if what is not None:
             if isinstance(event, StepFailed):
@@ -367,6 +379,7 @@ class MetaFlowCore:
                                      f"base flows of {event.dpid}")
         if isinstance(event, SwitchDown):
             inv.switch_down(event.dpid)
+            self.load.forget(event.dpid)
             self.last_change = self.clock()
             return []
         if isinstance(event, LinkUp):
@@ -556,6 +569,7 @@ class MetaFlowCore:
             if server.name not in leaves:
                 self._join(server)
         leaves = set(self.tree.leaves())
+        steps += self._poll_load(now)
         steps += self._keep_replicated()
         if self.settings.auto_split:
             busy = self.operations.reserved()
@@ -565,6 +579,21 @@ class MetaFlowCore:
                         and self.tree.state(server.name) is State.BUSY):
                     steps += self._start_split(server.name)
                     busy = self.operations.reserved()
+        return steps
+
+    def _poll_load(self, now: float) -> list[Step]:
+        """Read every MetaFlow switch's flow counters each `load_poll_s`; a
+        poll starts only once the last one has been answered, so a slow
+        switch slows the polling rather than piling requests on it."""
+        interval = self.settings.load_poll_s
+        if interval <= 0 or self._polls or now - self._polled < interval or self.planner is None:
+            return []
+        self._polled = now
+        steps: list[Step] = []
+        for dpid in sorted(self.inventory.dpids & set(self.planner.fabric.switches)):
+            step = ReadFlows(dpid=dpid)
+            self._polls[self._issue(step)] = dpid
+            steps.append(step)
         return steps
 
     def _keep_replicated(self) -> list[Step]:
@@ -729,6 +758,18 @@ class MetaFlowCore:
 
     def splits_view(self) -> SplitsView:
         return SplitsView(list(self.splits))
+
+    def load_view(self) -> LoadView:
+        servers = {}
+        for name, server in sorted(self.registry.servers.items()):
+            host = self.inventory.hosts.get(server.data_ip)
+            if host is not None and host.dpid in self.load.switches():
+                servers[name] = round(sum(r.packets_per_s for r in self.load.rates(host.dpid)
+                                          if r.port == host.port), 1)
+        return LoadView(self.settings.load_poll_s, servers,
+                        {str(dpid): [PrefixLoad(r.block, r.port, round(r.packets_per_s, 1))
+                                     for r in self.load.rates(dpid)]
+                         for dpid in self.load.switches()})
 
     def operations_view(self) -> OperationsView:
         now = self.clock()

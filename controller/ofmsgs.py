@@ -40,6 +40,7 @@ from client_lib.constants import (
     METAFLOW_PORT,
     TABLE_MISS_PRIORITY,
 )
+from controller.load import EntryCount
 from controller.routing import diff_routes
 
 ETH_TYPE_IP = 0x0800
@@ -122,6 +123,25 @@ def _output(actions: list[Any]) -> int | None:
     return next((a.port for a in actions if hasattr(a, "port")), None)
 
 
+def _destination(match: Any) -> Block:
+    """The ``nw_dst`` prefix of a match."""
+    wild = (match.wildcards & ofp.OFPFW_NW_DST_MASK) >> ofp.OFPFW_NW_DST_SHIFT
+    plen = max(0, 32 - wild)
+    return Block(match.nw_dst & (((1 << plen) - 1) << (32 - plen)) if plen else 0, plen)
+
+
+def entry_counts(stats: list[Any]) -> list[EntryCount]:
+    """The counters of our MetaFlow entries (both protocols) among one
+    switch's flow stats, for `controller.load.LoadMeter`."""
+    out = []
+    for stat in stats:
+        port = _output(stat.actions)
+        if stat.cookie == COOKIE_METAFLOW and port is not None:
+            out.append(EntryCount(_destination(stat.match), stat.match.nw_proto, port, stat.packet_count,
+                                  stat.duration_sec + stat.duration_nsec / 1e9))
+    return out
+
+
 def installed(stats: list[Any]) -> tuple[Table, dict[str, int]]:
     """Our MetaFlow entries and host routes among one switch's flow stats
     (recognized by cookie; the tcp half of each MetaFlow pair is enough)."""
@@ -132,12 +152,9 @@ def installed(stats: list[Any]) -> tuple[Table, dict[str, int]]:
         if out is None:
             continue   # not a shape we write: the resync's add replaces it
         if stat.cookie == COOKIE_METAFLOW and match.nw_proto == PROTOCOLS[0]:
-            wild = (match.wildcards & ofp.OFPFW_NW_DST_MASK) >> ofp.OFPFW_NW_DST_SHIFT
-            plen = max(0, 32 - wild)
-            first = match.nw_dst & (((1 << plen) - 1) << (32 - plen)) if plen else 0
             dl_dst = next((":".join(f"{b:02x}" for b in a.dl_addr) for a in stat.actions
                            if hasattr(a, "dl_addr")), None)
-            entry = FlowEntry(stat.priority, Block(first, plen), out, dl_dst)
+            entry = FlowEntry(stat.priority, _destination(match), out, dl_dst)
             table[entry.match] = entry
         elif stat.cookie == COOKIE_ROUTE:
             routes[str(ipaddress.IPv4Address(match.nw_dst))] = out

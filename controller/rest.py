@@ -45,7 +45,7 @@ class RestApi:
             REST.topology: MetaFlowCore.topology_view, REST.tree: MetaFlowCore.tree_view,
             REST.flows: MetaFlowCore.flows_view, REST.servers: MetaFlowCore.servers_view,
             REST.events: MetaFlowCore.events_view, REST.splits: MetaFlowCore.splits_view,
-            REST.operations: MetaFlowCore.operations_view,
+            REST.operations: MetaFlowCore.operations_view, REST.load: MetaFlowCore.load_view,
         }
         self._views = views
         self.app = wsgi_app(Dispatcher(REST.ALL, verifier, open_reads), self.handle)

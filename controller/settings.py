@@ -48,6 +48,8 @@ class Settings:
     agent_timeout_s: float = 10.0
     migration_lease_s: float = 60.0
     auto_split: bool = True
+    load_poll_s: float = 1.0
+    """Seconds between polls of the switches' flow counters (`controller.load`); 0: no polling."""
     minimize: bool = True
     of_host: str = "127.0.0.1"
     of_port: int = OPENFLOW_PORT
@@ -103,6 +105,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--migration-lease", type=float, default=60.0,
                    help="seconds a copied migration may wait for its commit before its agent aborts it")
     p.add_argument("--no-auto-split", action="store_true", help="split only when asked over REST")
+    p.add_argument("--load-poll", type=float, default=1.0,
+                   help="seconds between polls of every switch's flow counters for request load "
+                        "(GET /metaflow/load); 0 turns polling off")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
 
@@ -128,12 +133,15 @@ def from_args(args: argparse.Namespace) -> Settings:
                         ("--max-syncs", args.max_syncs)):
         if count < 1:
             raise InvalidArgument(f"{flag} must be at least 1, not {count}")
+    if args.load_poll < 0:
+        raise InvalidArgument(f"--load-poll must be 0 (off) or positive, not {args.load_poll}")
     return Settings(space=space, gateway_ip=args.gateway, bounds=bounds, capacity=args.capacity,
                     bootstrap=bootstrap, replicas=args.replicas, sync_rate=args.sync_rate,
                     max_syncs=args.max_syncs, settle_s=args.settle, locate_timeout_s=args.locate_timeout,
                     heartbeat_timeout_s=args.heartbeat_timeout,
                     barrier_timeout_s=args.barrier_timeout, agent_timeout_s=args.agent_timeout,
                     migration_lease_s=args.migration_lease, auto_split=not args.no_auto_split,
+                    load_poll_s=args.load_poll,
                     of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
                     rest_port=args.rest_port, open_reads=args.open_reads,
                     secret=load_secret(args.secret_file))

@@ -1,7 +1,7 @@
 """`metaflowctl status`: what the controller knows, read from its REST API.
 
-One signed GET per view (tree, servers, flow tables, operations under way,
-recent events) through the declared routes and the client every other
+One signed GET per view (tree, servers, request load, flow tables,
+operations under way, recent events) through the declared routes and the client every other
 caller uses, printed as a summary an operator can scan, or as one JSON
 object (``--json``) for scripts. Standard library only: it belongs to the
 client role, so an operator's laptop needs neither os-ken nor Mininet.
@@ -24,6 +24,7 @@ from client_lib.api.rest import (
     EventsView,
     FlowInfo,
     FlowsView,
+    LoadView,
     OperationsView,
     ServersView,
     TreeView,
@@ -41,6 +42,7 @@ class Status:
 
     tree: TreeView
     servers: ServersView
+    load: LoadView
     flows: FlowsView
     operations: OperationsView
     events: EventsView
@@ -48,8 +50,8 @@ class Status:
 
 def fetch(client: ApiClient) -> Status:
     return Status(tree=client.call(REST.tree), servers=client.call(REST.servers),
-                  flows=client.call(REST.flows), operations=client.call(REST.operations),
-                  events=client.call(REST.events))
+                  load=client.call(REST.load), flows=client.call(REST.flows),
+                  operations=client.call(REST.operations), events=client.call(REST.events))
 
 
 # -- the summary -------------------------------------------------------------------
@@ -59,7 +61,7 @@ def format_status(status: Status, controller: str, events: int = DEFAULT_EVENTS,
                   flows: bool = False) -> str:
     """The operator's summary: a headline, then servers, the tree, operations,
     flow tables (entries too with `flows`) and the last `events` events."""
-    sections = [_headline(status, controller), _servers(status.servers), _tree(status.tree),
+    sections = [_headline(status, controller), _servers(status.servers, status.load), _tree(status.tree),
                 _operations(status.operations), _flows(status.flows, flows),
                 _events(status.events, events)]
     return "\n\n".join(s for s in sections if s) + "\n"
@@ -97,7 +99,9 @@ def _state(state: str | None, failed: str | None) -> str:
     return "failed" if failed else (state or "unplaced")
 
 
-def _servers(view: ServersView) -> str:
+def _servers(view: ServersView, load: LoadView) -> str:
+    """One row each; ``pkts/s`` is the load the switches counted toward it
+    (``-`` until two polls have run, or with polling off)."""
     if not view.servers:
         return ""
     rows = []
@@ -106,9 +110,9 @@ def _servers(view: ServersView) -> str:
         note = f"failed: {s.failed}" if s.failed else (f"in {s.operation}" if s.operation else "")
         rows.append([name, _state(s.state, s.failed), str(s.keys), str(s.capacity), use, s.data_ip,
                      " ".join(str(b) for b in s.blocks) or "-", " ".join(str(b) for b in s.backups) or "-",
-                     note])
+                     f"{load.servers[name]:.0f}" if name in load.servers else "-", note])
     return "servers\n" + _table(["name", "state", "keys", "capacity", "use", "data ip", "blocks", "backups",
-                                 ""], rows)
+                                 "pkts/s", ""], rows)
 
 
 def _tree(view: TreeView) -> str:

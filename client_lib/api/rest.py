@@ -132,6 +132,27 @@ class FlowsView:
 
 
 @dataclass(frozen=True)
+class PrefixLoad:
+    """One MetaFlow entry's traffic: packets a second toward its port."""
+
+    prefix: Block
+    port: int
+    packets_per_s: float
+
+
+@dataclass(frozen=True)
+class LoadView:
+    """Request load as the switches count it (`controller.load`): packets a
+    second per server (at its edge switch, toward its port) and per entry of
+    every polled switch (by dpid, as text). Empty until two polls have run;
+    `poll_s` 0 means polling is off."""
+
+    poll_s: float
+    servers: dict[str, float]
+    switches: dict[str, list[PrefixLoad]]
+
+
+@dataclass(frozen=True)
 class ServerInfo:
     data_ip: str
     admin_url: str
@@ -224,6 +245,9 @@ class REST:
     splits: Route[None, SplitsView] = Route(
         "GET", "/metaflow/splits", None, SplitsView, changes=False,
         summary="every split with its timings")
+    load: Route[None, LoadView] = Route(
+        "GET", "/metaflow/load", None, LoadView, changes=False,
+        summary="packets a second per server and per MetaFlow entry, from the switches' counters")
     operations: Route[None, OperationsView] = Route(
         "GET", "/metaflow/operations", None, OperationsView, changes=False,
         summary="splits and fail-overs under way")

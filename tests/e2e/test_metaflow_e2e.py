@@ -99,7 +99,13 @@ def test_three_tier_end_to_end(tmp_path):
             out = mf.scenario.host(client).cmd(f"ping -c1 -W{PING_TIMEOUT} {server.IP()}")
             assert " 0% packet loss" in out, (client, out)
         assert mf.scenario.net.pingAll(timeout=PING_TIMEOUT) == 0
-        results = mf.run_clients(1000, tmp_path)
+        running = mf.start_clients(1000, tmp_path, 0, True)
+        # While they run, the controller sees their load in the switches'
+        # counters (polled each second), at servers that own blocks only.
+        loaded = wait_for(lambda: {n: r for n, r in mf.view(REST.load).servers.items() if r > 0}, 30)
+        owners = {n for n, s in mf.view(REST.servers).servers.items() if s.blocks}
+        assert set(loaded) <= owners, (loaded, owners)
+        results = mf.collect(running)
         assert all(r["errors"] == 0 and r["read_back"] == 1000 for r in results), results
         wait_for(lambda: mf.view(REST.splits).splits)
         check_routes(mf)

@@ -26,8 +26,10 @@ from client_lib.api.rest import (
     FlowInfo,
     FlowsView,
     LeafInfo,
+    LoadView,
     OperationInfo,
     OperationsView,
+    PrefixLoad,
     ServerInfo,
     ServersView,
     TreeView,
@@ -58,6 +60,8 @@ STATUS = Status(
         "h3": ServerInfo("10.0.0.3", "http://10.255.0.3:9001", 0, 1000, None, "idle", [], None),
         "h4": ServerInfo("10.0.0.4", "http://10.255.0.4:9001", 10, 1000, "heartbeat timeout", "failed",
                          [], None)}),
+    load=LoadView(1.0, {"h1": 1234.4, "h2": 0.0},
+                  {"2": [PrefixLoad(B("100.64.0.0/11"), 1, 1234.4), PrefixLoad(B("100.96.0.0/11"), 2, 0.0)]}),
     flows=FlowsView({
         "10": [FlowInfo(2011, B("100.64.0.0/11"), 3, None)],
         "2": [FlowInfo(2011, B("100.64.0.0/11"), 1, "02:00:00:00:00:01"),
@@ -66,7 +70,8 @@ STATUS = Status(
     events=EventsView([{"t": 100.0 + i, "event": f"event-{i}", "server": "h2", "n": i} for i in range(12)]),
 )
 
-VIEWS: dict[Any, object] = {REST.tree: STATUS.tree, REST.servers: STATUS.servers, REST.flows: STATUS.flows,
+VIEWS: dict[Any, object] = {REST.tree: STATUS.tree, REST.servers: STATUS.servers, REST.load: STATUS.load,
+                            REST.flows: STATUS.flows,
                             REST.operations: STATUS.operations, REST.events: STATUS.events}
 
 
@@ -119,7 +124,8 @@ def test_status_summarizes_every_view(controller: str, secret_file: Path,
     rows = {line.split()[0]: line for line in lines if line.startswith("  h")}
     assert rows["h1"].split()[:8] == ["h1", "busy", "512", "1000", "51%", "10.0.0.1", "100.64.0.0/11",
                                       "100.96.0.0/11"]
-    assert rows["h2"].split()[6:8] == ["100.96.0.0/11", "-"]
+    assert rows["h2"].split()[6:9] == ["100.96.0.0/11", "-", "0"]
+    assert rows["h1"].split()[8] == "1234" and rows["h3"].split()[8] == "-"   # pkts/s, from the switches
     assert rows["h2"].endswith("in split-7")
     assert rows["h4"].split()[:2] == ["h4", "failed"] and rows["h4"].endswith("failed: heartbeat timeout")
     tree = lines[lines.index("tree") + 1:lines.index("tree") + 8]

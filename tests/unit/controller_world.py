@@ -92,14 +92,17 @@ class Flow:
     priority: int
     cookie: int
     actions: list[Any]
+    installed: float = 0.0
+    packets: int = 0
 
 
 class FakeSwitch:
     """One OF1.0 flow table: applies flow mods as a switch does and
     forwards a packet by the highest-priority matching entry."""
 
-    def __init__(self, dpid: int) -> None:
+    def __init__(self, dpid: int, clock: Callable[[], float] = lambda: 0.0) -> None:
         self.dpid = dpid
+        self.clock = clock
         self.flows: dict[tuple[int, tuple[Any, ...]], Flow] = {}
         self.mods = 0
 
@@ -108,12 +111,14 @@ class FakeSwitch:
             raise TypeError(f"a switch table takes flow mods, not {msg!r}")
         self.mods += 1
         key = (msg.priority, _match_key(msg.match))
-        if msg.command == ofp.OFPFC_ADD:
-            self.flows[key] = Flow(msg.match, msg.priority, msg.cookie, list(msg.actions))
-        elif msg.command == ofp.OFPFC_MODIFY_STRICT:
+        if msg.command == ofp.OFPFC_ADD:   # a new entry: counters from zero (OF1.0 5.3.3)
+            self.flows[key] = Flow(msg.match, msg.priority, msg.cookie, list(msg.actions), self.clock())
+        elif msg.command == ofp.OFPFC_MODIFY_STRICT:   # keeps its cookie and counters
             old = self.flows.get(key)
-            cookie = old.cookie if old else msg.cookie
-            self.flows[key] = Flow(msg.match, msg.priority, cookie, list(msg.actions))
+            if old is None:
+                self.flows[key] = Flow(msg.match, msg.priority, msg.cookie, list(msg.actions), self.clock())
+            else:
+                old.actions = list(msg.actions)
         elif msg.command == ofp.OFPFC_DELETE_STRICT:
             self.flows.pop(key, None)
         else:
@@ -125,6 +130,9 @@ class FakeSwitch:
             stat = parser.OFPFlowStats()
             stat.match, stat.priority, stat.cookie, stat.actions = (flow.match, flow.priority,
                                                                     flow.cookie, flow.actions)
+            age = max(0.0, self.clock() - flow.installed)
+            stat.duration_sec, stat.duration_nsec = int(age), int(age % 1 * 1e9)
+            stat.packet_count = flow.packets
             out.append(stat)
         return out
 
@@ -449,7 +457,7 @@ class World:
                                         secret=SECRET)
         defaults.update(settings)
         self.settings = Settings(**defaults)
-        self.switches = {d["dpid"]: FakeSwitch(d["dpid"]) for _, d in graph.nodes(data=True)
+        self.switches = {d["dpid"]: FakeSwitch(d["dpid"], self.clock) for _, d in graph.nodes(data=True)
                          if d["kind"] == "switch"}
         self.agents = {h: FakeAgent(h, graph.nodes[h]["ip"], graph.nodes[h]["mac"], self)
                        for h in storage_hosts(graph)}
@@ -653,7 +661,9 @@ class World:
         return self.answers.get(reply)
 
     # the data path, through what the switches hold
-    def deliver(self, mdid: int, client: str | None = None) -> Delivery:
+    def deliver(self, mdid: int, client: str | None = None, packets: int = 1) -> Delivery:
+        """Where a request to `mdid` ends; every entry it matched on the way
+        counts `packets`."""
         g = self.graph
         client = client or client_hosts(g)[0]
         (node,) = [n for n in g.neighbors(client) if g.nodes[n]["kind"] == "switch"]
@@ -661,6 +671,7 @@ class World:
             flow = self.switches[g.nodes[node]["dpid"]].lookup(mdid)
             if flow is None:
                 return Delivery(None, hops, f"no entry on {node}")
+            flow.packets += packets
             out = next(a.port for a in flow.actions if isinstance(a, parser.OFPActionOutput))
             if (g.nodes[node]["dpid"], out) in self.down_ports:
                 return Delivery(None, hops, f"{node} port {out} is down")
