@@ -45,6 +45,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--space", default="0.0.0.0/0",
                    help="MetaDataID space (default the paper's 0.0.0.0/0)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-merge", action="store_true",
+                   help="never merge cold servers to free one for a split (the behaviour before issue 14)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -54,7 +56,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         edges=args.edges, servers_per_edge=args.servers_per_edge, edge_uplinks=args.edge_uplinks,
         keys=args.keys, capacity=args.capacity, bounds=args.split, variant=args.variant,
         keys_dist=args.keys_dist, bootstrap=args.bootstrap, space=args.space, seed=args.seed,
-        progress=sys.stderr.isatty())
+        progress=sys.stderr.isatty(), merge=not args.no_merge)
     report = run_plan(cfg)
     print(json.dumps(report) if args.json else format_report(report))
     return 0 if report["verified"] else 1

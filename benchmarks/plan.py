@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from btree.fake_network import FakeNetwork, expected_intervals
 from btree.flows import FlowPlanner
+from btree.merge import apply_merge, plan_merge
 from btree.split import SplitBounds, apply_split, plan_split
 from btree.tree import LogicalBTree, State
 from client_lib.cidr import Block
@@ -58,6 +59,8 @@ class PlanConfig:
     space: str = "0.0.0.0/0"
     seed: int = 1
     progress: bool = True
+    merge: bool = True
+    """Free a cold busy server (`btree.merge`) for a split that finds no idle one."""
 
 
 def build_graph(cfg: PlanConfig):
@@ -140,6 +143,10 @@ def run_plan(cfg: PlanConfig) -> dict:
     cost = planner.cost_of if minimize else None
     split_timer, update_timer = _Timer(), _Timer()
     splits, refused, out_of_bounds, traversal_steps = 0, 0, 0, []
+    merges, merged_keys, refused_with_cold, moved_by_splits = 0, 0, 0, 0
+
+    def keys_of(leaf: str) -> int:
+        return counts.get(leaf, 0)
     full_servers: set[str] = set()
     switches_touched: list[int] = []
     refusal_reasons: dict[str, int] = {}
@@ -155,9 +162,22 @@ def run_plan(cfg: PlanConfig) -> dict:
         if count < cfg.capacity or owner in full_servers:
             continue
         with split_timer.time():
+            if cfg.merge and not tree.nearest_leaves(owner, State.IDLE):
+                merge = plan_merge(tree, owner, keys_of, cfg.capacity)
+                if merge.ok:
+                    assert merge.source is not None and merge.target is not None
+                    moves = apply_merge(tree, merge)
+                    with update_timer.time():
+                        planner.update(moves)
+                    merges += 1
+                    merged_keys += merge.keys
+                    counts[merge.target] = keys_of(merge.target) + merge.keys
+                    counts[merge.source] = 0
             plan = plan_split(tree, owner, oracle, bounds, method, cost)
         if not plan.ok:
             refused += 1
+            refused_with_cold += min((keys_of(leaf) for leaf in tree.leaves_in(State.BUSY)),
+                                     default=cfg.capacity) < bounds.low * cfg.capacity
             full_servers.add(owner)  # stays over capacity; do not retry on every key
             refusal_reasons[plan.reason] = refusal_reasons.get(plan.reason, 0) + 1
             continue
@@ -168,6 +188,7 @@ def run_plan(cfg: PlanConfig) -> dict:
             diff = planner.update(moves)
         switches_touched.append(len(diff))
         splits += 1
+        moved_by_splits += plan.keys_moved
         splits_by_layer[group_layer[tree.lca(plan.leaf, target)]] += 1
         out_of_bounds += not plan.within_bounds
         traversal_steps.append(plan.iterations)
@@ -207,13 +228,18 @@ def run_plan(cfg: PlanConfig) -> dict:
         "splits_out_of_bounds": out_of_bounds,
         "splits_by_common_ancestor": splits_by_layer,
         "splits_refused": refused,
+        "splits_refused_with_a_server_under_low": refused_with_cold,
+        "merges": merges,
+        "keys_moved_by_merges": merged_keys,
+        "keys_moved_by_splits": moved_by_splits,
         "refusal_reasons": refusal_reasons,
         "traversal_steps_mean": round(statistics.fmean(traversal_steps), 2) if traversal_steps else 0,
         "busy_servers": len(busy),
         "idle_servers": len(tree.leaves_in(State.IDLE)),
         "over_capacity": sum(1 for x in loads if x > cfg.capacity),
         "keys_per_busy_server": {"min": min(loads), "mean": round(statistics.fmean(loads), 1),
-                                 "max": max(loads)},
+                                 "max": max(loads),
+                                 "max_over_mean": round(max(loads) / statistics.fmean(loads), 2)},
         "blocks": len(tree.partition()),
         "verified": verified,
         "verified_from_switches": checked_from,
@@ -265,7 +291,12 @@ def format_report(r: dict) -> str:
         f"  splits {r['splits']} (outside bounds {r['splits_out_of_bounds']}, refused "
         f"{r['splits_refused']}), busy servers {r['busy_servers']}, idle {r['idle_servers']}, "
         f"over capacity {r['over_capacity']}",
-        f"  keys per busy server: min {kps['min']:,}, mean {kps['mean']:,}, max {kps['max']:,}",
+        f"  keys per busy server: min {kps['min']:,}, mean {kps['mean']:,}, max {kps['max']:,} "
+        f"(max/mean {kps['max_over_mean']})",
+        f"  merges {r['merges']} (keys moved {r['keys_moved_by_merges']:,}); keys moved by splits "
+        f"{r['keys_moved_by_splits']:,}; against {r['keys']:,} inserted: "
+        f"{(r['keys_moved_by_merges'] + r['keys_moved_by_splits']) / max(1, r['keys']):.2f}; refused while a "
+        f"server held under {r['bounds'][0]:.0%} of capacity: {r['splits_refused_with_a_server_under_low']}",
         f"  incremental update per split: mean {upd['mean']:.2f} ms, p99 {upd['p99']:.2f} ms, "
         f"max {upd['max']:.2f} ms, switches touched mean "
         f"{r['switches_touched_per_split']['mean']}",

@@ -260,7 +260,7 @@ class LogicalBTree:
         return moves
 
     def _usable_below(self, node: str) -> list[str]:
-        return [leaf for leaf in self._leaves_below(node) if self._state[leaf] is State.IDLE]
+        return [leaf for leaf in self.leaves_below(node) if self._state[leaf] is State.IDLE]
 
     def _spread_choice(self, node: str, count: int) -> list[str]:
         """Pick `count` usable leaves below node, each child's share in proportion to
@@ -286,7 +286,7 @@ class LogicalBTree:
                 moves.append(Move(block, None, node))
             self._refresh_state(node)
             return
-        weights = [(c, sum(1 for leaf in self._leaves_below(c) if leaf in chosen))
+        weights = [(c, sum(1 for leaf in self.leaves_below(c) if leaf in chosen))
                    for c in self._children[node]]
         weights = [(c, w) for c, w in weights if w]
         total = sum(w for _, w in weights)
@@ -305,10 +305,11 @@ class LogicalBTree:
             self._allocate(child, start, end, chosen, tolerance, moves)
             start = end + 1
 
-    def _leaves_below(self, node: str) -> list[str]:
+    def leaves_below(self, node: str) -> list[str]:
+        """Every leaf under `node` (itself, if it is one), in tree order."""
         if self.is_leaf(node):
             return [node]
-        return [leaf for child in self._children[node] for leaf in self._leaves_below(child)]
+        return [leaf for child in self._children[node] for leaf in self.leaves_below(child)]
 
     # -- join, leave, failure ---------------------------------------------------
 
@@ -338,15 +339,21 @@ class LogicalBTree:
         """Leaves in `state` closest to `leaf` in the tree: same parent first, then the
         next ancestor up, and so on. Within one distance, tree order. Leaves in
         `avoid` (promised to an operation under way) are passed over."""
-        path = self._path[leaf]
-        seen: set[str] = set(avoid)
-        for ancestor in reversed(path[:-1]):
-            below = self._leaves_below(ancestor)
-            found = [x for x in below if x != leaf and x not in seen and self._state[x] is state]
+        for ring in self.rings(leaf, avoid):
+            found = [x for x in ring if self._state[x] is state]
             if found:
                 return found
-            seen.update(below)
         return []
+
+    def rings(self, leaf: str, avoid: Collection[str] = ()) -> Iterator[list[str]]:
+        """The other leaves by distance from `leaf`: those under its parent, then
+        those under the next ancestor up that are not under the parent, and so
+        on to the root (tree order within a ring; leaves in `avoid` left out)."""
+        seen: set[str] = {leaf, *avoid}
+        for ancestor in reversed(self._path[leaf][:-1]):
+            below = self.leaves_below(ancestor)
+            yield [x for x in below if x not in seen]
+            seen.update(below)
 
     def fail(self, leaf: str, avoid: Collection[str] = ()) -> Takeover:
         """A leaf is gone: an idle leaf (same parent first, else the nearest) takes over
