@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from btree.flows import DEFAULT_TABLE_BUDGET
 from btree.split import SplitBounds
 
 from .plan import TOPOLOGIES, VARIANTS, PlanConfig, format_report, run_plan
@@ -45,6 +46,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--space", default="0.0.0.0/0",
                    help="MetaDataID space (default the paper's 0.0.0.0/0)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--table-budget", type=int, default=DEFAULT_TABLE_BUDGET,
+                   help="MetaFlow entries any one switch may hold; every split and merge keeps to it "
+                        f"(default {DEFAULT_TABLE_BUDGET}: the paper's 2,048-entry switches; 0: no limit)")
     p.add_argument("--no-merge", action="store_true",
                    help="never merge cold servers to free one for a split (the behaviour before issue 14)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -56,7 +60,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         edges=args.edges, servers_per_edge=args.servers_per_edge, edge_uplinks=args.edge_uplinks,
         keys=args.keys, capacity=args.capacity, bounds=args.split, variant=args.variant,
         keys_dist=args.keys_dist, bootstrap=args.bootstrap, space=args.space, seed=args.seed,
-        progress=sys.stderr.isatty(), merge=not args.no_merge)
+        progress=sys.stderr.isatty(), merge=not args.no_merge, table_budget=args.table_budget or None)
     report = run_plan(cfg)
     print(json.dumps(report) if args.json else format_report(report))
     return 0 if report["verified"] else 1

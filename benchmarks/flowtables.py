@@ -43,8 +43,10 @@ def run_all(settings: dict, capacity: int) -> list[dict]:
     runs = []
     combos = list(itertools.product(settings, VARIANTS, DISTS, BOOTSTRAPS))
     for i, (name, variant, dist, boot) in enumerate(combos, 1):
+        # The paper's growth, unconstrained: no merges, no table budget (issue
+        # 14's balancing is measured by `metaflowctl plan` itself).
         cfg = PlanConfig(**settings[name], capacity=capacity, variant=variant, keys_dist=dist,
-                         bootstrap=boot, progress=False)
+                         bootstrap=boot, progress=False, merge=False, table_budget=None)
         start = time.perf_counter()
         print(f"[{i}/{len(combos)}] {name} {variant} {dist} {boot} ...", end=" ", file=sys.stderr,
               flush=True)

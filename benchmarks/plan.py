@@ -21,7 +21,7 @@ from sortedcontainers import SortedList
 from tqdm import tqdm
 
 from btree.fake_network import FakeNetwork, expected_intervals
-from btree.flows import FlowPlanner
+from btree.flows import DEFAULT_TABLE_BUDGET, FlowPlanner
 from btree.merge import apply_merge, plan_merge
 from btree.split import SplitBounds, apply_split, plan_split
 from btree.tree import LogicalBTree, State
@@ -61,6 +61,8 @@ class PlanConfig:
     progress: bool = True
     merge: bool = True
     """Free a cold busy server (`btree.merge`) for a split that finds no idle one."""
+    table_budget: int | None = DEFAULT_TABLE_BUDGET
+    """MetaFlow entries any one switch may hold; None: no limit."""
 
 
 def build_graph(cfg: PlanConfig):
@@ -141,6 +143,7 @@ def run_plan(cfg: PlanConfig) -> dict:
 
     counts: dict[str, int] = {}
     cost = planner.cost_of if minimize else None
+    fits = planner.keeps(cfg.table_budget)
     split_timer, update_timer = _Timer(), _Timer()
     splits, refused, out_of_bounds, traversal_steps = 0, 0, 0, []
     merges, merged_keys, refused_with_cold, moved_by_splits = 0, 0, 0, 0
@@ -163,7 +166,7 @@ def run_plan(cfg: PlanConfig) -> dict:
             continue
         with split_timer.time():
             if cfg.merge and not tree.nearest_leaves(owner, State.IDLE):
-                merge = plan_merge(tree, owner, keys_of, cfg.capacity)
+                merge = plan_merge(tree, owner, keys_of, cfg.capacity, fits=fits)
                 if merge.ok:
                     assert merge.source is not None and merge.target is not None
                     moves = apply_merge(tree, merge)
@@ -173,7 +176,7 @@ def run_plan(cfg: PlanConfig) -> dict:
                     merged_keys += merge.keys
                     counts[merge.target] = keys_of(merge.target) + merge.keys
                     counts[merge.source] = 0
-            plan = plan_split(tree, owner, oracle, bounds, method, cost)
+            plan = plan_split(tree, owner, oracle, bounds, method, cost, fits=fits)
         if not plan.ok:
             refused += 1
             refused_with_cold += min((keys_of(leaf) for leaf in tree.leaves_in(State.BUSY)),
@@ -228,6 +231,7 @@ def run_plan(cfg: PlanConfig) -> dict:
         "splits_out_of_bounds": out_of_bounds,
         "splits_by_common_ancestor": splits_by_layer,
         "splits_refused": refused,
+        "table_budget": cfg.table_budget,
         "splits_refused_with_a_server_under_low": refused_with_cold,
         "merges": merges,
         "keys_moved_by_merges": merged_keys,
@@ -273,7 +277,8 @@ def format_report(r: dict) -> str:
         f"space {r['space']}",
         f"  variant {r['variant']} (split: {r['split_method']} {r['bounds'][0]:.0%}-"
         f"{r['bounds'][1]:.0%}, tables: {r['tables']}), keys {r['keys']:,} {r['keys_dist']}, "
-        f"capacity {r['capacity']:,}, bootstrap {r['bootstrap']}",
+        f"capacity {r['capacity']:,}, bootstrap {r['bootstrap']}, table budget "
+        f"{r['table_budget'] if r['table_budget'] is not None else 'none'}",
         "",
         f"  {'layer':<8}{'switches':>9}{'mean':>9}{'max':>7}{'up-rules':>10}",
     ]
@@ -287,7 +292,8 @@ def format_report(r: dict) -> str:
     lines += [
         "",
         f"  MetaFlow entries in the network: {r['total_entries']:,} "
-        f"(per-switch figures above exclude the default up-rules)",
+        f"(per-switch figures above exclude the default up-rules); the largest table "
+        f"{max((s['max'] for s in r['layers'].values()), default=0)}",
         f"  splits {r['splits']} (outside bounds {r['splits_out_of_bounds']}, refused "
         f"{r['splits_refused']}), busy servers {r['busy_servers']}, idle {r['idle_servers']}, "
         f"over capacity {r['over_capacity']}",
@@ -304,6 +310,10 @@ def format_report(r: dict) -> str:
         f"{r['verified_from_switches']} switches: {'yes' if r['verified'] else 'NO'}",
         f"  seconds {r['seconds']}",
     ]
-    for reason, n in r["refusal_reasons"].items():
+    reasons = sorted(r["refusal_reasons"].items(), key=lambda item: -item[1])
+    for reason, n in reasons[:5]:
         lines.append(f"  refused x{n}: {reason}")
+    if len(reasons) > 5:
+        rest = sum(n for _, n in reasons[5:])
+        lines.append(f"  ... and {rest} refusals for {len(reasons) - 5} other reasons")
     return "\n".join(lines)

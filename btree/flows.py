@@ -20,7 +20,7 @@ knows about OpenFlow messages.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from client_lib.cidr import Block
@@ -29,6 +29,11 @@ from client_lib.constants import METAFLOW_BASE_PRIORITY, UPRULE_PRIORITY
 from .fabric import Fabric, SwitchPorts
 from .ortc import LpmTrie
 from .tree import LogicalBTree, Move
+
+DEFAULT_TABLE_BUDGET = 960
+"""MetaFlow prefixes one switch may hold: the paper's switches have 2,048
+flow entries, a prefix takes two (tcp and udp), and 128 are kept for the
+rest (up-rules, host routes, ARP and LLDP, the table-miss entry)."""
 
 UP = "^up"   # the next hop "toward the root"; not a valid node id (ids come from the mapper)
 
@@ -237,17 +242,43 @@ class FlowPlanner:
         """
         if not self.minimize:
             raise ValueError("cost_of needs the minimized (ORTC) tables")
-        total = self.total_entries()
+        return self.total_entries() + sum((after - before) * len(self._members[group])
+                                          for group, before, after in self._trial(moves))
+
+    def over_budget(self, moves: Sequence[Move], budget: int | None) -> str | None:
+        """Why `moves` would break the per-switch table budget (MetaFlow
+        entries on any one switch), or None if they keep it. A table that is
+        already over (a bootstrap, a budget lowered later) may still shrink or
+        stay as it is; it may not grow."""
+        if budget is None:
+            return None
+        for group, before, after in self._trial(moves):
+            if after > budget and after > before:
+                members = self._members[group]
+                more = (f" and the {len(members) - 1} other switches of group {group}"
+                        if len(members) > 1 else "")
+                return (f"switch {members[0]}{more} would hold {after} MetaFlow entries, over the table "
+                        f"budget of {budget}")
+        return None
+
+    def keeps(self, budget: int | None) -> Callable[[Sequence[Move]], str | None]:
+        """`over_budget` with the budget bound: the `fits` of a split or a merge."""
+        return lambda moves: self.over_budget(moves, budget)
+
+    def _trial(self, moves: Sequence[Move]) -> list[tuple[str, int, int]]:
+        """Each group the moves touch, with its entries now and after them;
+        the tries are restored before this returns."""
+        out = []
         for group, assignments in self._changed_groups(moves).items():
             trie = self._tries[group]
             before = trie.cost()
             undo = [(block, trie.value(block.first)) for block, _ in assignments]
             for block, value in assignments:
                 trie.assign(block, value)
-            total += (trie.cost() - before) * len(self._members[group])
+            out.append((group, before, trie.cost()))
             for block, value in reversed(undo):
                 trie.assign(block, value)
-        return total
+        return out
 
     def total_entries(self) -> int:
         """MetaFlow entries (not up-rules) summed over all switches."""

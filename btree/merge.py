@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from .split import FitsFn
 from .tree import LogicalBTree, Move, State
 
 KeysOf = Callable[[str], int]
@@ -32,7 +33,8 @@ DEFAULT_FILL = 0.8
 """A merge leaves its receiver at most this much of capacity."""
 
 CANDIDATES_PER_LEVEL = 16
-"""Coldest leaves tried at each level of the search, to bound its cost."""
+"""Coldest leaves tried as sources, and as receivers, at each level of the
+search: this bounds its cost on a 2,000-server tree."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,35 +53,44 @@ class MergePlan:
 
 
 def plan_merge(tree: LogicalBTree, near: str, keys_of: KeysOf, capacity: int,
-               fill: float = DEFAULT_FILL, avoid: Collection[str] = ()) -> MergePlan:
+               fill: float = DEFAULT_FILL, avoid: Collection[str] = (),
+               fits: FitsFn | None = None) -> MergePlan:
     """Choose a merge that frees a leaf as near `near` as possible; nothing
     changes until `apply_merge`. Leaves in `avoid` (and `near` itself) are
-    neither freed nor filled."""
+    neither freed nor filled; a merge that `fits` objects to (the table
+    budget) is not made."""
     if not 0 < fill <= 1:
         raise ValueError(f"fill must be in (0, 1], not {fill}")
     room = int(fill * capacity)
     skip = {*avoid, near}
+    objections: list[str] = []
     for ring in tree.rings(near, avoid):
         busy = [leaf for leaf in ring if tree.state(leaf) is State.BUSY]
         for source in sorted(busy, key=lambda leaf: (keys_of(leaf), leaf))[:CANDIDATES_PER_LEVEL]:
             held = keys_of(source)
             if held > room:
                 break   # sorted: no colder leaf is left in this ring
-            target = _receiver(tree, source, held, room, keys_of, skip)
+            target = _receiver(tree, source, held, room, keys_of, skip, fits, objections)
             if target is not None:
                 return MergePlan(source, target, held, "")
+    if objections:
+        return MergePlan(None, None, 0, f"every merge that fits is refused: {objections[0]}")
     return MergePlan(None, None, 0, f"no busy leaf fits into a busy neighbour within {fill:.0%} of "
                                     f"capacity ({room} keys)")
 
 
 def _receiver(tree: LogicalBTree, source: str, held: int, room: int, keys_of: KeysOf,
-              skip: Collection[str]) -> str | None:
-    """The coldest busy leaf nearest `source` that takes `held` more keys and
-    stays within `room`."""
+              skip: Collection[str], fits: FitsFn | None, objections: list[str]) -> str | None:
+    """The coldest busy leaf nearest `source` that takes `held` more keys,
+    stays within `room`, and that `fits` does not object to (objections are
+    added to `objections`)."""
     for ring in tree.rings(source, skip):
-        fits = [leaf for leaf in ring if tree.state(leaf) is State.BUSY and keys_of(leaf) + held <= room]
-        if fits:
-            return min(fits, key=lambda leaf: (keys_of(leaf), leaf))
+        room_for = [leaf for leaf in ring if tree.state(leaf) is State.BUSY and keys_of(leaf) + held <= room]
+        for target in sorted(room_for, key=lambda leaf: (keys_of(leaf), leaf))[:CANDIDATES_PER_LEVEL]:
+            objection = fits([Move(b, source, target) for b in tree.blocks(source)]) if fits else None
+            if objection is None:
+                return target
+            objections.append(objection)
     return None
 
 

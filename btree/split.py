@@ -35,6 +35,9 @@ Oracle = Callable[[str, int, int], int]
 CostFn = Callable[[Sequence[Move]], int]
 """Total flow entries the network would hold after these moves."""
 
+FitsFn = Callable[[Sequence[Move]], "str | None"]
+"""Why these moves would break a limit (a switch's table budget), or None."""
+
 
 @dataclass(frozen=True, slots=True)
 class SplitBounds:
@@ -97,9 +100,11 @@ class _Counter:
 
 def plan_split(tree: LogicalBTree, leaf: str, oracle: Oracle, bounds: SplitBounds = SplitBounds(),
                method: str = "traversal", cost: CostFn | None = None,
-               avoid: Collection[str] = ()) -> SplitPlan:
+               avoid: Collection[str] = (), fits: FitsFn | None = None) -> SplitPlan:
     """Decide a split of `leaf`; nothing in the tree changes until `apply_split`.
-    Idle leaves in `avoid` (promised to other operations) are not targets."""
+    Idle leaves in `avoid` (promised to other operations) are not targets; a
+    split that `fits` objects to (the table budget) is not made, and if every
+    candidate is objected to, the refusal carries the objection."""
     if method not in ("traversal", "aligned"):
         raise ValueError(f"unknown split method {method!r} (traversal or aligned)")
     if tree.state(leaf) is not State.BUSY:
@@ -117,9 +122,15 @@ def plan_split(tree: LogicalBTree, leaf: str, oracle: Oracle, bounds: SplitBound
     if method == "traversal":
         move, moved, within, steps, why = _traversal(blocks, per_block, total, count, bounds)
         target = targets[0]
+        objection = fits([Move(b, leaf, target) for b in move]) if fits and move else None
+        if objection:
+            return _refusal(leaf, objection, total)
     else:
-        move, moved, within, steps, why, target = _aligned(
-            tree, leaf, blocks, per_block, total, count, bounds, targets, cost)
+        try:
+            move, moved, within, steps, why, target = _aligned(
+                tree, leaf, blocks, per_block, total, count, bounds, targets, cost, fits)
+        except _Objected as objected:
+            return _refusal(leaf, str(objected), total)
     return SplitPlan(leaf, target, tuple(move), total, moved, within, steps, why)
 
 
@@ -183,9 +194,13 @@ class _Cut:
     left_keys: int
 
 
+class _Objected(Exception):
+    """Every candidate split broke a limit; the message is the first objection."""
+
+
 def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list[int], total: int,
              count: _Counter, bounds: SplitBounds, targets: list[str],
-             cost: CostFn | None) -> tuple[list[Block], int, bool, int, str, str | None]:
+             cost: CostFn | None, fits: FitsFn | None) -> tuple[list[Block], int, bool, int, str, str | None]:
     prefix = [0]
     for keys in per_block:
         prefix.append(prefix[-1] + keys)
@@ -248,6 +263,12 @@ def _aligned(tree: LogicalBTree, leaf: str, blocks: list[Block], per_block: list
                for target in representatives]
     if not options:
         return [], 0, False, count.calls, reason or "every key sits on one ID; no cut separates them", None
+    if fits is not None:
+        objections = [fits([Move(b, leaf, target) for b in move]) for move, _, target in options]
+        allowed = [o for o, objection in zip(options, objections, strict=True) if objection is None]
+        if not allowed:
+            raise _Objected(objections[0])
+        options = allowed
 
     def score(option: tuple[list[Block], int, str]) -> tuple[int, float, int]:
         move, moved, target = option

@@ -11,6 +11,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from btree.bootstrap import Bootstrap
+from btree.flows import DEFAULT_TABLE_BUDGET
 from btree.split import SplitBounds
 from client_lib.api.auth import load_secret
 from client_lib.cidr import Block
@@ -48,6 +49,8 @@ class Settings:
     agent_timeout_s: float = 10.0
     migration_lease_s: float = 60.0
     auto_split: bool = True
+    table_budget: int | None = DEFAULT_TABLE_BUDGET
+    """MetaFlow entries any one switch may hold; a split that would exceed it is refused. None: no limit."""
     load_poll_s: float = 1.0
     """Seconds between polls of the switches' flow counters (`controller.load`); 0: no polling."""
     minimize: bool = True
@@ -105,6 +108,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--migration-lease", type=float, default=60.0,
                    help="seconds a copied migration may wait for its commit before its agent aborts it")
     p.add_argument("--no-auto-split", action="store_true", help="split only when asked over REST")
+    p.add_argument("--table-budget", type=int, default=DEFAULT_TABLE_BUDGET,
+                   help="MetaFlow entries any one switch may hold; a split that would exceed it is "
+                        f"refused, naming the switch (default {DEFAULT_TABLE_BUDGET}: 2,048-entry switches; "
+                        "0: no limit)")
     p.add_argument("--load-poll", type=float, default=1.0,
                    help="seconds between polls of every switch's flow counters for request load "
                         "(GET /metaflow/load); 0 turns polling off")
@@ -133,6 +140,8 @@ def from_args(args: argparse.Namespace) -> Settings:
                         ("--max-syncs", args.max_syncs)):
         if count < 1:
             raise InvalidArgument(f"{flag} must be at least 1, not {count}")
+    if args.table_budget < 0:
+        raise InvalidArgument(f"--table-budget must be 0 (no limit) or positive, not {args.table_budget}")
     if args.load_poll < 0:
         raise InvalidArgument(f"--load-poll must be 0 (off) or positive, not {args.load_poll}")
     return Settings(space=space, gateway_ip=args.gateway, bounds=bounds, capacity=args.capacity,
@@ -141,7 +150,7 @@ def from_args(args: argparse.Namespace) -> Settings:
                     heartbeat_timeout_s=args.heartbeat_timeout,
                     barrier_timeout_s=args.barrier_timeout, agent_timeout_s=args.agent_timeout,
                     migration_lease_s=args.migration_lease, auto_split=not args.no_auto_split,
-                    load_poll_s=args.load_poll,
+                    load_poll_s=args.load_poll, table_budget=args.table_budget or None,
                     of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
                     rest_port=args.rest_port, open_reads=args.open_reads,
                     secret=load_secret(args.secret_file))

@@ -181,9 +181,11 @@ def _plan(core: MetaFlowCore, op: Operation, name: str) -> Any:
         missing: list[tuple[int, int]] = []
         oracle = _oracle(counts, missing)
         try:
+            planner = core.planner_or_raise()
             plan: SplitPlan = plan_split(tree, name, oracle, core.settings.bounds, method="aligned",
-                                         cost=core.planner_or_raise().cost_of,
-                                         avoid=core.operations.reserved() - op.involves)
+                                         cost=planner.cost_of,
+                                         avoid=core.operations.reserved() - op.involves,
+                                         fits=planner.keeps(core.settings.table_budget))
         except _NeedCounts:
             wanted = missing
             continue

@@ -90,6 +90,22 @@ def test_split_moves_keys_and_entries_together(built: World) -> None:
     check_consistent(built, acked)
 
 
+def test_a_split_that_would_overfill_a_switch_table_is_refused_and_says_which() -> None:
+    """A budget of one entry, which every table already exceeds: none may grow,
+    and a split must add an entry for its target somewhere."""
+    world = World(fat_tree(4, servers=8), table_budget=1)
+    world.boot()
+    name = world.tree.leaves_in(State.BUSY)[0]
+    acked = fill(world, name, 150)
+    tables = {dpid: dict(switch.flows) for dpid, switch in world.switches.items()}
+    outcome = world.ask(SplitNow, name=name)
+    assert isinstance(outcome, Outcome) and not outcome.ok, outcome
+    assert "over the table budget of 1" in str(outcome.detail) and "switch " in str(outcome.detail)
+    assert {dpid: dict(switch.flows) for dpid, switch in world.switches.items()} == tables
+    assert len(world.agents[name].records) == 150
+    check_consistent(world, acked)
+
+
 def test_servers_at_capacity_split_by_themselves(built: World) -> None:
     name = built.tree.leaves_in(State.BUSY)[1]
     acked = fill(built, name, 120)   # capacity is 100

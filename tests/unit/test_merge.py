@@ -83,20 +83,29 @@ def test_leaves_promised_elsewhere_are_neither_freed_nor_filled() -> None:
     assert plan == MergePlan("b", "d", 30, "")   # b is freed beside a; its keys go to the coldest that fits
 
 
-@settings(max_examples=60, deadline=None)
+def largest(planner: FlowPlanner) -> int:
+    return max(len(planner.group_entries(group)) for group in planner.groups())
+
+
+@settings(max_examples=40, deadline=None)
 @given(name=st.sampled_from(["fat4", "three_small", "three_up2"]), seed=st.integers(0, 2**32 - 1),
-       capacity=st.integers(20, 80), skew=st.integers(1, 6))
-def test_merges_and_splits_keep_the_partition_exact_and_every_id_routed(name: str, seed: int, capacity: int,
-                                                                       skew: int) -> None:
+       capacity=st.integers(20, 80), skew=st.integers(1, 6), slack=st.one_of(st.none(), st.integers(0, 6)))
+def test_merges_and_splits_keep_the_partition_exact_every_table_in_budget_and_every_id_routed(
+        name: str, seed: int, capacity: int, skew: int, slack: int | None) -> None:
     """Skewed inserts into a pre-allocated tree; whenever a full leaf finds no
-    idle leaf, a merge frees one first. After every step: the partition is
-    exact, a merge left its receiver within the fill limit, the freed leaf was
-    the nearest that could be, and the tables deliver every ID to its owner."""
+    idle leaf, a merge frees one first; with a table budget (`slack` entries
+    above the bootstrap's largest table), both keep to it. After every step:
+    the partition is exact, a merge left its receiver within the fill limit,
+    the freed leaf was the nearest that could be (without a budget), every
+    table is within the budget, and the tables deliver every ID to its owner."""
     rng = random.Random(seed)
     tree = topo_tree(name)
     fabric = topo_fabric(name)
     tree.bootstrap_preallocate(max(1, len(tree.leaves()) // 2))
     planner = FlowPlanner(tree, fabric, minimize=True)
+    budget = None if slack is None else largest(planner) + slack
+    fits = planner.keeps(budget)
+
     keys: SortedList[int] = SortedList()
     centre = rng.randrange(SPACE.first, SPACE.last)
     width = SPACE.size >> skew * 3
@@ -113,22 +122,29 @@ def test_merges_and_splits_keep_the_partition_exact_and_every_id_routed(name: st
             continue
         held = counted(tree, keys)
         if not tree.nearest_leaves(owner, State.IDLE):
-            plan = plan_merge(tree, owner, held.__getitem__, capacity)
+            plan = plan_merge(tree, owner, held.__getitem__, capacity, fits=fits)
+            if not plan.ok and "budget" in plan.reason:
+                event("a merge refused by the budget")
             if plan.ok:
                 assert plan.source is not None and plan.target is not None
                 assert held[plan.source] + held[plan.target] <= 0.8 * capacity
                 busy = [x for x in tree.leaves() if x != owner and tree.state(x) is State.BUSY]
-                for leaf in busy:   # nothing nearer than the freed leaf could have been freed
+                for leaf in busy if budget is None else []:   # nothing nearer could have been freed
                     if common_depth(tree, owner, leaf) > common_depth(tree, owner, plan.source):
                         assert all(held[leaf] + held[other] > 0.8 * capacity
                                    for other in busy if other != leaf)
                 planner.update(apply_merge(tree, plan))
+                assert budget is None or largest(planner) <= budget
                 merges += 1
                 assert tree.state(plan.source) is State.IDLE
                 check_invariants(tree, keys)
-        split = plan_split(tree, owner, oracle, SplitBounds(), "aligned", planner.cost_of)
+        split = plan_split(tree, owner, oracle, SplitBounds(), "aligned", planner.cost_of, fits=fits)
         if split.ok:
             planner.update(apply_split(tree, split))
+            assert budget is None or largest(planner) <= budget
+        elif "table budget" in split.reason:
+            assert split.reason.startswith("switch ") and f"budget of {budget}" in split.reason
+            event("a split refused by the budget")
     check_invariants(tree, keys)
     event(f"merges: {min(merges, 3)}+" if merges >= 3 else f"merges: {merges}")
     network = FakeNetwork.from_planner(planner)
