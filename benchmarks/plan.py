@@ -165,7 +165,8 @@ def run_plan(cfg: PlanConfig) -> dict:
         if count < cfg.capacity or owner in full_servers:
             continue
         with split_timer.time():
-            if cfg.merge and not tree.nearest_leaves(owner, State.IDLE):
+            plan = plan_split(tree, owner, oracle, bounds, method, cost, fits=fits)
+            if plan.wants_room and cfg.merge:
                 merge = plan_merge(tree, owner, keys_of, cfg.capacity, fits=fits)
                 if merge.ok:
                     assert merge.source is not None and merge.target is not None
@@ -176,7 +177,7 @@ def run_plan(cfg: PlanConfig) -> dict:
                     merged_keys += merge.keys
                     counts[merge.target] = keys_of(merge.target) + merge.keys
                     counts[merge.source] = 0
-            plan = plan_split(tree, owner, oracle, bounds, method, cost, fits=fits)
+                    plan = plan_split(tree, owner, oracle, bounds, method, cost, fits=fits)
         if not plan.ok:
             refused += 1
             refused_with_cold += min((keys_of(leaf) for leaf in tree.leaves_in(State.BUSY)),

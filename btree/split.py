@@ -75,6 +75,9 @@ class SplitPlan:
     within_bounds: bool
     iterations: int
     reason: str
+    wants_room: bool = False
+    """Refused for want of room: no idle leaf, or the table budget. A merge
+    that frees a leaf nearby (`btree.merge`) may let it through."""
 
     @property
     def ok(self) -> bool:
@@ -117,25 +120,25 @@ def plan_split(tree: LogicalBTree, leaf: str, oracle: Oracle, bounds: SplitBound
         return _refusal(leaf, f"{leaf!r} holds {total} keys; nothing to split", total)
     targets = tree.nearest_leaves(leaf, State.IDLE, avoid)
     if not targets:
-        return _refusal(leaf, "no idle leaf anywhere in the tree; add servers", total)
+        return _refusal(leaf, "no idle leaf anywhere in the tree; add servers", total, wants_room=True)
     target: str | None
     if method == "traversal":
         move, moved, within, steps, why = _traversal(blocks, per_block, total, count, bounds)
         target = targets[0]
         objection = fits([Move(b, leaf, target) for b in move]) if fits and move else None
         if objection:
-            return _refusal(leaf, objection, total)
+            return _refusal(leaf, objection, total, wants_room=True)
     else:
         try:
             move, moved, within, steps, why, target = _aligned(
                 tree, leaf, blocks, per_block, total, count, bounds, targets, cost, fits)
         except _Objected as objected:
-            return _refusal(leaf, str(objected), total)
+            return _refusal(leaf, str(objected), total, wants_room=True)
     return SplitPlan(leaf, target, tuple(move), total, moved, within, steps, why)
 
 
-def _refusal(leaf: str, reason: str, total: int = 0) -> SplitPlan:
-    return SplitPlan(leaf, None, (), total, 0, False, 0, reason)
+def _refusal(leaf: str, reason: str, total: int = 0, wants_room: bool = False) -> SplitPlan:
+    return SplitPlan(leaf, None, (), total, 0, False, 0, reason, wants_room)
 
 
 def apply_split(tree: LogicalBTree, plan: SplitPlan) -> list[Move]:

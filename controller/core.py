@@ -582,15 +582,21 @@ class MetaFlowCore:
         return steps
 
     def _poll_load(self, now: float) -> list[Step]:
-        """Read every MetaFlow switch's flow counters each `load_poll_s`; a
-        poll starts only once the last one has been answered, so a slow
-        switch slows the polling rather than piling requests on it."""
+        """Read the flow counters of every switch with storage servers below
+        it each `load_poll_s`: a request crosses its owner's edge switch
+        once, so the edges alone give every server's and every prefix's load,
+        and the switches above (most of a fat-tree, with the largest tables)
+        are left alone. A poll starts only once the last one has been
+        answered, so a slow switch slows the polling rather than piling
+        requests on it."""
         interval = self.settings.load_poll_s
         if interval <= 0 or self._polls or now - self._polled < interval or self.planner is None:
             return []
         self._polled = now
         steps: list[Step] = []
-        for dpid in sorted(self.inventory.dpids & set(self.planner.fabric.switches)):
+        hosts = self.planner.fabric.hosts
+        edges = {hosts[leaf][0] for leaf in self.tree_or_raise().leaves() if leaf in hosts}
+        for dpid in sorted(self.inventory.dpids & edges):
             step = ReadFlows(dpid=dpid)
             self._polls[self._issue(step)] = dpid
             steps.append(step)

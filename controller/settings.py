@@ -49,6 +49,8 @@ class Settings:
     agent_timeout_s: float = 10.0
     migration_lease_s: float = 60.0
     auto_split: bool = True
+    merge: bool = True
+    """A split that finds no room first frees a cold server near it (`btree.merge`)."""
     table_budget: int | None = DEFAULT_TABLE_BUDGET
     """MetaFlow entries any one switch may hold; a split that would exceed it is refused. None: no limit."""
     load_poll_s: float = 1.0
@@ -108,6 +110,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--migration-lease", type=float, default=60.0,
                    help="seconds a copied migration may wait for its commit before its agent aborts it")
     p.add_argument("--no-auto-split", action="store_true", help="split only when asked over REST")
+    p.add_argument("--no-merge", action="store_true",
+                   help="never merge a cold server into a neighbour to free it for a split")
     p.add_argument("--table-budget", type=int, default=DEFAULT_TABLE_BUDGET,
                    help="MetaFlow entries any one switch may hold; a split that would exceed it is "
                         f"refused, naming the switch (default {DEFAULT_TABLE_BUDGET}: 2,048-entry switches; "
@@ -150,6 +154,7 @@ def from_args(args: argparse.Namespace) -> Settings:
                     heartbeat_timeout_s=args.heartbeat_timeout,
                     barrier_timeout_s=args.barrier_timeout, agent_timeout_s=args.agent_timeout,
                     migration_lease_s=args.migration_lease, auto_split=not args.no_auto_split,
+                    merge=not args.no_merge,
                     load_poll_s=args.load_poll, table_budget=args.table_budget or None,
                     of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
                     rest_port=args.rest_port, open_reads=args.open_reads,

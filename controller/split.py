@@ -29,10 +29,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from btree.merge import plan_merge
 from btree.replicas import ReplicaSet
-from btree.split import SplitPlan, apply_split, plan_split
+from btree.split import SplitPlan, plan_split
 from btree.tree import Move
 from client_lib.api.admin import ADMIN, CountRequest, MigrationReport
+from client_lib.api.rest import Outcome
 from client_lib.cidr import Block
 from controller import migrations
 from controller.saga import Cancelled, Operation, Saga, StepError
@@ -44,34 +46,82 @@ if TYPE_CHECKING:
 
 def split_saga(core: MetaFlowCore, op: Operation, name: str) -> Saga:
     started = core.clock()
+    plan = yield from _planned(core, op, name)
+    if isinstance(plan, SplitPlan) and plan.wants_room and core.settings.merge:
+        merged = yield from _merge_for(core, op, name)
+        if merged is not None:
+            return merged   # the merge did not end well: its outcome is the split's
+        plan = yield from _planned(core, op, name)
+    if isinstance(plan, Outcome):
+        return plan
+    if not plan.ok or plan.target is None:
+        return core.outcome_event("split-refused", server=name, reason=plan.reason)
+    moved = yield from _move(core, op, "split", name, list(plan.move), plan.target)
+    if isinstance(moved, Outcome):
+        return moved
+    record = {**moved, "keys_total": plan.keys_total, "total_s": round(core.clock() - started, 4)}
+    core.splits.append(record)
+    return core.outcome_event("split", ok=True, **record)
+
+
+def _planned(core: MetaFlowCore, op: Operation, name: str) -> Saga:
+    """The split's plan, or the outcome that ends it (counting failed, or cancelled)."""
     op.step = "plan"
     try:
-        plan = yield from _plan(core, op, name)
+        return (yield from _plan(core, op, name))
     except StepError as failed:
         return core.outcome_event("split-failed", server=name, reason=f"counting keys: {failed}")
     except Cancelled as why:
         return core.outcome_event("split-cancelled", server=name, reason=str(why))
-    if not plan.ok or plan.target is None:
-        return core.outcome_event("split-refused", server=name, reason=plan.reason)
+
+
+def _merge_for(core: MetaFlowCore, op: Operation, name: str) -> Saga:
+    """Free a busy server near `name` for its split (`btree.merge`): the
+    coldest one that fits into a neighbour moves all its blocks there, as a
+    split moves its half. None once it has (or when no merge fits: the split
+    is then refused as planned); else the outcome that ends the split."""
+    tree = core.tree_or_raise()
+    merge = plan_merge(tree, name, lambda leaf: core.registry[leaf].keys if leaf in core.registry else 0,
+                       core.capacity(core.registry[name]), avoid=core.operations.reserved() - op.involves,
+                       fits=core.planner_or_raise().keeps(core.settings.table_budget))
+    if not merge.ok or merge.source is None or merge.target is None:
+        core.event("merge-refused", server=name, reason=merge.reason)
+        return None
+    op.involves |= {merge.source, merge.target}
+    moved = yield from _move(core, op, "merge", merge.source, tree.blocks(merge.source), merge.target)
+    if isinstance(moved, Outcome):
+        return moved
+    core.registry[merge.target].keys += merge.keys   # until its next heartbeat says
+    core.registry[merge.source].keys = 0
+    core.outcome_event("merge", ok=True, **moved, freed_for=name)
+    return None
+
+
+def _move(core: MetaFlowCore, op: Operation, kind: str, name: str, blocks: list[Block],
+          target: str) -> Saga:
+    """Move `blocks` from `name` to `target`, which gets them with a whole new
+    replica set (copy, assign, flows, commit, serve); the record of the move,
+    or the outcome (`kind`-aborted, -cancelled) if it was undone."""
+    started = core.clock()
+    phase = "" if kind == "split" else f"{kind} "   # a split's own steps keep their plain names
     replicas = core.replicas_or_raise()
-    blocks = list(plan.move)
-    placement = core.place(blocks, [plan.target], replicas.r - 1, avoid={name})
-    members = [plan.target, *placement.backups]
+    placement = core.place(blocks, [target], replicas.r - 1, avoid={name})
+    members = [target, *placement.backups]
     op.involves |= set(members)
     old = {b: _covering(replicas.sets, b) for b in blocks}
 
-    op.step = "copy"
+    op.step = f"{phase}copy"
     try:
         migration = yield from migrations.copy(core, name, blocks, members)
     except Cancelled as why:
         yield from migrations.abort_unknown(core, name, members, blocks)
-        return core.outcome_event("split-cancelled", server=name, target=plan.target, reason=str(why))
+        return core.outcome_event(f"{kind}-cancelled", server=name, target=target, reason=str(why))
     if migration is None:
-        return core.outcome_event("split-aborted", server=name, target=plan.target, reason="copy failed")
+        return core.outcome_event(f"{kind}-aborted", server=name, target=target, reason="copy failed")
     copied = core.clock()
 
-    op.step = "assign"
-    moves = apply_split(core.tree_or_raise(), plan)
+    op.step = f"{phase}assign"
+    moves = core.tree_or_raise().transfer(blocks, target)
     diff = core.planner_or_raise().update(moves)
     for block in blocks:
         replicas.assign(block, members)
@@ -83,22 +133,22 @@ def split_saga(core: MetaFlowCore, op: Operation, name: str) -> Saga:
             yield core.assign_steps(blocks, migration=migration.id)
         except StepError as failed:
             yield from _undo(core, op, name, moves, old, members, migration, [])
-            return core.outcome_event("split-aborted", server=name, target=plan.target,
+            return core.outcome_event(f"{kind}-aborted", server=name, target=target,
                                       reason=f"assign: {failed}")
-        op.step = "flows"
+        op.step = f"{phase}flows"
         try:
             yield core.send_diff(diff)
         except StepError as failed:
             yield from _undo(core, op, name, moves, old, members, migration, list(diff))
-            return core.outcome_event("split-aborted", server=name, target=plan.target,
+            return core.outcome_event(f"{kind}-aborted", server=name, target=target,
                                       reason=f"flows: {failed}")
         flows_done = core.clock()
-        op.step = "commit"
+        op.step = f"{phase}commit"
         committed = True   # from here on only forward: the new set holds every record
         if not (yield from migrations.commit(core, name, migration)):
             core.event("commit-unconfirmed", server=name, migration=migration.id,
                        note="the source's copy is stale (older epoch): a rebuild drops it")
-        op.step = "serve"
+        op.step = f"{phase}serve"
         yield from core.activate(blocks)
         yield from _drop_old_backups(core, name, blocks, old, members)
     except Cancelled as why:
@@ -107,16 +157,11 @@ def split_saga(core: MetaFlowCore, op: Operation, name: str) -> Saga:
             yield from core.activate(blocks)
         else:
             yield from _undo(core, op, name, moves, old, members, migration, list(diff))
-        return core.outcome_event("split-cancelled", server=name, target=plan.target, reason=str(why))
-    finished = core.clock()
-    record = {"server": name, "target": plan.target, "backups": list(placement.backups),
-              "blocks": [str(b) for b in blocks], "keys_moved": migration.keys,
-              "keys_total": plan.keys_total, "switches": len(diff),
-              "flow_mods": sum(len(d) for d in diff.values()),
-              "copy_s": round(copied - started, 4), "flows_s": round(flows_done - copied, 4),
-              "total_s": round(finished - started, 4)}
-    core.splits.append(record)
-    return core.outcome_event("split", ok=True, **record)
+        return core.outcome_event(f"{kind}-cancelled", server=name, target=target, reason=str(why))
+    return {"server": name, "target": target, "backups": list(placement.backups),
+            "blocks": [str(b) for b in blocks], "keys_moved": migration.keys, "switches": len(diff),
+            "flow_mods": sum(len(d) for d in diff.values()),
+            "copy_s": round(copied - started, 4), "flows_s": round(flows_done - copied, 4)}
 
 
 def _covering(sets: dict[Block, ReplicaSet], block: Block) -> ReplicaSet:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from btree.bootstrap import Bootstrap
 from btree.tree import State
 from client_lib.api.rest import Outcome, Registered, Registration
 from client_lib.constants import METAFLOW_PORT
@@ -93,7 +94,7 @@ def test_split_moves_keys_and_entries_together(built: World) -> None:
 def test_a_split_that_would_overfill_a_switch_table_is_refused_and_says_which() -> None:
     """A budget of one entry, which every table already exceeds: none may grow,
     and a split must add an entry for its target somewhere."""
-    world = World(fat_tree(4, servers=8), table_budget=1)
+    world = World(fat_tree(4, servers=8), table_budget=1, merge=False)
     world.boot()
     name = world.tree.leaves_in(State.BUSY)[0]
     acked = fill(world, name, 150)
@@ -103,6 +104,29 @@ def test_a_split_that_would_overfill_a_switch_table_is_refused_and_says_which() 
     assert "over the table budget of 1" in str(outcome.detail) and "switch " in str(outcome.detail)
     assert {dpid: dict(switch.flows) for dpid, switch in world.switches.items()} == tables
     assert len(world.agents[name].records) == 150
+    check_consistent(world, acked)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_split_with_no_idle_server_first_merges_a_cold_one_away_and_loses_nothing(replicas: int) -> None:
+    """Every server busy from the start: the full one's split frees the
+    coldest server nearest it (its keys move to a neighbour, as a split's
+    half moves), then splits into it."""
+    world = World(fat_tree(4, servers=8), replicas=replicas, bootstrap=Bootstrap("preallocate", 8))
+    world.boot()
+    tree = world.tree
+    assert not tree.leaves_in(State.IDLE)
+    full = tree.leaves_in(State.BUSY)[0]
+    acked = fill(world, full, 150)
+    for other in tree.leaves_in(State.BUSY)[1:]:
+        acked |= fill(world, other, 10, seed=len(acked))
+    world.heartbeats()
+    outcome = world.ask(SplitNow, name=full)
+    assert isinstance(outcome, Outcome) and outcome.ok, outcome
+    merge = next(e for e in world.core.events if e["event"] == "merge")
+    assert merge["freed_for"] == full and merge["target"] != full
+    assert outcome.detail["target"] == merge["server"]   # the split went where the merge made room
+    assert tree.state(merge["target"]) is State.BUSY and tree.state(merge["server"]) is State.BUSY
     check_consistent(world, acked)
 
 
