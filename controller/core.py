@@ -25,6 +25,7 @@ from typing import Any
 
 import networkx as nx
 
+from btree.balance import imbalance_factor
 from btree.flows import FlowDiff, FlowPlanner
 from btree.replicas import Placement, Replicas
 from btree.tree import LogicalBTree, Move, State
@@ -772,10 +773,15 @@ class MetaFlowCore:
             if host is not None and host.dpid in self.load.switches():
                 servers[name] = round(sum(r.packets_per_s for r in self.load.rates(host.dpid)
                                           if r.port == host.port), 1)
+        owners = [rate for name, rate in servers.items()
+                  if self.tree is not None and name in self.tree.leaves() and self.tree.blocks(name)]
+        mean = sum(owners) / len(owners) if owners else 0.0
         return LoadView(self.settings.load_poll_s, servers,
                         {str(dpid): [PrefixLoad(r.block, r.port, round(r.packets_per_s, 1))
                                      for r in self.load.rates(dpid)]
-                         for dpid in self.load.switches()})
+                         for dpid in self.load.switches()},
+                        round(max(owners) / mean, 3) if mean > 0 else 0.0,
+                        round(imbalance_factor(owners, self.settings.load_capacity), 4))
 
     def operations_view(self) -> OperationsView:
         now = self.clock()

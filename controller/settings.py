@@ -54,6 +54,8 @@ class Settings:
     table_budget: int | None = DEFAULT_TABLE_BUDGET
     """MetaFlow entries any one switch may hold; a split that would exceed it is refused. None: no limit."""
     load_poll_s: float = 1.0
+    load_capacity: float = 40_000.0
+    """Packets a second one server can take: the imbalance factor's urgency is measured against it."""
     """Seconds between polls of the switches' flow counters (`controller.load`); 0: no polling."""
     minimize: bool = True
     of_host: str = "127.0.0.1"
@@ -119,6 +121,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--load-poll", type=float, default=1.0,
                    help="seconds between polls of every switch's flow counters for request load "
                         "(GET /metaflow/load); 0 turns polling off")
+    p.add_argument("--load-capacity", type=float, default=40_000.0,
+                   help="packets a second one server can take; the imbalance factor counts an uneven load "
+                        "as harmful as the busiest server nears it")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
 
@@ -146,6 +151,8 @@ def from_args(args: argparse.Namespace) -> Settings:
             raise InvalidArgument(f"{flag} must be at least 1, not {count}")
     if args.table_budget < 0:
         raise InvalidArgument(f"--table-budget must be 0 (no limit) or positive, not {args.table_budget}")
+    if args.load_capacity <= 0:
+        raise InvalidArgument(f"--load-capacity must be positive, not {args.load_capacity}")
     if args.load_poll < 0:
         raise InvalidArgument(f"--load-poll must be 0 (off) or positive, not {args.load_poll}")
     return Settings(space=space, gateway_ip=args.gateway, bounds=bounds, capacity=args.capacity,
@@ -155,7 +162,8 @@ def from_args(args: argparse.Namespace) -> Settings:
                     barrier_timeout_s=args.barrier_timeout, agent_timeout_s=args.agent_timeout,
                     migration_lease_s=args.migration_lease, auto_split=not args.no_auto_split,
                     merge=not args.no_merge,
-                    load_poll_s=args.load_poll, table_budget=args.table_budget or None,
+                    load_poll_s=args.load_poll, load_capacity=args.load_capacity,
+                    table_budget=args.table_budget or None,
                     of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
                     rest_port=args.rest_port, open_reads=args.open_reads,
                     secret=load_secret(args.secret_file))

@@ -81,10 +81,14 @@ def _headline(status: Status, controller: str) -> str:
     running = len(status.operations.operations)
     unbacked = _unbacked(status.servers)
     copies = f"; {unbacked} block{'s' if unbacked != 1 else ''} without a live backup" if unbacked else ""
-    return "\n".join([f"controller {controller}",
-                      f"{built}; {servers}; {len(status.flows.switches)} switches with {entries} "
-                      f"MetaFlow entries; {running} operation{'s' if running != 1 else ''} under way"
-                      f"{copies}"])
+    load = status.load
+    lines = [f"controller {controller}",
+             f"{built}; {servers}; {len(status.flows.switches)} switches with {entries} "
+             f"MetaFlow entries; {running} operation{'s' if running != 1 else ''} under way{copies}"]
+    if load.servers:
+        lines.append(f"load {sum(load.servers.values()):.0f} packets/s to servers; max/mean "
+                     f"{load.max_over_mean:.2f}, imbalance factor {load.imbalance:.3f}")
+    return "\n".join(lines)
 
 
 def _unbacked(view: ServersView) -> int:

@@ -150,6 +150,10 @@ class LoadView:
     poll_s: float
     servers: dict[str, float]
     switches: dict[str, list[PrefixLoad]]
+    max_over_mean: float = 0.0
+    """Over the servers that own blocks; 0 without load."""
+    imbalance: float = 0.0
+    """Lunule's imbalance factor over the same servers (`btree.balance`), in [0, 1]."""
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,8 @@ STATUS = Status(
         "h4": ServerInfo("10.0.0.4", "http://10.255.0.4:9001", 10, 1000, "heartbeat timeout", "failed",
                          [], None)}),
     load=LoadView(1.0, {"h1": 1234.4, "h2": 0.0},
-                  {"2": [PrefixLoad(B("100.64.0.0/11"), 1, 1234.4), PrefixLoad(B("100.96.0.0/11"), 2, 0.0)]}),
+                  {"2": [PrefixLoad(B("100.64.0.0/11"), 1, 1234.4), PrefixLoad(B("100.96.0.0/11"), 2, 0.0)]},
+                  2.0, 0.0123),
     flows=FlowsView({
         "10": [FlowInfo(2011, B("100.64.0.0/11"), 3, None)],
         "2": [FlowInfo(2011, B("100.64.0.0/11"), 1, "02:00:00:00:00:01"),
@@ -121,6 +122,7 @@ def test_status_summarizes_every_view(controller: str, secret_file: Path,
     assert lines[1] == ("tree built (root core, 4 leaves); 4 servers (2 busy, 1 failed, 1 idle); "
                         "2 switches with 3 MetaFlow entries; 1 operation under way; "
                         "1 block without a live backup")
+    assert lines[2] == "load 1234 packets/s to servers; max/mean 2.00, imbalance factor 0.012"
     rows = {line.split()[0]: line for line in lines if line.startswith("  h")}
     assert rows["h1"].split()[:8] == ["h1", "busy", "512", "1000", "51%", "10.0.0.1", "100.64.0.0/11",
                                       "100.96.0.0/11"]

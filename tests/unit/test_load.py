@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from btree.balance import imbalance_factor
 from client_lib.api.rest import LoadView
 from client_lib.cidr import Block
 from controller.load import COUNTER_MODULUS, EntryCount, LoadMeter
@@ -136,6 +137,10 @@ def test_the_core_polls_every_switch_and_reports_each_servers_packets() -> None:
     assert view.servers[hot] == pytest.approx(hot_total / 1.0, rel=0.05)
     assert view.servers[warm] == pytest.approx(warm_total / 1.0, rel=0.05)
     assert all(view.servers[name] == 0 for name in view.servers if name not in (hot, warm))
+    owners = [view.servers[n] for n in view.servers if world.core.tree_or_raise().blocks(n)]
+    assert view.max_over_mean == pytest.approx(max(owners) / (sum(owners) / len(owners)), rel=1e-3)
+    assert view.imbalance == pytest.approx(imbalance_factor(owners, world.settings.load_capacity), abs=1e-4)
+    assert 0 < view.imbalance < 1
     # the edge switch above `hot` has its prefixes, toward its port
     host = world.core.inventory.hosts[world.agents[hot].ip]
     prefixes = view.switches[str(host.dpid)]
