@@ -25,7 +25,7 @@ second (`controller.load`); capacities are in the same unit.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_SMOOTHNESS = 0.2
@@ -72,9 +72,9 @@ class ImbalanceModel:
     def factor(self, loads: Mapping[str, float]) -> float:
         return imbalance_factor(list(loads.values()), self.capacity, self.smoothness)
 
-    def should_rebalance(self, history: Sequence[Mapping[str, float]]) -> bool:
+    def should_rebalance(self, history: Iterable[Mapping[str, float]]) -> bool:
         """Whether the last `hold` polls (oldest first) were all imbalanced."""
-        recent = history[-self.hold:]
+        recent = list(history)[-self.hold:]
         return len(recent) == self.hold and all(self.factor(loads) > self.threshold for loads in recent)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import networkx as nx
 
-from btree.balance import imbalance_factor
+from btree.balance import ImbalanceModel, imbalance_factor, transfers
 from btree.flows import FlowDiff, FlowPlanner
 from btree.replicas import Placement, Replicas
 from btree.tree import LogicalBTree, Move, State
@@ -124,6 +124,9 @@ class MetaFlowCore:
         self._polls: dict[int, int] = {}
         """Flow-counter reads under way: step id to dpid."""
         self._polled = float("-inf")
+        self.imbalance = ImbalanceModel(settings.load_capacity)
+        self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
+        """Per-server load after each of the last complete polls."""
 
     # -- the one entry point ---------------------------------------------------------
 
@@ -192,6 +195,8 @@ class MetaFlowCore:
         if dpid is not None:
             if isinstance(event, StepDone) and isinstance(event.result, list):
                 self.load.observe(dpid, self.clock(), ofmsgs.entry_counts(event.result))
+            if not self._polls:
+                self._judge_load()
             return []   # a failed read: the next poll asks again
         what = self._loose.pop(event.step, None)
         if what is not None:
@@ -603,6 +608,40 @@ class MetaFlowCore:
             steps.append(step)
         return steps
 
+    def _judge_load(self) -> None:
+        """After each complete poll: once the imbalance model has seen
+        `hold` harmful polls in a row, say what it would ship where (the
+        transfers are not carried out yet: moves by load are not built)."""
+        loads = self._owner_loads()
+        if not loads:
+            return
+        self._loads.append(loads)
+        if self.imbalance.should_rebalance(self._loads):
+            plan = transfers(loads, self.settings.load_capacity)
+            self.event("imbalanced", factor=round(self.imbalance.factor(loads), 4),
+                       transfers=[{"from": t.source, "to": t.target, "packets_per_s": round(t.load)}
+                                  for t in plan])
+            self._loads.clear()   # said once per `hold` polls, not on every poll
+
+    def _server_loads(self) -> dict[str, float]:
+        """Packets a second toward each located server, from the polls of its edge."""
+        out = {}
+        switches = set(self.load.switches())
+        for name, server in sorted(self.registry.servers.items()):
+            host = self.inventory.hosts.get(server.data_ip)
+            if host is not None and host.dpid in switches:
+                out[name] = sum(r.packets_per_s for r in self.load.rates(host.dpid) if r.port == host.port)
+        return out
+
+    def _owner_loads(self, loads: dict[str, float] | None = None) -> dict[str, float]:
+        """Those of the servers that own blocks: the ones balancing is about."""
+        tree = self.tree
+        if tree is None:
+            return {}
+        owners = {leaf for leaf in tree.leaves() if tree.state(leaf) is State.BUSY}
+        return {name: rate for name, rate in (self._server_loads() if loads is None else loads).items()
+                if name in owners}
+
     def _keep_replicated(self) -> list[Step]:
         """Under-replicated or degraded blocks get a repair (a few at a time),
         and primaries left waiting by an overtaken operation are told to serve."""
@@ -767,16 +806,10 @@ class MetaFlowCore:
         return SplitsView(list(self.splits))
 
     def load_view(self) -> LoadView:
-        servers = {}
-        for name, server in sorted(self.registry.servers.items()):
-            host = self.inventory.hosts.get(server.data_ip)
-            if host is not None and host.dpid in self.load.switches():
-                servers[name] = round(sum(r.packets_per_s for r in self.load.rates(host.dpid)
-                                          if r.port == host.port), 1)
-        owners = [rate for name, rate in servers.items()
-                  if self.tree is not None and name in self.tree.leaves() and self.tree.blocks(name)]
+        servers = self._server_loads()
+        owners = list(self._owner_loads(servers).values())
         mean = sum(owners) / len(owners) if owners else 0.0
-        return LoadView(self.settings.load_poll_s, servers,
+        return LoadView(self.settings.load_poll_s, {name: round(rate, 1) for name, rate in servers.items()},
                         {str(dpid): [PrefixLoad(r.block, r.port, round(r.packets_per_s, 1))
                                      for r in self.load.rates(dpid)]
                          for dpid in self.load.switches()},

@@ -183,3 +183,33 @@ def test_polling_off_reads_nothing() -> None:
         world.tick()
     assert not any(isinstance(s, ReadFlows) for s in world.executed[before:])
     assert load(world) == LoadView(0.0, {}, {})
+
+
+def test_a_lasting_imbalance_is_said_with_what_would_move_and_a_passing_one_is_not() -> None:
+    """With a server capacity of 10,000 packets/s, one server at 9,000 while
+    the rest idle is harmful; the model says so only after two polls in a
+    row, once, with transfers from the hot server to cooler ones."""
+    world = built_world(load_poll_s=1.0, load_capacity=10_000.0)
+    busy = [name for name in sorted(world.agents) if world.core.tree_or_raise().blocks(name)]
+    hot = busy[0]
+    per_id = 9000 // len(ids_of(world, hot))
+
+    def poll(hot_packets: int) -> list[dict]:
+        for mdid in ids_of(world, hot):
+            world.deliver(mdid, packets=hot_packets)
+        for name in busy[1:]:
+            for mdid in ids_of(world, name):
+                world.deliver(mdid, packets=100)
+        world.advance(1.0)
+        world.tick()
+        return [e for e in world.core.events if e["event"] == "imbalanced"]
+
+    poll(0)                      # the baseline
+    assert poll(per_id) == []    # one harmful poll: not yet
+    assert poll(0) == []         # and it passed
+    assert poll(per_id) == []
+    (said,) = poll(per_id)       # two in a row
+    assert said["factor"] > 0.1
+    assert said["transfers"] and {t["from"] for t in said["transfers"]} == {hot}
+    assert {t["to"] for t in said["transfers"]} <= set(busy[1:])
+    assert poll(per_id) == [said]   # not repeated on the next poll
