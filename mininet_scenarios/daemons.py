@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from client_lib.api.auth import load_secret, write_secret
 from client_lib.api.clients import ApiClient
 from client_lib.api.route import Route
 from client_lib.errors import ApiError
+from nat_agent.ports import listen_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,12 +59,6 @@ class NetnsLike(Protocol):
 
     def run(self, *argv: str, check: bool = True, timeout: float = 60,
             **kwargs: Any) -> subprocess.CompletedProcess[str]: ...
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def private_secret() -> Path:
@@ -92,11 +86,11 @@ class AgentProcess:
         by default a private one, removed when this object goes away."""
         self.netns = netns
         self.admin_from_here = netns is None or admin_from_here
-        self.port = port or free_port()
-        self.admin_port = admin_port or free_port()
+        self.port = port or listen_port()
+        self.admin_port = admin_port or listen_port()
         self.host = host
         self.admin_url = f"http://{admin_host}:{self.admin_port}"
-        self.replication = f"{admin_host}:{replication_port or free_port()}"
+        self.replication = f"{admin_host}:{replication_port or listen_port()}"
         self.name = name or f"agent{self.port}"
         self.log_path = log_path
         if secret_file is None:

@@ -34,9 +34,10 @@ from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_REPLICAS
 from client_lib.errors import ApiError
 from mininet_scenarios import ofdump
-from mininet_scenarios.daemons import AgentProcess, free_port
+from mininet_scenarios.daemons import AgentProcess
 from mininet_scenarios.mgmt import DEFAULT_SUBNET
 from mininet_scenarios.scenario import Scenario
+from nat_agent.ports import listen_port
 from topology.classify import discovered_graph, map_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,8 +106,8 @@ class MetaFlowNet:
         self.controller_args = list(controller_args)
         self.build_timeout = build_timeout
         self.mgmt_subnet = mgmt_subnet
-        self.of_port = free_port()
-        self.rest_port = free_port()
+        self.of_port = listen_port()
+        self.rest_port = listen_port()
         self.logdir = workdir or Path("/tmp")
         self.controller: ControllerProcess | None = None
         self.scenario: Scenario | None = None

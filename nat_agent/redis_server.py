@@ -20,6 +20,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from nat_agent.ports import listen_port
+
 __all__ = ["RedisServer", "RedisServerError", "RedisServerExited"]
 
 # sun_path is 108 bytes on Linux, including the terminating NUL.
@@ -114,7 +116,7 @@ class RedisServer:
         if self.unix_socket is not None and _answers_ping(self.unix_socket):
             raise RedisServerError(f"a redis-server already listens on {self.unix_socket}")
         if self.port == 0:
-            self.port = _free_port()
+            self.port = listen_port()
         self._log = open(self.directory / _LOG_NAME, "ab")
         self._log_start = self._log.tell()
         try:
@@ -224,13 +226,6 @@ class RedisServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel's choice for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _answers_ping(address: Path | int) -> bool:

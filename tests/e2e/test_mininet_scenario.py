@@ -41,10 +41,10 @@ pytestmark = [
 
 from client_lib.api.admin import ADMIN  # noqa: E402
 from client_lib.constants import DEFAULT_GATEWAY  # noqa: E402
-from mininet_scenarios.daemons import free_port  # noqa: E402
 from mininet_scenarios.leaks import leaks  # noqa: E402
 from mininet_scenarios.mgmt import ManagementNetwork  # noqa: E402
 from mininet_scenarios.scenario import Scenario  # noqa: E402
+from nat_agent.ports import listen_port  # noqa: E402
 from topology import builders  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -205,7 +205,7 @@ def _openflow_endpoint(port: int, started: list[subprocess.Popen]):
 def test_secure_mode_connects_to_the_controller_the_hook_started():
     """Bring-up waits until every switch is connected; an empty controller makes them forward nothing."""
     graph = builders.two_tier(core=1, edges=2, servers_per_edge=1)
-    port, started = free_port(), []
+    port, started = listen_port(), []
     try:
         with Scenario(graph, controller=("127.0.0.1", port),
                       start_controller=_openflow_endpoint(port, started), connect_timeout=15) as sc:

@@ -14,7 +14,8 @@ from client_lib.api.auth import write_secret
 from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST, Heartbeat
 from client_lib.errors import ApiError, AuthError, NotFound
-from mininet_scenarios.daemons import ROOT, free_port
+from mininet_scenarios.daemons import ROOT
+from nat_agent.ports import listen_port
 
 
 def _controller(*args: str) -> list[str]:
@@ -41,9 +42,9 @@ def test_a_secret_is_required(tmp_path: Path) -> None:
 
 def test_signed_rest_and_a_clean_shutdown(tmp_path: Path) -> None:
     secret = write_secret(tmp_path / "secret")
-    rest_port = free_port()
+    rest_port = listen_port()
     log = open(tmp_path / "controller.log", "wb")
-    proc = subprocess.Popen(_controller("--secret-file", str(secret), "--of-port", str(free_port()),
+    proc = subprocess.Popen(_controller("--secret-file", str(secret), "--of-port", str(listen_port()),
                                         "--rest-port", str(rest_port)), cwd=ROOT, stdout=log, stderr=log)
     try:
         api = ApiClient(f"http://127.0.0.1:{rest_port}", secret.read_bytes().strip(), timeout=5)

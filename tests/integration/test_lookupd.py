@@ -21,7 +21,8 @@ from benchmarks.baselines.lookupd import Membership
 from benchmarks.baselines.rpc import RpcError, RpcPool
 from client_lib.cidr import Block
 from client_lib.mdid import mdid_of_key
-from mininet_scenarios.daemons import ROOT, free_port
+from mininet_scenarios.daemons import ROOT
+from nat_agent.ports import listen_port
 
 SPACE = Block.parse("100.64.0.0/10")
 SERVERS = [f"s{i}" for i in range(5)]
@@ -41,7 +42,7 @@ def cluster(
     blocks: dict[str, list[str]] = {s: [] for s in SERVERS}
     for i, owner in enumerate(owners):
         blocks[owner].append(str(Block(SPACE.first + i * (SPACE.size // 16), SPACE.plen + 4)))
-    ports = {s: free_port() for s in SERVERS}
+    ports = {s: listen_port() for s in SERVERS}
     data = {"space": str(SPACE), "coordinator": "s0", "group_size": 2,
             "servers": {s: {"data_ip": f"10.9.0.{i + 1}", "lookup": f"127.0.0.1:{ports[s]}",
                             "blocks": blocks[s]}
