@@ -130,6 +130,31 @@ def test_three_tier_end_to_end(tmp_path):
 
 
 @pytest.mark.timeout(600)
+def test_a_split_with_every_server_busy_merges_a_cold_neighbour_away_first(tmp_path):
+    """Every server owns a share from the start, so a split finds no idle
+    server: the controller first moves a cold server's blocks (and their
+    backups' copies) to a neighbour, for real, then splits into the freed
+    server; the tables read back from OVS route every ID to its owner and no
+    acknowledged write is lost."""
+    graph = builders.fat_tree(4, servers=8)
+    with MetaFlowNet(graph, capacity=1000, workdir=tmp_path,
+                     controller_args=["--bootstrap", "preallocate:8"]) as mf:
+        results = mf.run_clients(100, tmp_path)
+        assert all(r["errors"] == 0 and r["read_back"] == 100 for r in results), results
+        servers = mf.view(REST.servers).servers
+        assert all(s.state == "busy" for s in servers.values()), servers
+        source = max(servers, key=lambda n: servers[n].keys)
+        outcome = mf.api.call(REST.split, name=source)
+        assert outcome.ok, outcome
+        (merge,) = mf.events("merge")
+        assert merge["freed_for"] == source and outcome.detail["target"] == merge["server"]
+        assert merge["target"] not in (source, merge["server"])
+        check_routes(mf)
+        result = mf.verify_acked(tmp_path, [])
+        assert result["missing"] == result["wrong"] == 0 and result["checked"] == 8 * 100, result
+
+
+@pytest.mark.timeout(600)
 def test_controller_restart_rebuilds_from_the_agents_without_disturbing_clients(tmp_path):
     graph = builders.fat_tree(4, servers=8)
     with MetaFlowNet(graph, capacity=10_000, workdir=tmp_path) as mf:
