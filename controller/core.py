@@ -612,7 +612,7 @@ class MetaFlowCore:
         """After each complete poll: once the imbalance model has seen
         `hold` harmful polls in a row, say what it would ship where (the
         transfers are not carried out yet: moves by load are not built)."""
-        loads = self._owner_loads()
+        loads = self._owner_loads(self._server_loads())
         if not loads:
             return
         self._loads.append(loads)
@@ -633,14 +633,13 @@ class MetaFlowCore:
                 out[name] = sum(r.packets_per_s for r in self.load.rates(host.dpid) if r.port == host.port)
         return out
 
-    def _owner_loads(self, loads: dict[str, float] | None = None) -> dict[str, float]:
-        """Those of the servers that own blocks: the ones balancing is about."""
+    def _owner_loads(self, loads: dict[str, float]) -> dict[str, float]:
+        """Those of `loads` of the servers that own blocks: the ones balancing is about."""
         tree = self.tree
         if tree is None:
             return {}
-        owners = {leaf for leaf in tree.leaves() if tree.state(leaf) is State.BUSY}
-        return {name: rate for name, rate in (self._server_loads() if loads is None else loads).items()
-                if name in owners}
+        owners = set(tree.leaves_in(State.BUSY))
+        return {name: rate for name, rate in loads.items() if name in owners}
 
     def _keep_replicated(self) -> list[Step]:
         """Under-replicated or degraded blocks get a repair (a few at a time),

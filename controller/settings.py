@@ -54,9 +54,9 @@ class Settings:
     table_budget: int | None = DEFAULT_TABLE_BUDGET
     """MetaFlow entries any one switch may hold; a split that would exceed it is refused. None: no limit."""
     load_poll_s: float = 1.0
+    """Seconds between polls of the switches' flow counters (`controller.load`); 0: no polling."""
     load_capacity: float = 40_000.0
     """Packets a second one server can take: the imbalance factor's urgency is measured against it."""
-    """Seconds between polls of the switches' flow counters (`controller.load`); 0: no polling."""
     minimize: bool = True
     of_host: str = "127.0.0.1"
     of_port: int = OPENFLOW_PORT
@@ -142,19 +142,17 @@ def from_args(args: argparse.Namespace) -> Settings:
     for flag, value in (("--heartbeat-timeout", args.heartbeat_timeout), ("--settle", args.settle),
                         ("--locate-timeout", args.locate_timeout),
                         ("--barrier-timeout", args.barrier_timeout), ("--agent-timeout", args.agent_timeout),
-                        ("--migration-lease", args.migration_lease)):
+                        ("--migration-lease", args.migration_lease), ("--load-capacity", args.load_capacity)):
         if value <= 0:
             raise InvalidArgument(f"{flag} must be positive, not {value}")
     for flag, count in (("--replicas", args.replicas), ("--sync-rate", args.sync_rate),
                         ("--max-syncs", args.max_syncs)):
         if count < 1:
             raise InvalidArgument(f"{flag} must be at least 1, not {count}")
-    if args.table_budget < 0:
-        raise InvalidArgument(f"--table-budget must be 0 (no limit) or positive, not {args.table_budget}")
-    if args.load_capacity <= 0:
-        raise InvalidArgument(f"--load-capacity must be positive, not {args.load_capacity}")
-    if args.load_poll < 0:
-        raise InvalidArgument(f"--load-poll must be 0 (off) or positive, not {args.load_poll}")
+    for flag, value, zero in (("--table-budget", args.table_budget, "no limit"),
+                              ("--load-poll", args.load_poll, "off")):
+        if value < 0:
+            raise InvalidArgument(f"{flag} must be 0 ({zero}) or positive, not {value}")
     return Settings(space=space, gateway_ip=args.gateway, bounds=bounds, capacity=args.capacity,
                     bootstrap=bootstrap, replicas=args.replicas, sync_rate=args.sync_rate,
                     max_syncs=args.max_syncs, settle_s=args.settle, locate_timeout_s=args.locate_timeout,

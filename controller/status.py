@@ -1,10 +1,11 @@
 """`metaflowctl status`: what the controller knows, read from its REST API.
 
 One signed GET per view (tree, servers, request load, flow tables,
-operations under way, recent events) through the declared routes and the client every other
-caller uses, printed as a summary an operator can scan, or as one JSON
-object (``--json``) for scripts. Standard library only: it belongs to the
-client role, so an operator's laptop needs neither os-ken nor Mininet.
+operations under way, recent events) through the declared routes and the
+client every other caller uses, printed as a summary an operator can scan,
+or as one JSON object (``--json``) for scripts. Standard library only: it
+belongs to the client role, so an operator's laptop needs neither os-ken nor
+Mininet.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,16 +189,18 @@ async def _records(store: LevelDBStore) -> tuple[list[Record], int, list[int]]:
     return rows, await store.total(), counts
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(view=views(), stream=streams())
-def test_the_compiled_path_answers_exactly_as_the_python_path(sides, view, stream):
-    compiled, python = sides
+def _answers_as_the_python_path(pair: tuple[Side, Side], view, stream: list[bytes],
+                                exchange: Callable[[MetadataService, list[bytes]], Awaitable[bytes]]) -> None:
+    """The first side, fed `stream` through `exchange`, gives the same bytes,
+    leaves the same records and counts the same as the Python path (the
+    second side) does, but for the requests it answered itself."""
+    compiled, python = pair
     epoch = next(EPOCHS)
-    for side in sides:
+    for side in pair:
         _apply(side.service, view, epoch)
 
     async def both() -> tuple[bytes, bytes]:
-        return await _exchange(compiled.service, stream), await _exchange(python.service, stream)
+        return await exchange(compiled.service, stream), await _exchange(python.service, stream)
 
     got, want = asyncio.run(both())
     assert got == want
@@ -206,6 +208,12 @@ def test_the_compiled_path_answers_exactly_as_the_python_path(sides, view, strea
     taken = Counter(compiled.service.stats)
     del taken["compiled_requests"]
     assert taken == python.service.stats
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(view=views(), stream=streams())
+def test_the_compiled_path_answers_exactly_as_the_python_path(sides, view, stream):
+    _answers_as_the_python_path(sides, view, stream, _exchange)
 
 
 def test_the_lane_answers_what_it_takes_on_and_declines_the_rest(sides):
@@ -322,20 +330,7 @@ async def _over_tcp(service: MetadataService, chunks: list[bytes]) -> bytes:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(view=views(), stream=streams())
 def test_the_worker_threads_answer_exactly_as_the_python_path(threaded, view, stream):
-    workers, python = threaded
-    epoch = next(EPOCHS)
-    for side in threaded:
-        _apply(side.service, view, epoch)
-
-    async def both() -> tuple[bytes, bytes]:
-        return await _over_tcp(workers.service, stream), await _exchange(python.service, stream)
-
-    got, want = asyncio.run(both())
-    assert got == want
-    assert asyncio.run(_records(workers.store)) == asyncio.run(_records(python.store))
-    taken = Counter(workers.service.stats)
-    del taken["compiled_requests"]
-    assert taken == python.service.stats
+    _answers_as_the_python_path(threaded, view, stream, _over_tcp)
 
 
 def test_the_worker_threads_answer_on_the_lane_and_hand_over_the_rest(threaded):
