@@ -7,6 +7,7 @@ from typing import Any
 
 from client_lib.cidr import Block
 from client_lib.resp import ArgLimit
+from nat_agent.ops_meter import Buckets
 from nat_agent.store import RecordAccess
 
 class CommandParser:
@@ -33,9 +34,12 @@ class FastLane:
     """The common commands answered end to end in compiled code (`lane.rs`)."""
 
     def __init__(self, *, space: Block, max_length: int, access: RecordAccess, writing: dict[str, Any],
-                 stats: Counter[str], counters: list[tuple[bytes, str]], total: str) -> None: ...
+                 stats: Counter[str], counters: list[tuple[bytes, str]], total: str,
+                 buckets: Buckets) -> None: ...
     @property
     def version(self) -> int: ...
+    def ops_counts(self) -> bytes:
+        """Requests answered here per bucket since the start (`nat_agent.ops_meter.Counts`)."""
     def set_table(self, version: int, reads: list[tuple[int, int]],
                   writes: list[tuple[int, int]]) -> None: ...
     def answer(self, parser: CommandParser, resp3: bool, budget: int) -> bytes | None: ...

@@ -13,10 +13,9 @@ Authentication (`client_lib.api.auth`): every request must be signed with
 the cluster's secret (``--secret-file``); one that is unsigned, signed
 with another secret, too old or replayed gets 401 and changes nothing.
 With ``--open-reads`` the routes that change nothing (``/health``,
-``/blocks``, ``POST /count``, ``/stats``, ``GET /migrations``, ``GET
-/syncs``) also answer
-unsigned callers. Responses are signed, so a caller knows it reached an
-agent of its cluster.
+``/blocks``, ``POST /count``, ``POST /ops``, ``/stats``, ``GET
+/migrations``, ``GET /syncs``) also answer unsigned callers. Responses
+are signed, so a caller knows it reached an agent of its cluster.
 
 Where it listens: ``--admin`` (default ``127.0.0.1:9001``, loopback only).
 In a deployment it is the management address; never the data network,
@@ -51,6 +50,7 @@ from client_lib.api.admin import (
     ImportProgress,
     MigrationList,
     MigrationReport,
+    OpsReport,
     Stats,
     SyncList,
     SyncReport,
@@ -60,6 +60,7 @@ from client_lib.api.route import Route
 from client_lib.api.server import MAX_BODY, Call, Dispatcher
 from nat_agent.agent import Agent
 from nat_agent.migration import Migrator, decode_records
+from nat_agent.ops_meter import OpsMeter
 from nat_agent.syncs import Syncs
 
 StatsSource = Callable[[], Stats]
@@ -68,15 +69,18 @@ Handler = Callable[[Call], Awaitable[object]]
 
 class AdminApi:
     def __init__(self, agent: Agent, migrator: Migrator, syncs: Syncs, stats: StatsSource,
-                 verifier: Verifier, open_reads: bool = False) -> None:
+                 meter: OpsMeter, verifier: Verifier, open_reads: bool = False) -> None:
+        """`meter`: the service's requests per ID (`MetadataService.ops`)."""
         self.agent = agent
         self.migrator = migrator
         self.syncs = syncs
         self.stats = stats
+        self.meter = meter
         self.dispatcher = Dispatcher(ADMIN.ALL, verifier, open_reads)
         self.handlers: dict[Route[Any, Any], Handler] = {
             ADMIN.health: self.health, ADMIN.blocks: self.blocks, ADMIN.count: self.count,
-            ADMIN.stats: self.get_stats, ADMIN.assign: self.assign, ADMIN.disown: self.disown,
+            ADMIN.ops: self.ops, ADMIN.stats: self.get_stats,
+            ADMIN.assign: self.assign, ADMIN.disown: self.disown,
             ADMIN.sync: self.sync, ADMIN.syncs: self.list_syncs,
             ADMIN.migrations: self.migrations, ADMIN.migration: self.migration,
             ADMIN.migrate: self.migrate, ADMIN.commit: self.commit, ADMIN.abort: self.abort,
@@ -126,6 +130,13 @@ class AdminApi:
 
     async def count(self, call: Call) -> Counts:
         return Counts([await self.agent.count(first, last) for first, last in call.body.ranges])
+
+    async def ops(self, call: Call) -> OpsReport:
+        ranges = call.body.ranges
+        for first, last in ranges:
+            self.agent.check_range(first, last)
+        window = self.meter.window()
+        return OpsReport([window.ops(first, last) for first, last in ranges], round(window.seconds, 3))
 
     async def get_stats(self, call: Call) -> Stats:
         return self.stats()

@@ -239,9 +239,13 @@ class Agent:
 
     # -- counts --------------------------------------------------------------
 
-    async def count(self, first: int, last: int) -> int:
+    def check_range(self, first: int, last: int) -> None:
+        """An inclusive ID range asked about must be a range of this space: bad input (400)."""
         if first > last or not (self.space.contains(first) and self.space.contains(last)):
             raise InvalidArgument(f"range {first}..{last} is empty or outside {self.space}")
+
+    async def count(self, first: int, last: int) -> int:
+        self.check_range(first, last)
         return await self.store.count(first, last)
 
     async def blocks_report(self) -> BlocksReport:

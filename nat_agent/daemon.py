@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "signed with it, and the agent signs its calls to agents and the controller")
     p.add_argument("--open-reads", action="store_true",
                    help="let unsigned callers use the admin routes that change nothing "
-                        "(health, blocks, count, stats, migrations)")
+                        "(health, blocks, count, ops, stats, migrations, syncs)")
     p.add_argument("--peer-timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds one call to another agent may take during a migration")
     p.add_argument("--replication", default=None, metavar="HOST:PORT",
@@ -242,7 +242,7 @@ async def run(args: argparse.Namespace) -> None:
             return Stats(counters, rewriter.stats())
 
         # The admin API comes up last: once /health answers, everything is in place.
-        admin = AdminApi(agent, migrator, syncs, stats,
+        admin = AdminApi(agent, migrator, syncs, stats, service.ops,
                          Verifier(args.secret, server_authority(admin_host, admin_port)),
                          open_reads=args.open_reads)
         await admin.start(admin_host, admin_port)

@@ -110,6 +110,7 @@ from nat_agent.connection import (
     settled,
     sweep,
 )
+from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
 from nat_agent.store import Condition, IfEqual, InDirectory
@@ -216,6 +217,7 @@ class MetadataService:
         self._workers: ServiceLoop | None = None
         self._handed: set[asyncio.Task[None]] = set()  # handed-over commands that wait in the store
         self._sweeper: asyncio.Task[None] | None = None
+        self._sampler: asyncio.Task[None] | None = None
         # name: (handler, min args, max args, stats counter); args after the name
         self._commands: dict[bytes, tuple[Handler, int, int, str]] = {
             name: (handler, least, most, "cmd_" + name.decode().lower())
@@ -240,6 +242,14 @@ class MetadataService:
         }
 
         self._lane = self._fast_lane() if compiled else None
+        self.ops = OpsMeter(self.space, None if self._lane is None else self._lane.ops_counts)
+        """Requests served per part of the ID space (``POST /ops``). Each key
+        of a command counts once when this server serves it (GET, SET, DEL,
+        DELIFEQ, EXISTS, ECREATE, ERMDIR, ELIST), on the path that answers it:
+        the lane for what it takes on, else the handler, once the key passed
+        the ownership check. A key answered MOVED or TRYAGAIN does not count:
+        its load is another server's, or comes back with the retry. Nor does
+        STAT, a debugging aid answered for any ID."""
 
     def _fast_lane(self) -> FastLane | None:
         access = self.store.record_access()
@@ -247,7 +257,8 @@ class MetadataService:
             return None
         return FastLane(space=self.space, max_length=PATH_MAX, access=access, writing=self.writing,
                         stats=self.stats, counters=[(name, spec[3]) for name, spec in self._commands.items()
-                                                    if name in FAST_COMMANDS], total="compiled_requests")
+                                                    if name in FAST_COMMANDS], total="compiled_requests",
+                        buckets=Buckets.of(self.space))
 
     def lane(self) -> FastLane | None:
         """The compiled path, its table in step with the ownership view."""
@@ -263,7 +274,14 @@ class MetadataService:
         `transparent`: accept connections to any address the routes deliver
         here, and answer from it (the ``local`` rewrite's mdids)."""
         if self.limits.workers > 0 and self._lane is not None:
-            return self._start_workers(host, port, transparent, self._lane)
+            port = self._start_workers(host, port, transparent, self._lane)
+        else:
+            port = await self._listen(host, port, transparent)
+        self._sampler = asyncio.get_running_loop().create_task(self._sample_ops(), name="ops-sampler")
+        return port
+
+    async def _listen(self, host: str, port: int, transparent: bool) -> int:
+        """Serve the port on the event loop."""
         loop = asyncio.get_running_loop()
         if transparent:
             self._server = await loop.create_server(lambda: Connection(self),
@@ -306,8 +324,17 @@ class MetadataService:
         self.agent.inflight.barrier = self._workers.barrier
         return port
 
+    async def _sample_ops(self) -> None:
+        """The snapshots `ops` slides its window over."""
+        while True:
+            await asyncio.sleep(SAMPLE_S)
+            self.ops.sample()
+
     async def stop(self) -> None:
         """Stop accepting, then close every client connection."""
+        if self._sampler is not None:
+            self._sampler.cancel()
+            self._sampler = None
         if self._workers is not None:
             workers, self._workers = self._workers, None
             self.agent.inflight.barrier = None
@@ -539,6 +566,7 @@ class MetadataService:
         ident, path, _ = self._served(args[0], write=False)
         if self.writing and path in self.writing:
             ident, path, _ = await self._settled(args[0], write=False)
+        self.ops.count(ident)
         return await self._admitted(self.store.get(ident, path))
 
     async def _set(self, conn: Client, args: list[bytes]) -> Reply:
@@ -548,6 +576,7 @@ class MetadataService:
         ident, path, held = self._served(args[0], write=True)
         if self.writing and path in self.writing:
             ident, path, held = await self._settled(args[0], write=True)
+        self.ops.count(ident)
         if held.peers:
             known: Change = args[1] if when is None and not get else UNCHANGED
             return await self._replicated(ident, path, self._put(ident, path, args[1], when, get), known)
@@ -569,6 +598,8 @@ class MetadataService:
 
     async def _del(self, conn: Client, args: list[bytes]) -> Reply:
         keys = [self._served(raw, write=True) for raw in args]  # all checked before any is touched
+        for ident, _, _ in keys:
+            self.ops.count(ident)
         if not self.writing and not any(held.peers for _, _, held in keys):
             return await self._admitted(self._sum(self.store.delete, [(i, p) for i, p, _ in keys]))
         deleted = 0
@@ -588,11 +619,14 @@ class MetadataService:
         """``DELIFEQ key value``: a compare-and-delete, so a retried or late
         delete cannot remove a newer value (a rename's last step)."""
         ident, path, held = await self._settled(args[0], write=True)
+        self.ops.count(ident)
         work = self._delete(ident, path, args[1])
         return await self._conditional(ident, path, held, work)
 
     async def _exists(self, conn: Client, args: list[bytes]) -> Reply:
         keys = [self._served(raw, write=False) for raw in args]
+        for ident, _, _ in keys:
+            self.ops.count(ident)
         if self.writing:
             keys = [await self._settled(raw, write=False) for raw in args]
         return await self._admitted(self._sum(self.store.exists, [(i, p) for i, p, _ in keys]))
@@ -615,6 +649,7 @@ class MetadataService:
         except ValueError as exc:
             raise CommandError(f"ERR invalid entry: {exc}") from None
         ident, path, held = await self._settled(key, write=True)
+        self.ops.count(ident)
         header = path.partition("\0")[0]
         work = self._create_entry(ident, path, args[2], header)
         return await self._conditional(ident, path, held, work)
@@ -630,6 +665,7 @@ class MetadataService:
     async def _ermdir(self, conn: Client, args: list[bytes]) -> Reply:
         """``ERMDIR directory``: delete the directory's header if it has no entries."""
         ident, path, held = await self._settled(self._directory(args[0], "ERMDIR"), write=True)
+        self.ops.count(ident)
         work = self._remove_directory(ident, path)
         return await self._conditional(ident, path, held, work)
 
@@ -645,6 +681,7 @@ class MetadataService:
         after = args[1] if len(args) > 1 else b""
         count = _count(args[2]) if len(args) > 2 else ELIST_DEFAULT
         ident, path, _ = self._served(args[0], write=False)
+        self.ops.count(ident)
         if after:
             try:
                 entry_key(path, after)

@@ -126,6 +126,18 @@ class Counts:
 
 
 @dataclass(frozen=True)
+class OpsReport:
+    """Requests the agent served in each asked-for inclusive ID range over its
+    last `seconds` (a sliding window of about `nat_agent`'s
+    `OPS_WINDOW_S`): the per-range load a switch entry is too coarse to
+    give, for splitting and moving by load. Counted per 1/65,536th of the ID
+    space; a range that cuts such a bucket gets its share pro rata."""
+
+    counts: list[int]
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Stats:
     """Counters of the metadata service and of the address rewrite."""
 
@@ -271,6 +283,9 @@ class ADMIN:
     count = Route(
         "POST", "/count", CountRequest, Counts, changes=False,
         summary="keys in each inclusive ID range")
+    ops = Route(
+        "POST", "/ops", CountRequest, OpsReport, changes=False,
+        summary="requests served in each inclusive ID range over the last few seconds")
     stats: Route[None, Stats] = Route(
         "GET", "/stats", None, Stats, changes=False,
         summary="service and rewrite counters")

@@ -122,10 +122,13 @@ def test_reads_are_open_to_unsigned_callers_only_with_open_reads(tmp_path: Path)
     with AgentProcess(f"leveldb:{tmp_path / 'closed'}", own=[str(SPACE)]) as closed:
         assert _send(closed, "GET", "/health")[0] == 401
         assert _send(closed, "POST", "/count", count)[0] == 401
+        assert _send(closed, "POST", "/ops", count)[0] == 401
     with AgentProcess(f"leveldb:{tmp_path / 'open'}", "--open-reads", own=[str(SPACE)]) as opened:
         status, health = _send(opened, "GET", "/health")
         assert status == 200 and health["name"] == opened.name
         assert _send(opened, "POST", "/count", count) == (200, {"counts": [0]})
+        status, ops = _send(opened, "POST", "/ops", count)
+        assert status == 200 and ops["counts"] == [0]
         assert _send(opened, "GET", "/migrations")[0] == 200
         assert _send(opened, "GET", "/syncs") == (200, {"syncs": []})
         assign = codec.dumps(_solo(opened, SPACE))

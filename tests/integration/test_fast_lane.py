@@ -37,6 +37,7 @@ from nat_agent._fastpath import FastLane, route
 from nat_agent.agent import Agent, Identity
 from nat_agent.connection import Connection
 from nat_agent.leveldb_store import LevelDBStore
+from nat_agent.ops_meter import Buckets
 from nat_agent.replication import Replicator
 from nat_agent.service import MetadataService, ServiceLimits
 from nat_agent.store import Record
@@ -189,11 +190,19 @@ async def _records(store: LevelDBStore) -> tuple[list[Record], int, list[int]]:
     return rows, await store.total(), counts
 
 
+def _ops(service: MetadataService) -> list[int]:
+    """The requests the service served per ID (a bucket each, in this small space)."""
+    window = service.ops.window()
+    return [window.ops(i, i) for i in range(SPACE.first, SPACE.last + 1)]
+
+
 def _answers_as_the_python_path(pair: tuple[Side, Side], view, stream: list[bytes],
                                 exchange: Callable[[MetadataService, list[bytes]], Awaitable[bytes]]) -> None:
     """The first side, fed `stream` through `exchange`, gives the same bytes,
     leaves the same records and counts the same as the Python path (the
-    second side) does, but for the requests it answered itself."""
+    second side) does, but for the requests it answered itself; and its
+    lane and Python path together count every served request by ID once,
+    as the Python path alone does."""
     compiled, python = pair
     epoch = next(EPOCHS)
     for side in pair:
@@ -208,6 +217,7 @@ def _answers_as_the_python_path(pair: tuple[Side, Side], view, stream: list[byte
     taken = Counter(compiled.service.stats)
     del taken["compiled_requests"]
     assert taken == python.service.stats
+    assert _ops(compiled.service) == _ops(python.service)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -237,6 +247,9 @@ def test_the_lane_answers_what_it_takes_on_and_declines_the_rest(sides):
                            b"b'rel'\r\n" + encode_reply(MARK))
     assert compiled.service.stats["compiled_requests"] == 3 + (0 if batch else 1)
     assert python.service.stats["compiled_requests"] == 0
+    counted = [0] * SPACE.size   # GET, EXISTS, SET and SET XX of /a, on whichever path
+    counted[mdid_of_key(b"/a", SPACE) - SPACE.first] = 4
+    assert _ops(compiled.service) == _ops(python.service) == counted
 
 
 def test_the_key_step_is_the_python_one():
@@ -297,7 +310,10 @@ def threaded(request, tmp_path: Path) -> Iterator[tuple[Side, Side]]:
         agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
         replicator = Replicator(agent.ownership, NAME, b"s" * 32)
         limits = ServiceLimits(max_value=MAX_VALUE, workers=workers)
-        made.append(Side(MetadataService(agent, replicator, limits, compiled=compiled), store))
+        service = MetadataService(agent, replicator, limits, compiled=compiled)
+        # A clock that stands still: its sampler never slides the window, so `_ops` is cumulative.
+        service.ops.clock = itertools.repeat(service.ops.clock()).__next__
+        made.append(Side(service, store))
     yield made[0], made[1]
     for side in made:
         asyncio.run(side.store.close())
@@ -373,7 +389,8 @@ def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path
     slowed = dataclasses.replace(access, put=slow_put)
     service._lane = FastLane(space=SPACE, max_length=PATH_MAX, access=slowed,
                              writing=service.writing, stats=service.stats,
-                             counters=[(b"SET", "cmd_set")], total="compiled_requests")
+                             counters=[(b"SET", "cmd_set")], total="compiled_requests",
+                             buckets=Buckets.of(SPACE))
     _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
 
     async def run() -> tuple[list[Record], bytes]:

@@ -41,6 +41,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::keys::Keyspace;
+use crate::ops::OpsCounts;
 use crate::parser::CommandParser;
 
 type Table = Vec<(u128, u128)>;
@@ -89,6 +90,7 @@ pub struct FastLane {
     stats: Py<PyDict>,
     counters: Vec<(Vec<u8>, PyObject)>,
     total: PyObject,
+    ops: OpsCounts,
 }
 
 /// The ID is inside one of the table's sorted, disjoint ranges.
@@ -113,9 +115,11 @@ impl FastLane {
     /// `unsynced` is None, i.e. no write waits for a sync); `writing`: the
     /// replicated writes under way; `stats`: the service's counters,
     /// `counters` the name each command counts under, `total` the name
-    /// everything this lane answered counts under.
+    /// everything this lane answered counts under; `buckets`: how the
+    /// requests it serves are counted by ID (`nat_agent.ops_meter.Buckets`).
     #[new]
-    #[pyo3(signature = (*, space, max_length, access, writing, stats, counters, total))]
+    #[pyo3(signature = (*, space, max_length, access, writing, stats, counters, total, buckets))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         space: &Bound<'_, PyAny>,
         max_length: usize,
@@ -124,6 +128,7 @@ impl FastLane {
         stats: Py<PyDict>,
         counters: Vec<(Vec<u8>, PyObject)>,
         total: PyObject,
+        buckets: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
         Ok(FastLane {
             space: Keyspace::of(space, max_length)?,
@@ -133,6 +138,7 @@ impl FastLane {
             stats,
             counters,
             total,
+            ops: OpsCounts::of(buckets)?,
         })
     }
 
@@ -141,6 +147,12 @@ impl FastLane {
     fn set_table(&self, version: i64, reads: Table, writes: Table) {
         *self.tables.lock().expect("never poisoned: nothing panics holding it") =
             Arc::new(Tables { version, reads, writes });
+    }
+
+    /// The GET, SET and EXISTS answered here per bucket since the start
+    /// (`OpsCounts`); what the lane declines, the Python path counts.
+    fn ops_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        self.ops.to_bytes(py)
     }
 
     /// The `Ownership.version` the tables were computed at.
@@ -283,10 +295,13 @@ impl FastLane {
             }
         }
         let value = self.records.get.call1(py, (&record,)).ok()?;
-        if value.is_none(py) {
-            return Some(None);
-        }
-        value.downcast_bound::<PyBytes>(py).ok().map(|v| Some(v.clone().unbind()))
+        let found = if value.is_none(py) {
+            None
+        } else {
+            Some(value.downcast_bound::<PyBytes>(py).ok()?.clone().unbind())
+        };
+        self.ops.count(id);
+        Some(found)
     }
 
     /// Write a key served here for writes; false to decline (nothing written).
@@ -304,6 +319,7 @@ impl FastLane {
         if self.records.put.call(py, (&record, PyBytes::new(py, value)), options).is_err() {
             return false; // not written: the Python path tries again and words the failure
         }
+        self.ops.count(id);
         if old.is_none(py) {
             // Written, so never declined now: a failure to count it is reported, not retried.
             if let Err(err) = self.records.counted.call1(py, (id,)) {

@@ -7,6 +7,8 @@
 //! * `ServiceLoop` (`server.rs`) serves the port itself on N threads, the
 //!   lane on each, handing what the lane declines to the service.
 //! * `route` (`keys.rs`) is its key step on its own, for that comparison.
+//! * `OpsCounts` (`ops.rs`) counts what the lane served per bucket of the ID
+//!   space, for the admin API's `POST /ops`.
 //!
 //! The first piece was the RESP *command* parser the service runs on every
 //! byte a client sends: `CommandParser` is a drop-in for the command side of
@@ -20,6 +22,7 @@
 mod keys;
 mod lane;
 mod number;
+mod ops;
 mod parser;
 mod pyrepr;
 mod server;
