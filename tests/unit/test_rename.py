@@ -34,10 +34,14 @@ class Clock:
         self.now += int(seconds * 1e9)
 
 
+_INODES = itertools.count(100)
+"""One allocator for every client of every test: inode numbers never repeat.
+(Each client once took a range from its records' memory address modulo 997,
+and two clients of one test now and then drew the same range.)"""
+
+
 def _namespace(records: MemoryRecords, clock: Clock) -> Namespace:
-    inodes = itertools.count(100)
-    return Namespace(records, root=ROOT, clock=clock, sleep=clock.sleep,
-                     new_ino=lambda: next(inodes) + 1000 * id(records) % 997 * 10**6)
+    return Namespace(records, root=ROOT, clock=clock, sleep=clock.sleep, new_ino=lambda: next(_INODES))
 
 
 def _whole_tree(ns: Namespace) -> Tree:
