@@ -27,6 +27,7 @@ import networkx as nx
 
 from btree.balance import ImbalanceModel, imbalance_factor, transfers
 from btree.flows import FlowDiff, FlowPlanner
+from btree.rebalance import ChurnLimit
 from btree.replicas import Placement, Replicas
 from btree.tree import LogicalBTree, Move, State
 from client_lib.api.admin import ADMIN, AssignRequest, Member, Role
@@ -58,6 +59,7 @@ from controller.failover import failover_saga
 from controller.inventory import Inventory
 from controller.load import LoadMeter
 from controller.migrations import salvage_now
+from controller.rebalance import rebalance_saga
 from controller.registry import Registry, Server
 from controller.repair import repair_saga
 from controller.routing import Routes, diff_routes, host_routes
@@ -127,6 +129,7 @@ class MetaFlowCore:
         self.imbalance = ImbalanceModel(settings.load_capacity)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
         """Per-server load after each of the last complete polls."""
+        self.churn = ChurnLimit(settings.churn_per_move, settings.churn_per_minute, clock)
 
     # -- the one entry point ---------------------------------------------------------
 
@@ -195,9 +198,7 @@ class MetaFlowCore:
         if dpid is not None:
             if isinstance(event, StepDone) and isinstance(event.result, list):
                 self.load.observe(dpid, self.clock(), ofmsgs.entry_counts(event.result))
-            if not self._polls:
-                self._judge_load()
-            return []   # a failed read: the next poll asks again
+            return self._judge_load() if not self._polls else []   # a failed read: the next poll asks again
         what = self._loose.pop(event.step, None)
         if what is not None:
             if isinstance(event, StepFailed):
@@ -608,20 +609,33 @@ class MetaFlowCore:
             steps.append(step)
         return steps
 
-    def _judge_load(self) -> None:
-        """After each complete poll: once the imbalance model has seen
-        `hold` harmful polls in a row, say what it would ship where (the
-        transfers are not carried out yet: moves by load are not built)."""
+    def _judge_load(self) -> list[Step]:
+        """After each complete poll: once the imbalance model has seen `hold`
+        harmful polls in a row, say what it would ship where and (unless
+        `--no-rebalance`) start moving load off the hottest server that is
+        not busy with another operation (`controller.rebalance`)."""
         loads = self._owner_loads(self._server_loads())
         if not loads:
-            return
+            return []
         self._loads.append(loads)
-        if self.imbalance.should_rebalance(self._loads):
-            plan = transfers(loads, self.settings.load_capacity)
-            self.event("imbalanced", factor=round(self.imbalance.factor(loads), 4),
-                       transfers=[{"from": t.source, "to": t.target, "packets_per_s": round(t.load)}
-                                  for t in plan])
-            self._loads.clear()   # said once per `hold` polls, not on every poll
+        if not self.imbalance.should_rebalance(self._loads):
+            return []
+        plan = transfers(loads, self.settings.load_capacity)
+        self.event("imbalanced", factor=round(self.imbalance.factor(loads), 4),
+                   transfers=[{"from": t.source, "to": t.target, "packets_per_s": round(t.load)}
+                              for t in plan])
+        self._loads.clear()   # said once per `hold` polls, not on every poll
+        busy = self.operations.reserved()
+        sources = [t.source for t in plan if t.source not in busy]
+        if not self.settings.rebalance or not sources or any(
+                op.kind == "rebalance" for op in self.operations.running.values()):
+            return []
+        return self.start("rebalance", sources[0], {sources[0]},
+                          lambda op: rebalance_saga(self, op, sources[0], loads))
+
+    def stored_keys(self) -> int:
+        """Keys the live servers hold, by their last heartbeats: what churn limits are shares of."""
+        return sum(server.keys for server in self.registry.live())
 
     def _server_loads(self) -> dict[str, float]:
         """Packets a second toward each located server, from the polls of its edge."""

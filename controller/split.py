@@ -26,19 +26,19 @@ is finished (the switches re-synced to the tree, the target told to serve).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from btree.merge import plan_merge
 from btree.replicas import ReplicaSet
 from btree.split import SplitPlan, plan_split
 from btree.tree import Move
-from client_lib.api.admin import ADMIN, CountRequest, MigrationReport
+from client_lib.api.admin import MigrationReport
 from client_lib.api.rest import Outcome
 from client_lib.cidr import Block
 from controller import migrations
+from controller.oracles import KEYS, Ask, answered
 from controller.saga import Cancelled, Operation, Saga, StepError
-from controller.steps import CallAgent
 
 if TYPE_CHECKING:
     from controller.core import MetaFlowCore
@@ -56,7 +56,7 @@ def split_saga(core: MetaFlowCore, op: Operation, name: str) -> Saga:
         return plan
     if not plan.ok or plan.target is None:
         return core.outcome_event("split-refused", server=name, reason=plan.reason)
-    moved = yield from _move(core, op, "split", name, list(plan.move), plan.target)
+    moved = yield from move_blocks(core, op, "split", name, list(plan.move), plan.target)
     if isinstance(moved, Outcome):
         return moved
     record = {**moved, "keys_total": plan.keys_total, "total_s": round(core.clock() - started, 4)}
@@ -88,7 +88,7 @@ def _merge_for(core: MetaFlowCore, op: Operation, name: str) -> Saga:
         core.event("merge-refused", server=name, reason=merge.reason)
         return None
     op.involves |= {merge.source, merge.target}
-    moved = yield from _move(core, op, "merge", merge.source, tree.blocks(merge.source), merge.target)
+    moved = yield from move_blocks(core, op, "merge", merge.source, tree.blocks(merge.source), merge.target)
     if isinstance(moved, Outcome):
         return moved
     core.registry[merge.target].keys += merge.keys   # until its next heartbeat says
@@ -97,7 +97,7 @@ def _merge_for(core: MetaFlowCore, op: Operation, name: str) -> Saga:
     return None
 
 
-def _move(core: MetaFlowCore, op: Operation, kind: str, name: str, blocks: list[Block],
+def move_blocks(core: MetaFlowCore, op: Operation, kind: str, name: str, blocks: list[Block],
           target: str) -> Saga:
     """Move `blocks` from `name` to `target`, which gets them with a whole new
     replica set (copy, assign, flows, commit, serve); the record of the move,
@@ -194,44 +194,17 @@ def _drop_old_backups(core: MetaFlowCore, source: str, blocks: list[Block], old:
         yield from migrations.drop(core, member, blocks, "moved by a split")
 
 
-class _NeedCounts(Exception):
-    """The planner asked for a count not fetched yet."""
-
-
-def _oracle(counts: dict[tuple[int, int], int],
-            missing: list[tuple[int, int]]) -> Callable[[str, int, int], int]:
-    """Counts as the planner asks for them; one not fetched yet is noted in
-    `missing` and stops this replay of the planner."""
-    def oracle(_leaf: str, first: int, last: int) -> int:
-        if (first, last) not in counts:
-            missing.append((first, last))
-            raise _NeedCounts
-        return counts[(first, last)]
-    return oracle
-
-
-def _plan(core: MetaFlowCore, op: Operation, name: str) -> Any:
-    """Replay the planner until every count it asks for is known, fetching
-    the missing ones from the agent: the planner stays a plain function of
-    an oracle, and the core never waits for a count."""
-    source = core.registry[name]
+def _plan(core: MetaFlowCore, op: Operation, name: str) -> Saga:
+    """The planner on the agent's key counts (`controller.oracles`), its
+    blocks' own counts fetched first."""
     tree = core.tree_or_raise()
-    counts: dict[tuple[int, int], int] = {}
-    wanted = [(b.first, b.last) for b in tree.blocks(name)]
-    while True:
-        if wanted:
-            reply = yield CallAgent(server=name, url=source.admin_url, route=ADMIN.count,
-                                    body=CountRequest(wanted))
-            counts.update(zip(wanted, reply.counts, strict=True))
-        missing: list[tuple[int, int]] = []
-        oracle = _oracle(counts, missing)
-        try:
-            planner = core.planner_or_raise()
-            plan: SplitPlan = plan_split(tree, name, oracle, core.settings.bounds, method="aligned",
-                                         cost=planner.cost_of,
-                                         avoid=core.operations.reserved() - op.involves,
-                                         fits=planner.keeps(core.settings.table_budget))
-        except _NeedCounts:
-            wanted = missing
-            continue
-        return plan
+    planner = core.planner_or_raise()
+
+    def decide(asks: Mapping[str, Ask]) -> SplitPlan:
+        keys = asks[KEYS]
+        return plan_split(tree, name, lambda _leaf, first, last: keys(first, last), core.settings.bounds,
+                          method="aligned", cost=planner.cost_of,
+                          avoid=core.operations.reserved() - op.involves,
+                          fits=planner.keeps(core.settings.table_budget))
+
+    return (yield from answered(core, name, decide, {KEYS: [(b.first, b.last) for b in tree.blocks(name)]}))

@@ -10,7 +10,7 @@ then send packets through what the switches really hold.
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,6 +36,7 @@ from client_lib.api.admin import (
     ImportProgress,
     MigrationList,
     MigrationReport,
+    OpsReport,
     Role,
     SyncList,
     SyncReport,
@@ -181,6 +182,9 @@ class FakeAgent:
     migrations: dict[str, FakeMigration] = field(default_factory=dict)
     imports: dict[str, list[Block]] = field(default_factory=dict)
     syncs: list[SyncReport] = field(default_factory=list)
+    requests: Counter[int] = field(default_factory=Counter)
+    """Packets `World.deliver` brought here, per ID: what `/ops` reports (the
+    fake's window is everything since the last `requests.clear()`)."""
     suspended: bool = False
     reachable: bool = True
     dead: bool = False
@@ -280,6 +284,10 @@ class FakeAgent:
 
     def _count(self, body: Any) -> Counts:
         return Counts([self._keys_in(a, b) for a, b in body.ranges])
+
+    def _ops(self, body: Any) -> OpsReport:
+        return OpsReport([sum(n for m, n in self.requests.items() if a <= m <= b) for a, b in body.ranges],
+                         seconds=1.0)   # no window: the caller clears `requests`
 
     def _assign(self, body: AssignRequest) -> Assigned:
         for role in body.roles:
@@ -680,6 +688,8 @@ class World:
                 set_dst = [a for a in flow.actions if isinstance(a, parser.OFPActionSetDlDst)]
                 if not set_dst or ":".join(f"{b:02x}" for b in set_dst[0].dl_addr) != g.nodes[peer]["mac"]:
                     return Delivery(None, hops, f"{peer} reached without its MAC")
+                if peer in self.agents:
+                    self.agents[peer].requests[mdid] += packets
                 return Delivery(peer, hops)
             node = peer
         return Delivery(None, 16, "loop")

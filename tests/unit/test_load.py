@@ -12,7 +12,7 @@ from client_lib.api.rest import LoadView
 from client_lib.cidr import Block
 from controller.load import COUNTER_MODULUS, EntryCount, LoadMeter
 from controller.steps import ReadFlows, SwitchDown, SwitchUp
-from tests.unit.controller_world import SPACE, World
+from tests.unit.controller_world import SPACE, World, check_consistent
 from topology.builders import fat_tree
 
 BLOCK = Block.parse("100.64.0.0/12")
@@ -213,3 +213,78 @@ def test_a_lasting_imbalance_is_said_with_what_would_move_and_a_passing_one_is_n
     assert said["transfers"] and {t["from"] for t in said["transfers"]} == {hot}
     assert {t["to"] for t in said["transfers"]} <= set(busy[1:])
     assert poll(per_id) == [said]   # not repeated on the next poll
+
+
+def hot_range_world(**settings: object) -> tuple[World, dict[int, bytes], list[int], list[str]]:
+    """A built k=4 world (capacity 10,000 packets/s a server) with 40 keys on
+    every busy server, and 16 IDs inside the first one's first block that
+    will be the hot range: the world, what was acknowledged, the hot IDs and
+    the busy servers (the hot one first)."""
+    world = built_world(load_poll_s=1.0, load_capacity=10_000.0, **settings)
+    tree = world.core.tree_or_raise()
+    busy = [name for name in sorted(world.agents) if tree.blocks(name)]
+    acked: dict[int, bytes] = {}
+    for name in busy:
+        for block in tree.blocks(name):
+            for i in range(40 // len(tree.blocks(name))):
+                mdid = block.first + block.size * i // 40 + 1
+                assert world.write(mdid, b"v%d" % mdid) == "serve"
+                acked[mdid] = b"v%d" % mdid
+    first = tree.blocks(busy[0])[0]
+    hot = [first.first + first.size // 2 + i * 4096 for i in range(16)]
+    for mdid in hot:
+        assert world.write(mdid, b"hot") == "serve"
+        acked[mdid] = b"hot"
+    world.heartbeats()
+    return world, acked, hot, busy
+
+
+def poll_with(world: World, hot: list[int], busy: list[str], hot_packets: int) -> None:
+    """One second of load: `hot_packets` to each hot ID, 100 to one ID of each
+    block of every busy server; agents count only this second."""
+    for agent in world.agents.values():
+        agent.requests.clear()
+    for mdid in hot:
+        world.deliver(mdid, packets=hot_packets)
+    for name in busy:
+        for mdid in ids_of(world, name):
+            world.deliver(mdid, packets=100)
+    world.advance(1.0)
+    world.heartbeats()
+    world.tick()
+
+
+def test_a_hot_range_moves_to_cooler_servers_within_the_churn_limit_and_nothing_is_lost() -> None:
+    world, acked, hot, busy = hot_range_world()
+    stored = world.core.stored_keys()
+    for _ in range(4):
+        poll_with(world, hot, busy, hot_packets=500)
+    outcomes = [e for e in world.core.events if e["event"] == "rebalance"]
+    assert outcomes, [e for e in world.core.events if e["event"].startswith("rebalance")]
+    moves = outcomes[0]["moves"]
+    assert all(m["server"] == busy[0] and m["target"] != busy[0] for m in moves)
+    assert all(m["keys_moved"] <= 0.05 * stored for m in moves)
+    assert sum(m["keys_moved"] for m in moves) <= 0.2 * stored
+    owners = {world.deliver(mdid).host for mdid in hot}
+    assert len(owners) > 1   # the hot range is served by more than one server now
+    check_consistent(world, acked)
+
+
+def test_no_rebalance_only_reports() -> None:
+    world, acked, hot, busy = hot_range_world(rebalance=False)
+    for _ in range(4):
+        poll_with(world, hot, busy, hot_packets=500)
+    assert any(e["event"] == "imbalanced" for e in world.core.events)
+    assert not any(e["event"].startswith("rebalance") for e in world.core.events)
+    assert {world.deliver(mdid).host for mdid in hot} == {busy[0]}
+    check_consistent(world, acked)
+
+
+def test_a_single_hot_id_is_left_where_it_is_and_said_why() -> None:
+    world, acked, hot, busy = hot_range_world()
+    for _ in range(4):
+        poll_with(world, hot[:1], busy, hot_packets=8_000)
+    (refused, *_) = [e for e in world.core.events if e["event"] == "rebalance-refused"]
+    assert "single ID cannot be split" in refused["reason"]
+    assert world.deliver(hot[0]).host == busy[0]
+    check_consistent(world, acked)

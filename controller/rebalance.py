@@ -1,0 +1,88 @@
+"""A rebalance as a saga: moves of hot ranges off one server, each through
+the migration a split uses (copy, assign, flows, commit, serve), so that a
+move is as loss-free as a split and is undone or finished the same way
+when a server fails in its middle.
+
+When: the core starts one after a complete poll of the switches' counters
+once the imbalance model (`btree.balance.ImbalanceModel`) has seen `hold`
+harmful polls in a row, for the hottest server `btree.balance.transfers`
+would have export. What: `btree.rebalance.plan_relief`, on the agent's
+per-range request counts (`ADMIN.ops`) and key counts, for up to
+`MOVES_PER_REBALANCE` moves, re-planned after each with the load it shifted;
+every move within the churn allowance (`ChurnLimit`) and the table budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from btree.rebalance import RelievePlan, plan_relief
+from btree.tree import State
+from client_lib.api.rest import Outcome
+from controller.oracles import KEYS, REQUESTS, Ask, answered
+from controller.saga import Cancelled, Operation, Saga, StepError
+from controller.split import move_blocks
+
+if TYPE_CHECKING:
+    from controller.core import MetaFlowCore
+
+MOVES_PER_REBALANCE = 4
+"""Moves one rebalance makes at most: a hot server sheds its excess to a few
+receivers, each taking at most its own deficit."""
+
+
+def rebalance_saga(core: MetaFlowCore, op: Operation, source: str, loads: Mapping[str, float]) -> Saga:
+    """Move load off `source`; `loads` are the busy servers' packets a second
+    at the decision."""
+    started = core.clock()
+    loads = dict(loads)
+    done: list[dict[str, Any]] = []
+    reason = ""
+    for _ in range(MOVES_PER_REBALANCE):
+        allowance = core.churn.allowance(core.stored_keys())
+        op.step = "plan"
+        try:
+            plan = yield from _planned(core, op, source, loads, allowance)
+        except StepError as failed:
+            reason = f"counting: {failed}"
+            break
+        except Cancelled as why:
+            return core.outcome_event("rebalance-cancelled", server=source, reason=str(why), moves=done)
+        if not plan.ok or plan.target is None:
+            reason = plan.reason
+            break
+        op.involves.add(plan.target)
+        moved = yield from move_blocks(core, op, "rebalance", source, list(plan.move), plan.target)
+        if isinstance(moved, Outcome):
+            return moved if not done else core.outcome_event(
+                "rebalance", ok=True, server=source, moves=done, ended=moved.operation, **moved.detail)
+        keys = int(moved["keys_moved"])
+        core.churn.spend(keys)
+        core.registry[plan.target].keys += keys   # until their next heartbeats say
+        core.registry[source].keys = max(0, core.registry[source].keys - keys)
+        shifted = plan.load_share * loads[source]
+        loads[source] -= shifted
+        loads[plan.target] = loads.get(plan.target, 0.0) + shifted
+        done.append({**moved, "load_share": round(plan.load_share, 4), "to_idle": plan.to_idle})
+    if not done:
+        return core.outcome_event("rebalance-refused", server=source, reason=reason)
+    return core.outcome_event("rebalance", ok=True, server=source, moves=done,
+                              keys_moved=sum(int(m["keys_moved"]) for m in done),
+                              total_s=round(core.clock() - started, 4), stopped=reason)
+
+
+def _planned(core: MetaFlowCore, op: Operation, source: str, loads: Mapping[str, float],
+             allowance: int) -> Saga:
+    tree = core.tree_or_raise()
+    planner = core.planner_or_raise()
+    busy = {leaf: load for leaf, load in loads.items() if tree.state(leaf) is State.BUSY}
+
+    def decide(asks: Mapping[str, Ask]) -> RelievePlan:
+        return plan_relief(tree, source, busy, asks[REQUESTS], asks[KEYS], max_keys=allowance,
+                           limit=core.settings.load_capacity,
+                           avoid=core.operations.reserved() - op.involves | core.out_of_service(),
+                           fits=planner.keeps(core.settings.table_budget), cost=planner.cost_of)
+
+    return (yield from answered(core, source, decide,
+                                {REQUESTS: [(b.first, b.last) for b in tree.blocks(source)]}))
