@@ -172,17 +172,37 @@ def _undo(core: MetaFlowCore, op: Operation, source: str, moves: list[Move], old
           members: list[str], migration: MigrationReport, dpids: list[int]) -> Saga:
     """Give the blocks back to the source's set in the tree (the source still
     holds them, frozen) and re-sync the switches that may hold part of the
-    diff; the new members drop them, and the migration is aborted."""
+    diff; the new members drop them, and the migration is aborted.
+
+    A new member that is also in the old set (the source's backup chosen as
+    the target, or as a new backup) keeps them: it holds the old set's
+    records (an import keeps a backup's). It may hold its role in the new
+    set, at an epoch newer than the old set's, and epochs never go back: the
+    old set then comes back at a new epoch (at once, so that a fail-over
+    that overtakes this sees it), its members told before the source is
+    unfrozen."""
     op.step = "undo"
     replicas = core.replicas_or_raise()
     core.revert(moves)
+    holders = {m for s in old.values() for m in s.members}
+    renewed: dict[Block, ReplicaSet] = {}
     for block, s in old.items():
-        replicas.sets[block] = s
+        if holders & set(members):
+            renewed[block] = replicas.assign(block, s.members, s.unsynced)
+        else:
+            replicas.sets[block] = s
         core.not_serving.discard(block)
     replicas.realign()
     yield from core.resync(dpids)
     for member in members:
-        yield from migrations.drop(core, member, list(old), "split undone")
+        if member not in holders:
+            yield from migrations.drop(core, member, list(old), "split undone")
+    unchanged = [b for b, s in renewed.items() if replicas.sets.get(b) is s]   # no fail-over took them
+    try:
+        yield from core.reassign(unchanged)
+    except StepError as failed:
+        core.event("assign-unconfirmed", blocks=[str(b) for b in unchanged], reason=str(failed),
+                   note="a member left at the undone epoch fences the primary; a repair follows")
     if not core.registry[source].failed:
         yield from migrations.abort(core, source, migration)
 
