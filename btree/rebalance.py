@@ -84,10 +84,13 @@ class RelievePlan:
 def plan_relief(tree: LogicalBTree, source: str, loads: Mapping[str, float], load_in: RangeCount,
                 keys_in: RangeCount, *, max_keys: int, limit: float,
                 avoid: Collection[str] = (), fits: FitsFn | None = None,
-                cost: CostFn | None = None, depth: int = 24) -> RelievePlan:
+                cost: CostFn | None = None, finest: int | None = None) -> RelievePlan:
     """Decide one move of load off `source`; nothing changes until `LogicalBTree.transfer`.
     `loads` are the busy leaves' loads (the mean is theirs); leaves in
-    `avoid` do not receive."""
+    `avoid` do not receive; `finest`: the longest prefix `load_in` counts
+    exactly (the agents' resolution; default: single IDs). Below it a count
+    would be a share of its bucket, and a move chosen on it could carry
+    none of the load."""
     if tree.state(source) is not State.BUSY or source not in loads:
         return _refusal(source, f"{source!r} is not a busy leaf with a measured load")
     mean = sum(loads.values()) / len(loads)
@@ -101,7 +104,8 @@ def plan_relief(tree: LogicalBTree, source: str, loads: Mapping[str, float], loa
     if not receivers:
         return _refusal(source, "no busy leaf below the mean and no idle leaf to take load")
     smallest = min([excess, *(room for group in receivers for _, room, _ in group)])
-    prefixes = _hot_prefixes(tree.blocks(source), load_in, smallest / loads[source] * total, depth)
+    prefixes = _hot_prefixes(tree.blocks(source), load_in, smallest / loads[source] * total,
+                             tree.space.width if finest is None else finest)
     objections: list[str] = []
     keys_of: dict[Block, int] = {}
     for group in receivers:
@@ -128,7 +132,8 @@ def plan_relief(tree: LogicalBTree, source: str, loads: Mapping[str, float], loa
             *_, keys, prefix, target, load = min(options)
             return RelievePlan(source, target, (prefix,), load / total, keys, "",
                                to_idle=tree.state(target) is State.IDLE)
-    return _refusal(source, _why_none(prefixes, total, excess / loads[source], max_keys, keys_of, objections))
+    return _refusal(source, _why_none(prefixes, total, excess / loads[source], max_keys, keys_of, objections,
+                                      tree.space.width if finest is None else finest))
 
 
 def _refusal(source: str, reason: str) -> RelievePlan:
@@ -136,17 +141,15 @@ def _refusal(source: str, reason: str) -> RelievePlan:
 
 
 def _hot_prefixes(blocks: list[Block], load_in: RangeCount, amount: float,
-                  depth: int) -> list[tuple[Block, float]]:
+                  finest: int) -> list[tuple[Block, float]]:
     """Each block, and both halves at every level of a walk down its hotter
-    half until the half carries no more than `amount` (or `depth` levels, or
-    a single ID): the prefixes a move could take."""
+    half until the half carries no more than `amount` or is `finest` long:
+    the prefixes a move could take."""
     found: list[tuple[Block, float]] = []
     for block in blocks:
         load = load_in(block.first, block.last)
         found.append((block, load))
-        for _ in range(depth):
-            if load <= amount or block.plen == block.width:
-                break
+        while load > amount and block.plen < finest:
             low, high = block.halves()
             low_load = load_in(low.first, low.last)
             halves = ((low, low_load), (high, max(load - low_load, 0.0)))
@@ -174,16 +177,17 @@ def _receivers(tree: LogicalBTree, source: str, loads: Mapping[str, float], mean
 
 
 def _why_none(prefixes: list[tuple[Block, float]], total: float, share: float, max_keys: int,
-              keys_of: Mapping[Block, int], objections: list[str]) -> str:
+              keys_of: Mapping[Block, int], objections: list[str], finest: int) -> str:
     """Why no move was planned; `share`: of the source's load, what should go."""
     if objections:
         return f"every move that fits the load is refused: {objections[0]}"
     if keys_of:
         return f"every range that carries the load holds more than {max_keys} keys (the churn limit)"
-    ids = [(load, p) for p, load in prefixes if p.plen == p.width and load / total > share]
-    if ids:
-        load, hot = max(ids)
-        return (f"ID {hot.address()} alone carries {load / total:.0%} of the load, more than may move "
+    hottest = [(load, p) for p, load in prefixes if p.plen >= finest and load / total > share]
+    if hottest:
+        load, hot = max(hottest)
+        what = f"ID {hot.address()}" if hot.plen == hot.width else f"{hot}, as finely as load is counted,"
+        return (f"{what} alone carries {load / total:.0%} of the load, more than may move "
                 f"({share:.0%}): a single ID cannot be split")
     return f"no range carries near {share:.0%} of the load"
 
@@ -191,26 +195,29 @@ def _why_none(prefixes: list[tuple[Block, float]], total: float, share: float, m
 @dataclass
 class ChurnLimit:
     """Keys rebalancing may move, as shares of the keys stored: at most
-    `per_move` in one move and `per_minute` over any 60 s (Slicer bounds
-    churn the same way), so that balancing never turns into a copy storm."""
+    `per_rebalance` in one rebalance (all its moves) and `per_minute` over
+    any 60 s (Slicer bounds churn the same way), so that balancing never
+    turns into a copy storm."""
 
-    per_move: float
+    per_rebalance: float
     per_minute: float
     clock: Callable[[], float] = time.monotonic
     _moved: deque[tuple[float, int]] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.per_move <= 1 or not 0 <= self.per_minute <= 1:
+        if not 0 <= self.per_rebalance <= 1 or not 0 <= self.per_minute <= 1:
             raise ValueError(f"churn limits are shares of the keys, in [0, 1]: "
-                             f"{self.per_move}, {self.per_minute}")
+                             f"{self.per_rebalance}, {self.per_minute}")
 
-    def allowance(self, stored: int) -> int:
-        """Keys the next move may take now, with `stored` keys in the system."""
+    def allowance(self, stored: int, this_rebalance: int = 0) -> int:
+        """Keys the next move may take now, with `stored` keys in the system
+        and `this_rebalance` moved by the rebalance's earlier moves."""
         now = self.clock()
         while self._moved and now - self._moved[0][0] >= 60:
             self._moved.popleft()
         spent = sum(k for _, k in self._moved)
-        return max(0, min(int(self.per_move * stored), int(self.per_minute * stored) - spent))
+        return max(0, min(int(self.per_rebalance * stored) - this_rebalance,
+                          int(self.per_minute * stored) - spent))
 
     def spend(self, keys: int) -> None:
         self._moved.append((self.clock(), keys))

@@ -126,10 +126,10 @@ class MetaFlowCore:
         self._polls: dict[int, int] = {}
         """Flow-counter reads under way: step id to dpid."""
         self._polled = float("-inf")
-        self.imbalance = ImbalanceModel(settings.load_capacity)
+        self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
         """Per-server load after each of the last complete polls."""
-        self.churn = ChurnLimit(settings.churn_per_move, settings.churn_per_minute, clock)
+        self.churn = ChurnLimit(settings.churn_per_rebalance, settings.churn_per_minute, clock)
 
     # -- the one entry point ---------------------------------------------------------
 
@@ -615,6 +615,9 @@ class MetaFlowCore:
         `--no-rebalance`) start moving load off the hottest server that is
         not busy with another operation (`controller.rebalance`)."""
         loads = self._owner_loads(self._server_loads())
+        if any(op.kind == "rebalance" for op in self.operations.running.values()):
+            self._loads.clear()   # judged again on `hold` polls of the load after it, not during it
+            return []
         if not loads:
             return []
         self._loads.append(loads)
@@ -627,15 +630,15 @@ class MetaFlowCore:
         self._loads.clear()   # said once per `hold` polls, not on every poll
         busy = self.operations.reserved()
         sources = [t.source for t in plan if t.source not in busy]
-        if not self.settings.rebalance or not sources or any(
-                op.kind == "rebalance" for op in self.operations.running.values()):
+        if not self.settings.rebalance or not sources:
             return []
         return self.start("rebalance", sources[0], {sources[0]},
                           lambda op: rebalance_saga(self, op, sources[0], loads))
 
     def stored_keys(self) -> int:
-        """Keys the live servers hold, by their last heartbeats: what churn limits are shares of."""
-        return sum(server.keys for server in self.registry.live())
+        """Keys stored, by the live servers' last heartbeats (each key counted
+        once, not once per copy): what the churn limits are shares of."""
+        return sum(server.keys for server in self.registry.live()) // self.settings.replicas
 
     def _server_loads(self) -> dict[str, float]:
         """Packets a second toward each located server, from the polls of its edge."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from btree.rebalance import RelievePlan, plan_relief
 from btree.tree import State
+from client_lib.api.admin import ops_resolution
 from client_lib.api.rest import Outcome
 from controller.oracles import KEYS, REQUESTS, Ask, answered
 from controller.saga import Cancelled, Operation, Saga, StepError
@@ -40,7 +41,7 @@ def rebalance_saga(core: MetaFlowCore, op: Operation, source: str, loads: Mappin
     done: list[dict[str, Any]] = []
     reason = ""
     for _ in range(MOVES_PER_REBALANCE):
-        allowance = core.churn.allowance(core.stored_keys())
+        allowance = core.churn.allowance(core.stored_keys(), sum(int(m["keys_moved"]) for m in done))
         op.step = "plan"
         try:
             plan = yield from _planned(core, op, source, loads, allowance)
@@ -48,15 +49,20 @@ def rebalance_saga(core: MetaFlowCore, op: Operation, source: str, loads: Mappin
             reason = f"counting: {failed}"
             break
         except Cancelled as why:
-            return core.outcome_event("rebalance-cancelled", server=source, reason=str(why), moves=done)
+            if not done:
+                return core.outcome_event("rebalance-cancelled", server=source, reason=str(why))
+            reason = f"cancelled: {why}"
+            break
         if not plan.ok or plan.target is None:
             reason = plan.reason
             break
         op.involves.add(plan.target)
         moved = yield from move_blocks(core, op, "rebalance", source, list(plan.move), plan.target)
-        if isinstance(moved, Outcome):
-            return moved if not done else core.outcome_event(
-                "rebalance", ok=True, server=source, moves=done, ended=moved.operation, **moved.detail)
+        if isinstance(moved, Outcome):   # undone: the moves before it stand
+            if not done:
+                return moved
+            reason = f"{moved.operation} (to {plan.target}): {moved.detail.get('reason', '')}"
+            break
         keys = int(moved["keys_moved"])
         core.churn.spend(keys)
         core.registry[plan.target].keys += keys   # until their next heartbeats say
@@ -82,7 +88,8 @@ def _planned(core: MetaFlowCore, op: Operation, source: str, loads: Mapping[str,
         return plan_relief(tree, source, busy, asks[REQUESTS], asks[KEYS], max_keys=allowance,
                            limit=core.settings.load_capacity,
                            avoid=core.operations.reserved() - op.involves | core.out_of_service(),
-                           fits=planner.keeps(core.settings.table_budget), cost=planner.cost_of)
+                           fits=planner.keeps(core.settings.table_budget), cost=planner.cost_of,
+                           finest=ops_resolution(core.settings.space))
 
     return (yield from answered(core, source, decide,
                                 {REQUESTS: [(b.first, b.last) for b in tree.blocks(source)]}))

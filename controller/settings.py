@@ -57,10 +57,12 @@ class Settings:
     """Seconds between polls of the switches' flow counters (`controller.load`); 0: no polling."""
     load_capacity: float = 40_000.0
     """Packets a second one server can take: the imbalance factor's urgency is measured against it."""
+    imbalance_threshold: float = 0.1
+    """The imbalance factor above which load is moved (`btree.balance.ImbalanceModel`)."""
     rebalance: bool = True
     """Move hot ranges off a server when the imbalance model says so (`controller.rebalance`)."""
-    churn_per_move: float = 0.05
-    """Of the keys stored, the share one rebalancing move may move."""
+    churn_per_rebalance: float = 0.05
+    """Of the keys stored, the share one rebalance (all its moves) may move."""
     churn_per_minute: float = 0.2
     """Of the keys stored, the share rebalancing may move in any minute."""
     minimize: bool = True
@@ -130,10 +132,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--load-capacity", type=float, default=40_000.0,
                    help="packets a second one server can take; the imbalance factor counts an uneven load "
                         "as harmful as the busiest server nears it")
+    p.add_argument("--imbalance-threshold", type=float, default=0.1,
+                   help="the imbalance factor (Lunule's, in [0, 1]) above which load is moved once it held "
+                        "for two polls; with 8 busy servers near capacity, 0.1 is one server at about 1.7x "
+                        "the mean, 0.03 about 1.2x")
     p.add_argument("--no-rebalance", action="store_true",
                    help="only report imbalance (the 'imbalanced' event); never move load between servers")
-    p.add_argument("--churn-per-move", type=float, default=0.05,
-                   help="of the keys stored, the share one rebalancing move may move")
+    p.add_argument("--churn-per-rebalance", type=float, default=0.05,
+                   help="of the keys stored, the share one rebalance (all its moves) may move")
     p.add_argument("--churn-per-minute", type=float, default=0.2,
                    help="of the keys stored, the share rebalancing may move in any 60 s")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -165,10 +171,11 @@ def from_args(args: argparse.Namespace) -> Settings:
                               ("--load-poll", args.load_poll, "off")):
         if value < 0:
             raise InvalidArgument(f"{flag} must be 0 ({zero}) or positive, not {value}")
-    for flag, share in (("--churn-per-move", args.churn_per_move),
-                        ("--churn-per-minute", args.churn_per_minute)):
+    for flag, share in (("--churn-per-rebalance", args.churn_per_rebalance),
+                        ("--churn-per-minute", args.churn_per_minute),
+                        ("--imbalance-threshold", args.imbalance_threshold)):
         if not 0 <= share <= 1:
-            raise InvalidArgument(f"{flag} is a share of the keys stored, in [0, 1], not {share}")
+            raise InvalidArgument(f"{flag} must lie in [0, 1], not {share}")
     return Settings(space=space, gateway_ip=args.gateway, bounds=bounds, capacity=args.capacity,
                     bootstrap=bootstrap, replicas=args.replicas, sync_rate=args.sync_rate,
                     max_syncs=args.max_syncs, settle_s=args.settle, locate_timeout_s=args.locate_timeout,
@@ -177,8 +184,8 @@ def from_args(args: argparse.Namespace) -> Settings:
                     migration_lease_s=args.migration_lease, auto_split=not args.no_auto_split,
                     merge=not args.no_merge,
                     load_poll_s=args.load_poll, load_capacity=args.load_capacity,
-                    rebalance=not args.no_rebalance, churn_per_move=args.churn_per_move,
-                    churn_per_minute=args.churn_per_minute,
+                    imbalance_threshold=args.imbalance_threshold, rebalance=not args.no_rebalance,
+                    churn_per_rebalance=args.churn_per_rebalance, churn_per_minute=args.churn_per_minute,
                     table_budget=args.table_budget or None,
                     of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
                     rest_port=args.rest_port, open_reads=args.open_reads,

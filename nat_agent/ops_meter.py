@@ -29,6 +29,7 @@ from functools import reduce
 from itertools import accumulate
 from operator import add, sub
 
+from client_lib.api.admin import OPS_BUCKET_BITS as BUCKET_BITS
 from client_lib.cidr import Block
 
 OPS_WINDOW_S = 2.0
@@ -39,8 +40,6 @@ shift (two 1 s polls): a longer window would still point at the old hot spot."""
 SAMPLE_S = 0.5
 """Seconds between snapshots: a window's length is known to within this."""
 
-BUCKET_BITS = 16
-"""A space is cut into 2**BUCKET_BITS buckets (one per ID if it has fewer IDs)."""
 
 Counts = Callable[[], bytes]
 """Cumulative counts per bucket, as native unsigned 64-bit integers (``array('Q')``)."""

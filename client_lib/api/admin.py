@@ -125,6 +125,16 @@ class Counts:
     counts: list[int]
 
 
+OPS_BUCKET_BITS = 16
+"""Agents count requests per 1/2**16th of the ID space (one per ID in a
+smaller space): below `ops_resolution`, `/ops` counts are shares, not counts."""
+
+
+def ops_resolution(space: Block) -> int:
+    """The longest prefix length whose `/ops` count is exact."""
+    return min(space.width, space.plen + OPS_BUCKET_BITS)
+
+
 @dataclass(frozen=True)
 class OpsReport:
     """Requests the agent served in each asked-for inclusive ID range over its

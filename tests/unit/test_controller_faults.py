@@ -1,8 +1,9 @@
-"""Splits and fail-overs end consistent whatever fails between any two of their steps.
+"""Splits, fail-overs and rebalances end consistent whatever fails between any two of their steps.
 
 A clean run of each operation lists the steps it takes (agent calls, flow
-pushes, flow reads). Then, for every step and every fault that can hit it,
-a fresh world runs the operation again with that fault injected there:
+pushes, flow reads; of a rebalance, the first of each of its steps in its
+first two moves: `SAMPLED`). Then, for every step and every fault that can
+hit it, a fresh world runs the operation again with that fault injected there:
 
 - ``unreachable``: the agent does not get the call;
 - ``reply lost``: the agent carries the call out, the controller hears a timeout;
@@ -12,9 +13,10 @@ a fresh world runs the operation again with that fault injected there:
   outcome and everything queued is lost) and a new one starts from the
   switches and the agents;
 - ``source dies`` / ``other dies``: right after the step, the operation's
-  own server (a split's source, a fail-over's failed server) or the other
-  server it involves (a split's target, a merge's servers, a fail-over's
-  successor) dies outright and its edge port goes down: the operation is
+  own server (a split's or a rebalance's source, a fail-over's failed
+  server) or the other server it involves (a split's target, a merge's
+  servers, a fail-over's successor, a rebalance's targets and their new
+  backups) dies outright and its edge port goes down: the operation is
   overtaken.
 
 Every operation runs without replication (r=1) and with a backup per block
@@ -38,7 +40,7 @@ import pytest
 from btree.bootstrap import Bootstrap
 from btree.tree import State
 from client_lib.cidr import Block
-from controller.steps import CallAgent, ReadFlows, SendFlows, SplitNow, Step
+from controller.steps import CallAgent, ReadFlows, SendFlows, SplitNow, Step, Tick
 from tests.unit.controller_world import ControllerKilled, World, check_consistent, fill
 from topology.builders import fat_tree
 
@@ -85,10 +87,58 @@ def _failover_far(world: World) -> tuple[Callable[[], object], str]:
     return (lambda: world.cut(victim)), victim
 
 
+def _rebalance(world: World) -> tuple[Callable[[], object], str]:
+    """A rebalance started by load: 16 hot IDs in the middle of the first busy
+    server's block (as `test_load.hot_range_world` has them; the keys there are
+    the ones `fill` writes), polled until the next harmful poll starts it. Its
+    steps are the rebalance's: the poll's own reads are carried out unbroken."""
+    tree = world.tree
+    busy = tree.leaves_in(State.BUSY)
+    source = busy[0]
+    block = tree.blocks(source)[0]
+    hot = [block.first + block.size // 2 + i * 4096 for i in range(16)]
+
+    def second_of_load() -> None:   # as test_load.poll_with gives it, up to the poll
+        for agent in world.agents.values():
+            agent.requests.clear()
+        for mdid in hot:
+            world.deliver(mdid, packets=500)
+        for name in busy:
+            for b in tree.blocks(name):
+                world.deliver(b.first, packets=100)
+        world.advance(1.0)
+        world.heartbeats()
+        world.post(Tick())
+
+    for _ in range(world.core.imbalance.hold):   # the baseline, and every harmful poll but the last
+        second_of_load()
+        world.run()
+
+    def start() -> None:
+        second_of_load()
+        inject, world.inject = world.inject, lambda step: None
+        world.run(limit=1)   # the Tick: its reads go out; their answers start the rebalance
+        world.inject = inject
+
+    return start, source
+
+
 OPERATIONS = {"split": _split, "split-far": _split_far, "split-merging": _split, "failover": _failover,
-              "failover-far": _failover_far}
-SETTINGS: dict[str, dict[str, object]] = {"split-merging": {"bootstrap": Bootstrap("preallocate", 8)}}
-"""A split with every server busy from the start: it merges a cold server away first."""
+              "failover-far": _failover_far, "rebalance": _rebalance}
+SETTINGS: dict[str, dict[str, object]] = {
+    "split-merging": {"bootstrap": Bootstrap("preallocate", 8)},
+    "rebalance": {"load_capacity": 10_000.0, "auto_split": False},
+}
+"""A split-merging with every server busy from the start: it merges a cold
+server away first. A rebalance with a server capacity of 10,000 packets/s (as
+in test_load), and no split by keys to pre-empt it."""
+SAMPLED = {"rebalance": 2}
+"""Operations broken only at the first fallible step of each of their steps
+(`Operation.step`), in their first so many moves. A rebalance's plan asks
+the source for one request count after another, dozens of reads alike, and
+how many depends on the clients' writes meanwhile (they are requests too),
+so a step is found by its name, not its position; each of its up to four
+moves is the same migration as a split's, whose every step is broken there."""
 
 
 def _prepared(operation: str, replicas: int) -> tuple[World, Callable[[], object], str, dict[int, bytes]]:
@@ -100,21 +150,55 @@ def _prepared(operation: str, replicas: int) -> tuple[World, Callable[[], object
     return world, start, server, acked
 
 
-def _clean_steps(operation: str, replicas: int) -> list[str]:
-    """The kinds of the fallible steps the operation takes when nothing fails."""
+def _marker(world: World, operation: str) -> Callable[[Step], tuple[str, str] | None]:
+    """Picks the steps the faults hit, in the order they come: every fallible
+    step, or for an operation in `SAMPLED` the first fallible step of each of
+    its steps (`Operation.step`) in its first moves. A pick is the step's
+    kind ("agent" or "switch") and the operation's step ("" unless sampled);
+    None: not a pick."""
+    last = ""
+    moves = 0
+
+    def mark(step: Step) -> tuple[str, str] | None:
+        nonlocal last, moves
+        if not _fallible(step):
+            return None
+        kind = "agent" if isinstance(step, CallAgent) else "switch"
+        if operation not in SAMPLED:
+            return kind, ""
+        running = world.core.operations.running.values()
+        now = ", ".join(sorted(op.step for op in running if op.kind == operation))
+        if not now or now == last:
+            return None
+        last = now
+        moves += now == "plan"
+        return (kind, now) if moves <= SAMPLED[operation] else None
+
+    return mark
+
+
+def _clean_steps(operation: str, replicas: int) -> list[tuple[str, str]]:
+    """The steps the faults hit (`_marker`) when nothing fails."""
     world, start, _, _ = _prepared(operation, replicas)
-    seen: list[Step] = []
-    world.inject = lambda step: seen.append(step) if _fallible(step) else None
+    mark = _marker(world, operation)
+    seen: list[tuple[str, str]] = []
+
+    def note(step: Step) -> None:
+        picked = mark(step)
+        if picked is not None:
+            seen.append(picked)
+
+    world.inject = lambda step: note(step)
     start()
     world.run()
-    return ["agent" if isinstance(s, CallAgent) else "switch" for s in seen]
+    return seen
 
 
 def _cases() -> list[tuple[str, int, int, str]]:
     cases = []
     for operation in OPERATIONS:
         for replicas in (1, 2):
-            for k, kind in enumerate(_clean_steps(operation, replicas)):
+            for k, (kind, _) in enumerate(_clean_steps(operation, replicas)):
                 for fault in AGENT_FAULTS if kind == "agent" else SWITCH_FAULTS:
                     cases.append((operation, replicas, k, fault))
     return cases
@@ -125,11 +209,16 @@ CASES = _cases()
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_every_operation_has_steps_to_break(replicas: int) -> None:
-    kinds = {op: _clean_steps(op, replicas) for op in OPERATIONS}
+    steps = {op: _clean_steps(op, replicas) for op in OPERATIONS}
+    kinds = {op: [kind for kind, _ in steps[op]] for op in OPERATIONS}
     assert kinds["split"].count("agent") >= 3 and "switch" in kinds["split"]
     assert kinds["split-far"].count("switch") >= 3 and kinds["failover-far"].count("switch") >= 3
     assert kinds["failover"].count("agent") >= 2 and "switch" in kinds["failover"]
     assert kinds["split-merging"].count("agent") > kinds["split"].count("agent")
+    # the faults hit every step of a rebalance's first two moves
+    assert [step for _, step in steps["rebalance"]] == ["plan", "rebalance copy", "rebalance assign",
+                                                        "rebalance flows", "rebalance commit",
+                                                        "rebalance serve"] * 2
 
 
 @pytest.mark.parametrize(("operation", "replicas", "k", "fault"), CASES,
@@ -138,7 +227,8 @@ def test_every_operation_has_steps_to_break(replicas: int) -> None:
 def test_operation_ends_consistent_whatever_fails(operation: str, replicas: int, k: int, fault: str) -> None:
     world, start, server, acked = _prepared(operation, replicas)
     rng = random.Random(k)
-    counter = itertools.count()
+    mark = _marker(world, operation)
+    picks = itertools.count()
     tree = world.tree
     blocks = tree.blocks(server)
 
@@ -157,7 +247,7 @@ def test_operation_ends_consistent_whatever_fails(operation: str, replicas: int,
             acked[mdid] = b"during"
         elif answer == "tryagain":
             unsure.add(mdid)
-        if next(counter) != k:
+        if mark(step) is None or next(picks) != k:
             return None
         if fault in DEATHS:
             _die(world, server, fault, died, k)

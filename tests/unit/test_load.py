@@ -263,8 +263,7 @@ def test_a_hot_range_moves_to_cooler_servers_within_the_churn_limit_and_nothing_
     assert outcomes, [e for e in world.core.events if e["event"].startswith("rebalance")]
     moves = outcomes[0]["moves"]
     assert all(m["server"] == busy[0] and m["target"] != busy[0] for m in moves)
-    assert all(m["keys_moved"] <= 0.05 * stored for m in moves)
-    assert sum(m["keys_moved"] for m in moves) <= 0.2 * stored
+    assert sum(m["keys_moved"] for m in moves) <= 0.05 * stored   # --churn-per-rebalance
     owners = {world.deliver(mdid).host for mdid in hot}
     assert len(owners) > 1   # the hot range is served by more than one server now
     check_consistent(world, acked)

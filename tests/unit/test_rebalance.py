@@ -126,20 +126,22 @@ def test_an_idle_leaf_takes_the_load_only_when_no_busy_one_can() -> None:
     assert plan.target in tree.nearest_leaves(busy[0], State.IDLE)
 
 
-def test_churn_limit_per_move_and_per_minute() -> None:
+def test_churn_limit_per_rebalance_and_per_minute() -> None:
     now = [0.0]
-    churn = ChurnLimit(per_move=0.1, per_minute=0.25, clock=lambda: now[0])
+    churn = ChurnLimit(per_rebalance=0.1, per_minute=0.25, clock=lambda: now[0])
     assert churn.allowance(1_000) == 100
-    churn.spend(100)
+    churn.spend(60)
+    assert churn.allowance(1_000, this_rebalance=60) == 40   # the rest of this rebalance's share
+    churn.spend(40)
     churn.spend(100)
     assert churn.allowance(1_000) == 50
     now[0] = 59.9
     churn.spend(50)
     assert churn.allowance(1_000) == 0
-    now[0] = 60.0   # the first two have left the minute
+    now[0] = 60.0   # the first three have left the minute
     assert churn.allowance(1_000) == 100
     with pytest.raises(ValueError):
-        ChurnLimit(per_move=5, per_minute=0.2)
+        ChurnLimit(per_rebalance=5, per_minute=0.2)
 
 
 @settings(max_examples=40, deadline=None)
@@ -161,7 +163,7 @@ def test_moves_by_load_keep_the_partition_exact_the_budgets_and_every_id_routed(
     budget = None if slack is None else largest(planner) + slack
     keys: SortedList[int] = SortedList(rng.randrange(SPACE.first, SPACE.last + 1) for _ in range(400))
     now = [0.0]
-    limit = ChurnLimit(per_move=churn, per_minute=min(1.0, 3 * churn), clock=lambda: now[0])
+    limit = ChurnLimit(per_rebalance=churn, per_minute=min(1.0, 3 * churn), clock=lambda: now[0])
     moved = 0
     for _ in range(rounds):
         now[0] += rng.uniform(0, 40)
