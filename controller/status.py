@@ -3,7 +3,10 @@
 One signed GET per view (tree, servers, request load, flow tables,
 operations under way, recent events) through the declared routes and the
 client every other caller uses, printed as a summary an operator can scan,
-or as one JSON object (``--json``) for scripts. Standard library only: it
+or as one JSON object (``--json``) for scripts. With ``--blocks`` it also
+asks every live server's agent for the requests it served per block
+(``POST /ops``): the switches count per flow entry, which ORTC may merge
+across blocks, so only the agents can say which block is busy. Standard library only: it
 belongs to the client role, so an operator's laptop needs neither os-ken nor
 Mininet.
 """
@@ -14,10 +17,11 @@ import argparse
 import json
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from client_lib.api import codec
+from client_lib.api.admin import ADMIN, CountRequest
 from client_lib.api.auth import load_secret
 from client_lib.api.clients import ApiClient
 from client_lib.api.rest import (
@@ -30,6 +34,7 @@ from client_lib.api.rest import (
     ServersView,
     TreeView,
 )
+from client_lib.cidr import Block
 from client_lib.constants import REST_PORT
 from client_lib.errors import AuthError, MetaFlowError
 
@@ -47,12 +52,33 @@ class Status:
     flows: FlowsView
     operations: OperationsView
     events: EventsView
+    blocks: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    """Requests a second per block of each live server, from its agent (None:
+    the agent did not answer); empty unless asked for."""
 
 
-def fetch(client: ApiClient) -> Status:
-    return Status(tree=client.call(REST.tree), servers=client.call(REST.servers),
-                  load=client.call(REST.load), flows=client.call(REST.flows),
-                  operations=client.call(REST.operations), events=client.call(REST.events))
+def fetch(client: ApiClient, agent: Callable[[str], ApiClient] | None = None) -> Status:
+    """Every view; with `agent` (a client for an agent's admin URL), each live
+    server's agent is asked for its load per block too."""
+    servers = client.call(REST.servers)
+    status = Status(tree=client.call(REST.tree), servers=servers,
+                    load=client.call(REST.load), flows=client.call(REST.flows),
+                    operations=client.call(REST.operations), events=client.call(REST.events))
+    if agent is None:
+        return status
+    per_block = {name: block_loads(agent(s.admin_url), s.blocks)
+                 for name, s in sorted(servers.servers.items()) if s.blocks and not s.failed}
+    return Status(**{**vars(status), "blocks": per_block})
+
+
+def block_loads(agent: ApiClient, blocks: Sequence[Block]) -> dict[str, float | None]:
+    """Requests a second the agent served in each of `blocks` over its window."""
+    try:
+        report = agent.call(ADMIN.ops, CountRequest([(b.first, b.last) for b in blocks]))
+    except MetaFlowError:
+        return {str(b): None for b in blocks}
+    seconds = report.seconds or 1.0
+    return {str(b): n / seconds for b, n in zip(blocks, report.counts, strict=True)}
 
 
 # -- the summary -------------------------------------------------------------------
@@ -62,9 +88,9 @@ def format_status(status: Status, controller: str, events: int = DEFAULT_EVENTS,
                   flows: bool = False) -> str:
     """The operator's summary: a headline, then servers, the tree, operations,
     flow tables (entries too with `flows`) and the last `events` events."""
-    sections = [_headline(status, controller), _servers(status.servers, status.load), _tree(status.tree),
-                _operations(status.operations), _flows(status.flows, flows),
-                _events(status.events, events)]
+    sections = [_headline(status, controller), _servers(status.servers, status.load),
+                _blocks(status.blocks), _tree(status.tree), _operations(status.operations),
+                _flows(status.flows, flows), _events(status.events, events)]
     return "\n\n".join(s for s in sections if s) + "\n"
 
 
@@ -118,6 +144,15 @@ def _servers(view: ServersView, load: LoadView) -> str:
                      f"{load.servers[name]:.0f}" if name in load.servers else "-", note])
     return "servers\n" + _table(["name", "state", "keys", "capacity", "use", "data ip", "blocks", "backups",
                                  "pkts/s", ""], rows)
+
+
+def _blocks(per_server: dict[str, dict[str, float | None]]) -> str:
+    if not per_server:
+        return ""
+    rows = [[name, block, "-" if rate is None else f"{rate:.0f}"]
+            for name, blocks in per_server.items() for block, rate in blocks.items()]
+    title = "requests/s per block (each agent's count, POST /ops)"
+    return title + "\n" + _table(["server", "block", "req/s"], rows)
 
 
 def _tree(view: TreeView) -> str:
@@ -199,6 +234,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events", type=int, default=DEFAULT_EVENTS, metavar="N",
                    help=f"recent events to show (default {DEFAULT_EVENTS})")
     p.add_argument("--flows", action="store_true", help="list every switch's MetaFlow entries")
+    p.add_argument("--blocks", action="store_true",
+                   help="ask every live server's agent for its requests a second per block")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per REST call")
 
 
@@ -206,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
     """Print the status; exit 2 when the secret or the controller fails us."""
     try:
         secret = load_secret(args.secret_file) if args.secret_file else None
-        status = fetch(ApiClient(args.controller, secret, timeout=args.timeout))
+        agent = (lambda url: ApiClient(url, secret, timeout=args.timeout)) if args.blocks else None
+        status = fetch(ApiClient(args.controller, secret, timeout=args.timeout), agent)
     except AuthError as exc:
         hint = ("is --secret-file the cluster's secret?" if args.secret_file
                 else "the controller wants signed reads: pass --secret-file")

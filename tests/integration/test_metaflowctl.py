@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -19,6 +20,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import pytest
 
 from client_lib.api import codec
+from client_lib.api.admin import ADMIN, OpsReport
 from client_lib.api.auth import Verifier, load_secret, write_secret
 from client_lib.api.rest import (
     REST,
@@ -91,9 +93,18 @@ def _view(call: Call) -> object:
 def controller(request: pytest.FixtureRequest) -> Iterator[str]:
     """URL of a REST server holding `STATUS`; signed reads only unless the
     test is parametrized with open_reads=True."""
-    open_reads = getattr(request, "param", False)
-    dispatcher = Dispatcher(REST.ALL, Verifier(SECRET.encode()), open_reads=open_reads)
-    httpd = make_server("127.0.0.1", 0, wsgi_app(dispatcher, _view), handler_class=_Quiet)
+    yield from _serve(REST.ALL, _view, open_reads=getattr(request, "param", False))
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    return write_secret(tmp_path / "secret", SECRET)
+
+
+def _serve(routes: tuple[Any, ...], answer: Any, open_reads: bool = False) -> Iterator[str]:
+    """A REST server of `routes`, answered by `answer(call)`: its URL."""
+    dispatcher = Dispatcher(routes, Verifier(SECRET.encode()), open_reads=open_reads)
+    httpd = make_server("127.0.0.1", 0, wsgi_app(dispatcher, answer), handler_class=_Quiet)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_port}"
@@ -103,8 +114,13 @@ def controller(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    return write_secret(tmp_path / "secret", SECRET)
+def agent() -> Iterator[str]:
+    """An agent's admin API that has served 1,000 requests in each asked-for
+    range over a 2 s window."""
+    def answer(call: Call) -> object:
+        assert call.route is ADMIN.ops
+        return OpsReport([1000] * len(call.body.ranges), 2.0)
+    yield from _serve(ADMIN.ALL, answer)
 
 
 def _status(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -140,6 +156,25 @@ def test_status_summarizes_every_view(controller: str, secret_file: Path,
     assert [e.split()[1] for e in events] == [f"event-{i}" for i in range(2, 12)]
     assert events[-1].split() == ["111.000", "event-11", "server=h2", "n=11"]
     assert "last 10 of 12 events" in out
+
+
+def test_status_asks_the_agents_for_load_per_block_on_request(
+        controller: str, agent: str, secret_file: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """h1's agent answers 1,000 requests in 2 s per block; h2's cannot be reached
+    and shows '-'; the idle and the failed server are not asked."""
+    servers = dict(STATUS.servers.servers)
+    servers["h1"] = replace(servers["h1"], admin_url=agent)
+    servers["h2"] = replace(servers["h2"], admin_url="http://127.0.0.1:1")
+    monkeypatch.setitem(VIEWS, REST.servers, ServersView(servers))
+    code, out, _ = _status(capsys, "--controller", controller, "--secret-file", str(secret_file),
+                           "--blocks", "--timeout", "3")
+    assert code == 0
+    section = out.split("requests/s per block")[1].split("\n\n")[0]
+    rows = [line.split() for line in section.splitlines()[2:]]
+    assert rows == [["h1", "100.64.0.0/11", "500"], ["h2", "100.96.0.0/11", "-"]]
+    code, out, _ = _status(capsys, "--controller", controller, "--secret-file", str(secret_file))
+    assert "requests/s per block" not in out
 
 
 def test_status_lists_flow_entries_on_request(controller: str, secret_file: Path,
