@@ -37,11 +37,12 @@ def rebalance_saga(core: MetaFlowCore, op: Operation, source: str, loads: Mappin
     """Move load off `source`; `loads` are the busy servers' packets a second
     at the decision."""
     started = core.clock()
+    stored = core.stored_keys()   # before any move: a copy in flight counts twice in the heartbeats
     loads = dict(loads)
     done: list[dict[str, Any]] = []
     reason = ""
     for _ in range(MOVES_PER_REBALANCE):
-        allowance = core.churn.allowance(core.stored_keys(), sum(int(m["keys_moved"]) for m in done))
+        allowance = core.churn.allowance(stored, sum(int(m["keys_moved"]) for m in done))
         op.step = "plan"
         try:
             plan = yield from _planned(core, op, source, loads, allowance)
