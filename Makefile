@@ -37,7 +37,7 @@ FASTPATH_CRATE := nat_agent/fastpath
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: setup apt mininet-link ovs test unit lint typecheck check-install demo bench bench-quick \
-        bench-flowtables bench-agent bench-failover chaos bench-replication bench-fs bench-fig20 plan clean
+        bench-flowtables bench-agent bench-failover bench-hotspot chaos bench-replication bench-fs bench-fig20 plan clean
 
 setup: apt $(STAMP) mininet-link ovs $(FASTPATH)
 
@@ -178,6 +178,12 @@ bench-replication: setup
 # CHAOS_ARGS=--seed N for another schedule, --store redis for Redis stores.
 chaos: setup
 	$(PY) -m mininet_scenarios.nemesis --kills 200 $(CHAOS_ARGS)
+
+# Balance under a moving hot spot: Zipf 1.2 over paths, the hot spot moving
+# every 30 s, with rebalancing and with --no-rebalance on fresh networks in
+# one run; per-server load over time, plotted (about 7 minutes).
+bench-hotspot: setup
+	$(PY) -m benchmarks.hotspot --out benchmarks/results $(BENCH_HOTSPOT_ARGS)
 
 # Time from kill -9 of a primary to the first successful write of each of its
 # blocks, 20 kills detected by port-down and 20 by heartbeats (about 6 minutes).

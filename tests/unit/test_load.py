@@ -3,6 +3,8 @@ polling the fake switches of `controller_world` (real OF1.0 stats replies)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -286,4 +288,24 @@ def test_a_single_hot_id_is_left_where_it_is_and_said_why() -> None:
     (refused, *_) = [e for e in world.core.events if e["event"] == "rebalance-refused"]
     assert "single ID cannot be split" in refused["reason"]
     assert world.deliver(hot[0]).host == busy[0]
+    check_consistent(world, acked)
+
+
+def test_packets_that_look_hot_while_requests_are_even_move_nothing() -> None:
+    """The switches count a hot server (the trigger), but its agent and every
+    other say they served the same requests (pipelining can make packets and
+    requests disagree): the rebalance measures requests and stops there."""
+    world, acked, hot, busy = hot_range_world()
+    for _ in range(4):
+        for mdid in hot:
+            world.deliver(mdid, packets=500)
+        for agent in world.agents.values():
+            agent.requests = Counter({mdid: 100 for mdid in ids_of(world, agent.name)})
+        world.advance(1.0)
+        world.heartbeats()
+        world.tick()
+    assert any(e["event"] == "imbalanced" for e in world.core.events)
+    (refused, *_) = [e for e in world.core.events if e["event"] == "rebalance-refused"]
+    assert refused["reason"].startswith("balanced in requests")
+    assert not any(e["event"] == "rebalance" for e in world.core.events)
     check_consistent(world, acked)
