@@ -29,7 +29,6 @@ single hottest path takes, and the max/mean that alone forces.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.publish import publish
 from client_lib.api.auth import load_secret
 from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST
@@ -261,11 +261,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     results = run(args, say=lambda s: print(s, flush=True))
-    print(table(results))
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "hotspot.json").write_text(json.dumps(results, indent=2) + "\n")
-        plot(results, args.out / "hotspot.png")
+        publish(results, args.out, "hotspot", plot, table)
+    else:
+        print(table(results))
     return 0
 
 

@@ -83,6 +83,17 @@ def test_leaves_promised_elsewhere_are_neither_freed_nor_filled() -> None:
     assert plan == MergePlan("b", "d", 30, "")   # b is freed beside a; its keys go to the coldest that fits
 
 
+def check_routed(planner: FlowPlanner) -> None:
+    """The planner's tables (`FakeNetwork`) deliver every ID of the space, from
+    every switch with hosts, to the owner the tree says."""
+    network = FakeNetwork.from_planner(planner)
+    expected = [i for i in expected_intervals(planner.tree.partition(), SPACE.width) if i[2] is not None]
+    for dpid in sorted({d for d, _ in planner.fabric.hosts.values()}):
+        got = [(max(a, SPACE.first), min(b, SPACE.last), where)
+               for a, b, where in network.resolve(dpid) if b >= SPACE.first and a <= SPACE.last]
+        assert got == expected
+
+
 def largest(planner: FlowPlanner) -> int:
     return max(len(planner.group_entries(group)) for group in planner.groups())
 
@@ -147,10 +158,5 @@ def test_merges_and_splits_keep_the_partition_exact_every_table_in_budget_and_ev
             event("a split refused by the budget")
     check_invariants(tree, keys)
     event(f"merges: {min(merges, 3)}+" if merges >= 3 else f"merges: {merges}")
-    network = FakeNetwork.from_planner(planner)
-    expected = [i for i in expected_intervals(tree.partition(), SPACE.width) if i[2] is not None]
-    for dpid in sorted({d for d, _ in fabric.hosts.values()}):
-        got = [(max(a, SPACE.first), min(b, SPACE.last), where)
-               for a, b, where in network.resolve(dpid) if b >= SPACE.first and a <= SPACE.last]
-        assert got == expected
+    check_routed(planner)
 

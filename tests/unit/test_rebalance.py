@@ -18,13 +18,12 @@ from hypothesis import strategies as st
 from sortedcontainers import SortedList
 
 from btree.balance import transfers
-from btree.fake_network import FakeNetwork, expected_intervals
 from btree.flows import FlowPlanner
 from btree.merge import apply_merge, plan_merge
 from btree.rebalance import LOAD_WINDOW, ChurnLimit, RangeCount, plan_relief
 from btree.split import SplitBounds, apply_split, plan_split
 from btree.tree import LogicalBTree, State
-from tests.unit.test_merge import counted, largest
+from tests.unit.test_merge import check_routed, counted, largest
 from tests.unit.test_tree_split import SPACE, check_invariants, hand_tree, topo_fabric, topo_tree
 
 
@@ -209,12 +208,7 @@ def test_moves_by_load_keep_the_partition_exact_the_budgets_and_every_id_routed(
             assert budget is None or largest(planner) <= budget
             check_invariants(tree, keys)
     event(f"moves: {min(moved, 3)}{'+' if moved >= 3 else ''}")
-    network = FakeNetwork.from_planner(planner)
-    expected = [i for i in expected_intervals(tree.partition(), SPACE.width) if i[2] is not None]
-    for dpid in sorted({d for d, _ in fabric.hosts.values()}):
-        got = [(max(a, SPACE.first), min(b, SPACE.last), where)
-               for a, b, where in network.resolve(dpid) if b >= SPACE.first and a <= SPACE.last]
-        assert got == expected
+    check_routed(planner)
 
 
 def test_plan_relief_refuses_an_idle_or_unmeasured_leaf() -> None:
