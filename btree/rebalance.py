@@ -19,9 +19,11 @@ What a candidate must meet:
 
 Receivers are the busy leaves below the mean, nearest first (`rings`): a
 range moved next door changes only the tables below the common ancestor.
-An idle leaf is the receiver only when no busy one can take the load
-(a split by load: the hot range gets a server of its own), so that the idle
-pool stays for key-count splits and fail-over. Of what is left, the
+An idle leaf is the receiver only when no busy one can take the load, and
+only if the caller allows it (the controller does when the hot server is
+over its capacity: a split by load, the hot range gets a server of its
+own), so that the idle pool stays for key-count splits and fail-over and is
+not spent on a hot spot that moves on. Of what is left, the
 closest load match wins (to a tenth of the amount), then the fewest flow
 entries, then the nearest receiver, then the fewest keys.
 
@@ -84,13 +86,15 @@ class RelievePlan:
 def plan_relief(tree: LogicalBTree, source: str, loads: Mapping[str, float], load_in: RangeCount,
                 keys_in: RangeCount, *, max_keys: int, limit: float,
                 avoid: Collection[str] = (), fits: FitsFn | None = None,
-                cost: CostFn | None = None, finest: int | None = None) -> RelievePlan:
+                cost: CostFn | None = None, finest: int | None = None,
+                with_idle: bool = True) -> RelievePlan:
     """Decide one move of load off `source`; nothing changes until `LogicalBTree.transfer`.
     `loads` are the busy leaves' loads (the mean is theirs); leaves in
     `avoid` do not receive; `finest`: the longest prefix `load_in` counts
     exactly (the agents' resolution; default: single IDs). Below it a count
     would be a share of its bucket, and a move chosen on it could carry
-    none of the load."""
+    none of the load. `with_idle`: whether an idle leaf may receive (a split
+    by load) when no busy one can."""
     if tree.state(source) is not State.BUSY or source not in loads:
         return _refusal(source, f"{source!r} is not a busy leaf with a measured load")
     mean = sum(loads.values()) / len(loads)
@@ -100,7 +104,7 @@ def plan_relief(tree: LogicalBTree, source: str, loads: Mapping[str, float], loa
     total = sum(load_in(b.first, b.last) for b in tree.blocks(source))
     if total <= 0:
         return _refusal(source, f"the agent of {source!r} counted no requests in its window")
-    receivers = _receivers(tree, source, loads, mean, limit, {*avoid, source})
+    receivers = _receivers(tree, source, loads, mean, limit, {*avoid, source}, with_idle)
     if not receivers:
         return _refusal(source, "no busy leaf below the mean and no idle leaf to take load")
     smallest = min([excess, *(room for group in receivers for _, room, _ in group)])
@@ -159,19 +163,19 @@ def _hot_prefixes(blocks: list[Block], load_in: RangeCount, amount: float,
 
 
 def _receivers(tree: LogicalBTree, source: str, loads: Mapping[str, float], mean: float,
-               limit: float, skip: Collection[str]) -> list[list[tuple[str, float, int]]]:
+               limit: float, skip: Collection[str], with_idle: bool) -> list[list[tuple[str, float, int]]]:
     """The leaves that may take load, in two tiers: busy ones below the mean
-    (nearest first, `RECEIVERS` of them), then the nearest idle one; each
-    with the load it may take and its distance (ring) from `source`."""
+    (nearest first, `RECEIVERS` of them), then (`with_idle`) the nearest idle
+    one; each with the load it may take and its distance (ring) from `source`."""
     busy: list[tuple[str, float, int]] = []
     idle: list[tuple[str, float, int]] = []
     for distance, ring in enumerate(tree.rings(source, skip)):
         for leaf in ring:
             if tree.state(leaf) is State.BUSY and loads.get(leaf, mean) < mean and len(busy) < RECEIVERS:
                 busy.append((leaf, min(mean - loads[leaf], limit), distance))
-            elif tree.state(leaf) is State.IDLE and not idle:
+            elif with_idle and tree.state(leaf) is State.IDLE and not idle:
                 idle.append((leaf, min(mean, limit), distance))
-        if len(busy) >= RECEIVERS and idle:
+        if len(busy) >= RECEIVERS and (idle or not with_idle):
             break
     return [tier for tier in (busy, idle) if tier]
 

@@ -66,7 +66,7 @@ def rebalance_saga(core: MetaFlowCore, op: Operation, source: str, packets: Mapp
         allowance = core.churn.allowance(stored, sum(int(m["keys_moved"]) for m in done))
         op.step = "plan"
         try:
-            plan = yield from _planned(core, op, source, loads, allowance)
+            plan = yield from _planned(core, op, source, loads, packets, allowance)
         except StepError as failed:
             reason = f"counting: {failed}"
             break
@@ -119,7 +119,9 @@ def _measured(core: MetaFlowCore, packets: Mapping[str, float]) -> Saga:
 
 
 def _planned(core: MetaFlowCore, op: Operation, source: str, loads: Mapping[str, float],
-             allowance: int) -> Saga:
+             packets: Mapping[str, float], allowance: int) -> Saga:
+    """One move's plan; an idle server may receive only if `source` is over
+    `--load-capacity` by the switches' count."""
     tree = core.tree_or_raise()
     planner = core.planner_or_raise()
     busy = {leaf: load for leaf, load in loads.items() if tree.state(leaf) is State.BUSY}
@@ -129,7 +131,8 @@ def _planned(core: MetaFlowCore, op: Operation, source: str, loads: Mapping[str,
                            limit=math.inf,
                            avoid=core.operations.reserved() - op.involves | core.out_of_service(),
                            fits=planner.keeps(core.settings.table_budget), cost=planner.cost_of,
-                           finest=ops_resolution(core.settings.space))
+                           finest=ops_resolution(core.settings.space),
+                           with_idle=packets.get(source, 0.0) >= core.settings.load_capacity)
 
     return (yield from answered(core, source, decide,
                                 {REQUESTS: [(b.first, b.last) for b in tree.blocks(source)]}))

@@ -123,6 +123,9 @@ def test_an_idle_leaf_takes_the_load_only_when_no_busy_one_can() -> None:
                        avoid=busy[1:])
     assert plan.target is not None and plan.to_idle and tree.state(plan.target) is State.IDLE
     assert plan.target in tree.nearest_leaves(busy[0], State.IDLE)
+    kept = plan_relief(tree, busy[0], loads, requests, keys_counter(keys), max_keys=1_000, limit=1e9,
+                       avoid=busy[1:], with_idle=False)   # the idle pool kept for splits and fail-over
+    assert not kept.ok and "no idle leaf" in kept.reason
 
 
 def test_churn_limit_per_rebalance_and_per_minute() -> None:
