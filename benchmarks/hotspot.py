@@ -87,7 +87,8 @@ def phase(mode: str, args: argparse.Namespace, say: Any,
             "retries": sum(r["retries"] for r in reports),
             "rebalances": [{"t": round(e["t"] - t0, 2), "keys_moved": e["keys_moved"],
                             "keys_share": round(e["keys_moved"] / max(stored, 1), 4),
-                            "moves": len(e["moves"]), "to_idle": sum(m["to_idle"] for m in e["moves"])}
+                            "moves": len(e["moves"]), "to_idle": sum(m["to_idle"] for m in e["moves"]),
+                            "retired": sum("retired" in m for m in e["moves"])}
                            for e in moves],
             "refusals": [{"t": round(e["t"] - t0, 2), "reason": e["reason"]}
                          for e in events if e["event"] == "rebalance-refused"],

@@ -42,6 +42,7 @@ the plan says so (`RelievePlan.reason`), as the issue asks.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
@@ -49,11 +50,17 @@ from dataclasses import dataclass, field
 
 from client_lib.cidr import Block
 
+from .merge import MergePlan
 from .split import CostFn, FitsFn
 from .tree import LogicalBTree, Move, State
 
 RangeCount = Callable[[int, int], float]
 """A quantity (requests, keys) on the source leaf within [first, last]."""
+
+COLD_SHARE = 0.1
+"""A busy leaf with less than this share of the median load is cold: its
+blocks go to a neighbour and it becomes idle again (`plan_retire`). The
+median, not the mean, which one hot leaf would lift."""
 
 LOAD_WINDOW = (0.5, 1.25)
 """A candidate's load, as a multiple of the amount its receiver should take."""
@@ -138,6 +145,29 @@ def plan_relief(tree: LogicalBTree, source: str, loads: Mapping[str, float], loa
                                to_idle=tree.state(target) is State.IDLE)
     return _refusal(source, _why_none(prefixes, total, excess / loads[source], max_keys, keys_of, objections,
                                       tree.space.width if finest is None else finest))
+
+
+def plan_retire(tree: LogicalBTree, loads: Mapping[str, float], keys_of: Callable[[str], int], *,
+                max_keys: int, avoid: Collection[str] = (), fits: FitsFn | None = None) -> MergePlan:
+    """A cold busy leaf to make idle again: the coldest under `COLD_SHARE` of
+    the median load (with at most `max_keys` keys) gives all its blocks to the
+    least loaded busy leaf nearest it that `fits` takes. Why: rebalancing
+    leaves a once-hot leaf with only its hot spot's prefix, cold once the spot
+    moves on; as a busy leaf it only drags the mean down, as an idle one it
+    is there for the next split or fail-over."""
+    median = statistics.median(loads.values()) if loads else 0.0
+    cold = sorted((load, leaf) for leaf, load in loads.items()
+                  if load < COLD_SHARE * median and leaf not in avoid and tree.state(leaf) is State.BUSY
+                  and keys_of(leaf) <= max_keys)
+    for _, source in cold:
+        for ring in tree.rings(source, avoid):
+            near = sorted((loads[leaf], leaf) for leaf in ring
+                          if leaf in loads and tree.state(leaf) is State.BUSY)
+            for _, target in near:
+                if fits is None or fits([Move(b, source, target) for b in tree.blocks(source)]) is None:
+                    return MergePlan(source, target, keys_of(source), "")
+    return MergePlan(None, None, 0,
+                     f"no busy leaf under {COLD_SHARE:.0%} of the median load that a neighbour takes")
 
 
 def _refusal(source: str, reason: str) -> RelievePlan:

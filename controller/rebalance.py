@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from btree.balance import coefficient_of_variation
-from btree.rebalance import RelievePlan, plan_relief
+from btree.rebalance import RelievePlan, plan_relief, plan_retire
 from btree.tree import State
 from client_lib.api.admin import ADMIN, CountRequest, ops_resolution
 from client_lib.api.rest import Outcome
@@ -56,11 +56,14 @@ def rebalance_saga(core: MetaFlowCore, op: Operation, source: str, packets: Mapp
         return core.outcome_event("rebalance-refused", server=source, reason=(
             f"balanced in requests: their imbalance (CoV/sqrt(n)) is {spread:.3f}, not above "
             f"{core.settings.imbalance_threshold}"))
+    done: list[dict[str, Any]] = []
+    retired = yield from _retire(core, op, loads, stored, done)
+    if isinstance(retired, Outcome):
+        return retired
     free = set(loads) - (core.operations.reserved() - op.involves)
     if free:
         source = max(sorted(free), key=loads.__getitem__)
         op.involves.add(source)
-    done: list[dict[str, Any]] = []
     reason = ""
     for _ in range(MOVES_PER_REBALANCE):
         allowance = core.churn.allowance(stored, sum(int(m["keys_moved"]) for m in done))
@@ -98,6 +101,29 @@ def rebalance_saga(core: MetaFlowCore, op: Operation, source: str, packets: Mapp
     return core.outcome_event("rebalance", ok=True, server=source, moves=done,
                               keys_moved=sum(int(m["keys_moved"]) for m in done),
                               total_s=round(core.clock() - started, 4), stopped=reason)
+
+
+def _retire(core: MetaFlowCore, op: Operation, loads: dict[str, float], stored: int,
+            done: list[dict[str, Any]]) -> Saga:
+    """First, a cold busy server goes idle (`plan_retire`): its blocks move to
+    a neighbour through the split's migration, and `loads` and `done` say so.
+    None, or the outcome that ends the rebalance (the move was undone)."""
+    tree = core.tree_or_raise()
+    merge = plan_retire(tree, loads, lambda leaf: core.registry[leaf].keys // core.settings.replicas,
+                        max_keys=core.churn.allowance(stored), avoid=core.operations.reserved() - op.involves,
+                        fits=core.planner_or_raise().keeps(core.settings.table_budget))
+    if not merge.ok or merge.source is None or merge.target is None:
+        return None
+    op.involves |= {merge.source, merge.target}
+    moved = yield from move_blocks(core, op, "merge", merge.source, tree.blocks(merge.source), merge.target)
+    if isinstance(moved, Outcome):
+        return moved
+    core.churn.spend(int(moved["keys_moved"]))
+    core.registry[merge.target].keys += core.registry[merge.source].keys   # until their next heartbeats say
+    core.registry[merge.source].keys = 0
+    loads[merge.target] += loads.pop(merge.source)
+    done.append({**moved, "to_idle": False, "retired": merge.source})
+    return None
 
 
 def _measured(core: MetaFlowCore, packets: Mapping[str, float]) -> Saga:

@@ -20,7 +20,7 @@ from sortedcontainers import SortedList
 from btree.balance import transfers
 from btree.flows import FlowPlanner
 from btree.merge import apply_merge, plan_merge
-from btree.rebalance import LOAD_WINDOW, ChurnLimit, RangeCount, plan_relief
+from btree.rebalance import LOAD_WINDOW, ChurnLimit, RangeCount, plan_relief, plan_retire
 from btree.split import SplitBounds, apply_split, plan_split
 from btree.tree import LogicalBTree, State
 from tests.unit.test_merge import check_routed, counted, largest
@@ -220,3 +220,18 @@ def test_plan_relief_refuses_an_idle_or_unmeasured_leaf() -> None:
     idle = tree.leaves_in(State.IDLE)[0]
     plan = plan_relief(tree, idle, {}, lambda a, b: 0.0, lambda a, b: 0, max_keys=1, limit=1.0)
     assert not plan.ok and "not a busy leaf" in plan.reason
+
+
+def test_a_cold_busy_leaf_is_retired_into_its_least_loaded_nearest_neighbour() -> None:
+    tree = hand_tree()   # root: e1 (a b c), e2 (d e)
+    tree.bootstrap_preallocate(5)
+    loads = {"a": 900.0, "b": 300.0, "c": 5.0, "d": 250.0, "e": 400.0}
+    keys = {"a": 50, "b": 40, "c": 3, "d": 30, "e": 30}
+    assert not plan_retire(tree, loads, keys.__getitem__, max_keys=2).ok   # the churn limit
+    plan = plan_retire(tree, loads, keys.__getitem__, max_keys=10)
+    assert (plan.source, plan.target, plan.keys) == ("c", "b", 3)   # b: beside c and cooler than a
+    tree.transfer(tree.blocks("c"), "b")
+    assert tree.state("c") is State.IDLE
+    check_invariants(tree)
+    assert not plan_retire(tree, {**loads, "c": 40.0}, keys.__getitem__,
+                           max_keys=10).ok   # nobody busy under a tenth of the median
