@@ -228,7 +228,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axes[2].plot([s["t"] for s in samples], [s["max_over_mean"] for s in samples], linestyle=":",
                      label=f"{mode} (packets, the controller's signal)")
     axes[2].axhline(TARGET_MAX_OVER_MEAN, color="green", linestyle="--", label="target 1.2")
-    axes[2].axhline(results["max_over_mean_floor"], color="red", linestyle=":",
+    axes[2].axhline(results["max_over_mean_floor"], color="black", linestyle="-.",
                     label="floor: the hottest path alone")
     shift = results["shift_s"]
     for k in range(int(results["seconds"] // shift) + 1):
