@@ -181,7 +181,7 @@ chaos: setup
 
 # Balance under a moving hot spot: Zipf 1.2 over paths, the hot spot moving
 # every 30 s, with rebalancing and with --no-rebalance on fresh networks in
-# one run; per-server load over time, plotted (about 7 minutes).
+# one run; per-server load over time, plotted (about 5 minutes).
 bench-hotspot: setup
 	$(PY) -m benchmarks.hotspot --out benchmarks/results $(BENCH_HOTSPOT_ARGS)
 

@@ -22,7 +22,7 @@ and the keys each rebalance moved against the keys stored (target: at most
 It also says what no prefix move can fix: the share of all requests the
 single hottest path takes, and the max/mean that alone forces.
 
-    python -m benchmarks.hotspot --out benchmarks/results            # about 6 minutes
+    python -m benchmarks.hotspot --out benchmarks/results            # about 5 minutes
     python -m benchmarks.hotspot --seconds 40 --shift 20             # about 3 minutes
 """
 
