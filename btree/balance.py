@@ -51,12 +51,17 @@ def urgency(max_load: float, capacity: float, smoothness: float = DEFAULT_SMOOTH
     return 0.0 if exponent > 700 else 1 / (1 + math.exp(exponent))
 
 
+def spread(loads: Sequence[float]) -> float:
+    """CoV / sqrt(n), in [0, 1]: the imbalance factor without its urgency."""
+    return coefficient_of_variation(loads) / math.sqrt(len(loads)) if len(loads) >= 2 else 0.0
+
+
 def imbalance_factor(loads: Sequence[float], capacity: float,
                      smoothness: float = DEFAULT_SMOOTHNESS) -> float:
     """Lunule's IF, in [0, 1]."""
     if len(loads) < 2:
         return 0.0
-    return coefficient_of_variation(loads) / math.sqrt(len(loads)) * urgency(max(loads), capacity, smoothness)
+    return spread(loads) * urgency(max(loads), capacity, smoothness)
 
 
 @dataclass(frozen=True)

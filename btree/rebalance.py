@@ -115,8 +115,8 @@ def plan_relief(tree: LogicalBTree, source: str, loads: Mapping[str, float], loa
     if not receivers:
         return _refusal(source, "no busy leaf below the mean and no idle leaf to take load")
     smallest = min([excess, *(room for group in receivers for _, room, _ in group)])
-    prefixes = _hot_prefixes(tree.blocks(source), load_in, smallest / loads[source] * total,
-                             tree.space.width if finest is None else finest)
+    finest = tree.space.width if finest is None else finest
+    prefixes = _hot_prefixes(tree.blocks(source), load_in, smallest / loads[source] * total, finest)
     objections: list[str] = []
     keys_of: dict[Block, int] = {}
     for group in receivers:
@@ -144,7 +144,7 @@ def plan_relief(tree: LogicalBTree, source: str, loads: Mapping[str, float], loa
             return RelievePlan(source, target, (prefix,), load / total, keys, "",
                                to_idle=tree.state(target) is State.IDLE)
     return _refusal(source, _why_none(prefixes, total, excess / loads[source], max_keys, keys_of, objections,
-                                      tree.space.width if finest is None else finest))
+                                      finest))
 
 
 def plan_retire(tree: LogicalBTree, loads: Mapping[str, float], keys_of: Callable[[str], int], *,

@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from btree.balance import coefficient_of_variation
+from btree.balance import spread
 from btree.rebalance import RelievePlan, plan_relief, plan_retire
 from btree.tree import State
 from client_lib.api.admin import ADMIN, CountRequest, ops_resolution
@@ -51,10 +51,10 @@ def rebalance_saga(core: MetaFlowCore, op: Operation, source: str, packets: Mapp
         loads = yield from _measured(core, packets)
     except Cancelled as why:
         return core.outcome_event("rebalance-cancelled", server=source, reason=str(why))
-    spread = coefficient_of_variation(list(loads.values())) / math.sqrt(len(loads)) if loads else 0.0
-    if spread <= core.settings.imbalance_threshold:
+    uneven = spread(list(loads.values()))
+    if uneven <= core.settings.imbalance_threshold:
         return core.outcome_event("rebalance-refused", server=source, reason=(
-            f"balanced in requests: their imbalance (CoV/sqrt(n)) is {spread:.3f}, not above "
+            f"balanced in requests: their imbalance (CoV/sqrt(n)) is {uneven:.3f}, not above "
             f"{core.settings.imbalance_threshold}"))
     done: list[dict[str, Any]] = []
     retired = yield from _retire(core, op, loads, stored, done)
@@ -140,8 +140,7 @@ def _measured(core: MetaFlowCore, packets: Mapping[str, float]) -> Saga:
     except StepError as failed:
         core.event("rebalance-on-packets", reason=str(failed))
         return dict(packets)
-    return {name: report.counts[0] / (report.seconds or 1.0)
-            for name, report in zip(names, reports, strict=True)}
+    return {name: report.rates()[0] for name, report in zip(names, reports, strict=True)}
 
 
 def _planned(core: MetaFlowCore, op: Operation, source: str, loads: Mapping[str, float],

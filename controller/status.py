@@ -77,8 +77,7 @@ def block_loads(agent: ApiClient, blocks: Sequence[Block]) -> dict[str, float | 
         report = agent.call(ADMIN.ops, CountRequest([(b.first, b.last) for b in blocks]))
     except MetaFlowError:
         return {str(b): None for b in blocks}
-    seconds = report.seconds or 1.0
-    return {str(b): n / seconds for b, n in zip(blocks, report.counts, strict=True)}
+    return {str(b): rate for b, rate in zip(blocks, report.rates(), strict=True)}
 
 
 # -- the summary -------------------------------------------------------------------

@@ -146,6 +146,10 @@ class OpsReport:
     counts: list[int]
     seconds: float
 
+    def rates(self) -> list[float]:
+        """Requests a second in each range (a window of no length counts as 1 s)."""
+        return [n / (self.seconds or 1.0) for n in self.counts]
+
 
 @dataclass(frozen=True)
 class Stats:
