@@ -3,7 +3,6 @@
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from client_lib.cidr import Block
 from client_lib.resp import ArgLimit
@@ -30,34 +29,53 @@ class ArgLimits:
     def __init__(self, key: int, value: int, values_from: list[tuple[bytes, int]]) -> None: ...
     def __call__(self, name: bytes, index: int) -> int: ...
 
+class Keyspace:
+    """The MetaDataID space, its hash and a key's limits, each from its Python
+    declaration (`nat_agent.service.keyspace`): the lane's key step."""
+
+    def __init__(self, *, space: Block, digest_size: int, id_bytes: int, max_length: int,
+                 name_max: int) -> None: ...
+    def route(self, raw: bytes) -> tuple[bytes, int] | None:
+        """A raw key's normalized form and MetaDataID, or None where the service answers an error."""
+
+class LaneView:
+    """What the lane knows of the agent's state, kept current by Python: the
+    ranges it may answer for at one `Ownership.version`, and how many
+    replicated writes are under way (`Replicator.writing`)."""
+
+    def __init__(self) -> None: ...
+    @property
+    def version(self) -> int: ...
+    def set_table(self, version: int, reads: list[tuple[int, int]],
+                  writes: list[tuple[int, int]]) -> None: ...
+    @property
+    def writing(self) -> int: ...
+    def set_writing(self, count: int) -> None: ...
+
 class FastLane:
     """The common commands answered end to end in compiled code (`lane.rs`)."""
 
-    def __init__(self, *, space: Block, max_length: int, access: RecordAccess, writing: dict[str, Any],
+    def __init__(self, *, keyspace: Keyspace, view: LaneView, access: RecordAccess,
                  stats: Counter[str], counters: list[tuple[bytes, str]], total: str,
                  buckets: Buckets) -> None: ...
     @property
-    def version(self) -> int: ...
+    def view(self) -> LaneView: ...
     def ops_counts(self) -> bytes:
         """Requests answered here per bucket since the start (`nat_agent.ops_meter.Counts`)."""
-    def set_table(self, version: int, reads: list[tuple[int, int]],
-                  writes: list[tuple[int, int]]) -> None: ...
     def answer(self, parser: CommandParser, resp3: bool, budget: int) -> bytes | None: ...
-
-def route(raw: bytes, space: Block, max_length: int) -> tuple[bytes, int] | None:
-    """A raw key's normalized form and MetaDataID, or None where the service answers an error."""
 
 class ServiceLoop:
     """The service's port served by threads of its own (`server.rs`): one
     per listener (file descriptors it takes over), the lane on each, what
     the lane declines handed to `handoff` (which schedules the service)."""
 
-    def __init__(self, *, listeners: list[int], lane: FastLane, ownership: Any,
+    def __init__(self, *, listeners: list[int], lane: FastLane, refresh: Callable[[], object],
                  handoff: Callable[[int, int, tuple[str, int], int, bool, list[bytes] | Exception], object],
                  stats: Counter[str], log: logging.Logger, arg_limit: ArgLimit, max_bulk: int,
-                 unsent: tuple[int, int],
+                 max_args: int, max_line: int, unsent: tuple[int, int],
                  flush_bytes: int, read_ahead: int, read_timeout: float, idle_timeout: float,
-                 max_clients: int, refusal: bytes, reclaimed_prefix: bytes, at_limit: str) -> None: ...
+                 sweep_interval: float, max_clients: int, refusal: bytes, timeout_reply: bytes,
+                 reclaimed_prefix: bytes, at_limit: str, shutting_down: str) -> None: ...
     def reply(self, worker: int, conn: int, data: bytes, close: bool, resp3: bool) -> None: ...
     def barrier(self) -> None: ...
     @property

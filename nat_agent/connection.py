@@ -357,15 +357,27 @@ class Connection(asyncio.Protocol):
                 log.warning("client %s started a request %.1f s ago and has not finished it "
                             "(%d bytes so far); closing", self.peer, now - self.started,
                             self.parser.pending)
-                self.close_with(ErrorReply(f"ERR timeout: request incomplete after {read_timeout:g} s"))
+                self.close_with(timed_out(read_timeout))
         elif now - self.useful > idle_timeout:
             self.close()
+
+
+def timed_out(read_timeout: float) -> ErrorReply:
+    """The reply to a request still incomplete `read_timeout` seconds after
+    its first byte (the connection then closes); the worker threads send it too."""
+    return ErrorReply(f"ERR timeout: request incomplete after {read_timeout:g} s")
+
+
+def sweep_interval(read_timeout: float, idle_timeout: float) -> float:
+    """How often the timeouts are checked: a quarter of the shorter one, from
+    50 ms to 1 s (so a deadline is kept to within a quarter of itself)."""
+    return min(1.0, max(0.05, min(read_timeout, idle_timeout) / 4))
 
 
 async def sweep(connections: set[Connection], read_timeout: float, idle_timeout: float) -> None:
     """Enforce the timeouts of a server's `connections` (a live set), forever:
     one task per server instead of a timer per request."""
-    interval = min(1.0, max(0.05, min(read_timeout, idle_timeout) / 4))
+    interval = sweep_interval(read_timeout, idle_timeout)
     while True:
         await asyncio.sleep(interval)
         now = time.monotonic()

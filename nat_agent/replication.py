@@ -366,6 +366,9 @@ class Replicator:
         self.signer = Signer(secret)
         self.writing: dict[str, Write] = {}
         """Keys with a write under way, by path: a read of one waits for it."""
+        self.on_writing: Callable[[int], None] | None = None
+        """Told how many writes are under way whenever one begins or ends
+        (the compiled request path's `LaneView.set_writing`)."""
         self.stats: Counter[str] = Counter()
         self.on_member_failure: MemberFailure | None = None
         self._links: dict[str, Link] = {}
@@ -381,6 +384,7 @@ class Replicator:
     def begin(self, ident: int, path: str) -> Write:
         """Mark `path` as being written; call before the store is touched."""
         write = self.writing[path] = Write(self, ident, path)
+        self._writing_changed()
         return write
 
     def stream(self, write: Write, value: bytes | None) -> None:
@@ -441,10 +445,15 @@ class Replicator:
             write.timer = None
         if self.writing.get(write.path) is write:
             del self.writing[write.path]
+            self._writing_changed()
         if write.held is not None:
             self._consequences(write)
         self.stats["acknowledged" if failure is None else "not_acknowledged"] += 1
         write.done.set_result(None)
+
+    def _writing_changed(self) -> None:
+        if self.on_writing is not None:
+            self.on_writing(len(self.writing))
 
     def _consequences(self, write: Write) -> None:
         """Whether the block must be held back: the write failed in the epoch

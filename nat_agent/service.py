@@ -82,9 +82,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from client_lib.cidr import Block
 from client_lib.constants import ELIST_DEFAULT, ELIST_MAX, MAX_KEY, MAX_VALUE, METAFLOW_PORT
-from client_lib.mdid import PATH_MAX, entry_key, mdid_of_key, normalize_key
+from client_lib.mdid import NAME_MAX, PATH_MAX, digest_size, entry_key, mdid_of_key, normalize_key
 from client_lib.resp import (
+    DEFAULT_MAX_ARGS,
+    DEFAULT_MAX_LINE,
     OK,
     PONG,
     ArgLimit,
@@ -95,7 +98,7 @@ from client_lib.resp import (
     parse_moved,
 )
 from client_lib.version import version
-from nat_agent._fastpath import ArgLimits, FastLane, ServiceLoop
+from nat_agent._fastpath import ArgLimits, FastLane, Keyspace, LaneView, ServiceLoop
 from nat_agent.agent import Agent
 from nat_agent.anyip import transparent_listener
 from nat_agent.connection import (
@@ -109,11 +112,13 @@ from nat_agent.connection import (
     resume,
     settled,
     sweep,
+    sweep_interval,
+    timed_out,
 )
 from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
-from nat_agent.store import Condition, IfEqual, InDirectory
+from nat_agent.store import Condition, IfEqual, InDirectory, check_width
 
 log = logging.getLogger("metaflow.agent.service")
 T = TypeVar("T")
@@ -150,6 +155,17 @@ _UNSUPPORTED = {
     b"AUTH": "authentication (port 9000 is open to every client by design)",
 }
 """Redis commands a client might send that MetaFlow refuses, and why."""
+
+
+SHUTTING_DOWN = "the server is shutting down"
+"""Why a busy connection is reclaimed when the service stops."""
+
+
+def keyspace(space: Block) -> Keyspace:
+    """The compiled path's key step (normalize, hash, record key) for
+    `space`, given every number it needs from its one Python declaration."""
+    return Keyspace(space=space, digest_size=digest_size(space), id_bytes=check_width(space.width),
+                    max_length=PATH_MAX, name_max=NAME_MAX)
 
 
 DEFAULT_WORKERS = 1
@@ -252,19 +268,27 @@ class MetadataService:
         STAT, a debugging aid answered for any ID."""
 
     def _fast_lane(self) -> FastLane | None:
+        """The compiled path, if the store allows one; the replicator then
+        keeps its view's count of writes under way current."""
         access = self.store.record_access()
         if access is None:
             return None
-        return FastLane(space=self.space, max_length=PATH_MAX, access=access, writing=self.writing,
+        view = LaneView()
+        view.set_writing(len(self.writing))
+        self.replicator.on_writing = view.set_writing
+        return FastLane(keyspace=keyspace(self.space), view=view, access=access,
                         stats=self.stats, counters=[(name, spec[3]) for name, spec in self._commands.items()
                                                     if name in FAST_COMMANDS], total="compiled_requests",
                         buckets=Buckets.of(self.space))
 
     def lane(self) -> FastLane | None:
-        """The compiled path, its table in step with the ownership view."""
+        """The compiled path, its view's table in step with the ownership
+        view. The worker threads call it too, before each lane call."""
         lane = self._lane
-        if lane is not None and lane.version != self.ownership.version:
-            lane.set_table(self.ownership.version, *self.ownership.fast_ranges())
+        if lane is not None:
+            view, ownership = lane.view, self.ownership
+            if view.version != ownership.version:
+                view.set_table(ownership.version, *ownership.fast_ranges())
         return lane
 
     # -- lifecycle ---------------------------------------------------------
@@ -314,13 +338,16 @@ class MetadataService:
             loop.call_soon_threadsafe(self._serve_handed, *handed)
 
         self._workers = ServiceLoop(
-            listeners=[sock.detach() for sock in listeners], lane=lane, ownership=self.ownership,
+            listeners=[sock.detach() for sock in listeners], lane=lane, refresh=self.lane,
             handoff=handoff, stats=self.stats, log=log, arg_limit=self.arg_limit, max_bulk=self.max_bulk,
+            max_args=DEFAULT_MAX_ARGS, max_line=DEFAULT_MAX_LINE,
             unsent=(UNSENT_HIGH, UNSENT_LOW), flush_bytes=FLUSH_BYTES, read_ahead=READ_AHEAD,
             read_timeout=limits.read_timeout, idle_timeout=limits.idle_timeout,
+            sweep_interval=sweep_interval(limits.read_timeout, limits.idle_timeout),
             max_clients=limits.max_clients, refusal=encode_reply(self._refusal()),
+            timeout_reply=encode_reply(timed_out(limits.read_timeout)),
             reclaimed_prefix=encode_reply(ErrorReply(RECLAIMED))[:-2],
-            at_limit=self._at_limit())
+            at_limit=self._at_limit(), shutting_down=SHUTTING_DOWN)
         self.agent.inflight.barrier = self._workers.barrier
         return port
 
@@ -346,7 +373,7 @@ class MetadataService:
             return
         self._server.close()
         for conn in list(self._connections):
-            conn.reclaim("the server is shutting down")
+            conn.reclaim(SHUTTING_DOWN)
         if self._sweeper is not None:
             self._sweeper.cancel()
         await self._server.wait_closed()

@@ -31,15 +31,15 @@ from hypothesis import strategies as st
 
 from client_lib.api.admin import Member, Role
 from client_lib.cidr import Block
-from client_lib.mdid import PATH_MAX, mdid_of_key, normalize_key
+from client_lib.mdid import mdid_of_key, normalize_key
 from client_lib.resp import encode_command, encode_reply
-from nat_agent._fastpath import FastLane, route
+from nat_agent._fastpath import FastLane, LaneView
 from nat_agent.agent import Agent, Identity
 from nat_agent.connection import Connection
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.ops_meter import Buckets
 from nat_agent.replication import Replicator
-from nat_agent.service import MetadataService, ServiceLimits
+from nat_agent.service import MetadataService, ServiceLimits, keyspace
 from nat_agent.store import Record
 
 SPACE = Block.parse("10.9.0.0/28")   # 16 IDs: random blocks cover a fair share of the keys
@@ -253,7 +253,7 @@ def test_the_lane_answers_what_it_takes_on_and_declines_the_rest(sides):
 
 
 def test_the_key_step_is_the_python_one():
-    """`route` (normalize, UTF-8, hash) against `normalize_key` and `mdid_of_key`,
+    """`Keyspace.route` (normalize, UTF-8, hash) against `normalize_key` and `mdid_of_key`,
     in a 32-bit and a 128-bit space, for every odd key above and random ones."""
     spaces = [SPACE, Block.parse("100.64.0.0/10"), Block.parse("0.0.0.0/0"), Block.parse("fd00::/8"),
               Block.parse("::/0")]
@@ -272,7 +272,7 @@ def test_the_key_step_is_the_python_one():
                                   max_size=12).map(b"".join)),
            space=st.sampled_from(spaces))
     def check(raw: bytes, space: Block) -> None:
-        assert route(raw, space, PATH_MAX) == python(raw, space)
+        assert keyspace(space).route(raw) == python(raw, space)
 
     check()
 
@@ -387,8 +387,7 @@ def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path
         access.put(key, value, **options)
 
     slowed = dataclasses.replace(access, put=slow_put)
-    service._lane = FastLane(space=SPACE, max_length=PATH_MAX, access=slowed,
-                             writing=service.writing, stats=service.stats,
+    service._lane = FastLane(keyspace=keyspace(SPACE), view=LaneView(), access=slowed, stats=service.stats,
                              counters=[(b"SET", "cmd_set")], total="compiled_requests",
                              buckets=Buckets.of(SPACE))
     _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)

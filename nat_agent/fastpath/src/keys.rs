@@ -4,15 +4,26 @@
 //! would refuse is `None` here: the compiled path then leaves the command to
 //! the Python path, which words the error.
 //! `tests/integration/test_fast_lane.py` holds the two to the same answers.
+//!
+//! Every number the rules need (the limits, the digest size, an ID's bytes
+//! in a record key) comes from its Python declaration through `Keyspace`'s
+//! constructor (`nat_agent.service.keyspace`): none is restated here.
 
 use std::borrow::Cow;
 
 use blake2::digest::{Update, VariableOutput};
 use blake2::Blake2bVar;
 use memchr::{memchr, memmem};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
-const NAME_MAX: usize = 255;
+/// A key's limits: `client_lib.mdid.PATH_MAX` (or the service's own) and `NAME_MAX`.
+#[derive(Clone, Copy)]
+struct Limits {
+    max_length: usize,
+    name_max: usize,
+}
 
 /// `normalize_path` for bytes: the canonical key of an absolute path.
 fn normalize_path(raw: &[u8], max_length: usize) -> Option<Cow<'_, [u8]>> {
@@ -43,8 +54,9 @@ fn normalize_path(raw: &[u8], max_length: usize) -> Option<Cow<'_, [u8]>> {
 }
 
 /// `entry_key`: ``directory NUL name``, with the directory normalized.
-fn entry_key(directory: &[u8], name: &[u8], max_length: usize) -> Option<Vec<u8>> {
-    if name.is_empty() || name.len() > NAME_MAX || name == b"." || name == b".." {
+fn entry_key(directory: &[u8], name: &[u8], limits: Limits) -> Option<Vec<u8>> {
+    let max_length = limits.max_length;
+    if name.is_empty() || name.len() > limits.name_max || name == b"." || name == b".." {
         return None;
     }
     if memchr(b'/', name).is_some() || memchr(0, name).is_some() {
@@ -59,36 +71,56 @@ fn entry_key(directory: &[u8], name: &[u8], max_length: usize) -> Option<Vec<u8>
 }
 
 /// `normalize_key`, and the service's refusal of a key that is not UTF-8.
-pub fn normalize_key(raw: &[u8], max_length: usize) -> Option<Cow<'_, [u8]>> {
+fn normalize_key(raw: &[u8], limits: Limits) -> Option<Cow<'_, [u8]>> {
     let key = match memchr(0, raw) {
-        Some(nul) => Cow::Owned(entry_key(&raw[..nul], &raw[nul + 1..], max_length)?),
-        None => normalize_path(raw, max_length)?,
+        Some(nul) => Cow::Owned(entry_key(&raw[..nul], &raw[nul + 1..], limits)?),
+        None => normalize_path(raw, limits.max_length)?,
     };
     std::str::from_utf8(&key).is_ok().then_some(key)
 }
 
-/// The MetaDataID space (a CIDR block) and how IDs are hashed into it.
+/// The MetaDataID space (a CIDR block), how IDs are hashed into it and
+/// stored, and a key's limits: all as the Python declarations give them.
+#[pyclass(module = "nat_agent._fastpath", frozen)]
 pub struct Keyspace {
     first: u128,
     mask: u128,
     digest: usize,
     /// Bytes of an ID in a record key (`nat_agent.store.encode_mdid`).
     id_bytes: usize,
-    max_length: usize,
+    limits: Limits,
+}
+
+#[pymethods]
+impl Keyspace {
+    /// `space`: a `client_lib.cidr.Block` (which checked its width and
+    /// prefix); `digest_size`: BLAKE2b's, in bytes (`client_lib.mdid.digest_size`);
+    /// `id_bytes`: an ID's in a record key (`nat_agent.store.check_width`);
+    /// `max_length`, `name_max`: a key's and a file name's limits.
+    #[new]
+    #[pyo3(signature = (*, space, digest_size, id_bytes, max_length, name_max))]
+    fn new(space: &Bound<'_, PyAny>, digest_size: usize, id_bytes: usize, max_length: usize,
+           name_max: usize) -> PyResult<Self> {
+        let first: u128 = space.getattr("first")?.extract()?;
+        let width: u32 = space.getattr("width")?.extract()?;
+        let host_bits = width - space.getattr("plen")?.extract::<u32>()?;
+        if !(1..=16).contains(&digest_size) || !(1..=16).contains(&id_bytes) {
+            return Err(PyValueError::new_err(format!(
+                "an ID is at most 16 bytes: digest_size {digest_size}, id_bytes {id_bytes}")));
+        }
+        let mask = if host_bits >= 128 { u128::MAX } else { (1u128 << host_bits) - 1 };
+        Ok(Keyspace { first, mask, digest: digest_size, id_bytes, limits: Limits { max_length, name_max } })
+    }
+
+    /// A raw key's normalized form and MetaDataID, or None where the service
+    /// answers an error (what the lane does with every key it is given).
+    #[pyo3(name = "route")]
+    fn route_py<'py>(&self, py: Python<'py>, raw: &[u8]) -> Option<(Bound<'py, PyBytes>, u128)> {
+        self.route(raw).map(|(key, id)| (PyBytes::new(py, &key), id))
+    }
 }
 
 impl Keyspace {
-    /// The space of a `client_lib.cidr.Block` (which checked its width, 32
-    /// or 128, and its prefix); `max_length` is a key's limit.
-    pub fn of(block: &Bound<'_, PyAny>, max_length: usize) -> PyResult<Self> {
-        let first: u128 = block.getattr("first")?.extract()?;
-        let width: u32 = block.getattr("width")?.extract()?;
-        let host_bits = width - block.getattr("plen")?.extract::<u32>()?;
-        let mask = if host_bits >= 128 { u128::MAX } else { (1u128 << host_bits) - 1 };
-        let digest = if width == 32 { 8 } else { 16 };
-        Ok(Keyspace { first, mask, digest, id_bytes: (width / 8) as usize, max_length })
-    }
-
     /// `mdid_of_key` of a normalized key: BLAKE2b of the key up to its first
     /// NUL, as a big-endian number, modulo the space's size (a power of two).
     pub fn mdid(&self, key: &[u8]) -> u128 {
@@ -96,7 +128,7 @@ impl Keyspace {
             Some(nul) => &key[..nul],
             None => key,
         };
-        let mut hasher = Blake2bVar::new(self.digest).expect("8 and 16 are valid BLAKE2b sizes");
+        let mut hasher = Blake2bVar::new(self.digest).expect("checked: 1 to 16 bytes");
         hasher.update(route);
         let mut out = [0u8; 16];
         hasher.finalize_variable(&mut out[..self.digest]).expect("the buffer has the digest's size");
@@ -106,7 +138,7 @@ impl Keyspace {
 
     /// The normalized key and its ID, or None where the service answers an error.
     pub fn route<'a>(&self, raw: &'a [u8]) -> Option<(Cow<'a, [u8]>, u128)> {
-        let key = normalize_key(raw, self.max_length)?;
+        let key = normalize_key(raw, self.limits)?;
         let id = self.mdid(&key);
         Some((key, id))
     }

@@ -17,14 +17,15 @@
 //! * a key that normalizes (`keys::normalize_key`) into an ID the table says
 //!   is served here: reads where `Ownership.decide` says SERVE with no
 //!   replica to wait for, writes where that holds and no migration froze the
-//!   ID (`Ownership.fast_ranges`, pushed by the service whenever the view's
-//!   version moves);
+//!   ID (`Ownership.fast_ranges`, pushed into the `LaneView` by the service
+//!   whenever the ownership's version moves);
 //! * writes only if the store acknowledges without waiting for a sync
 //!   (`--fsync off` or `always`): a `batch` write waits for its group commit,
 //!   which only the event loop can do; a read of a key whose last write is
 //!   not yet synced is declined for the same reason;
 //! * nothing at all while a replicated write is under way anywhere (the
-//!   service's `writing`), since reads must wait for those.
+//!   replicator's `writing`, whose size it pushes into the `LaneView`),
+//!   since reads must wait for those.
 //!
 //! On the event loop everything runs synchronously inside one
 //! `data_received` callback, so no ownership change and no migration step
@@ -34,9 +35,9 @@
 //! `ServiceLoop`'s gate around each call and `InFlight.drain` closes it
 //! (`barrier`) before a migration copies anything.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -78,15 +79,68 @@ struct Tables {
     writes: Table,
 }
 
+/// The lane's view of the agent's state, which Python keeps current through
+/// its methods: the tables of one `Ownership.version`, and how many
+/// replicated writes are under way (`Replicator.writing`).
+///
 /// Shared by the event loop and the worker threads, hence frozen: the
 /// tables are swapped whole (an `Arc`), never borrowed across a store call,
 /// since a store call releases the GIL and another thread may swap them.
 #[pyclass(module = "nat_agent._fastpath", frozen)]
-pub struct FastLane {
-    space: Keyspace,
+pub struct LaneView {
     tables: Mutex<Arc<Tables>>,
+    writing: AtomicUsize,
+}
+
+#[pymethods]
+impl LaneView {
+    /// Nothing served, no write under way, at no version (-1).
+    #[new]
+    fn new() -> Self {
+        LaneView {
+            tables: Mutex::new(Arc::new(Tables { version: -1, reads: Vec::new(), writes: Vec::new() })),
+            writing: AtomicUsize::new(0),
+        }
+    }
+
+    /// The ranges (first, last) served for reads and for writes at `version`
+    /// (`Ownership.fast_ranges`); each list sorted and disjoint.
+    fn set_table(&self, version: i64, reads: Table, writes: Table) {
+        *self.tables.lock().expect("never poisoned: nothing panics holding it") =
+            Arc::new(Tables { version, reads, writes });
+    }
+
+    /// The `Ownership.version` the tables were computed at.
+    #[getter]
+    fn version(&self) -> i64 {
+        self.tables().version
+    }
+
+    /// Replicated writes under way (the size of `Replicator.writing`).
+    #[getter]
+    fn writing(&self) -> usize {
+        self.writing.load(Ordering::SeqCst)
+    }
+
+    /// Called by the replicator whenever a write begins or ends.
+    fn set_writing(&self, count: usize) {
+        self.writing.store(count, Ordering::SeqCst);
+    }
+}
+
+impl LaneView {
+    fn tables(&self) -> Arc<Tables> {
+        Arc::clone(&self.tables.lock().expect("never poisoned: nothing panics holding it"))
+    }
+}
+
+/// The common commands answered end to end (see the module's docstring);
+/// frozen, like its view, since the worker threads share it.
+#[pyclass(module = "nat_agent._fastpath", frozen)]
+pub struct FastLane {
+    space: Py<Keyspace>,
+    view: Py<LaneView>,
     records: Records,
-    writing: Py<PyDict>,
     stats: Py<PyDict>,
     counters: Vec<(Vec<u8>, PyObject)>,
     total: PyObject,
@@ -109,32 +163,29 @@ fn bulk(out: &mut Vec<u8>, value: &[u8]) {
 
 #[pymethods]
 impl FastLane {
-    /// `space`: the MetaDataID space (a `client_lib.cidr.Block`);
-    /// `max_length`: a key's limit; `access`: the store's records
+    /// `keyspace`: the ID space and a key's limits; `view`: where it may
+    /// answer, kept current by the service; `access`: the store's records
     /// (`nat_agent.store.RecordAccess`; writes are taken on only if its
-    /// `unsynced` is None, i.e. no write waits for a sync); `writing`: the
-    /// replicated writes under way; `stats`: the service's counters,
+    /// `unsynced` is None, i.e. no write waits for a sync); `stats`: the service's counters,
     /// `counters` the name each command counts under, `total` the name
     /// everything this lane answered counts under; `buckets`: how the
     /// requests it serves are counted by ID (`nat_agent.ops_meter.Buckets`).
     #[new]
-    #[pyo3(signature = (*, space, max_length, access, writing, stats, counters, total, buckets))]
+    #[pyo3(signature = (*, keyspace, view, access, stats, counters, total, buckets))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        space: &Bound<'_, PyAny>,
-        max_length: usize,
+        keyspace: Py<Keyspace>,
+        view: Py<LaneView>,
         access: &Bound<'_, PyAny>,
-        writing: Py<PyDict>,
         stats: Py<PyDict>,
         counters: Vec<(Vec<u8>, PyObject)>,
         total: PyObject,
         buckets: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
         Ok(FastLane {
-            space: Keyspace::of(space, max_length)?,
-            tables: Mutex::new(Arc::new(Tables { version: -1, reads: Vec::new(), writes: Vec::new() })),
+            space: keyspace,
+            view,
             records: Records::of(access)?,
-            writing,
             stats,
             counters,
             total,
@@ -142,23 +193,16 @@ impl FastLane {
         })
     }
 
-    /// The ranges (first, last) served for reads and for writes at `version`;
-    /// each list sorted and disjoint.
-    fn set_table(&self, version: i64, reads: Table, writes: Table) {
-        *self.tables.lock().expect("never poisoned: nothing panics holding it") =
-            Arc::new(Tables { version, reads, writes });
+    /// The view it answers by (the one it was made with).
+    #[getter]
+    fn view(&self, py: Python<'_>) -> Py<LaneView> {
+        self.view.clone_ref(py)
     }
 
     /// The GET, SET and EXISTS answered here per bucket since the start
     /// (`OpsCounts`); what the lane declines, the Python path counts.
     fn ops_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         self.ops.to_bytes(py)
-    }
-
-    /// The `Ownership.version` the tables were computed at.
-    #[getter]
-    pub(crate) fn version(&self) -> i64 {
-        self.tables().version
     }
 
     /// Answer the parser's leading complete commands that this lane takes
@@ -178,22 +222,6 @@ impl FastLane {
 }
 
 impl FastLane {
-    /// Bring the tables in step with `ownership` (an `Ownership`), as the
-    /// service's `lane()` does on the event loop: for the worker threads.
-    pub(crate) fn refresh(&self, ownership: &Bound<'_, PyAny>) -> PyResult<()> {
-        let py = ownership.py();
-        let version: i64 = ownership.getattr(intern!(py, "version"))?.extract()?;
-        if version != self.version() {
-            let (reads, writes): (Table, Table) = ownership.call_method0(intern!(py, "fast_ranges"))?.extract()?;
-            self.set_table(version, reads, writes);
-        }
-        Ok(())
-    }
-
-    fn tables(&self) -> Arc<Tables> {
-        Arc::clone(&self.tables.lock().expect("never poisoned: nothing panics holding it"))
-    }
-
     /// `answer`, appending the replies to `out`; returns how many commands
     /// it answered (0: the first one is the Python path's).
     pub(crate) fn answer_into(
@@ -204,10 +232,11 @@ impl FastLane {
         budget: usize,
         out: &mut Vec<u8>,
     ) -> PyResult<usize> {
-        if !self.writing.bind(py).is_empty() {
+        let view = self.view.get();
+        if view.writing() > 0 {
             return Ok(0);
         }
-        let tables = self.tables();
+        let tables = view.tables();
         let start = out.len();
         let mut counts = vec![0u64; self.counters.len()];
         let taken = parser.take_leading(py, |buf, args| {
@@ -284,11 +313,12 @@ impl FastLane {
     /// A store call that fails is declined: the Python path meets the same
     /// failure and answers it.
     fn read(&self, py: Python<'_>, tables: &Tables, raw: &[u8]) -> Option<Option<Py<PyBytes>>> {
-        let (key, id) = self.space.route(raw)?;
+        let space = self.space.get();
+        let (key, id) = space.route(raw)?;
         if !within(&tables.reads, id) {
             return None;
         }
-        let record = PyBytes::new(py, &self.space.record_key(id, &key));
+        let record = PyBytes::new(py, &space.record_key(id, &key));
         if let Some(unsynced) = &self.records.unsynced {
             if unsynced.call1(py, (&record,)).and_then(|u| u.is_truthy(py)).unwrap_or(true) {
                 return None;
@@ -309,11 +339,12 @@ impl FastLane {
         if self.records.unsynced.is_some() {
             return false;
         }
-        let Some((key, id)) = self.space.route(raw) else { return false };
+        let space = self.space.get();
+        let Some((key, id)) = space.route(raw) else { return false };
         if !within(&tables.writes, id) {
             return false;
         }
-        let record = PyBytes::new(py, &self.space.record_key(id, &key));
+        let record = PyBytes::new(py, &space.record_key(id, &key));
         let Ok(old) = self.records.get.call1(py, (&record,)) else { return false };
         let options = self.records.put_options.as_ref().map(|o| o.bind(py));
         if self.records.put.call(py, (&record, PyBytes::new(py, value)), options).is_err() {

@@ -6,7 +6,12 @@
 //!   oracle it is fuzzed against.
 //! * `ServiceLoop` (`server.rs`) serves the port itself on N threads, the
 //!   lane on each, handing what the lane declines to the service.
-//! * `route` (`keys.rs`) is its key step on its own, for that comparison.
+//! * `Keyspace` (`keys.rs`) is its key step (normalize, hash), built from
+//!   the Python declarations of the space and the limits; its `route` is
+//!   that step on its own, for the comparison with the Python path.
+//! * `LaneView` (`lane.rs`) is what the lane knows of the agent's state:
+//!   where it may answer (from `Ownership.fast_ranges`) and whether a
+//!   replicated write is under way, pushed by Python through its methods.
 //! * `OpsCounts` (`ops.rs`) counts what the lane served per bucket of the ID
 //!   space, for the admin API's `POST /ops`.
 //!
@@ -28,27 +33,14 @@ mod pyrepr;
 mod server;
 
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
-
-/// A raw key's normalized form and MetaDataID in `space` (a
-/// `client_lib.cidr.Block`), or None where the service answers an error.
-#[pyfunction]
-fn route<'py>(
-    py: Python<'py>,
-    raw: &[u8],
-    space: &Bound<'py, PyAny>,
-    max_length: usize,
-) -> PyResult<Option<(Bound<'py, PyBytes>, u128)>> {
-    let space = keys::Keyspace::of(space, max_length)?;
-    Ok(space.route(raw).map(|(key, id)| (PyBytes::new(py, &key), id)))
-}
 
 #[pymodule]
 fn _fastpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<parser::CommandParser>()?;
     m.add_class::<parser::ArgLimits>()?;
+    m.add_class::<keys::Keyspace>()?;
+    m.add_class::<lane::LaneView>()?;
     m.add_class::<lane::FastLane>()?;
     m.add_class::<server::ServiceLoop>()?;
-    m.add_function(wrap_pyfunction!(route, m)?)?;
     Ok(())
 }

@@ -134,8 +134,11 @@ impl ArgLimits {
 
 #[pymethods]
 impl CommandParser {
+    /// The defaults are `client_lib.resp`'s `DEFAULT_MAX_*`, written out so
+    /// that the signature shows them: `tests/unit/test_fastpath.py` holds
+    /// the two signatures equal.
     #[new]
-    #[pyo3(signature = (max_bulk = 1 << 20, max_args = 64, max_line = 64 * 1024, limit = None))]
+    #[pyo3(signature = (max_bulk = 1048576, max_args = 64, max_line = 65536, limit = None))]
     pub(crate) fn new(py: Python<'_>, max_bulk: i64, max_args: i64, max_line: usize, limit: Option<PyObject>) -> Self {
         let limit = limit.map(|limit| match limit.downcast_bound::<ArgLimits>(py) {
             Ok(native) => Limit::Native(native.get().clone()),

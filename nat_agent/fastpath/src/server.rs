@@ -20,8 +20,11 @@
 //! The limits are `nat_agent.connection`'s, enforced here the same way:
 //! unsent replies (`UNSENT_HIGH`/`UNSENT_LOW`), read-ahead while a command
 //! waits (`READ_AHEAD`), a request's deadline from its first byte, the idle
-//! timeout, and `max_clients` (the least recently useful connection is
-//! reclaimed, a newcomer refused only when every connection waits).
+//! timeout (checked every `sweep_interval`), and `max_clients` (the least
+//! recently useful connection is reclaimed, a newcomer refused only when
+//! every connection waits). Each is handed over by the service, as is
+//! every reply it words (`refusal`, `timeout_reply`, the reclaim's), so no
+//! number or wording of the Python path is restated here.
 //!
 //! Migration safety: a store call releases the GIL, so the event loop can
 //! freeze a block while a worker's write to it is under way. Every lane
@@ -60,23 +63,27 @@ struct Reply {
     resp3: bool,
 }
 
-/// The limits, from `nat_agent.connection` and `ServiceLimits`.
+/// The limits, from `nat_agent.connection`, `client_lib.resp` and `ServiceLimits`.
 #[derive(Clone)]
 struct Limits {
     max_bulk: i64,
+    max_args: i64,
+    max_line: usize,
     unsent_high: usize,
     unsent_low: usize,
     flush_bytes: usize,
     read_ahead: usize,
     read_timeout: Duration,
     idle_timeout: Duration,
+    sweep_interval: Duration,
     max_clients: usize,
 }
 
 /// What every worker shares.
 struct Shared {
     lane: Py<FastLane>,
-    ownership: PyObject,
+    /// Brings the lane's view in step with the ownership (the service's `lane`).
+    refresh: PyObject,
     /// `(worker, conn, peer, resp3, command or exception)`: schedules the
     /// service's answer on the event loop.
     handoff: PyObject,
@@ -84,11 +91,14 @@ struct Shared {
     stats: Py<PyDict>,
     /// The service's `logging.Logger`.
     log: PyObject,
-    /// Pre-worded by the service: the refusal at `max_clients`, and the
-    /// reclaim reply's prefix (`-ERR connection reclaimed: `).
+    /// Pre-worded by the service: the refusal at `max_clients`, the reply
+    /// to a request past its deadline, the reclaim reply's prefix
+    /// (`-ERR connection reclaimed: `) and its reasons.
     refusal: Vec<u8>,
+    timeout_reply: Vec<u8>,
     reclaimed_prefix: Vec<u8>,
     at_limit: String,
+    shutting_down: String,
     limits: Limits,
     live: AtomicUsize,
     gate: RwLock<()>,
@@ -128,46 +138,57 @@ pub struct ServiceLoop {
 #[pymethods]
 impl ServiceLoop {
     #[new]
-    #[pyo3(signature = (*, listeners, lane, ownership, handoff, stats, log, arg_limit, max_bulk, unsent, flush_bytes,
-                        read_ahead, read_timeout, idle_timeout, max_clients, refusal, reclaimed_prefix, at_limit))]
+    #[pyo3(signature = (*, listeners, lane, refresh, handoff, stats, log, arg_limit, max_bulk, max_args, max_line,
+                        unsent, flush_bytes, read_ahead, read_timeout, idle_timeout, sweep_interval, max_clients,
+                        refusal, timeout_reply, reclaimed_prefix, at_limit, shutting_down))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         listeners: Vec<i32>,
         lane: Py<FastLane>,
-        ownership: PyObject,
+        refresh: PyObject,
         handoff: PyObject,
         stats: Py<PyDict>,
         log: PyObject,
         arg_limit: PyObject,
         max_bulk: i64,
+        max_args: i64,
+        max_line: usize,
         unsent: (usize, usize),
         flush_bytes: usize,
         read_ahead: usize,
         read_timeout: f64,
         idle_timeout: f64,
+        sweep_interval: f64,
         max_clients: usize,
         refusal: Vec<u8>,
+        timeout_reply: Vec<u8>,
         reclaimed_prefix: Vec<u8>,
         at_limit: String,
+        shutting_down: String,
     ) -> PyResult<Self> {
         let shared = Arc::new(Shared {
             lane,
-            ownership,
+            refresh,
             handoff,
             arg_limit,
             stats,
             log,
             refusal,
+            timeout_reply,
             reclaimed_prefix,
             at_limit,
+            shutting_down,
             limits: Limits {
                 max_bulk,
+                max_args,
+                max_line,
                 unsent_high: unsent.0,
                 unsent_low: unsent.1,
                 flush_bytes,
                 read_ahead,
                 read_timeout: Duration::from_secs_f64(read_timeout),
                 idle_timeout: Duration::from_secs_f64(idle_timeout),
+                sweep_interval: Duration::from_secs_f64(sweep_interval),
                 max_clients,
             },
             live: AtomicUsize::new(0),
@@ -290,8 +311,7 @@ impl Run {
 
     fn serve(&mut self) {
         let mut events = Events::with_capacity(256);
-        let limits = &self.shared.limits;
-        let tick = limits.read_timeout.min(limits.idle_timeout).div_f64(4.0).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let tick = self.shared.limits.sweep_interval;
         let mut swept = Instant::now();
         while !self.shared.stopping.load(Ordering::SeqCst) {
             if let Err(err) = self.poll.poll(&mut events, Some(tick)) {
@@ -345,7 +365,8 @@ impl Run {
             let (ident, parser) = Python::with_gil(|py| {
                 let ident = self.shared.count(py, "connections");
                 let limit = Some(self.shared.arg_limit.clone_ref(py));
-                (ident, CommandParser::new(py, self.shared.limits.max_bulk, 64, 64 * 1024, limit))
+                let limits = &self.shared.limits;
+                (ident, CommandParser::new(py, limits.max_bulk, limits.max_args, limits.max_line, limit))
             });
             let now = Instant::now();
             self.shared.live.fetch_add(1, Ordering::Relaxed);
@@ -474,7 +495,6 @@ impl Run {
         if overdue.is_empty() {
             return;
         }
-        let message = format!("-ERR timeout: request incomplete after {} s\r\n", limits.read_timeout.as_secs_f64());
         for id in overdue {
             if let Some(conn) = self.conns.get_mut(&id) {
                 Python::with_gil(|py| {
@@ -483,7 +503,7 @@ impl Run {
                         "client {} started a request {:.1} s ago and has not finished it ({} bytes so far); closing",
                         conn.peer, now.duration_since(conn.started).as_secs_f64(), conn.parser.pending()));
                 });
-                conn.out.extend_from_slice(message.as_bytes());
+                conn.out.extend_from_slice(&self.shared.timeout_reply);
                 conn.closing = Some(now);
             }
             self.turn(id);
@@ -492,8 +512,9 @@ impl Run {
 
     fn shutdown(&mut self) {
         let ids: Vec<usize> = self.conns.keys().copied().collect();
+        let why = self.shared.shutting_down.clone();
         for id in ids {
-            self.reclaim(id, "the server is shutting down");
+            self.reclaim(id, &why);
         }
     }
 }
@@ -590,9 +611,10 @@ fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared) {
     Python::with_gil(|py| {
         let budget = shared.limits.flush_bytes;
         let lane = shared.lane.get();
-        let answered = lane
-            .refresh(shared.ownership.bind(py))
-            .and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out));
+        let answered = shared
+            .refresh
+            .call0(py)
+            .and_then(|_| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out));
         match answered {
             Ok(0) => {}
             Ok(_) => return,
