@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 
 from client_lib.api.admin import Member, Role
 from client_lib.cidr import Block
-from client_lib.mdid import mdid_of_key, normalize_key
+from client_lib.constants import MAX_KEY
+from client_lib.mdid import NAME_MAX, PATH_MAX, mdid_of_key, normalize_key
 from client_lib.resp import encode_command, encode_reply
 from nat_agent._fastpath import FastLane, LaneView
 from nat_agent.agent import Agent, Identity
@@ -51,6 +52,12 @@ EPOCHS = itertools.count(1)   # every view newer than the last, as the controlle
 KEYS = [b"/a", b"/a/b", b"/a//b", b"/a/./b/", b"/a/b/..", b"/dir", b"/dir\0e1", b"/dir/\0e2", b"/",
         b"/x/../..", b"rel", b"", b"/a\0", b"/a\0x/y", b"/a\0..", b"/\xff\xfe", b"/\xed\xa0\x80",
         b"/" + b"x" * 5000, "/é/ü".encode(), b"/a\0n\0m", b"/a b", b"/A"]
+
+EDGES = [b"/d\0" + b"n" * NAME_MAX, b"/d\0" + b"n" * (NAME_MAX + 1),
+         b"/" + b"k" * (PATH_MAX - 1), b"/" + b"k" * PATH_MAX, b"/k/" + b"k" * (PATH_MAX - 3) + b"/.",
+         b"/" + b"d" * (PATH_MAX - 5) + b"\0" + b"nnn", b"/" + b"d" * (PATH_MAX - 5) + b"\0" + b"nnnn"]
+"""Keys at the limits and one over: a file name of `NAME_MAX` bytes, a
+normalized key (a path, an entry) of `PATH_MAX`."""
 
 
 @dataclass
@@ -275,6 +282,11 @@ def test_the_key_step_is_the_python_one():
         assert keyspace(space).route(raw) == python(raw, space)
 
     check()
+    for space in spaces:
+        for raw in EDGES:
+            assert keyspace(space).route(raw) == python(raw, space)
+    assert [keyspace(SPACE).route(raw) is not None for raw in EDGES] == [True, False, True, False, True,
+                                                                        True, False]
 
 
 def test_the_lane_steps_aside_while_a_replicated_write_is_under_way(sides):
@@ -297,6 +309,7 @@ def test_the_lane_steps_aside_while_a_replicated_write_is_under_way(sides):
         return taken
 
     assert asyncio.run(run()) == [0, 0, 1]
+    assert service.lane().view.writing == 0
 
 
 # -- the worker threads (`ServiceLoop`) against the same oracle -------------------------
@@ -413,3 +426,47 @@ def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path
     assert reply == b"+OK\r\n" and service.stats["compiled_requests"] == 1
     assert [row[1] for row in copied] == ["/a"]
     asyncio.run(store.close())
+
+
+# -- the limits at their edges, at the service's defaults -------------------------------
+
+@pytest.fixture(params=[0, 2], ids=["on the event loop", "on two worker threads"])
+def at_defaults(request, tmp_path: Path) -> Iterator[tuple[Side, Side]]:
+    """The lane (on the event loop, or the worker threads) and the Python
+    path, both with the service's default limits (`MAX_KEY`, `MAX_VALUE`)."""
+    made = []
+    for workers, compiled in ((request.param, True), (0, False)):
+        store = LevelDBStore(tmp_path / f"defaults-{compiled}", SPACE.width, fsync="off")
+        agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
+        service = MetadataService(agent, Replicator(agent.ownership, NAME, b"s" * 32),
+                                  ServiceLimits(workers=workers), compiled=compiled)
+        service.ops.clock = itertools.repeat(service.ops.clock()).__next__
+        made.append(Side(service, store))
+    yield made[0], made[1]
+    for side in made:
+        asyncio.run(side.store.close())
+
+
+def test_the_limits_at_their_edges_answer_as_the_python_path(at_defaults):
+    """A file name of `NAME_MAX` bytes and one over, a key of `MAX_KEY`
+    bytes and one over, a value at the service's limit and one over: the
+    same bytes back as the Python path, each at-limit one answered by the
+    lane itself, each one over refused (by the parser, or by the Python
+    path's key check, never by the lane)."""
+    compiled, _ = at_defaults
+    limit = compiled.service.limits.max_value
+    name, long_name = b"/d\0" + b"n" * NAME_MAX, b"/d\0" + b"n" * (NAME_MAX + 1)
+    key, long_key = b"/" + b"k" * (MAX_KEY - 1), b"/" + b"k" * MAX_KEY
+    value, long_value = b"v" * limit, b"v" * (limit + 1)
+    # (A command right after a refused argument is the Python path's on the
+    # threads: the parser discards the rest of the refused one first.)
+    commands = [[b"SET", name, b"x"], [b"GET", name], [b"SET", long_name, b"x"], [b"GET", long_name],
+                [b"SET", key, value], [b"GET", key], [b"EXISTS", key], [b"SET", long_key, b"x"],
+                [b"GET", long_key], [b"SET", b"/v", long_value], [b"ECHO", MARK]]
+    stream = [encode_command(*command) for command in commands]
+    exchange = _over_tcp if compiled.service.limits.workers else _exchange
+    view = ([Role(SPACE, 0, True, [Member(NAME, "127.0.0.1:1")])], [], False)
+    _answers_as_the_python_path(at_defaults, view, stream, exchange)
+    # SET and GET of the name and of the key, EXISTS of the key.
+    assert compiled.service.stats["compiled_requests"] == 5
+    assert compiled.service.stats["oversized_arguments"] == 3   # the long key's SET and GET, the long value
