@@ -1,6 +1,5 @@
 """Types of the compiled request path (`nat_agent/fastpath`, built by `make`)."""
 
-import logging
 from collections import Counter
 from collections.abc import Callable
 
@@ -71,7 +70,10 @@ class ServiceLoop:
 
     def __init__(self, *, listeners: list[int], lane: FastLane, refresh: Callable[[], object],
                  handoff: Callable[[int, int, tuple[str, int], int, bool, list[bytes] | Exception], object],
-                 stats: Counter[str], log: logging.Logger, arg_limit: ArgLimit, max_bulk: int,
+                 connected: Callable[[], int], refused: Callable[[], None],
+                 reclaimed: Callable[[tuple[str, int], float], None],
+                 overdue: Callable[[tuple[str, int], float, int], None],
+                 dropped: Callable[[tuple[str, int], int], None], arg_limit: ArgLimit, max_bulk: int,
                  max_args: int, max_line: int, unsent: tuple[int, int],
                  flush_bytes: int, read_ahead: int, read_timeout: float, idle_timeout: float,
                  sweep_interval: float, max_clients: int, refusal: bytes, timeout_reply: bytes,

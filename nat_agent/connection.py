@@ -189,8 +189,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.parser.busy and not self._closing:
-            self.host.stats["dropped_connections"] += 1
-            log.info("client %s closed mid-request with %d bytes unread", self.peer, self.parser.pending)
+            dropped(self.host.stats, self.peer, self.parser.pending)
         self._closing = True
         if self._waiting is not None:
             self._waiting.cancel()
@@ -353,13 +352,26 @@ class Connection(asyncio.Protocol):
                 self.abort()
         elif self.parser.busy:
             if now - self.started > read_timeout:
-                self.host.stats["timeouts"] += 1
-                log.warning("client %s started a request %.1f s ago and has not finished it "
-                            "(%d bytes so far); closing", self.peer, now - self.started,
-                            self.parser.pending)
+                overdue(self.host.stats, self.peer, now - self.started, self.parser.pending)
                 self.close_with(timed_out(read_timeout))
         elif now - self.useful > idle_timeout:
             self.close()
+
+
+def dropped(stats: Counter[str], peer: object, pending: int) -> None:
+    """A client closed in the middle of a request (`pending` bytes of it
+    read): counted and logged here for either path (the worker threads
+    report it too)."""
+    stats["dropped_connections"] += 1
+    log.info("client %s closed mid-request with %d bytes unread", peer, pending)
+
+
+def overdue(stats: Counter[str], peer: object, age: float, pending: int) -> None:
+    """A request still incomplete `age` seconds after its first byte, which
+    is about to be answered `timed_out`: counted and logged here for either path."""
+    stats["timeouts"] += 1
+    log.warning("client %s started a request %.1f s ago and has not finished it (%d bytes so far); closing",
+                peer, age, pending)
 
 
 def timed_out(read_timeout: float) -> ErrorReply:

@@ -74,6 +74,7 @@ cannot be starved by one of them (the mechanics are in `connection.py`):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import time
@@ -109,6 +110,8 @@ from nat_agent.connection import (
     UNSENT_LOW,
     Client,
     Connection,
+    dropped,
+    overdue,
     resume,
     settled,
     sweep,
@@ -338,8 +341,10 @@ class MetadataService:
             loop.call_soon_threadsafe(self._serve_handed, *handed)
 
         self._workers = ServiceLoop(
-            listeners=[sock.detach() for sock in listeners], lane=lane, refresh=self.lane,
-            handoff=handoff, stats=self.stats, log=log, arg_limit=self.arg_limit, max_bulk=self.max_bulk,
+            listeners=[sock.detach() for sock in listeners], lane=lane, refresh=self.lane, handoff=handoff,
+            connected=self._connected, refused=self._refused, reclaimed=self._reclaimed,
+            overdue=functools.partial(overdue, self.stats), dropped=functools.partial(dropped, self.stats),
+            arg_limit=self.arg_limit, max_bulk=self.max_bulk,
             max_args=DEFAULT_MAX_ARGS, max_line=DEFAULT_MAX_LINE,
             unsent=(UNSENT_HIGH, UNSENT_LOW), flush_bytes=FLUSH_BYTES, read_ahead=READ_AHEAD,
             read_timeout=limits.read_timeout, idle_timeout=limits.idle_timeout,
@@ -414,12 +419,20 @@ class MetadataService:
 
     def attach(self, conn: Connection) -> ErrorReply | None:
         if len(self._connections) >= self.limits.max_clients and not self._reclaim_one():
-            self.stats["refused_connections"] += 1
+            self._refused()
             return self._refusal()
         self._connections.add(conn)
-        self.stats["connections"] += 1
-        conn.ident = self.stats["connections"]
+        conn.ident = self._connected()
         return None
+
+    def _connected(self) -> int:
+        """Count a new connection (on either path); its number."""
+        self.stats["connections"] += 1
+        return self.stats["connections"]
+
+    def _refused(self) -> None:
+        """Count a newcomer refused at `max_clients` (on either path)."""
+        self.stats["refused_connections"] += 1
 
     def detach(self, conn: Connection) -> None:
         self._connections.discard(conn)
@@ -432,13 +445,18 @@ class MetadataService:
         victim = min(self._connections, key=Connection.staleness)
         if victim.waiting:
             return False  # everyone is waiting on the store: nobody is idle
+        self._reclaimed(victim.peer, time.monotonic() - victim.useful)
+        victim.reclaim(self._at_limit())
+        return True
+
+    def _reclaimed(self, peer: object, idle: float) -> None:
+        """Count a connection reclaimed at `max_clients` after `idle` seconds
+        without useful progress (on either path); logged every 100th."""
         self.stats["reclaimed_connections"] += 1
         if self.stats["reclaimed_connections"] % 100 == 1:
             log.warning("at the limit of %d clients: reclaiming %s, idle or stalled for %.1f s "
-                        "(%d reclaimed so far)", self.limits.max_clients, victim.peer,
-                        time.monotonic() - victim.useful, self.stats["reclaimed_connections"])
-        victim.reclaim(self._at_limit())
-        return True
+                        "(%d reclaimed so far)", self.limits.max_clients, peer, idle,
+                        self.stats["reclaimed_connections"])
 
     def _refusal(self) -> ErrorReply:
         # TRYAGAIN, not ERR: overload is transient and clients back off and retry.

@@ -10,6 +10,7 @@ it ends a connection.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from hypothesis import given, settings
@@ -124,6 +125,15 @@ def test_the_compiled_parser_answers_exactly_as_the_python_one(
     at = list(range(1, len(stream))) if isinstance(cuts, str) else [c for c in cuts if c < len(stream)]
     expected = _run(lambda: RespParser(max_bulk, max_args, max_line, limit), stream, at)
     assert _run(lambda: CommandParser(max_bulk, max_args, max_line, limit), stream, at) == expected
+
+
+def test_the_compiled_parser_defaults_are_the_python_ones() -> None:
+    """`CommandParser()` is what a connection parses with (`Connection`,
+    the replica's); its defaults are written out in `parser.rs` (Rust holds
+    them as literals), and must be `RespParser`'s (`DEFAULT_MAX_*`)."""
+    ours = inspect.signature(CommandParser).parameters
+    theirs = inspect.signature(RespParser).parameters
+    assert {name: p.default for name, p in ours.items()} == {name: p.default for name, p in theirs.items()}
 
 
 def test_defaults_match_and_a_pipeline_parses_in_one_go() -> None:

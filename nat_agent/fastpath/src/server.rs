@@ -23,8 +23,11 @@
 //! timeout (checked every `sweep_interval`), and `max_clients` (the least
 //! recently useful connection is reclaimed, a newcomer refused only when
 //! every connection waits). Each is handed over by the service, as is
-//! every reply it words (`refusal`, `timeout_reply`, the reclaim's), so no
-//! number or wording of the Python path is restated here.
+//! every reply it words (`refusal`, `timeout_reply`, the reclaim's); and
+//! what happens to a connection (opened, refused, reclaimed, overdue,
+//! dropped mid-request) is reported to the service's callables, which count
+//! and log it as for the event loop's connections. So no number, counter
+//! name or wording of the Python path is restated here.
 //!
 //! Migration safety: a store call releases the GIL, so the event loop can
 //! freeze a block while a worker's write to it is under way. Every lane
@@ -46,7 +49,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::PyTuple;
 
 use crate::lane::FastLane;
 use crate::parser::CommandParser;
@@ -88,9 +91,15 @@ struct Shared {
     /// service's answer on the event loop.
     handoff: PyObject,
     arg_limit: PyObject,
-    stats: Py<PyDict>,
-    /// The service's `logging.Logger`.
-    log: PyObject,
+    /// The connection events, each counted and logged by the service as on
+    /// its own path: `connected()` (returns the connection's number),
+    /// `refused()`, `reclaimed(peer, idle seconds)`, `overdue(peer, age in
+    /// seconds, bytes so far)`, `dropped(peer, bytes unread)`.
+    connected: PyObject,
+    refused: PyObject,
+    reclaimed: PyObject,
+    overdue: PyObject,
+    dropped: PyObject,
     /// Pre-worded by the service: the refusal at `max_clients`, the reply
     /// to a request past its deadline, the reclaim reply's prefix
     /// (`-ERR connection reclaimed: `) and its reasons.
@@ -106,19 +115,19 @@ struct Shared {
 }
 
 impl Shared {
-    /// A record through the service's logger at `level` ("info", "warning");
-    /// a failure to log is ignored.
-    fn log(&self, py: Python<'_>, level: &str, message: String) {
-        let _ = self.log.call_method1(py, level, (message,));
+    /// Report an event (see the fields); a failure to count or log it is
+    /// not worth failing a connection over, so it is reported and dropped.
+    fn report<'py, A>(&self, py: Python<'py>, event: &PyObject, args: A) -> Option<PyObject>
+    where
+        A: IntoPyObject<'py, Target = PyTuple>,
+    {
+        event.call1(py, args).map_err(|err| err.write_unraisable(py, None)).ok()
     }
+}
 
-    fn count(&self, py: Python<'_>, key: &str) -> u64 {
-        let stats = self.stats.bind(py);
-        let was: u64 = stats.get_item(key).ok().flatten().and_then(|v| v.extract().ok()).unwrap_or(0);
-        // A failure to count is not worth failing a connection over.
-        let _ = stats.set_item(key, was + 1);
-        was + 1
-    }
+/// A peer as the event loop's transports name it: `(host, port)`.
+fn peer_of(addr: &SocketAddr) -> (String, u16) {
+    (addr.ip().to_string(), addr.port())
 }
 
 struct Worker {
@@ -138,17 +147,21 @@ pub struct ServiceLoop {
 #[pymethods]
 impl ServiceLoop {
     #[new]
-    #[pyo3(signature = (*, listeners, lane, refresh, handoff, stats, log, arg_limit, max_bulk, max_args, max_line,
-                        unsent, flush_bytes, read_ahead, read_timeout, idle_timeout, sweep_interval, max_clients,
-                        refusal, timeout_reply, reclaimed_prefix, at_limit, shutting_down))]
+    #[pyo3(signature = (*, listeners, lane, refresh, handoff, connected, refused, reclaimed, overdue, dropped,
+                        arg_limit, max_bulk, max_args, max_line, unsent, flush_bytes, read_ahead, read_timeout,
+                        idle_timeout, sweep_interval, max_clients, refusal, timeout_reply, reclaimed_prefix,
+                        at_limit, shutting_down))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         listeners: Vec<i32>,
         lane: Py<FastLane>,
         refresh: PyObject,
         handoff: PyObject,
-        stats: Py<PyDict>,
-        log: PyObject,
+        connected: PyObject,
+        refused: PyObject,
+        reclaimed: PyObject,
+        overdue: PyObject,
+        dropped: PyObject,
         arg_limit: PyObject,
         max_bulk: i64,
         max_args: i64,
@@ -171,8 +184,11 @@ impl ServiceLoop {
             refresh,
             handoff,
             arg_limit,
-            stats,
-            log,
+            connected,
+            refused,
+            reclaimed,
+            overdue,
+            dropped,
             refusal,
             timeout_reply,
             reclaimed_prefix,
@@ -352,7 +368,7 @@ impl Run {
             };
             let _ = stream.set_nodelay(true);
             if self.shared.live.load(Ordering::Relaxed) >= self.shared.limits.max_clients && !self.reclaim_one() {
-                Python::with_gil(|py| self.shared.count(py, "refused_connections"));
+                Python::with_gil(|py| self.shared.report(py, &self.shared.refused, ()));
                 let _ = (&stream).write(&self.shared.refusal);
                 continue;
             }
@@ -363,7 +379,11 @@ impl Run {
                 continue;
             }
             let (ident, parser) = Python::with_gil(|py| {
-                let ident = self.shared.count(py, "connections");
+                let ident: u64 = self
+                    .shared
+                    .report(py, &self.shared.connected, ())
+                    .and_then(|ident| ident.extract(py).ok())
+                    .unwrap_or(0);
                 let limit = Some(self.shared.arg_limit.clone_ref(py));
                 let limits = &self.shared.limits;
                 (ident, CommandParser::new(py, limits.max_bulk, limits.max_args, limits.max_line, limit))
@@ -400,15 +420,9 @@ impl Run {
             .map(|(id, c)| (*id, c.waiting));
         match victim {
             Some((id, false)) => {
-                Python::with_gil(|py| {
-                    let reclaimed = self.shared.count(py, "reclaimed_connections");
-                    if reclaimed % 100 == 1 {
-                        let conn = &self.conns[&id];
-                        self.shared.log(py, "warning", format!(
-                            "at the limit of {} clients: reclaiming {}, idle or stalled for {:.1} s ({} reclaimed so far)",
-                            self.shared.limits.max_clients, conn.peer, conn.useful.elapsed().as_secs_f64(), reclaimed));
-                    }
-                });
+                let conn = &self.conns[&id];
+                let idle = conn.useful.elapsed().as_secs_f64();
+                Python::with_gil(|py| self.shared.report(py, &self.shared.reclaimed, (peer_of(&conn.peer), idle)));
                 let why = self.shared.at_limit.clone();
                 self.reclaim(id, &why);
                 true
@@ -497,12 +511,9 @@ impl Run {
         }
         for id in overdue {
             if let Some(conn) = self.conns.get_mut(&id) {
-                Python::with_gil(|py| {
-                    self.shared.count(py, "timeouts");
-                    self.shared.log(py, "warning", format!(
-                        "client {} started a request {:.1} s ago and has not finished it ({} bytes so far); closing",
-                        conn.peer, now.duration_since(conn.started).as_secs_f64(), conn.parser.pending()));
-                });
+                let age = now.duration_since(conn.started).as_secs_f64();
+                let report = (peer_of(&conn.peer), age, conn.parser.pending());
+                Python::with_gil(|py| self.shared.report(py, &self.shared.overdue, report));
                 conn.out.extend_from_slice(&self.shared.timeout_reply);
                 conn.closing = Some(now);
             }
@@ -577,11 +588,8 @@ fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, buf: &mut [u
         match conn.stream.read(buf) {
             Ok(0) => {
                 if conn.parser.busy() && conn.closing.is_none() {
-                    Python::with_gil(|py| {
-                        shared.count(py, "dropped_connections");
-                        shared.log(py, "info", format!("client {} closed mid-request with {} bytes unread",
-                                                       conn.peer, conn.parser.pending()));
-                    });
+                    let report = (peer_of(&conn.peer), conn.parser.pending());
+                    Python::with_gil(|py| shared.report(py, &shared.dropped, report));
                 }
                 return Next::Drop;
             }
@@ -625,8 +633,7 @@ fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared) {
             Ok(Some(command)) => command.into_any().unbind(),
             Err(err) => err.into_value(py).into_any(),
         };
-        let peer = (conn.peer.ip().to_string(), conn.peer.port());
-        match shared.handoff.call1(py, (worker, id, peer, conn.ident, conn.resp3, parsed)) {
+        match shared.handoff.call1(py, (worker, id, peer_of(&conn.peer), conn.ident, conn.resp3, parsed)) {
             Ok(_) => conn.waiting = true,
             Err(err) => {
                 // The event loop is gone (shutting down): nothing can answer.
