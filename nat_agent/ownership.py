@@ -37,7 +37,7 @@ import bisect
 import dataclasses
 import functools
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -140,8 +140,12 @@ class Ownership:
         self._moved: OrderedDict[Block, str] = OrderedDict()
         self._suspended = False
         self.version = 0
-        """Moves on every change of what `decide` could answer: the compiled
-        request path recomputes its `fast_ranges` when it sees a new one."""
+        """Moves on every change of what `decide` could answer, once the
+        change is made: the compiled request path recomputes its
+        `fast_ranges` when it sees a new one."""
+        self.on_version: Callable[[int], None] | None = None
+        """Told each new `version` (the compiled path's `LaneView`, whose
+        worker threads thus see a change without asking)."""
 
     # -- views -------------------------------------------------------------
 
@@ -228,14 +232,25 @@ class Ownership:
                                    else [] if frozen.covers(block) else [block])]
         return ([(b.first, b.last) for b in reads], sorted((b.first, b.last) for b in writes))
 
+    def _changed(self) -> None:
+        """What `decide` could answer has changed: a new `version`. Called
+        after the change, so that whoever reads `fast_ranges` at the new
+        version (the worker threads may, between any two statements here)
+        sees it."""
+        self.version += 1
+        if self.on_version is not None:
+            self.on_version(self.version)
+
     def _refresh(self, held: Held) -> None:
         """Work out the (cached) decision for requests in `held`."""
-        self.version += 1
+        held.decision = self._decision(held)
+        self._changed()
+
+    def _decision(self, held: Held) -> Decision:
         block = held.block
         reason = ""
         if not held.role.primary:
-            held.decision = Decision(Verdict.MOVED, block, held=held)
-            return
+            return Decision(Verdict.MOVED, block, held=held)
         if self._suspended:
             reason = "is held by a restarted agent that waits for the controller"
         elif held.fenced:
@@ -245,7 +260,7 @@ class Ownership:
         elif not held.role.serving:
             reason = "is not served here yet"
         verdict = Verdict.TRYAGAIN if reason else Verdict.SERVE
-        held.decision = Decision(verdict, block, held=held, reason=reason)
+        return Decision(verdict, block, held=held, reason=reason)
 
     # -- roles ---------------------------------------------------------------
 
@@ -370,7 +385,7 @@ class Ownership:
                 members = [dataclasses.replace(m, synced=True) if m.name == name else m
                            for m in held.role.members]
                 held.role = dataclasses.replace(held.role, members=members)
-        self.version += 1
+        self._changed()
 
     # -- giving blocks away --------------------------------------------------
 
@@ -439,10 +454,10 @@ class Ownership:
 
     def _replace(self, old: list[Held], new: list[Held]) -> None:
         """Swap held parts, keeping them sorted and the bisect index in step."""
-        self.version += 1
         gone = {id(h) for h in old}
         self._held = sorted([h for h in self._held if id(h) not in gone] + new, key=lambda h: h.block)
         self._firsts = [h.block.first for h in self._held]
+        self._changed()
 
     def freeze(self, blocks: Iterable[Block]) -> None:
         blocks = self._checked(blocks)
@@ -452,10 +467,10 @@ class Ownership:
         for block in blocks:
             if block not in self._frozen:
                 self._frozen.append(block)
-        self.version += 1
+        self._changed()
 
     def unfreeze(self, blocks: Iterable[Block]) -> None:
         for block in blocks:
             if block in self._frozen:
                 self._frozen.remove(block)
-        self.version += 1
+        self._changed()

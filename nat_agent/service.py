@@ -121,7 +121,7 @@ from nat_agent.connection import (
 from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
-from nat_agent.store import Condition, IfEqual, InDirectory, check_width
+from nat_agent.store import Condition, IfEqual, InDirectory, RecordAccess, check_width
 
 log = logging.getLogger("metaflow.agent.service")
 T = TypeVar("T")
@@ -260,7 +260,7 @@ class MetadataService:
             )
         }
 
-        self._lane = self._fast_lane() if compiled else None
+        self._lane = self._fast_lane(self.store.record_access()) if compiled else None
         self.ops = OpsMeter(self.space, None if self._lane is None else self._lane.ops_counts)
         """Requests served per part of the ID space (``POST /ops``). Each key
         of a command counts once when this server serves it (GET, SET, DEL,
@@ -270,13 +270,14 @@ class MetadataService:
         its load is another server's, or comes back with the retry. Nor does
         STAT, a debugging aid answered for any ID."""
 
-    def _fast_lane(self) -> FastLane | None:
-        """The compiled path, if the store allows one; the replicator then
-        keeps its view's count of writes under way current."""
-        access = self.store.record_access()
+    def _fast_lane(self, access: RecordAccess | None) -> FastLane | None:
+        """The compiled path over the store's records, if it allows one; the
+        ownership and the replicator then keep its view current."""
         if access is None:
             return None
         view = LaneView()
+        view.set_version(self.ownership.version)
+        self.ownership.on_version = view.set_version
         view.set_writing(len(self.writing))
         self.replicator.on_writing = view.set_writing
         return FastLane(keyspace=keyspace(self.space), view=view, access=access,
@@ -286,7 +287,7 @@ class MetadataService:
 
     def lane(self) -> FastLane | None:
         """The compiled path, its view's table in step with the ownership
-        view. The worker threads call it too, before each lane call."""
+        view. The worker threads call it too, when the view is stale."""
         lane = self._lane
         if lane is not None:
             view, ownership = lane.view, self.ownership

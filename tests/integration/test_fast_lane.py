@@ -34,11 +34,9 @@ from client_lib.cidr import Block
 from client_lib.constants import MAX_KEY
 from client_lib.mdid import NAME_MAX, PATH_MAX, mdid_of_key, normalize_key
 from client_lib.resp import encode_command, encode_reply
-from nat_agent._fastpath import FastLane, LaneView
 from nat_agent.agent import Agent, Identity
 from nat_agent.connection import Connection
 from nat_agent.leveldb_store import LevelDBStore
-from nat_agent.ops_meter import Buckets
 from nat_agent.replication import Replicator
 from nat_agent.service import MetadataService, ServiceLimits, keyspace
 from nat_agent.store import Record
@@ -399,10 +397,7 @@ def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path
         time.sleep(0.3)
         access.put(key, value, **options)
 
-    slowed = dataclasses.replace(access, put=slow_put)
-    service._lane = FastLane(keyspace=keyspace(SPACE), view=LaneView(), access=slowed, stats=service.stats,
-                             counters=[(b"SET", "cmd_set")], total="compiled_requests",
-                             buckets=Buckets.of(SPACE))
+    service._lane = service._fast_lane(dataclasses.replace(access, put=slow_put))
     _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
 
     async def run() -> tuple[list[Record], bytes]:

@@ -326,8 +326,12 @@ def test_fast_ranges_are_what_decide_serves_alone_and_move_with_the_version(ops)
     """`fast_ranges` (what the compiled path answers by itself) holds exactly
     the IDs `decide` serves with no replica to wait for, for reads and
     (minus frozen parts) for writes; and any change of what `decide` says
-    moves `version`, which is all the service watches to refresh the table."""
+    moves `version`, which is all the service watches to refresh the table:
+    told (`on_version`) once the change is made, so that the table read
+    when told is the one the operation leaves."""
     own = Ownership(32, ME)
+    told: list[tuple[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]]] = []
+    own.on_version = lambda version: told.append((version, own.fast_ranges()))
 
     def seen() -> list[tuple[Verdict, Verdict, bool]]:
         out = []
@@ -362,6 +366,8 @@ def test_fast_ranges_are_what_decide_serves_alone_and_move_with_the_version(ops)
             pass
         if own.version == version:
             assert seen() == before and own.fast_ranges() == table
+        else:
+            assert told[-1] == (own.version, own.fast_ranges())
         reads, writes = own.fast_ranges()
         assert reads == sorted(reads) and writes == sorted(writes)
         for probe, (read, write, peers) in zip(PROBES, seen(), strict=True):

@@ -35,7 +35,7 @@
 //! `ServiceLoop`'s gate around each call and `InFlight.drain` closes it
 //! (`barrier`) before a migration copies anything.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
@@ -80,8 +80,10 @@ struct Tables {
 }
 
 /// The lane's view of the agent's state, which Python keeps current through
-/// its methods: the tables of one `Ownership.version`, and how many
-/// replicated writes are under way (`Replicator.writing`).
+/// its methods: the tables of one `Ownership.version`, the version the
+/// ownership is at now (`Ownership.on_version`: the tables are stale until
+/// `set_table` brings them to it), and how many replicated writes are under
+/// way (`Replicator.writing`).
 ///
 /// Shared by the event loop and the worker threads, hence frozen: the
 /// tables are swapped whole (an `Arc`), never borrowed across a store call,
@@ -89,16 +91,19 @@ struct Tables {
 #[pyclass(module = "nat_agent._fastpath", frozen)]
 pub struct LaneView {
     tables: Mutex<Arc<Tables>>,
+    current: AtomicI64,
     writing: AtomicUsize,
 }
 
 #[pymethods]
 impl LaneView {
-    /// Nothing served, no write under way, at no version (-1).
+    /// Nothing served, no write under way, the tables at no version (-1)
+    /// and so stale.
     #[new]
     fn new() -> Self {
         LaneView {
             tables: Mutex::new(Arc::new(Tables { version: -1, reads: Vec::new(), writes: Vec::new() })),
+            current: AtomicI64::new(0),
             writing: AtomicUsize::new(0),
         }
     }
@@ -114,6 +119,17 @@ impl LaneView {
     #[getter]
     fn version(&self) -> i64 {
         self.tables().version
+    }
+
+    /// Called by the ownership whenever its version moves.
+    fn set_version(&self, version: i64) {
+        self.current.store(version, Ordering::SeqCst);
+    }
+
+    /// Whether the tables are older than the ownership's version.
+    #[getter]
+    pub(crate) fn stale(&self) -> bool {
+        self.version() != self.current.load(Ordering::SeqCst)
     }
 
     /// Replicated writes under way (the size of `Replicator.writing`).
@@ -194,8 +210,8 @@ impl FastLane {
     }
 
     /// The view it answers by (the one it was made with).
-    #[getter]
-    fn view(&self, py: Python<'_>) -> Py<LaneView> {
+    #[getter(view)]
+    fn view_py(&self, py: Python<'_>) -> Py<LaneView> {
         self.view.clone_ref(py)
     }
 
@@ -222,6 +238,10 @@ impl FastLane {
 }
 
 impl FastLane {
+    pub(crate) fn view(&self) -> &LaneView {
+        self.view.get()
+    }
+
     /// `answer`, appending the replies to `out`; returns how many commands
     /// it answered (0: the first one is the Python path's).
     pub(crate) fn answer_into(

@@ -85,7 +85,8 @@ struct Limits {
 /// What every worker shares.
 struct Shared {
     lane: Py<FastLane>,
-    /// Brings the lane's view in step with the ownership (the service's `lane`).
+    /// Brings the lane's view in step with the ownership (the service's
+    /// `lane`), called when the view is stale.
     refresh: PyObject,
     /// `(worker, conn, peer, resp3, command or exception)`: schedules the
     /// service's answer on the event loop.
@@ -619,10 +620,9 @@ fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared) {
     Python::with_gil(|py| {
         let budget = shared.limits.flush_bytes;
         let lane = shared.lane.get();
-        let answered = shared
-            .refresh
-            .call0(py)
-            .and_then(|_| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out));
+        let refreshed = if lane.view().stale() { shared.refresh.call0(py).map(drop) } else { Ok(()) };
+        let answered =
+            refreshed.and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out));
         match answered {
             Ok(0) => {}
             Ok(_) => return,
