@@ -224,4 +224,4 @@ bench-fig20: setup
 	$(PY) -m benchmarks.fig20 --out benchmarks/results $(BENCH_FIG20_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis $(FASTPATH_CRATE)/target $(FASTPATH)
+	rm -rf $(VENV) .pytest_cache .hypothesis $(FASTPATH_CRATE)/target $(FASTPATH) site
