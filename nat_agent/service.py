@@ -154,7 +154,7 @@ _UNSUPPORTED = {
 
 DEFAULT_WORKERS = 1
 """Threads serving the port: one measured best on this project's 2-core
-machines, where the clients share the cores (README, `make bench-agent`)."""
+machines, where the clients share the cores (docs/benchmarks/agent.md, `make bench-agent`)."""
 
 
 @dataclass(frozen=True)
