@@ -36,9 +36,9 @@ from client_lib.api.rest import (
     ServersView,
     TreeView,
 )
-from client_lib.api.server import Call, Dispatcher, wsgi_app
 from client_lib.cidr import Block
 from client_lib.errors import NotFound
+from client_lib.server.api import Call, Dispatcher, wsgi_app
 from controller.ctl import main
 from controller.status import Status
 from mininet_scenarios.daemons import ROOT
