@@ -5,7 +5,8 @@ and the controller never import each other's packages.
 Imports are read from the source (every ``import`` statement, lazy ones
 included), and each third-party module is mapped to the distribution that
 provides it in this venv. `make check-install` then installs each role
-alone on every supported Python.
+alone on every supported Python. Which package may import which is the
+layering rule's (tests/unit/test_layers.py).
 """
 
 from __future__ import annotations
@@ -44,12 +45,6 @@ ROLES = {
                    {"controller", "btree", "topology", "client_lib"}),
     "bench": (tuple(sorted(OURS)), None),
     "fs": ((MOUNT,), None),
-}
-LAYERS = {
-    # package: the first-party packages it may import (the pure core and the client import no daemon)
-    "client_lib": {"client_lib"},
-    "btree": {"btree", "client_lib"},
-    "topology": {"topology", "btree", "client_lib"},
 }
 
 
@@ -147,12 +142,6 @@ def test_a_daemon_role_imports_no_other_role(role: str) -> None:
     assert allowed is not None
     found = {m: sorted(f) for m, f in _role_imports(role).items() if m in OURS and m not in allowed}
     assert not found, f"the {role} role reaches into {found}"
-
-
-@pytest.mark.parametrize("package", sorted(LAYERS))
-def test_the_core_and_the_client_import_no_daemon(package: str) -> None:
-    found = {m: sorted(f) for m, f in imports(package).items() if m in OURS and m not in LAYERS[package]}
-    assert not found, f"{package} imports {found}"
 
 
 def test_every_package_is_packaged() -> None:
