@@ -98,11 +98,12 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def contributed() -> dict[str, Command]:
-    """The subcommands installed packages declare in `COMMAND_GROUP` (one of
-    metaflowctl's own names is not theirs to take)."""
-    return {entry.name: entry.load() for entry in metadata.entry_points(group=COMMAND_GROUP)
-            if entry.name not in COMMANDS}
+def every_command() -> dict[str, Command]:
+    """metaflowctl's own subcommands, then those installed packages declare in
+    `COMMAND_GROUP` (one of its own names is not theirs to take)."""
+    contributed = {entry.name: entry.load() for entry in metadata.entry_points(group=COMMAND_GROUP)
+                   if entry.name not in COMMANDS}
+    return {**COMMANDS, **contributed}
 
 
 def build_parser(chosen: str | None) -> argparse.ArgumentParser:
@@ -114,7 +115,7 @@ def build_parser(chosen: str | None) -> argparse.ArgumentParser:
                                         "secrets, the planner and the benchmark.")
     add_version_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands = COMMANDS if chosen in COMMANDS else {**COMMANDS, **contributed()}
+    commands = COMMANDS if chosen in COMMANDS else every_command()
     for name, command in commands.items():
         p = sub.add_parser(name, help=command.help, description=command.description or command.help)
         if name == chosen:
