@@ -44,9 +44,10 @@ from benchmarks.baselines.placement import Chord
 from benchmarks.baselines.rpc import RpcError, RpcPool, expect
 from client_lib.cidr import Block
 from client_lib.constants import LOOKUP_PORT
-from client_lib.resp import ErrorReply, Reply, encode_reply
+from client_lib.resp import ErrorReply, Reply
 from client_lib.version import add_version_flag
 from nat_agent.connection import Client, Connection
+from nat_agent.resp_commands import encode_reply
 
 log = logging.getLogger("metaflow.lookupd")
 

@@ -37,12 +37,12 @@ import trio
 from client_lib.client import MetaFlowClient, host_port
 from client_lib.ctl import add_connection, client_from
 from client_lib.errors import InvalidArgument, MetaFlowError, NamespaceError
-from client_lib.filedata import CHUNK_SIZE, ChecksumMismatch, FileData
 from client_lib.fs.central import CentralRecords
 from client_lib.fs.core import FileSystem
-from client_lib.inode import ROOT, Attributes
+from client_lib.fs.filedata import CHUNK_SIZE, ChecksumMismatch, FileData
+from client_lib.fs.inode import ROOT, Attributes
+from client_lib.fs.namespace import Namespace
 from client_lib.mdid import NAME_MAX
-from client_lib.namespace import Namespace
 
 log = logging.getLogger("metaflow.fs")
 T = TypeVar("T")
