@@ -32,8 +32,9 @@ class Command:
     name: str
     module: str
     factory: str
-    """A function of `module` returning the parser, or, with `subcommand`, metaflowctl's
-    COMMANDS table, whose entry adds the subcommand's arguments to a parser."""
+    """A function of `module` returning the parser, or, with `subcommand`, the function
+    returning metaflowctl's commands (its own and those packages contribute), whose
+    entry adds the subcommand's arguments to a parser."""
     subcommand: str | None = None
 
     def parser(self) -> argparse.ArgumentParser:
@@ -42,12 +43,12 @@ class Command:
             made: argparse.ArgumentParser = found()
             return made
         p = argparse.ArgumentParser(prog=self.name)
-        found[self.subcommand].setup(p)
+        found()[self.subcommand].setup(p)
         return p
 
 
 def _metaflowctl(sub: str) -> Command:
-    return Command(f"metaflowctl {sub}", "controller.ctl", "COMMANDS", sub)
+    return Command(f"metaflowctl {sub}", "controller.ctl", "every_command", sub)
 
 
 COMMANDS: tuple[Command, ...] = (
