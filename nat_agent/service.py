@@ -91,10 +91,8 @@ from client_lib.resp import (
     DEFAULT_MAX_LINE,
     OK,
     PONG,
-    ArgLimit,
     ErrorReply,
     Reply,
-    encode_reply,
     moved_message,
     parse_moved,
 )
@@ -121,6 +119,7 @@ from nat_agent.connection import (
 from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
+from nat_agent.resp_commands import ArgLimit, encode_reply
 from nat_agent.store import Condition, IfEqual, InDirectory, RecordAccess, check_width
 
 log = logging.getLogger("metaflow.agent.service")
@@ -173,7 +172,7 @@ def keyspace(space: Block) -> Keyspace:
 
 DEFAULT_WORKERS = 1
 """Threads serving the port: one measured best on this project's 2-core
-machines, where the clients share the cores (README, `make bench-agent`)."""
+machines, where the clients share the cores (docs/benchmarks/agent.md, `make bench-agent`)."""
 
 
 @dataclass(frozen=True)
