@@ -125,7 +125,7 @@ def restore(world: SagaWorld, tree: LogicalBTree, replicas: Replicas) -> Restore
             world.event("promoted-at-rebuild", block=str(block), primary=name)
             if not _synced(role, name):
                 world.event("promoted-unsynced", logging.ERROR, block=str(block), primary=name,
-                           note="no synced copy registered: writes it had not caught up are lost")
+                            note="no synced copy registered: writes it had not caught up are lost")
     gaps = _gaps(world, tree, replicas, [(b, n) for b, n, _ in accepted])
     replicas.realign()
     return Restored(True, gaps)
@@ -152,7 +152,7 @@ def _gaps(world: SagaWorld, tree: LogicalBTree, replicas: Replicas,
         world.hold([block])
         gaps.setdefault(heir, []).append(block)
     world.event("unclaimed-blocks", logging.WARNING, blocks=[str(b) for b, _ in unclaimed],
-               given_to=sorted(gaps))
+                given_to=sorted(gaps))
     return gaps
 
 
@@ -161,7 +161,7 @@ def build_saga(world: SagaWorld, restored: Restored) -> Saga:
         yield world.assign_all()
     except StepError as failed:
         world.event("assign-incomplete", logging.ERROR, reason=str(failed),
-                   note="a server that does not answer fails over by its heartbeat")
+                    note="a server that does not answer fails over by its heartbeat")
     yield from world.resync(sorted(world.planner_or_raise().fabric.switches))
     yield from finish_leftovers(world)
     for heir, blocks in restored.gaps.items():
@@ -186,12 +186,12 @@ def finish_leftovers(world: SagaWorld) -> Saga:
               for m in listing.migrations if m.state in ("copying", "copied")]
     if aborts:
         world.event("leftover-migrations", count=len(aborts), migrations=[a.params["id"] for a in aborts],
-                   action="aborted")
+                    action="aborted")
         try:
             yield aborts
         except StepError as failed:
             world.event("abort-unconfirmed", logging.WARNING, reason=str(failed),
-                       note="the migrations' leases abort them")
+                        note="the migrations' leases abort them")
     try:
         healths = yield [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.health) for s in servers]
     except StepError as failed:

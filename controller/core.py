@@ -210,7 +210,7 @@ class MetaFlowCore:
             if self.planner is not None and event.dpid in self.planner.fabric.switches:
                 self.world.event("switch-resync", dpid=event.dpid)
                 return self.start("resync", f"s{event.dpid}", set(),
-                                   lambda op: self.world.resync([event.dpid]))
+                                  lambda op: self.world.resync([event.dpid]))
             return self._loose_steps([SendFlows(dpid=event.dpid, messages=ofmsgs.base_messages())],
                                      f"base flows of {event.dpid}")
         if isinstance(event, SwitchDown):
@@ -248,7 +248,7 @@ class MetaFlowCore:
                       event.dpid, event.port, why)
             if server is not None or message.sender_ip in self.inventory.hosts:
                 self.world.event("arp-refused", logging.WARNING, ip=message.sender_ip, mac=message.sender_mac,
-                           at=f"{event.dpid}:{event.port}", why=why)
+                                 at=f"{event.dpid}:{event.port}", why=why)
         elif self.inventory.learn(message.sender_ip, message.sender_mac, event.dpid, event.port):
             self.last_change = self.clock()
             if self.graph is not None:
@@ -335,8 +335,8 @@ class MetaFlowCore:
         cut_off = server.failed is not None and not self.inventory.attached(server.data_ip)
         # A cut-off server registers again at every heartbeat (404): quietly.
         self.world.event("agent-registered", logging.DEBUG if cut_off and not new else logging.INFO,
-                   name=server.name, ip=server.data_ip, new=new, roles=len(server.roles),
-                   suspended=server.suspended, failed=server.failed)
+                         name=server.name, ip=server.data_ip, new=new, roles=len(server.roles),
+                         suspended=server.suspended, failed=server.failed)
         if self.tree is None:
             return Registered(server.name, None)
         if not self.world.in_tree(server.name):
@@ -368,8 +368,8 @@ class MetaFlowCore:
                 return
             self._unjoinable.add(server.name)
             self.world.event("server-not-joined", logging.WARNING, server=server.name,
-                       at=f"{host.dpid}:{host.port}",
-                       why="its switch carries no group of servers; restart the controller to map it")
+                             at=f"{host.dpid}:{host.port}",
+                             why="its switch carries no group of servers; restart the controller to map it")
             return
         tree.join(server.name, group)
         planner.fabric = planner.fabric.with_leaf(server.name, host.dpid, host.port,
@@ -408,8 +408,8 @@ class MetaFlowCore:
             busy = self.operations.reserved()
             for server in self.registry.live():
                 if (server.name not in busy and server.keys >= self.world.capacity(server)
-                        and server.name in leaves
-                        and self.tree.state(server.name) is State.BUSY):
+                    and server.name in leaves
+                    and self.tree.state(server.name) is State.BUSY):
                     steps += self._start_split(server.name)
                     busy = self.operations.reserved()
         return steps
@@ -425,7 +425,7 @@ class MetaFlowCore:
             return []
         for name in missing:
             self.world.mark_failed(name, f"not seen on the data plane within "
-                                         f"{self.settings.locate_timeout_s:g} s")
+                                   f"{self.settings.locate_timeout_s:g} s")
         graph = self.graph_now()
         built = build(self.world, graph)
         if built is None:
@@ -471,7 +471,7 @@ class MetaFlowCore:
             return []
         plan = transfers(loads, self.settings.load_capacity)
         self.world.event("imbalanced", factor=round(self.imbalance.factor(loads), 4),
-                   transfers=[{"from": t.source, "to": t.target, "packets_per_s": round(t.load)}
+                         transfers=[{"from": t.source, "to": t.target, "packets_per_s": round(t.load)}
                               for t in plan])
         self._loads.clear()   # said once per `hold` polls, not on every poll
         busy = self.operations.reserved()
@@ -529,7 +529,7 @@ class MetaFlowCore:
     # -- operations ----------------------------------------------------------------------
 
     def start(self, kind: str, server: str, involves: set[str], make: Callable[[Operation], Saga],
-               reply: object = None) -> list[Step]:
+              reply: object = None) -> list[Step]:
         """Run a saga as an operation; `reply` (a REST caller) gets its outcome."""
         op = Operation(f"op{next(self._ids)}", kind, server, set(involves), self.clock())
 
@@ -585,4 +585,4 @@ class MetaFlowCore:
                 steps.append(self._issue_answer(reply, outcome))
             return steps
         return steps + self.start("failover", name, {name},
-                                   lambda op: failover_saga(self.world, op, name, reason), reply)
+                                  lambda op: failover_saga(self.world, op, name, reason), reply)

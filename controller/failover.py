@@ -76,12 +76,12 @@ def failover_saga(world: SagaWorld, op: Operation, name: str, reason: str) -> Sa
             yield from world.reassign([*promoted, *shrunk])
         except StepError as failed:
             world.event("fence-incomplete", logging.WARNING, server=name, reason=str(failed),
-                       note="an unreachable member fails over by its heartbeat")
+                        note="an unreachable member fails over by its heartbeat")
         if orphans and successor is not None:
             op.step = "salvage"
             migration = yield from migrations.copy(world, name, orphans, [successor])
             if migration is not None and not (yield from migrations.adopt(world, orphans, migration,
-                                                                           {successor})):
+                                                                          {successor})):
                 yield from migrations.abort(world, name, migration)
                 migration = None
             if migration is None:
@@ -96,15 +96,15 @@ def failover_saga(world: SagaWorld, op: Operation, name: str, reason: str) -> Sa
         yield from world.activate([*promoted, *orphans])
         if migration is not None and not (yield from migrations.commit(world, name, migration)):
             world.event("commit-unconfirmed", server=name, migration=migration.id,
-                       note="the failed server's copy is stale: a rebuild drops it")
+                        note="the failed server's copy is stale: a rebuild drops it")
     except Cancelled as why:
         return world.outcome_event("takeover-cancelled", server=name, reason=str(why))
     except StepError as failed:
         return world.outcome_event("takeover-incomplete", server=name, reason=str(failed),
-                                  note="the tick activates waiting primaries and repairs the sets")
+                                   note="the tick activates waiting primaries and repairs the sets")
     return world.outcome_event("takeover", ok=True, server=name, reason=reason,
-                              promoted={str(b): heir for b, heir in promoted.items()},
-                              shrunk=len(shrunk), successor=successor, blocks=len(orphans) + len(promoted),
-                              salvaged=migration is not None, why=takeover.reason,
-                              seconds=round(world.clock() - started, 4))
+                               promoted={str(b): heir for b, heir in promoted.items()},
+                               shrunk=len(shrunk), successor=successor, blocks=len(orphans) + len(promoted),
+                               salvaged=migration is not None, why=takeover.reason,
+                               seconds=round(world.clock() - started, 4))
 

@@ -67,7 +67,7 @@ def adopt(world: SagaWorld, blocks: list[Block], migration: MigrationReport, mem
         except StepError as failed:
             reason = str(failed)
     world.event("adopt-failed", blocks=[str(b) for b in blocks], migration=migration.id,
-               members=sorted(members), reason=reason)
+                members=sorted(members), reason=reason)
     return False
 
 
@@ -98,7 +98,7 @@ def abort(world: SagaWorld, source: str, migration: MigrationReport) -> Saga:
                         params={"id": migration.id})
     except StepError as failed:
         world.event("abort-unconfirmed", server=source, migration=migration.id, reason=str(failed),
-                   note="the migration's lease aborts it")
+                    note="the migration's lease aborts it")
 
 
 def unfinished(world: SagaWorld, source: str) -> Saga:
@@ -133,7 +133,7 @@ def drop(world: SagaWorld, server: str, blocks: list[Block], why: str) -> Saga:
                         body=DisownRequest(blocks, delete=True))
     except StepError as failed:
         world.event("drop-unconfirmed", server=server, blocks=[str(b) for b in blocks], why=why,
-                   reason=str(failed), note="its epoch is older: a rebuild drops it")
+                    reason=str(failed), note="its epoch is older: a rebuild drops it")
 
 
 def salvage_now(world: SagaWorld, donor: str, heir: str, blocks: list[Block]) -> Saga:
@@ -149,9 +149,9 @@ def salvage_now(world: SagaWorld, donor: str, heir: str, blocks: list[Block]) ->
         else:
             if not (yield from commit(world, donor, migration)):
                 world.event("commit-unconfirmed", server=donor, migration=migration.id,
-                           note="the donor is out of service; its copy is stale")
+                            note="the donor is out of service; its copy is stale")
             world.event("salvaged", server=donor, successor=heir, blocks=[str(b) for b in blocks],
-                       keys=migration.keys)
+                        keys=migration.keys)
             return
     yield from world.own_empty(heir, blocks, lost_with=donor, reason="salvage impossible")
 

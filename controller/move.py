@@ -77,20 +77,20 @@ def move_blocks(world: SagaWorld, op: Operation, kind: str, name: str, blocks: l
         except StepError as failed:
             yield from _undo(world, op, name, moves, old, members, migration, [])
             return world.outcome_event(f"{kind}-aborted", server=name, target=target,
-                                      reason=f"assign: {failed}")
+                                       reason=f"assign: {failed}")
         op.step = f"{phase}flows"
         try:
             yield world.send_diff(diff)
         except StepError as failed:
             yield from _undo(world, op, name, moves, old, members, migration, list(diff))
             return world.outcome_event(f"{kind}-aborted", server=name, target=target,
-                                      reason=f"flows: {failed}")
+                                       reason=f"flows: {failed}")
         flows_done = world.clock()
         op.step = f"{phase}commit"
         committed = True   # from here on only forward: the new set holds every record
         if not (yield from migrations.commit(world, name, migration)):
             world.event("commit-unconfirmed", server=name, migration=migration.id,
-                       note="the source's copy is stale (older epoch): a rebuild drops it")
+                        note="the source's copy is stale (older epoch): a rebuild drops it")
         op.step = f"{phase}serve"
         yield from world.activate(blocks)
         yield from _drop_old_backups(world, name, blocks, old, members)
@@ -145,7 +145,7 @@ def _undo(world: SagaWorld, op: Operation, source: str, moves: list[Move], old: 
         yield from world.reassign(unchanged)
     except StepError as failed:
         world.event("assign-unconfirmed", blocks=[str(b) for b in unchanged], reason=str(failed),
-                   note="a member left at the undone epoch fences the primary; a repair follows")
+                    note="a member left at the undone epoch fences the primary; a repair follows")
     if not world.registry[source].failed:
         yield from migrations.abort(world, source, migration)
 

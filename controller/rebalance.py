@@ -96,8 +96,8 @@ def rebalance_saga(world: SagaWorld, op: Operation, source: str, packets: Mappin
     if not done:
         return world.outcome_event("rebalance-refused", server=source, reason=reason)
     return world.outcome_event("rebalance", ok=True, server=source, moves=done,
-                              keys_moved=sum(int(m["keys_moved"]) for m in done),
-                              total_s=round(world.clock() - started, 4), stopped=reason)
+                               keys_moved=sum(int(m["keys_moved"]) for m in done),
+                               total_s=round(world.clock() - started, 4), stopped=reason)
 
 
 def _retire(world: SagaWorld, op: Operation, loads: dict[str, float], stored: int,

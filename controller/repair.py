@@ -68,9 +68,9 @@ def repair_saga(world: SagaWorld, op: Operation, block: Block, resync: bool) -> 
     except StepError as failed:
         world.event("assign-unconfirmed", block=str(block), reason=str(failed))
     return world.outcome_event("replicated", ok=not failed_members, server=primary, block=str(block),
-                              members=list(replicas.sets[block].members), added=list(placement.backups),
-                              resynced=sorted(resynced), failed=failed_members,
-                              seconds=round(world.clock() - started, 3))
+                               members=list(replicas.sets[block].members), added=list(placement.backups),
+                               resynced=sorted(resynced), failed=failed_members,
+                               seconds=round(world.clock() - started, 3))
 
 
 def _sync(world: SagaWorld, op: Operation, block: Block, epoch: int, primary: str,
