@@ -11,12 +11,12 @@ then told exactly which roles it holds (an exclusive assignment), and drops
 the rest. Blocks nobody in service claims go to an idle leaf, salvaged from
 an out-of-service agent that still has them, or served empty, loudly.
 
-`build` maps and plans (the core decides when: once every registered
-server is located, or --locate-timeout passed), and the core installs what
-it returns; then the saga: assign every role (primaries that were not serving yet stay
-so), re-sync every switch from what it holds, tell the waiting primaries to
-serve, abort the migrations a predecessor left, drop stray imports, fill the
-gaps.
+`build` maps and plans into the world (the core decides when: once every
+registered server is located, or --locate-timeout passed); then the saga
+(`build_saga`, started by the core): assign every role (primaries that were
+not serving yet stay so), re-sync every switch from what it holds, tell the
+waiting primaries to serve, abort the migrations a predecessor left, drop
+stray imports, fill the gaps.
 """
 
 from __future__ import annotations

@@ -10,6 +10,14 @@ switch) runs as sagas (`controller.saga`), many at once: while a split's
 copy runs, the core keeps deciding, so a failure is handled at once and
 cancels the operations it overtakes.
 
+The core keeps dispatch and tick policy: what an event means, when to build,
+fail over, split, repair or rebalance, and the learning of hosts, routes and
+load. What the sagas share (the tree, the replica sets, the flow planner,
+the registry's key counts, the blocks waiting to serve, the event log) is
+its `world` (`controller.world.SagaWorld`), the only thing a saga is given:
+sagas never import the core. The REST views read the core from
+`controller.views`.
+
 Everything runs on one thread, the shim's decision loop; REST reads go
 through the same loop.
 """

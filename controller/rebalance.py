@@ -1,7 +1,8 @@
 """A rebalance as a saga: moves of hot ranges off one server, each through
-the migration a split uses (copy, assign, flows, commit, serve), so that a
-move is as loss-free as a split and is undone or finished the same way
-when a server fails in its middle.
+the move a split uses (`controller.move`: copy, assign, flows, commit,
+serve), so that a move is as loss-free as a split and is undone or
+finished the same way when a server fails in its middle. A cold busy
+server is first retired with a merge (`controller.move.merge`).
 
 When: the core starts one after a complete poll of the switches' counters
 once the imbalance model (`btree.balance.ImbalanceModel`) has seen `hold`
