@@ -48,7 +48,6 @@ from controller import arp, ofmsgs
 from controller.build import build, build_saga
 from controller.failover import failover_saga
 from controller.inventory import Inventory
-from controller.load import LoadMeter
 from controller.rebalance import rebalance_saga
 from controller.registry import Registry, Server
 from controller.repair import repair_saga
@@ -67,7 +66,6 @@ from controller.steps import (
     PacketOut,
     PortDown,
     PortUp,
-    ReadFlows,
     Register,
     SendFlows,
     SplitNow,
@@ -78,6 +76,7 @@ from controller.steps import (
     SwitchUp,
     Tick,
 )
+from controller.watch import LoadWatch, owner_loads
 from controller.world import SagaWorld
 from topology.classify import Classification, discovered_graph
 
@@ -105,10 +104,7 @@ class MetaFlowCore:
         """ARP replies from or for such hosts, sent once none of them is in `_routing`."""
         self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
         self.first_registration: float | None = None
-        self.load = LoadMeter()
-        self._polls: dict[int, int] = {}
-        """Flow-counter reads under way: step id to dpid."""
-        self._polled = float("-inf")
+        self.watch = LoadWatch(settings.load_poll_s, self.registry, self.inventory)
         self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
         """Per-server load after each of the last complete polls."""
@@ -182,11 +178,9 @@ class MetaFlowCore:
         return out
 
     def _outcome(self, event: StepDone | StepFailed) -> list[Step]:
-        dpid = self._polls.pop(event.step, None)
-        if dpid is not None:
-            if isinstance(event, StepDone) and isinstance(event.result, list):
-                self.load.observe(dpid, self.clock(), ofmsgs.entry_counts(event.result))
-            return self._judge_load() if not self._polls else []   # a failed read: the next poll asks again
+        if self.watch.polling(event.step):
+            result = event.result if isinstance(event, StepDone) else None
+            return self._judge_load() if self.watch.answered(event.step, result, self.clock()) else []
         what = self._loose.pop(event.step, None)
         if what is not None:
             if isinstance(event, StepFailed):
@@ -223,7 +217,7 @@ class MetaFlowCore:
                                      f"base flows of {event.dpid}")
         if isinstance(event, SwitchDown):
             inv.switch_down(event.dpid)
-            self.load.forget(event.dpid)
+            self.watch.forget(event.dpid)
             self.last_change = self.clock()
             return []
         if isinstance(event, LinkUp):
@@ -443,32 +437,19 @@ class MetaFlowCore:
         return self.start("build", "network", set(), lambda op: build_saga(self.world, built.restored))
 
     def _poll_load(self, now: float) -> list[Step]:
-        """Read the flow counters of every switch with storage servers below
-        it each `load_poll_s`: a request crosses its owner's edge switch
-        once, so the edges alone give every server's and every prefix's load,
-        and the switches above (most of a fat-tree, with the largest tables)
-        are left alone. A poll starts only once the last one has been
-        answered, so a slow switch slows the polling rather than piling
-        requests on it."""
-        interval = self.settings.load_poll_s
-        if interval <= 0 or self._polls or now - self._polled < interval or self.planner is None:
+        """The edge switches' counters, when due (`controller.watch`)."""
+        if self.planner is None:
             return []
-        self._polled = now
-        steps: list[Step] = []
         hosts = self.planner.fabric.hosts
         edges = {hosts[leaf][0] for leaf in self.world.tree_or_raise().leaves() if leaf in hosts}
-        for dpid in sorted(self.inventory.dpids & edges):
-            step = ReadFlows(dpid=dpid)
-            self._polls[self._issue(step)] = dpid
-            steps.append(step)
-        return steps
+        return self.watch.poll(now, edges, self._issue)
 
     def _judge_load(self) -> list[Step]:
         """After each complete poll: once the imbalance model has seen `hold`
         harmful polls in a row, say what it would ship where and (unless
         `--no-rebalance`) start moving load off the hottest server that is
         not busy with another operation (`controller.rebalance`)."""
-        loads = self.owner_loads(self.server_loads())
+        loads = owner_loads(self.tree, self.watch.server_loads())
         if any(op.kind == "rebalance" for op in self.operations.running.values()):
             self._loads.clear()   # judged again on `hold` polls of the load after it, not during it
             return []
@@ -480,7 +461,7 @@ class MetaFlowCore:
         plan = transfers(loads, self.settings.load_capacity)
         self.world.event("imbalanced", factor=round(self.imbalance.factor(loads), 4),
                          transfers=[{"from": t.source, "to": t.target, "packets_per_s": round(t.load)}
-                              for t in plan])
+                                    for t in plan])
         self._loads.clear()   # said once per `hold` polls, not on every poll
         busy = self.operations.reserved()
         sources = [t.source for t in plan if t.source not in busy]
@@ -488,24 +469,6 @@ class MetaFlowCore:
             return []
         return self.start("rebalance", sources[0], {sources[0]},
                           lambda op: rebalance_saga(self.world, op, sources[0], loads))
-
-    def server_loads(self) -> dict[str, float]:
-        """Packets a second toward each located server, from the polls of its edge."""
-        out = {}
-        switches = set(self.load.switches())
-        for name, server in sorted(self.registry.servers.items()):
-            host = self.inventory.hosts.get(server.data_ip)
-            if host is not None and host.dpid in switches:
-                out[name] = sum(r.packets_per_s for r in self.load.rates(host.dpid) if r.port == host.port)
-        return out
-
-    def owner_loads(self, loads: dict[str, float]) -> dict[str, float]:
-        """Those of `loads` of the servers that own blocks: the ones balancing is about."""
-        tree = self.tree
-        if tree is None:
-            return {}
-        owners = set(tree.leaves_in(State.BUSY))
-        return {name: rate for name, rate in loads.items() if name in owners}
 
     def _keep_replicated(self) -> list[Step]:
         """Under-replicated or degraded blocks get a repair (a few at a time),

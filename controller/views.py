@@ -24,6 +24,7 @@ from client_lib.api.rest import (
     TreeView,
 )
 from controller.core import MetaFlowCore
+from controller.watch import owner_loads
 
 
 def topology_view(core: MetaFlowCore) -> TopologyView:
@@ -81,13 +82,13 @@ def splits_view(core: MetaFlowCore) -> SplitsView:
 
 
 def load_view(core: MetaFlowCore) -> LoadView:
-    servers = core.server_loads()
-    owners = list(core.owner_loads(servers).values())
+    servers = core.watch.server_loads()
+    owners = list(owner_loads(core.tree, servers).values())
     mean = sum(owners) / len(owners) if owners else 0.0
     return LoadView(core.settings.load_poll_s, {name: round(rate, 1) for name, rate in servers.items()},
                     {str(dpid): [PrefixLoad(r.block, r.port, round(r.packets_per_s, 1))
-                                 for r in core.load.rates(dpid)]
-                     for dpid in core.load.switches()},
+                                 for r in core.watch.meter.rates(dpid)]
+                     for dpid in core.watch.meter.switches()},
                     round(max(owners) / mean, 3) if mean > 0 else 0.0,
                     round(imbalance_factor(owners, core.settings.load_capacity), 4))
 

@@ -58,7 +58,7 @@ NO_IO = ("socket", "asyncio", "urllib", "http", "subprocess", "aiohttp", "plyvel
          "os_ken.base", "os_ken.controller", "os_ken.lib.hub", "os_ken.topology")
 """What the pure core (btree, topology) and the controller's decisions must not touch
 (os-ken's OpenFlow message classes and packet library are pure and allowed)."""
-PURE_CONTROLLER = ("core", "world", "views", "saga", "build", "split", "move", "failover", "repair",
+PURE_CONTROLLER = ("core", "world", "views", "watch", "saga", "build", "split", "move", "failover", "repair",
                    "rebalance", "migrations", "oracles", "load", "inventory", "registry", "steps",
                    "settings", "ofmsgs", "routing", "arp")
 
