@@ -11,8 +11,8 @@ copy runs, the core keeps deciding, so a failure is handled at once and
 cancels the operations it overtakes.
 
 The core keeps dispatch and tick policy: what an event means, when to build,
-fail over, split, repair or rebalance, and the learning of hosts, routes and
-load. What the sagas share (the tree, the replica sets, the flow planner,
+fail over, split, repair or rebalance, and the learning of hosts and routes
+(the load comes from `controller.watch`). What the sagas share (the tree, the replica sets, the flow planner,
 the registry's key counts, the blocks waiting to serve, the event log) is
 its `world` (`controller.world.SagaWorld`), the only thing a saga is given:
 sagas never import the core. The REST views read the core from
@@ -164,7 +164,7 @@ class MetaFlowCore:
             return self._fail_now(event)
         raise TypeError(f"unknown event {event!r}")
 
-    # -- bookkeeping used by the sagas -----------------------------------------------
+    # -- steps and their outcomes -----------------------------------------------------
 
     def _issue(self, step: Step) -> int:
         step.id = next(self._ids)
@@ -388,7 +388,7 @@ class MetaFlowCore:
             raise NotFound(f"{server.name} was declared failed ({server.failed}): register again")
         return Ack(True)
 
-    # -- building the network ---------------------------------------------------------
+    # -- the tick: build, fail over, poll, repair, split -------------------------------
 
     def _tick(self) -> list[Step]:
         now = self.clock()
