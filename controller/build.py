@@ -11,30 +11,32 @@ then told exactly which roles it holds (an exclusive assignment), and drops
 the rest. Blocks nobody in service claims go to an idle leaf, salvaged from
 an out-of-service agent that still has them, or served empty, loudly.
 
-Then the saga: assign every role (primaries that were not serving yet stay
-so), re-sync every switch from what it holds, tell the waiting primaries to
-serve, abort the migrations a predecessor left, drop stray imports, fill the
-gaps.
+`build` maps and plans into the world (the core decides when: once every
+registered server is located, or --locate-timeout passed); then the saga
+(`build_saga`, started by the core): assign every role (primaries that were
+not serving yet stay so), re-sync every switch from what it holds, tell the
+waiting primaries to serve, abort the migrations a predecessor left, drop
+stray imports, fill the gaps.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
+import networkx as nx
 
 from btree.flows import FlowPlanner
 from btree.replicas import Replicas, ReplicaSet
 from btree.tree import LogicalBTree, State
 from client_lib.api.admin import ADMIN, Role
 from client_lib.cidr import Block
+from controller import migrations
 from controller.routing import host_routes
 from controller.saga import Saga, StepError
-from controller.steps import CallAgent, Step
-from topology.classify import TopologyError, map_topology
-
-if TYPE_CHECKING:
-    from controller.core import MetaFlowCore
+from controller.steps import CallAgent
+from controller.world import SagaWorld
+from topology.classify import Classification, TopologyError, map_topology
 
 
 @dataclass
@@ -45,51 +47,49 @@ class Restored:
     """Heir -> blocks no agent in service claimed."""
 
 
-def build(core: MetaFlowCore, now: float) -> list[Step]:
-    """Map the discovered topology onto the B-tree and program every switch,
-    once every registered server is located (or --locate-timeout passed:
-    then without the missing ones, whose blocks are salvaged)."""
-    if core.first_registration is None:
-        return []
-    missing = core.missing()
-    if missing and now - core.first_registration < core.settings.locate_timeout_s:
-        return []
-    for name in missing:
-        core.registry[name].failed = f"not seen on the data plane within {core.settings.locate_timeout_s:g} s"
-        core.event("server-failed", logging.ERROR, server=name, reason=core.registry[name].failed)
-    graph = core.graph_now()
+@dataclass(frozen=True)
+class Built:
+    """What a build mapped, for the core (the rest is in the world)."""
+
+    classification: Classification
+    restored: Restored
+
+
+def build(world: SagaWorld, graph: nx.Graph) -> Built | None:
+    """Map the discovered topology onto the B-tree, its owners and replica
+    sets, and plan every switch's table (`build_saga` programs them); None
+    while the topology cannot be mapped (said: the core waits for more)."""
     try:
-        classification, tree, fabric = map_topology(graph, core.settings.space)
+        classification, tree, fabric = map_topology(graph, world.settings.space)
     except TopologyError as exc:
-        core.event("topology-not-mappable", logging.WARNING, reason=str(exc))
-        core.last_change = core.clock()   # wait for more of the topology
-        return []
-    core.graph, core.classification, core.tree = graph, classification, tree
-    core.replicas = replicas = Replicas(tree, core.settings.replicas)
-    restored = restore(core, tree, replicas)
+        world.event("topology-not-mappable", logging.WARNING, reason=str(exc))
+        return None
+    replicas = Replicas(tree, world.settings.replicas)
+    world.install(tree, replicas)
+    restored = restore(world, tree, replicas)
     if not tree.leaves_in(State.BUSY):
-        core.settings.bootstrap.apply(tree)
+        world.settings.bootstrap.apply(tree)
         for block, owner in tree.partition():
-            place(core, block, owner)
-    core.planner = FlowPlanner(tree, fabric, minimize=core.settings.minimize)
-    core.routes = host_routes(graph)
+            place(world, block, owner)
+    planner = FlowPlanner(tree, fabric, minimize=world.settings.minimize)
+    world.plan_flows(planner, host_routes(graph))
     replicas.check()
-    core.event("network-built", switches=len(fabric.switches), servers=len(tree.leaves()),
-               busy=len(tree.leaves_in(State.BUSY)), restored=restored.claimed,
-               replicas=replicas.r, entries=core.planner.total_entries())
-    return core.start("build", "network", set(), lambda op: build_saga(core, restored))
+    world.event("network-built", switches=len(fabric.switches), servers=len(tree.leaves()),
+                busy=len(tree.leaves_in(State.BUSY)), restored=restored.claimed,
+                replicas=replicas.r, entries=planner.total_entries())
+    return Built(classification, restored)
 
 
-def place(core: MetaFlowCore, block: Block, primary: str) -> ReplicaSet:
+def place(world: SagaWorld, block: Block, primary: str) -> ReplicaSet:
     """A new set for `block`: its primary and r-1 backups placed across racks."""
-    replicas = core.replicas_or_raise()
-    placement = core.place([block], [primary], replicas.r - 1)
+    replicas = world.replicas_or_raise()
+    placement = world.place([block], [primary], replicas.r - 1)
     return replicas.assign(block, (primary, *placement.backups))
 
 
-def restore(core: MetaFlowCore, tree: LogicalBTree, replicas: Replicas) -> Restored:
+def restore(world: SagaWorld, tree: LogicalBTree, replicas: Replicas) -> Restored:
     """The tree and the replica sets from the agents' claims, highest epoch first."""
-    live = {s.name: s for s in core.registry.live() if s.name in tree.leaves()}
+    live = {s.name: s for s in world.registry.live() if s.name in tree.leaves()}
     # At one epoch, an agent that restarted loses to one that did not: its
     # store may hold a write its set never acknowledged (see core._register).
     claims = sorted(((role, name) for name, s in live.items() for role in s.roles),
@@ -118,15 +118,15 @@ def restore(core: MetaFlowCore, tree: LogicalBTree, replicas: Replicas) -> Resto
             replicas.sets[block] = ReplicaSet(role.epoch, tuple(members),
                                               frozenset(unsynced & set(members[1:])))
             if not role.serving:
-                core.not_serving.add(block)
+                world.hold([block])
         else:   # the primary of this epoch is gone: promote a backup, a synced one if any
             replicas.assign(block, members, unsynced & set(members[1:]))
-            core.not_serving.add(block)
-            core.event("promoted-at-rebuild", block=str(block), primary=name)
+            world.hold([block])
+            world.event("promoted-at-rebuild", block=str(block), primary=name)
             if not _synced(role, name):
-                core.event("promoted-unsynced", logging.ERROR, block=str(block), primary=name,
-                           note="no synced copy registered: writes it had not caught up are lost")
-    gaps = _gaps(core, tree, replicas, [(b, n) for b, n, _ in accepted])
+                world.event("promoted-unsynced", logging.ERROR, block=str(block), primary=name,
+                            note="no synced copy registered: writes it had not caught up are lost")
+    gaps = _gaps(world, tree, replicas, [(b, n) for b, n, _ in accepted])
     replicas.realign()
     return Restored(True, gaps)
 
@@ -135,7 +135,7 @@ def _synced(role: Role, name: str) -> bool:
     return all(m.synced for m in role.members if m.name == name)
 
 
-def _gaps(core: MetaFlowCore, tree: LogicalBTree, replicas: Replicas,
+def _gaps(world: SagaWorld, tree: LogicalBTree, replicas: Replicas,
           taken: list[tuple[Block, str]]) -> dict[str, list[Block]]:
     """Parts of the space no claim covers go to one idle leaf (their data may
     be on an agent out of service: the build saga salvages it)."""
@@ -149,34 +149,34 @@ def _gaps(core: MetaFlowCore, tree: LogicalBTree, replicas: Replicas,
         heir = idle[0] if idle else owner
         tree.transfer([block], heir)
         replicas.assign(block, (heir,))
-        core.not_serving.add(block)
+        world.hold([block])
         gaps.setdefault(heir, []).append(block)
-    core.event("unclaimed-blocks", logging.WARNING, blocks=[str(b) for b, _ in unclaimed],
-               given_to=sorted(gaps))
+    world.event("unclaimed-blocks", logging.WARNING, blocks=[str(b) for b, _ in unclaimed],
+                given_to=sorted(gaps))
     return gaps
 
 
-def build_saga(core: MetaFlowCore, restored: Restored) -> Saga:
+def build_saga(world: SagaWorld, restored: Restored) -> Saga:
     try:
-        yield core.assign_all()
+        yield world.assign_all()
     except StepError as failed:
-        core.event("assign-incomplete", logging.ERROR, reason=str(failed),
-                   note="a server that does not answer fails over by its heartbeat")
-    yield from core.resync(sorted(core.planner_or_raise().fabric.switches))
-    yield from finish_leftovers(core)
+        world.event("assign-incomplete", logging.ERROR, reason=str(failed),
+                    note="a server that does not answer fails over by its heartbeat")
+    yield from world.resync(sorted(world.planner_or_raise().fabric.switches))
+    yield from finish_leftovers(world)
     for heir, blocks in restored.gaps.items():
-        yield from core.recover(heir, blocks, None, "no agent in service claims these blocks")
-    yield from core.activate(sorted(core.not_serving))
+        yield from migrations.recover(world, heir, blocks, None, "no agent in service claims these blocks")
+    yield from world.activate(sorted(world.not_serving))
     return None
 
 
-def finish_leftovers(core: MetaFlowCore) -> Saga:
+def finish_leftovers(world: SagaWorld) -> Saga:
     """A restarted controller finds the migrations its predecessor left on the
     agents. The tree was rebuilt from what the agents hold, and an unfinished
     migration's blocks are still held by its source at the older epoch, so
     aborting it is what agrees with the flows just installed: the source
     unfreezes and keeps serving, the targets drop their copies."""
-    servers = list(core.registry.servers.values())   # out of service too: it may hold leftovers
+    servers = list(world.registry.servers.values())   # out of service too: it may hold leftovers
     try:
         listings = yield [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.migrations) for s in servers]
     except StepError as failed:
@@ -185,13 +185,13 @@ def finish_leftovers(core: MetaFlowCore) -> Saga:
               for s, listing in zip(servers, listings, strict=True) if listing is not None
               for m in listing.migrations if m.state in ("copying", "copied")]
     if aborts:
-        core.event("leftover-migrations", count=len(aborts), migrations=[a.params["id"] for a in aborts],
-                   action="aborted")
+        world.event("leftover-migrations", count=len(aborts), migrations=[a.params["id"] for a in aborts],
+                    action="aborted")
         try:
             yield aborts
         except StepError as failed:
-            core.event("abort-unconfirmed", logging.WARNING, reason=str(failed),
-                       note="the migrations' leases abort them")
+            world.event("abort-unconfirmed", logging.WARNING, reason=str(failed),
+                        note="the migrations' leases abort them")
     try:
         healths = yield [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.health) for s in servers]
     except StepError as failed:
@@ -200,11 +200,11 @@ def finish_leftovers(core: MetaFlowCore) -> Saga:
                 for s, health in zip(servers, healths, strict=True) if health is not None
                 for i in health.imports]
     if discards:
-        core.event("leftover-imports", count=len(discards), action="discarded")
+        world.event("leftover-imports", count=len(discards), action="discarded")
         try:
             yield discards
         except StepError as failed:
-            core.event("discard-unconfirmed", logging.WARNING, reason=str(failed))
+            world.event("discard-unconfirmed", logging.WARNING, reason=str(failed))
 
 
 def _uncovered(block: Block, claims: list[Block]) -> list[Block]:

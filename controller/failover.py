@@ -25,26 +25,23 @@ restore r copies starts from the next tick, in the background.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from btree.tree import Move, TreeError
 from client_lib.cidr import Block
 from controller import migrations
 from controller.saga import Cancelled, Operation, Saga, StepError
-
-if TYPE_CHECKING:
-    from controller.core import MetaFlowCore
+from controller.world import SagaWorld
 
 
-def failover_saga(core: MetaFlowCore, op: Operation, name: str, reason: str) -> Saga:
-    started = core.clock()
-    tree = core.tree_or_raise()
-    replicas = core.replicas_or_raise()
+def failover_saga(world: SagaWorld, op: Operation, name: str, reason: str) -> Saga:
+    started = world.clock()
+    tree = world.tree_or_raise()
+    replicas = world.replicas_or_raise()
     moves: list[Move] = []
     promoted: dict[Block, str] = {}
     shrunk: list[Block] = []
     for block, s in sorted(replicas.of(name).items()):
-        survivors = [m for m in s.members if m != name and not core.registry[m].failed]
+        survivors = [m for m in s.members if m != name and not world.registry[m].failed]
         unsynced = s.unsynced & set(survivors)
         if s.primary != name:
             replicas.assign(block, survivors, unsynced)
@@ -56,58 +53,58 @@ def failover_saga(core: MetaFlowCore, op: Operation, name: str, reason: str) -> 
         tree.transfer([block], heir)
         moves.append(Move(block, name, heir))
         replicas.assign(block, [heir] + [m for m in survivors if m != heir], unsynced)
-        core.not_serving.add(block)
+        world.hold([block])
         promoted[block] = heir
     try:
-        takeover = tree.fail(name, avoid=core.operations.reserved() - {name})
+        takeover = tree.fail(name, avoid=world.reserved() - {name})
     except TreeError as exc:
-        return core.outcome_event("takeover-impossible", server=name, reason=str(exc))
+        return world.outcome_event("takeover-impossible", server=name, reason=str(exc))
     orphans = [m.block for m in takeover.moves]
     moves += takeover.moves
     successor = takeover.successor
     if successor is not None and orphans:
         for block in orphans:
             replicas.assign(block, (successor,))
-        core.not_serving.update(orphans)
+        world.hold(orphans)
     replicas.realign()
     op.involves |= set(promoted.values()) | ({successor} if successor else set())
-    diff = core.planner_or_raise().update(moves)
+    diff = world.planner_or_raise().update(moves)
     migration = None
     try:
         op.step = "fence"
         try:
-            yield from core.reassign([*promoted, *shrunk])
+            yield from world.reassign([*promoted, *shrunk])
         except StepError as failed:
-            core.event("fence-incomplete", logging.WARNING, server=name, reason=str(failed),
-                       note="an unreachable member fails over by its heartbeat")
+            world.event("fence-incomplete", logging.WARNING, server=name, reason=str(failed),
+                        note="an unreachable member fails over by its heartbeat")
         if orphans and successor is not None:
             op.step = "salvage"
-            migration = yield from migrations.copy(core, name, orphans, [successor])
-            if migration is not None and not (yield from migrations.adopt(core, orphans, migration,
-                                                                           {successor})):
-                yield from migrations.abort(core, name, migration)
+            migration = yield from migrations.copy(world, name, orphans, [successor])
+            if migration is not None and not (yield from migrations.adopt(world, orphans, migration,
+                                                                          {successor})):
+                yield from migrations.abort(world, name, migration)
                 migration = None
             if migration is None:
-                yield from core.recover(successor, orphans, lost_with=name, reason=reason)
+                yield from migrations.recover(world, successor, orphans, lost_with=name, reason=reason)
         op.step = "flows"
         try:
-            yield core.send_diff(diff)
+            yield world.send_diff(diff)
         except StepError as failed_flows:
-            core.event("flows-unconfirmed", server=name, reason=str(failed_flows))
-            yield from core.resync(list(diff))
+            world.event("flows-unconfirmed", server=name, reason=str(failed_flows))
+            yield from world.resync(list(diff))
         op.step = "serve"
-        yield from core.activate([*promoted, *orphans])
-        if migration is not None and not (yield from migrations.commit(core, name, migration)):
-            core.event("commit-unconfirmed", server=name, migration=migration.id,
-                       note="the failed server's copy is stale: a rebuild drops it")
+        yield from world.activate([*promoted, *orphans])
+        if migration is not None and not (yield from migrations.commit(world, name, migration)):
+            world.event("commit-unconfirmed", server=name, migration=migration.id,
+                        note="the failed server's copy is stale: a rebuild drops it")
     except Cancelled as why:
-        return core.outcome_event("takeover-cancelled", server=name, reason=str(why))
+        return world.outcome_event("takeover-cancelled", server=name, reason=str(why))
     except StepError as failed:
-        return core.outcome_event("takeover-incomplete", server=name, reason=str(failed),
-                                  note="the tick activates waiting primaries and repairs the sets")
-    return core.outcome_event("takeover", ok=True, server=name, reason=reason,
-                              promoted={str(b): heir for b, heir in promoted.items()},
-                              shrunk=len(shrunk), successor=successor, blocks=len(orphans) + len(promoted),
-                              salvaged=migration is not None, why=takeover.reason,
-                              seconds=round(core.clock() - started, 4))
+        return world.outcome_event("takeover-incomplete", server=name, reason=str(failed),
+                                   note="the tick activates waiting primaries and repairs the sets")
+    return world.outcome_event("takeover", ok=True, server=name, reason=reason,
+                               promoted={str(b): heir for b, heir in promoted.items()},
+                               shrunk=len(shrunk), successor=successor, blocks=len(orphans) + len(promoted),
+                               salvaged=migration is not None, why=takeover.reason,
+                               seconds=round(world.clock() - started, 4))
 

@@ -11,15 +11,13 @@ lacking counts are fetched (one admin call per kind), and it runs again.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from client_lib.api.admin import ADMIN, CountRequest
 from client_lib.api.route import Route
 from controller.saga import Saga
 from controller.steps import CallAgent
-
-if TYPE_CHECKING:
-    from controller.core import MetaFlowCore
+from controller.world import SagaWorld
 
 T = TypeVar("T")
 
@@ -37,12 +35,12 @@ class _Unknown(Exception):
     """The planner asked for a count not fetched yet."""
 
 
-def answered(core: MetaFlowCore, name: str, decide: Callable[[Mapping[str, Ask]], T],
+def answered(world: SagaWorld, name: str, decide: Callable[[Mapping[str, Ask]], T],
              prefetch: Mapping[str, list[Range]] | None = None) -> Saga:
     """`decide(oracles)` (one oracle per kind in `ROUTES`) once every count
     it asks of server `name` is known; `prefetch`: ranges surely asked for,
     fetched before the first run."""
-    server = core.registry[name]
+    server = world.registry[name]
     known: dict[str, dict[Range, int]] = {kind: {} for kind in ROUTES}
     wanted: dict[str, list[Range]] = {kind: list((prefetch or {}).get(kind, [])) for kind in ROUTES}
     while True:

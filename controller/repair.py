@@ -21,29 +21,25 @@ fail-over redoes the sets, and a later repair starts over.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from btree.tree import State
 from client_lib.api.admin import ADMIN, SyncList, SyncReport, SyncRequest
 from client_lib.cidr import Block
 from controller.saga import Cancelled, Operation, Saga, StepError
 from controller.steps import CallAgent, Wait
-
-if TYPE_CHECKING:
-    from controller.core import MetaFlowCore
+from controller.world import SagaWorld
 
 POLL_S = 0.2
 
 
-def repair_saga(core: MetaFlowCore, op: Operation, block: Block, resync: bool) -> Saga:
-    replicas = core.replicas_or_raise()
+def repair_saga(world: SagaWorld, op: Operation, block: Block, resync: bool) -> Saga:
+    replicas = world.replicas_or_raise()
     current = replicas.sets[block]
     primary = current.primary
-    started = core.clock()
+    started = world.clock()
     resynced = set(current.backups) if resync else set()
     unsynced = set(current.unsynced) | resynced
     missing = replicas.r - len(current.members)
-    placement = core.place([block], current.members, max(0, missing))
+    placement = world.place([block], current.members, max(0, missing))
     members = (*current.members, *placement.backups)
     unsynced |= set(placement.backups)
     if not unsynced:
@@ -52,15 +48,15 @@ def repair_saga(core: MetaFlowCore, op: Operation, block: Block, resync: bool) -
     wanted = replicas.assign(block, members, unsynced)
     op.step = "assign"
     try:
-        yield from core.reassign([block])
+        yield from world.reassign([block])
         op.step = "sync"
-        done = yield from _sync(core, op, block, wanted.epoch, primary, sorted(unsynced))
+        done = yield from _sync(world, op, block, wanted.epoch, primary, sorted(unsynced))
     except StepError as failed:
-        return core.outcome_event("repair-failed", server=primary, block=str(block), reason=str(failed))
+        return world.outcome_event("repair-failed", server=primary, block=str(block), reason=str(failed))
     except Cancelled as why:
-        return core.outcome_event("repair-cancelled", server=primary, block=str(block), reason=str(why))
+        return world.outcome_event("repair-cancelled", server=primary, block=str(block), reason=str(why))
     if replicas.sets.get(block) is not wanted:
-        return core.outcome_event("repair-overtaken", server=primary, block=str(block))
+        return world.outcome_event("repair-overtaken", server=primary, block=str(block))
     failed_members = [m for m in unsynced if done.get(m) != "synced"]
     for member in unsynced - set(failed_members):
         replicas.mark_synced(block, member)
@@ -68,21 +64,21 @@ def repair_saga(core: MetaFlowCore, op: Operation, block: Block, resync: bool) -
         replicas.assign(block, [m for m in members if m not in failed_members],
                         set(replicas.sets[block].unsynced) - set(failed_members))
     try:
-        yield from core.reassign([block])
+        yield from world.reassign([block])
     except StepError as failed:
-        core.event("assign-unconfirmed", block=str(block), reason=str(failed))
-    return core.outcome_event("replicated", ok=not failed_members, server=primary, block=str(block),
-                              members=list(replicas.sets[block].members), added=list(placement.backups),
-                              resynced=sorted(resynced), failed=failed_members,
-                              seconds=round(core.clock() - started, 3))
+        world.event("assign-unconfirmed", block=str(block), reason=str(failed))
+    return world.outcome_event("replicated", ok=not failed_members, server=primary, block=str(block),
+                               members=list(replicas.sets[block].members), added=list(placement.backups),
+                               resynced=sorted(resynced), failed=failed_members,
+                               seconds=round(world.clock() - started, 3))
 
 
-def _sync(core: MetaFlowCore, op: Operation, block: Block, epoch: int, primary: str,
+def _sync(world: SagaWorld, op: Operation, block: Block, epoch: int, primary: str,
           members: list[str]) -> Saga:
     """Ask the primary to sync each member and poll until each is synced or
     failed; returns member -> state."""
-    url = core.registry[primary].admin_url
-    rate = core.settings.sync_rate
+    url = world.registry[primary].admin_url
+    rate = world.settings.sync_rate
     yield [CallAgent(server=primary, url=url, route=ADMIN.sync, body=SyncRequest(block, epoch, m, rate))
            for m in members]
     states: dict[str, str] = {}
@@ -93,7 +89,7 @@ def _sync(core: MetaFlowCore, op: Operation, block: Block, epoch: int, primary: 
             if _ours(report, block, epoch) and report.member in members and report.state != "copying":
                 states[report.member] = report.state
         for member in members:   # a member that died while syncing fails here; its fail-over follows
-            if core.registry[member].failed or core.tree_or_raise().state(member) is State.FAILED:
+            if world.registry[member].failed or world.tree_or_raise().state(member) is State.FAILED:
                 states.setdefault(member, "failed")
     return states
 

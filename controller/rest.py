@@ -1,5 +1,5 @@
 """The controller's REST API: the routes declared in `client_lib.api.rest`,
-served by wsgiref in threads of their own.
+served by wsgiref in threads of their own; the views are `controller.views`.
 
 A request never touches the core from its own thread: a view is computed
 on the decision loop (`query`), and a registration, heartbeat, split or
@@ -23,6 +23,7 @@ from client_lib.api.auth import Verifier
 from client_lib.api.rest import REST
 from client_lib.errors import ApiError
 from client_lib.server.api import Call, Dispatcher, wsgi_app
+from controller import views
 from controller.core import MetaFlowCore
 from controller.steps import FailNow, Heartbeat, Register, SplitNow
 
@@ -41,13 +42,13 @@ class RestApi:
     def __init__(self, query: Query, post: Post, verifier: Verifier, open_reads: bool) -> None:
         self._query = query
         self._post = post
-        views: dict[object, Callable[[MetaFlowCore], object]] = {
-            REST.topology: MetaFlowCore.topology_view, REST.tree: MetaFlowCore.tree_view,
-            REST.flows: MetaFlowCore.flows_view, REST.servers: MetaFlowCore.servers_view,
-            REST.events: MetaFlowCore.events_view, REST.splits: MetaFlowCore.splits_view,
-            REST.operations: MetaFlowCore.operations_view, REST.load: MetaFlowCore.load_view,
+        routes: dict[object, Callable[[MetaFlowCore], object]] = {
+            REST.topology: views.topology_view, REST.tree: views.tree_view,
+            REST.flows: views.flows_view, REST.servers: views.servers_view,
+            REST.events: views.events_view, REST.splits: views.splits_view,
+            REST.operations: views.operations_view, REST.load: views.load_view,
         }
-        self._views = views
+        self._views = routes
         self.app = wsgi_app(Dispatcher(REST.ALL, verifier, open_reads), self.handle)
 
     def handle(self, call: Call) -> object:

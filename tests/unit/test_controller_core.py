@@ -371,7 +371,7 @@ def test_a_restarted_controller_prefers_a_backup_to_a_primary_that_restarted() -
     promoted = [e for e in world.core.events if e["event"] == "promoted-at-rebuild"]
     assert {e["block"] for e in promoted} == {str(b) for b in blocks}
     assert all(world.tree.owner(b.first) != victim for b in blocks)
-    replicas = world.core.replicas_or_raise()
+    replicas = world.core.world.replicas_or_raise()
     assert all(victim in replicas.sets[b].unsynced or victim not in replicas.sets[b].members for b in blocks)
     check_consistent(world, acked)
 
@@ -404,7 +404,8 @@ def test_a_server_the_built_network_never_saw_joins_idle_when_it_shows_up(world:
             world.advance(world.settings.heartbeat_timeout_s / 2 + 0.1)
             world.heartbeats()
             world.tick()
-    assert tree.blocks(late) or any(late in s.members for s in world.core.replicas_or_raise().sets.values())
+    sets = world.core.world.replicas_or_raise().sets
+    assert tree.blocks(late) or any(late in s.members for s in sets.values())
     if world.settings.replicas == 1:
         assert tree.blocks(late)
     assert not world.core.lost

@@ -98,5 +98,5 @@ def test_random_histories_keep_one_owner_per_id_and_r_copies(replicas: int,
         _settle(world)
         check_consistent(world, acked)
         assert not world.core.lost, world.core.lost
-        for block, s in world.core.replicas_or_raise().sets.items():
+        for block, s in world.core.world.replicas_or_raise().sets.items():
             assert len(s.synced) == replicas and all(m in _live(world) for m in s.members), (block, s)

@@ -13,6 +13,7 @@ from btree.balance import imbalance_factor
 from btree.tree import State
 from client_lib.api.rest import LoadView
 from client_lib.cidr import Block
+from controller import views
 from controller.load import COUNTER_MODULUS, EntryCount, LoadMeter
 from controller.steps import ReadFlows, SwitchDown, SwitchUp
 from tests.unit.controller_world import SPACE, World, check_consistent
@@ -109,23 +110,23 @@ def built_world(**settings: object) -> World:
 
 
 def load(world: World) -> LoadView:
-    return world.core.load_view()
+    return views.load_view(world.core)
 
 
 def ids_of(world: World, name: str) -> list[int]:
     """One ID in each block a server serves."""
-    return [block.first for block in world.core.tree_or_raise().blocks(name)]
+    return [block.first for block in world.core.world.tree_or_raise().blocks(name)]
 
 
 def test_the_core_polls_every_switch_and_reports_each_servers_packets() -> None:
     world = built_world(load_poll_s=1.0)
-    busy = [name for name in sorted(world.agents) if world.core.tree_or_raise().blocks(name)]
+    busy = [name for name in sorted(world.agents) if world.core.world.tree_or_raise().blocks(name)]
     hot, warm = busy[0], busy[1]
     before = len(world.executed)
     world.advance(1.1)
     world.tick()
     polled = {s.dpid for s in world.executed[before:] if isinstance(s, ReadFlows)}
-    hosts = world.core.planner_or_raise().fabric.hosts
+    hosts = world.core.world.planner_or_raise().fabric.hosts
     edges = {hosts[leaf][0] for leaf in world.agents}
     assert polled == edges and len(edges) < len(world.switches)   # the switches above servers only
     for mdid in ids_of(world, hot):
@@ -140,7 +141,7 @@ def test_the_core_polls_every_switch_and_reports_each_servers_packets() -> None:
     assert view.servers[hot] == pytest.approx(hot_total / 1.0, rel=0.05)
     assert view.servers[warm] == pytest.approx(warm_total / 1.0, rel=0.05)
     assert all(view.servers[name] == 0 for name in view.servers if name not in (hot, warm))
-    owners = [view.servers[n] for n in view.servers if world.core.tree_or_raise().blocks(n)]
+    owners = [view.servers[n] for n in view.servers if world.core.world.tree_or_raise().blocks(n)]
     assert view.max_over_mean == pytest.approx(max(owners) / (sum(owners) / len(owners)), rel=1e-3)
     assert view.imbalance == pytest.approx(imbalance_factor(owners, world.settings.load_capacity), abs=1e-4)
     assert 0 < view.imbalance < 1
@@ -153,7 +154,7 @@ def test_the_core_polls_every_switch_and_reports_each_servers_packets() -> None:
 
 def test_a_switch_that_reconnects_with_empty_counters_reads_no_negative_or_huge_load() -> None:
     world = built_world(load_poll_s=1.0)
-    hot = next(name for name in sorted(world.agents) if world.core.tree_or_raise().blocks(name))
+    hot = next(name for name in sorted(world.agents) if world.core.world.tree_or_raise().blocks(name))
     host = world.core.inventory.hosts[world.agents[hot].ip]
     for _ in range(2):
         for mdid in ids_of(world, hot):
@@ -193,7 +194,7 @@ def test_a_lasting_imbalance_is_said_with_what_would_move_and_a_passing_one_is_n
     the rest idle is harmful; the model says so only after two polls in a
     row, once, with transfers from the hot server to cooler ones."""
     world = built_world(load_poll_s=1.0, load_capacity=10_000.0)
-    busy = [name for name in sorted(world.agents) if world.core.tree_or_raise().blocks(name)]
+    busy = [name for name in sorted(world.agents) if world.core.world.tree_or_raise().blocks(name)]
     hot = busy[0]
     per_id = 9000 // len(ids_of(world, hot))
 
@@ -224,7 +225,7 @@ def hot_range_world(**settings: object) -> tuple[World, dict[int, bytes], list[i
     will be the hot range: the world, what was acknowledged, the hot IDs and
     the busy servers (the hot one first)."""
     world = built_world(load_poll_s=1.0, load_capacity=10_000.0, **settings)
-    tree = world.core.tree_or_raise()
+    tree = world.core.world.tree_or_raise()
     busy = [name for name in sorted(world.agents) if tree.blocks(name)]
     acked: dict[int, bytes] = {}
     for name in busy:
@@ -259,7 +260,7 @@ def poll_with(world: World, hot: list[int], busy: list[str], hot_packets: int) -
 
 def test_a_hot_range_moves_to_cooler_servers_within_the_churn_limit_and_nothing_is_lost() -> None:
     world, acked, hot, busy = hot_range_world()
-    stored = world.core.stored_keys()
+    stored = world.core.world.stored_keys()
     for _ in range(4):
         poll_with(world, hot, busy, hot_packets=500)
     outcomes = [e for e in world.core.events if e["event"] == "rebalance"]
@@ -333,5 +334,5 @@ def test_a_cold_busy_server_goes_idle_again_before_load_moves() -> None:
         world.tick()
     (outcome, *_) = [e for e in world.core.events if e["event"] == "rebalance"]
     assert outcome["moves"][0]["retired"] == cold
-    assert world.core.tree_or_raise().state(cold) is State.IDLE
+    assert world.core.world.tree_or_raise().state(cold) is State.IDLE
     check_consistent(world, acked)

@@ -1,0 +1,100 @@
+"""The REST API's views: each builds one response of `client_lib.api.rest`
+from the core's state, on the decision loop (`controller.rest` runs them
+through `query`). Reads only: nothing here changes the core.
+"""
+
+from __future__ import annotations
+
+from btree.balance import imbalance_factor
+from client_lib.api.rest import (
+    EventsView,
+    FlowInfo,
+    FlowsView,
+    HostInfo,
+    LeafInfo,
+    LoadView,
+    OperationInfo,
+    OperationsView,
+    PrefixLoad,
+    ServerInfo,
+    ServersView,
+    SplitsView,
+    SwitchInfo,
+    TopologyView,
+    TreeView,
+)
+from controller.core import MetaFlowCore
+from controller.watch import owner_loads
+
+
+def topology_view(core: MetaFlowCore) -> TopologyView:
+    c = core.classification
+    return TopologyView(
+        switches=[SwitchInfo(d, c.layer.get(f"s{d}") if c else None,
+                             c.group_of.get(f"s{d}") if c else None)
+                  for d in sorted(core.inventory.dpids)],
+        links=sorted(core.inventory.links),
+        hosts=[HostInfo(h.ip, h.mac, h.dpid, h.port) for h in core.inventory.hosts.values()],
+        pods=[list(p) for p in c.pods] if c else [],
+        missing_servers=core.missing())
+
+
+def tree_view(core: MetaFlowCore) -> TreeView:
+    t = core.tree
+    if t is None:
+        return TreeView(False, core.missing())
+    return TreeView(True, [], t.root, {n: t.children(n) for n in t.inner_nodes()},
+                    {leaf: LeafInfo(t.state(leaf).name.lower(), t.blocks(leaf), t.parent(leaf))
+                     for leaf in t.leaves()})
+
+
+def flows_view(core: MetaFlowCore) -> FlowsView:
+    planner = core.planner
+    if planner is None:
+        return FlowsView({})
+    return FlowsView({str(dpid): [FlowInfo(e.priority, e.prefix, e.out_port, e.set_dl_dst)
+                                  for e in sorted(planner.table(dpid).values())]
+                      for dpid in sorted(planner.fabric.switches)})
+
+
+def servers_view(core: MetaFlowCore) -> ServersView:
+    tree = core.tree
+    out = {}
+    for name, s in sorted(core.registry.servers.items()):
+        in_tree = tree is not None and name in tree.leaves()
+        busy = core.operations.involving(name)
+        backups = sorted(b for b, rs in core.replicas.of(name).items() if rs.primary != name) \
+            if core.replicas is not None else []
+        out[name] = ServerInfo(
+            s.data_ip, s.admin_url, s.keys, core.world.capacity(s), s.failed,
+            tree.state(name).name.lower() if tree is not None and in_tree else None,
+            tree.blocks(name) if tree is not None and in_tree else list(s.reported),
+            busy[0].kind if busy else None, backups)
+    return ServersView(out)
+
+
+def events_view(core: MetaFlowCore) -> EventsView:
+    return EventsView(list(core.events))
+
+
+def splits_view(core: MetaFlowCore) -> SplitsView:
+    return SplitsView(list(core.splits))
+
+
+def load_view(core: MetaFlowCore) -> LoadView:
+    servers = core.watch.server_loads()
+    owners = list(owner_loads(core.tree, servers).values())
+    mean = sum(owners) / len(owners) if owners else 0.0
+    return LoadView(core.settings.load_poll_s, {name: round(rate, 1) for name, rate in servers.items()},
+                    {str(dpid): [PrefixLoad(r.block, r.port, round(r.packets_per_s, 1))
+                                 for r in core.watch.meter.rates(dpid)]
+                     for dpid in core.watch.meter.switches()},
+                    round(max(owners) / mean, 3) if mean > 0 else 0.0,
+                    round(imbalance_factor(owners, core.settings.load_capacity), 4))
+
+
+def operations_view(core: MetaFlowCore) -> OperationsView:
+    now = core.clock()
+    return OperationsView([OperationInfo(op.id, op.kind, op.server, op.step, round(now - op.started, 3))
+                           for op in core.operations.running.values()])
+
