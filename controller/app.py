@@ -65,6 +65,8 @@ log = logging.getLogger("metaflow.controller.app")
 
 TICK_S = 1.0
 AGENT_WORKERS = 32
+RECONFIGURE_WAIT_S = 10.0
+"""How long a reload waits for the decision thread (which never waits on the network)."""
 
 
 class _Query:
@@ -111,6 +113,15 @@ class MetaFlowApp(app_manager.OSKenApp):
         item = _Query(fn)
         self.inbox.put(item)
         return item.result
+
+    def reconfigure(self, new: Settings) -> Settings:
+        """Hand `new` to the core on the decision thread (`MetaFlowCore.reconfigure`
+        says what it takes) and run with what it now holds: the barrier and agent
+        timeouts are read here."""
+        done = self.query(lambda core: core.reconfigure(new)).result(timeout=RECONFIGURE_WAIT_S)
+        assert isinstance(done, Settings)
+        self.settings = done
+        return done
 
     def close(self) -> None:
         """Stop serving REST, stop deciding, let in-flight agent calls end."""

@@ -24,6 +24,7 @@ through the same loop.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -82,6 +83,17 @@ from topology.classify import Classification, discovered_graph
 
 log = logging.getLogger("metaflow.controller")
 
+LIVE_SETTINGS = frozenset({
+    "heartbeat_timeout_s", "barrier_timeout_s", "agent_timeout_s", "migration_lease_s", "settle_s",
+    "locate_timeout_s", "auto_split", "merge", "bounds", "capacity", "table_budget", "sync_rate",
+    "max_syncs", "load_poll_s", "load_capacity", "imbalance_threshold", "rebalance",
+    "churn_per_rebalance", "churn_per_minute",
+})
+"""The `Settings` a running controller takes from a reload (SIGHUP): thresholds,
+timeouts, limits and switches of policy, each read when it is next used. The
+rest shape what is already built or bound (the space, the replica count, the
+bootstrap, the addresses, the secret) and take a restart."""
+
 
 class MetaFlowCore:
     """Dispatch and tick policy; what the sagas share is `world`."""
@@ -108,6 +120,19 @@ class MetaFlowCore:
         self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
         """Per-server load after each of the last complete polls."""
+
+    def reconfigure(self, new: Settings) -> Settings:
+        """Take the `LIVE_SETTINGS` of `new` (the others stay as they are) and
+        return the settings now in force. The load poll keeps its schedule and
+        the churn limit the moves it has counted: only their bounds change."""
+        current = dataclasses.replace(self.settings, **{name: getattr(new, name) for name in LIVE_SETTINGS})
+        self.settings = self.world.settings = current
+        self.watch.interval = current.load_poll_s
+        self.imbalance = dataclasses.replace(self.imbalance, capacity=current.load_capacity,
+                                             threshold=current.imbalance_threshold)
+        self.world.churn.per_rebalance = current.churn_per_rebalance
+        self.world.churn.per_minute = current.churn_per_minute
+        return current
 
     # -- the world's state, read here and by the REST views and the tests ------------
 

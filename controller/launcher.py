@@ -5,6 +5,8 @@
 Loads os-ken's topology service with link observation (LLDP) and our app,
 and runs until SIGTERM or SIGINT. The OpenFlow switches connect to
 `--of-host:--of-port`; agents register at `http://<rest host>:<rest port>`.
+Under systemd (``Type=notify``) it reports READY=1 once both ports listen,
+and STOPPING=1 when a stop begins; SIGHUP reloads (`reload`).
 On SIGTERM it stops its REST API and its decision loop and exits 0; the
 switches keep their flows on purpose, so traffic survives a restart, and a
 restarted controller re-reads the switches and the agents instead of
@@ -13,25 +15,95 @@ starting over.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import importlib
 import logging
 import os
+import queue
 import signal
 import sys
+import time
+from pathlib import Path
 
 from os_ken import cfg
 from os_ken.base import app_manager
-from os_ken.lib import hub
 
+from client_lib import sdnotify
 from client_lib.errors import InvalidArgument
-from controller.settings import from_args, parser
+from client_lib.reload import Outcome, Reloader, compare, set_log_level
+from controller.app import MetaFlowApp
+from controller.core import LIVE_SETTINGS
+from controller.settings import Settings, from_args, parser
+
+log = logging.getLogger("metaflow.controller")
+
+LISTEN_WAIT_S = 10.0
+"""How long os-ken's OpenFlow server may take to listen before the start counts as failed."""
+
+
+def listening_ports() -> set[int]:
+    """The TCP ports this process listens on: the LISTEN rows of /proc/net/tcp
+    and tcp6 whose socket is one of this process's descriptors (a port some
+    other process holds is not ours to report ready on)."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:   # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:   # no IPv6
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in mine:   # 0A: TCP_LISTEN
+                ports.add(int(cols[1].rpartition(":")[2], 16))
+    return ports
+
+
+def _wait_listening(ports: set[int], deadline: float) -> set[int]:
+    """Wait until this process listens on every port of `ports` (os-ken binds
+    its OpenFlow port in a thread of its own, after the apps start); the
+    ports still not listening at `deadline`."""
+    while True:
+        missing = ports - listening_ports()
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        time.sleep(0.05)
+
+
+def _view(settings: Settings, log_level: str) -> dict[str, object]:
+    """What a reload compares: every setting, by its name in `Settings`, and the log level."""
+    return {**{f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)},
+            "log_level": log_level}
+
+
+def reload(app: MetaFlowApp, new_args: argparse.Namespace) -> Outcome:
+    """Re-read flags (`new_args`, the file over the command line) applied to the
+    running controller: the log level and `LIVE_SETTINGS`; the rest is named for
+    a restart. Checked in full first (InvalidArgument), so a bad value changes nothing."""
+    new = from_args(new_args)
+    running_level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    outcome = compare(_view(app.settings, running_level), _view(new, new_args.log_level),
+                      LIVE_SETTINGS | {"log_level"})
+    if "log_level" in outcome.applied:
+        set_log_level(new_args.log_level, "os_ken")
+    if outcome.applied.keys() - {"log_level"}:
+        app.reconfigure(new)
+    return outcome
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("os_ken").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
+    set_log_level(args.log_level, "os_ken")
     try:
         settings = from_args(args)
     except InvalidArgument as exc:
@@ -40,26 +112,40 @@ def main(argv: list[str] | None = None) -> int:
     importlib.import_module("os_ken.topology.switches")  # registers --observe-links
     cfg.CONF(args=["--ofp-listen-host", settings.of_host, "--ofp-tcp-listen-port", str(settings.of_port),
                    "--observe-links"], project="os_ken")
-    stop = hub.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    # The handlers only queue the signal (SimpleQueue.put is safe there); the
+    # main thread acts on it, so a reload may log and wait for the decision thread.
+    signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _: signals.put(signum))
     manager = app_manager.AppManager.get_instance()
     manager.load_apps(["os_ken.topology.switches", "controller.app"])
     try:
         manager.instantiate_apps(**manager.create_contexts(), settings=settings)
     except OSError as exc:
-        logging.getLogger("metaflow.controller").error("cannot start: %s", exc)
+        log.error("cannot start: %s", exc)
         return 1
-    stop.wait()
-    log = logging.getLogger("metaflow.controller")
-    log.info("stopping; switches keep their flows")
-    app = manager.applications.get("MetaFlowApp")
-    if app is not None:
-        app.close()
+    app = manager.applications["MetaFlowApp"]
+    missing = _wait_listening({settings.of_port, settings.rest_port}, time.monotonic() + LISTEN_WAIT_S)
+    if missing:
+        log.error("cannot start: port %s does not listen after %g s (taken by another process?)",
+                  ", ".join(map(str, sorted(missing))), LISTEN_WAIT_S)
+        return _exit(app, 1)
+    sdnotify.ready(f"OpenFlow on {settings.of_host}:{settings.of_port}, "
+                   f"REST on {settings.rest_host}:{settings.rest_port}")
+    reloader: Reloader[argparse.Namespace] = Reloader(log, None, lambda new_args: reload(app, new_args))
+    while (signum := signals.get()) == signal.SIGHUP:
+        reloader()
+    sdnotify.stopping()
+    log.info("stopping on signal %d; switches keep their flows", signum)
+    return _exit(app, 0)
+
+
+def _exit(app: MetaFlowApp, code: int) -> int:
+    """Stop our threads and exit with `code`: os-ken's own threads (OpenFlow
+    server, LLDP) cannot be joined or killed in its native-thread hub."""
+    app.close()
     logging.shutdown()
-    # os-ken's own threads (OpenFlow server, LLDP) cannot be joined or killed
-    # in its native-thread hub; ours are stopped above.
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ Starts, in order, the store, the replication listener, the metadata service
 on :9000, the address rewrite, the admin API, and (with --controller)
 registration; stops them in reverse on SIGTERM or SIGINT, removing its
 iptables rules. A start that fails halfway undoes what it had done, so a
-bad flag never leaves rules behind.
+bad flag never leaves rules behind. Under systemd (``Type=notify``) it
+reports READY=1 once port 9000 serves and, with ``--controller``, the
+controller has registered it; STOPPING=1 when a stop begins. SIGHUP
+reloads (`reload`).
 
 With ``--controller`` the agent comes back from a restart *suspended*: it
 remembers its roles and reports them, but serves nothing until the
@@ -34,6 +37,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from client_lib import sdnotify
 from client_lib.api.admin import Stats
 from client_lib.api.auth import Verifier, load_secret, server_authority
 from client_lib.api.clients import DEFAULT_TIMEOUT
@@ -41,6 +45,7 @@ from client_lib.cidr import Block
 from client_lib.constants import ADMIN_PORT, MAX_VALUE, METAFLOW_PORT, REPLICATION_PORT
 from client_lib.errors import InvalidArgument
 from client_lib.mdid import DEFAULT_SPACE
+from client_lib.reload import LEVELS, Outcome, Reloader, compare, set_log_level
 from client_lib.version import add_version_flag
 from nat_agent import netinfo
 from nat_agent.admin import AdminApi
@@ -58,6 +63,12 @@ from nat_agent.store_spec import open_store
 from nat_agent.syncs import Syncs
 
 log = logging.getLogger("metaflow.agent")
+
+LIVE_FLAGS = frozenset({"log_level", "heartbeat"})
+"""The flags (by their `argparse` names) a running agent takes from a reload;
+every other one shapes a listener, the store or the compiled request path,
+which only a restart rebuilds."""
+REGISTERED_POLL_S = 0.05
 
 
 def _hostport(text: str, default_port: int) -> tuple[str, int]:
@@ -146,7 +157,7 @@ def parser() -> argparse.ArgumentParser:
                         "listener, handing what they cannot answer to the event loop; 0: the event "
                         "loop serves the port itself")
     p.add_argument("--log-level", default="INFO",
-                   choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level")
+                   choices=LEVELS, help="log level")
     add_version_flag(p)
     return p
 
@@ -205,11 +216,35 @@ def _data_address(args: argparse.Namespace) -> tuple[str | None, str | None, str
     return ip, mac, interface
 
 
+def reload(running: argparse.Namespace, new: argparse.Namespace, registrar: Registrar | None) -> Outcome:
+    """Apply the `LIVE_FLAGS` of `new` (flags as `parse_args` gives them) to the
+    running agent and to `running`, which then holds the settings in force;
+    the other changes are named for a restart."""
+    outcome = compare(vars(running), vars(new), LIVE_FLAGS)
+    if "log_level" in outcome.applied:
+        set_log_level(new.log_level)
+    if "heartbeat" in outcome.applied and registrar is not None:
+        registrar.interval = new.heartbeat
+    for name in outcome.applied:
+        setattr(running, name, getattr(new, name))
+    return outcome
+
+
+async def _until_registered(registrar: Registrar, stop: asyncio.Event) -> None:
+    """Wait for the controller to register this agent (or for a stop)."""
+    while not (registrar.registered or stop.is_set()):
+        await asyncio.sleep(REGISTERED_POLL_S)
+
+
 async def run(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    registrar: Registrar | None = None
+    # Installed first: SIGHUP's default action would end the agent while it starts.
+    reloader: Reloader[argparse.Namespace] = Reloader(log, None, lambda new: reload(args, new, registrar))
+    loop.add_signal_handler(signal.SIGHUP, reloader)
     data_ip, data_mac, data_interface = _data_address(args)
     name = args.name or f"{socket.gethostname()}-{args.listen[1]}"
     async with contextlib.AsyncExitStack() as undo:
@@ -264,7 +299,15 @@ async def run(args: argparse.Namespace) -> None:
                  ", ".join(f"{r.block}@{r.epoch}{'' if r.primary else ' (backup)'}"
                            for r in agent.ownership.roles) or "nothing (idle)",
                  " (suspended until the controller answers)" if agent.ownership.suspended else "")
+        serving = f"serving on {args.listen[0]}:{args.listen[1]}"
+        if registrar is not None:
+            sdnotify.status(f"{serving}; registering with the controller at {args.controller}")
+            await _until_registered(registrar, stop)
+            serving += f", registered with the controller at {args.controller}"
+        if not stop.is_set():
+            sdnotify.ready(serving)
         await stop.wait()
+        sdnotify.stopping()
         log.info("stopping")
     log.info("stopped; rules removed, store closed")
 

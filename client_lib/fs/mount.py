@@ -34,6 +34,7 @@ from typing import TypeVar
 import pyfuse3
 import trio
 
+from client_lib import sdnotify
 from client_lib.client import MetaFlowClient, host_port
 from client_lib.ctl import add_connection, client_from
 from client_lib.errors import InvalidArgument, MetaFlowError, NamespaceError
@@ -43,6 +44,7 @@ from client_lib.fs.filedata import CHUNK_SIZE, ChecksumMismatch, FileData
 from client_lib.fs.inode import ROOT, Attributes
 from client_lib.fs.namespace import Namespace
 from client_lib.mdid import NAME_MAX
+from client_lib.reload import Outcome, Reloader, compare
 
 log = logging.getLogger("metaflow.fs")
 T = TypeVar("T")
@@ -247,16 +249,46 @@ class MountOperations(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.ENOTSUP)
 
 
-async def _serve_until_stopped() -> None:
-    """pyfuse3's loop, ended by SIGTERM/SIGINT/SIGHUP or an unmount from outside."""
+LIVE_FLAGS = frozenset({"attr_timeout", "entry_timeout"})
+"""The flags a running mount takes from a reload (the kernel's caches of
+attributes and names); the others shape the mount or its connection."""
+
+
+def reload(running: argparse.Namespace, new: argparse.Namespace, operations: MountOperations) -> Outcome:
+    """Apply the `LIVE_FLAGS` of `new` to the mount and to `running`, which
+    then holds the settings in force; the other changes are named for a restart."""
+    outcome = compare(vars(running), vars(new), LIVE_FLAGS)
+    if "attr_timeout" in outcome.applied:
+        operations.attr_timeout = operations.fs.attr_ttl = new.attr_timeout
+    if "entry_timeout" in outcome.applied:
+        operations.entry_timeout = new.entry_timeout
+    for name in outcome.applied:
+        setattr(running, name, getattr(new, name))
+    return outcome
+
+
+async def _serve_until_stopped(mountpoint: str, reloader: Reloader[argparse.Namespace]) -> None:
+    """pyfuse3's loop, ended by SIGTERM/SIGINT or an unmount from outside;
+    SIGHUP reloads. READY=1 goes to systemd once the mount answers a request."""
     async with trio.open_nursery() as nursery:
         async def watch() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        reloader()
+                        continue
+                    sdnotify.stopping()
                     log.info("signal %d: unmounting", signum)
                     pyfuse3.terminate()
                     return
+
+        async def announce() -> None:
+            # The kernel's first request (FUSE INIT, then this stat's lookups)
+            # is answered by pyfuse3.main, running beside this task.
+            await trio.to_thread.run_sync(os.stat, mountpoint)
+            sdnotify.ready(f"mounted on {mountpoint}")
         nursery.start_soon(watch)
+        nursery.start_soon(announce)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 
@@ -329,8 +361,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"metaflow-fs: cannot mount on {args.mountpoint}: {exc}", file=sys.stderr)
         return 2
     log.info("mounted on %s (root inode %d)", args.mountpoint, args.root)
+    reloader: Reloader[argparse.Namespace] = Reloader(log, None,
+                                                      lambda new: reload(args, new, operations))
     try:
-        trio.run(_serve_until_stopped)
+        trio.run(_serve_until_stopped, args.mountpoint, reloader)
         fs.flush_all()
     finally:
         pyfuse3.close(unmount=True)
