@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Protocol
 
 from os_ken import cfg
 from os_ken.base import app_manager
@@ -84,7 +85,16 @@ def _view(settings: Settings, log_level: str) -> dict[str, object]:
             "log_level": log_level}
 
 
-def reload(app: MetaFlowApp, new_args: argparse.Namespace) -> Outcome:
+class Reconfigurable(Protocol):
+    """What a reload changes: the app (`MetaFlowApp`), or its core alone."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def reconfigure(self, new: Settings) -> Settings: ...
+
+
+def reload(app: Reconfigurable, new_args: argparse.Namespace) -> Outcome:
     """Re-read flags (`new_args`, the file over the command line) applied to the
     running controller: the log level and `LIVE_SETTINGS`; the rest is named for
     a restart. Checked in full first (InvalidArgument), so a bad value changes nothing."""
