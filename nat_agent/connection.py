@@ -40,7 +40,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Coroutine
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from client_lib.resp import (
     OK,
@@ -50,7 +50,10 @@ from client_lib.resp import (
     ProtocolError,
     encode_reply,
 )
-from nat_agent._fastpath import CommandParser, FastLane
+from nat_agent.extension import command_parser
+
+if TYPE_CHECKING:
+    from nat_agent.extension import FastLane
 
 log = logging.getLogger("metaflow.agent.service")
 
@@ -144,7 +147,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, host: Host) -> None:
         self.host = host
-        self.parser = CommandParser(max_bulk=host.max_bulk, limit=host.arg_limit)
+        self.parser = command_parser(host.max_bulk, host.arg_limit)
         self.transport: asyncio.Transport  # set by connection_made, before any other callback
         self.peer: object = None
         self.ident = 0

@@ -50,7 +50,8 @@ The compiled path (`nat_agent._fastpath.FastLane`, ``--request-path``): GET,
 SET, EXISTS and PING are answered in Rust where the answer is a plain success
 that needs no waiting (the table of `Ownership.fast_ranges`, a store with
 `record_access`); this class answers everything else, words every error, and
-is the oracle the lane is tested against.
+is the oracle the lane is tested against. An install without the extension
+(`nat_agent.extension`) has no lane: this class answers everything.
 
 Limits, so that this port, which faces every client of the file system,
 cannot be starved by one of them (the mechanics are in `connection.py`):
@@ -80,7 +81,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from client_lib.constants import ELIST_DEFAULT, ELIST_MAX, MAX_KEY, MAX_VALUE, METAFLOW_PORT
 from client_lib.mdid import PATH_MAX, entry_key, mdid_of_key, normalize_key
@@ -95,7 +96,6 @@ from client_lib.resp import (
     parse_moved,
 )
 from client_lib.version import version
-from nat_agent._fastpath import ArgLimits, FastLane, ServiceLoop
 from nat_agent.agent import Agent
 from nat_agent.anyip import transparent_listener
 from nat_agent.connection import (
@@ -110,10 +110,14 @@ from nat_agent.connection import (
     settled,
     sweep,
 )
+from nat_agent.extension import FAST_LANE, SERVICE_LOOP, arg_limits
 from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
 from nat_agent.store import Condition, IfEqual, InDirectory
+
+if TYPE_CHECKING:
+    from nat_agent.extension import FastLane, ServiceLoop
 
 log = logging.getLogger("metaflow.agent.service")
 T = TypeVar("T")
@@ -210,7 +214,7 @@ class MetadataService:
         self.stats: Counter[str] = Counter()
         # Only values may be long (SET's, IFEQ's and ECREATE's); every other
         # argument is a key, a name or a word.
-        self.arg_limit: ArgLimit = ArgLimits(MAX_KEY, limits.max_value, list(_VALUES_FROM.items()))
+        self.arg_limit: ArgLimit = arg_limits(MAX_KEY, limits.max_value, list(_VALUES_FROM.items()))
         self._connections: set[Connection] = set()
         self._started = time.monotonic()
         self._server: asyncio.AbstractServer | None = None
@@ -253,12 +257,12 @@ class MetadataService:
 
     def _fast_lane(self) -> FastLane | None:
         access = self.store.record_access()
-        if access is None:
-            return None
-        return FastLane(space=self.space, max_length=PATH_MAX, access=access, writing=self.writing,
-                        stats=self.stats, counters=[(name, spec[3]) for name, spec in self._commands.items()
-                                                    if name in FAST_COMMANDS], total="compiled_requests",
-                        buckets=Buckets.of(self.space))
+        if access is None or FAST_LANE is None:
+            return None  # a store the lane cannot read, or no extension (`nat_agent.extension`)
+        return FAST_LANE(space=self.space, max_length=PATH_MAX, access=access, writing=self.writing,
+                         stats=self.stats, counters=[(name, spec[3]) for name, spec in self._commands.items()
+                                                     if name in FAST_COMMANDS], total="compiled_requests",
+                         buckets=Buckets.of(self.space))
 
     def lane(self) -> FastLane | None:
         """The compiled path, its table in step with the ownership view."""
@@ -313,7 +317,8 @@ class MetadataService:
         def handoff(*handed: Any) -> None:  # on a worker thread
             loop.call_soon_threadsafe(self._serve_handed, *handed)
 
-        self._workers = ServiceLoop(
+        assert SERVICE_LOOP is not None  # there is a lane
+        self._workers = SERVICE_LOOP(
             listeners=[sock.detach() for sock in listeners], lane=lane, ownership=self.ownership,
             handoff=handoff, stats=self.stats, log=log, arg_limit=self.arg_limit, max_bulk=self.max_bulk,
             unsent=(UNSENT_HIGH, UNSENT_LOW), flush_bytes=FLUSH_BYTES, read_ahead=READ_AHEAD,
