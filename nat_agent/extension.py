@@ -29,6 +29,9 @@ SERVICE_LOOP: type[ServiceLoop] | None
 """The compiled worker threads' class (only ever started with a lane)."""
 UNAVAILABLE: str | None
 """None when the extension is imported; else why it could not be."""
+PYTHON_PATH_NOTICE = "serving every request through the Python path"
+"""What the agent logs once at start, after `UNAVAILABLE`, when it has no
+extension (the tests and `make check-install` look for it)."""
 
 try:
     import nat_agent._fastpath as _fastpath

@@ -22,9 +22,7 @@ import redis
 
 from client_lib.constants import DEFAULT_SPACE_CIDR
 from mininet_scenarios.daemons import AgentProcess
-
-NOTICE = "serving every request through the Python path"
-"""What the agent logs (`nat_agent.daemon`) when it has no extension."""
+from nat_agent.extension import PYTHON_PATH_NOTICE
 
 HIDE_EXTENSION = '''\
 import sys
@@ -74,7 +72,7 @@ def test_without_the_extension_the_agent_says_so_once_and_serves_through_python(
     with _agent(tmp_path) as agent:
         info = _set_get_info(agent)
         log = agent.log()
-    assert log.count(NOTICE) == 1, log
+    assert log.count(PYTHON_PATH_NOTICE) == 1, log
     assert "nat_agent._fastpath cannot be imported: No module named 'nat_agent._fastpath'" in log
     assert (info["cmd_set"], info["cmd_get"]) == (1, 1)
     assert "compiled_requests" not in info
@@ -84,5 +82,5 @@ def test_with_the_extension_the_compiled_lane_answers(tmp_path: Path) -> None:
     with _agent(tmp_path) as agent:
         info = _set_get_info(agent)
         log = agent.log()
-    assert NOTICE not in log
+    assert PYTHON_PATH_NOTICE not in log
     assert (info["cmd_set"], info["cmd_get"], info["compiled_requests"]) == (1, 1, 2)
