@@ -40,7 +40,7 @@ FASTPATH_CRATE := nat_agent/fastpath
 FASTPATH_SOURCES := $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Cargo.toml $(FASTPATH_CRATE)/Cargo.lock
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
-.PHONY: setup apt mininet-link ovs test unit lint typecheck check-install demo bench bench-quick \
+.PHONY: setup apt mininet-link ovs test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
         bench-flowtables bench-agent bench-failover bench-hotspot chaos bench-replication bench-fs bench-fig20 plan clean
 
 setup: apt $(STAMP) mininet-link ovs
@@ -70,7 +70,7 @@ apt:
 	$(call apt_install,$(APT_PACKAGES))
 
 # Every role's extra, so the venv runs every test, benchmark and check.
-EXTRAS := agent,controller,bench,fs,test,dev
+EXTRAS := agent,controller,bench,fs,test,dev,docs
 
 # After apt (order only): pyfuse3 and NetfilterQueue build against its
 # libraries. Again when the crate changes: that is what rebuilds the extension.
@@ -81,8 +81,9 @@ $(STAMP): pyproject.toml $(FASTPATH_SOURCES) | apt
 	$(WITH_CARGO) $(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
-# ruff and mypy (pyproject.toml says what each checks) gate `make test`.
-STATIC_CHECKS := lint typecheck
+# ruff and mypy (pyproject.toml says what each checks), and the documentation
+# built strictly, gate `make test`.
+STATIC_CHECKS := lint typecheck docs-check
 
 # The unit tests are pure and CPU-bound: both cores (pytest-xdist). The rest
 # start daemons, networks and mounts whose timeouts assume a machine that is
@@ -99,6 +100,24 @@ typecheck: setup
 
 unit: setup
 	$(PY) -m pytest -q tests/unit
+
+# The documentation site (mkdocs.yml, docs/). `docs` regenerates the flag tables
+# from the parsers (docs/flag_tables.py) and builds the site into site/;
+# `docs-check` builds it strictly into a throwaway directory, so a broken link or
+# anchor, or a page missing from the navigation, fails `make test` (that the flag
+# tables match the parsers is a unit test). `docs-serve` serves it while editing.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+
+docs: setup
+	$(PY) -m docs.flag_tables
+	$(MKDOCS) build --strict --site-dir site
+
+docs-check: setup
+	@set -e; out=$$(mktemp -d /tmp/metaflow-site.XXXXXX); trap 'rm -rf "$$out"' EXIT; \
+	$(MKDOCS) build --strict --site-dir "$$out"
+
+docs-serve: setup
+	$(MKDOCS) serve --strict
 
 # The distribution as a user gets it: an sdist of this tree's non-ignored
 # files, and the wheel `build` makes from that sdist (so the sdist's crate
@@ -217,4 +236,4 @@ bench-fig20: setup
 	$(PY) -m benchmarks.fig20 --out benchmarks/results $(BENCH_FIG20_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build $(FASTPATH_CRATE)/target nat_agent/_fastpath*.so
+	rm -rf $(VENV) .pytest_cache .hypothesis build $(FASTPATH_CRATE)/target nat_agent/_fastpath*.so site

@@ -49,7 +49,7 @@ from client_lib.resp import ErrorReply, encode_command
 
 SCHEMES = ("metaflow", "hash", "central", "onehop", "chord", "ghba")
 DFS_CHUNK = 256 * 1024
-"""Bytes of file data per request in the dfs phase (`client_lib.filedata`'s chunk)."""
+"""Bytes of file data per request in the dfs phase (`client_lib.fs.filedata`'s chunk)."""
 
 
 class Router:

@@ -1,7 +1,7 @@
 """`metaflowctl plan` and `metaflowctl bench`: their arguments and how they run.
 
-`controller.ctl` (the `metaflowctl` entry point) imports this module only
-when one of the two is chosen: plan needs the pure core and tqdm, and bench
+metaflowctl imports this module (through `benchmarks.ctl`) only when one
+of the two is chosen: plan needs the pure core and tqdm, and bench
 (imported only by its own functions) numpy, the agent and Mininet, none of
 which the client role installs.
 """

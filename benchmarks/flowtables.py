@@ -4,7 +4,7 @@ Runs `metaflowctl plan` on the paper's two settings (fat-tree of 32-port
 switches with 2000 servers; the three-tier testbed with 200 servers) for each
 variant (paper, exact50, optimized), key distribution (uniform, skewed) and
 bootstrap (organic, preallocate), then writes benchmarks/results/flowtables.json, a
-Markdown table for the README, and a PNG plot. Usage:
+Markdown table for docs/benchmarks/flowtables.md, and a PNG plot. Usage:
 
     python -m benchmarks.flowtables [--out benchmarks/results] [--quick] [--report-only]
 """

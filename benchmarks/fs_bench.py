@@ -3,7 +3,7 @@
 1. **Key scheme.** Renaming a directory with n descendants: with the paper's
    full-path keys every descendant is re-keyed (read, written under its new
    path, deleted under the old one: 3 requests each, each to its own
-   server); with (parent inode, name) keys, `client_lib.namespace`'s, it is
+   server); with (parent inode, name) keys, `client_lib.fs.namespace`'s, it is
    one rename of one entry, whatever n. Requests and milliseconds per
    rename, on one standalone agent.
 2. **The mount against a central metadata server.** The same FUSE client
@@ -48,7 +48,7 @@ from benchmarks import mdtest
 from benchmarks.publish import publish
 from client_lib.client import MetaFlowClient
 from client_lib.constants import DEFAULT_SPACE_CIDR
-from client_lib.namespace import Namespace
+from client_lib.fs.namespace import Namespace
 from mininet_scenarios.daemons import AgentProcess
 from mininet_scenarios.fs_mount import FuseMount
 from nat_agent.redis_server import RedisServer

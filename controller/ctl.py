@@ -6,11 +6,14 @@
     metaflowctl plan [...]     metaflowctl bench [...]
 
 Each subcommand lives next to what it drives (`controller.status`,
-`client_lib.ctl`, `benchmarks.commands`); this module only names them. A
-subcommand's module is imported only when that subcommand is chosen, so
-status, get/put/del/stat and secret run with the client role alone (the
-standard library), and only plan and bench bring in the pure core, numpy
-and Mininet.
+`client_lib.ctl`); this module only names its own. Other packages contribute
+theirs through the entry-point group `COMMAND_GROUP` (the benchmarks' plan
+and bench: `benchmarks.ctl`, declared in pyproject.toml), so the controller
+names no package above it. A subcommand's module is imported only when that
+subcommand is chosen, and contributed ones are looked up only when the
+chosen command is not one of metaflowctl's own: status, get/put/del/stat
+and secret run with the client role alone (the standard library), and only
+plan and bench bring in the pure core, numpy and Mininet.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from client_lib.version import add_version_flag
@@ -28,8 +32,16 @@ Setup = Callable[[argparse.ArgumentParser], Runner]
 """Adds a subcommand's arguments (importing what it needs) and returns how to run it."""
 
 
+COMMAND_GROUP = "metaflowctl.commands"
+"""The entry-point group through which a package adds subcommands: each entry
+is named after its subcommand and refers to a `Command`."""
+
+
 @dataclass(frozen=True)
 class Command:
+    """A subcommand: its one-line help, how it sets up its arguments, and a
+    longer description for its own --help (the help line if none)."""
+
     help: str
     setup: Setup
     description: str | None = None
@@ -74,20 +86,6 @@ def _run_secret(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(p: argparse.ArgumentParser) -> Runner:
-    from benchmarks.commands import add_plan_arguments, run_plan_command
-
-    add_plan_arguments(p)
-    return run_plan_command
-
-
-def _bench(p: argparse.ArgumentParser) -> Runner:
-    from benchmarks.commands import add_bench_arguments, run_bench_command
-
-    add_bench_arguments(p)
-    return run_bench_command
-
-
 COMMANDS: dict[str, Command] = {
     "status": Command("the controller's tree, servers, flow tables and recent events", _status,
                       "Read every view of the controller's REST API and print a summary (or JSON)."),
@@ -97,27 +95,28 @@ COMMANDS: dict[str, Command] = {
     "stat": Command("print a path's metadata as fields", _key_command(put=False)),
     "secret": Command("make a new cluster secret (for every --secret-file)", _secret,
                       "Print a new random secret, or write it to FILE readable by its owner only."),
-    "plan": Command("simulate growth on a topology and report flow-table sizes", _plan,
-                    "Generate N file paths, hash them to MetaDataIDs, insert them with capacity-driven "
-                    "splits, verify every ID through a fake network of the generated flow tables, and "
-                    "report entries per switch per layer."),
-    "bench": Command("MetaFlow vs hash, central, One-Hop, Chord and G-HBA in one Mininet run (root)",
-                     _bench,
-                     "Bring up a k=4 fat-tree in Mininet with the controller, agents and lookup servers, "
-                     "load a namespace, then run every scheme in turn at rising concurrency with "
-                     "interleaved repetitions; print a table, write JSON and plots."),
 }
+
+
+def every_command() -> dict[str, Command]:
+    """metaflowctl's own subcommands, then those installed packages declare in
+    `COMMAND_GROUP` (one of its own names is not theirs to take)."""
+    contributed = {entry.name: entry.load() for entry in metadata.entry_points(group=COMMAND_GROUP)
+                   if entry.name not in COMMANDS}
+    return {**COMMANDS, **contributed}
 
 
 def build_parser(chosen: str | None) -> argparse.ArgumentParser:
     """The parser, with the arguments of the `chosen` subcommand only (the
-    others are listed by name and help, without importing anything)."""
+    others are listed by name and help, without importing what they run;
+    the contributed ones only if `chosen` is not one of metaflowctl's own)."""
     parser = argparse.ArgumentParser(
         prog="metaflowctl", description="The operator's tool: a cluster's status, metadata by path, "
                                         "secrets, the planner and the benchmark.")
     add_version_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, command in COMMANDS.items():
+    commands = COMMANDS if chosen in COMMANDS else every_command()
+    for name, command in commands.items():
         p = sub.add_parser(name, help=command.help, description=command.description or command.help)
         if name == chosen:
             p.set_defaults(func=command.setup(p))

@@ -21,8 +21,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from client_lib.api.auth import Verifier
 from client_lib.api.rest import REST
-from client_lib.api.server import Call, Dispatcher, wsgi_app
 from client_lib.errors import ApiError
+from client_lib.server.api import Call, Dispatcher, wsgi_app
 from controller.core import MetaFlowCore
 from controller.steps import FailNow, Heartbeat, Register, SplitNow
 

@@ -6,12 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 from client_lib.cidr import Block
-from client_lib.resp import ArgLimit
 from nat_agent.ops_meter import Buckets
+from nat_agent.resp_commands import ArgLimit
 from nat_agent.store import RecordAccess
 
 class CommandParser:
-    """The command side of `client_lib.resp.RespParser`, compiled: same limits,
+    """`nat_agent.resp_commands.CommandParser`, compiled: same limits,
     same refusals, same exceptions and messages."""
 
     def __init__(self, max_bulk: int = ..., max_args: int = ..., max_line: int = ...,
@@ -25,7 +25,7 @@ class CommandParser:
 
 class ArgLimits:
     """Per-argument limits as data (`key` bytes, or `value` bytes from the
-    index `values_from` gives for a command on); a `client_lib.resp.ArgLimit`."""
+    index `values_from` gives for a command on); a `nat_agent.resp_commands.ArgLimit`."""
 
     def __init__(self, key: int, value: int, values_from: list[tuple[bytes, int]]) -> None: ...
     def __call__(self, name: bytes, index: int) -> int: ...

@@ -23,7 +23,7 @@ where every client can reach port 9000 by design: signatures keep
 strangers from changing anything, but a port they cannot reach is also
 one they cannot flood.
 
-Statuses (`client_lib.api.server.status_of`): 400 malformed or impossible
+Statuses (`client_lib.server.api.status_of`): 400 malformed or impossible
 request, 401 not signed, 404 unknown migration or import, 409 contradicts
 the current ownership (`OwnershipError`: an assignment older than the epoch
 held, a sync of a block this agent is not the primary of at that epoch) or
@@ -57,7 +57,7 @@ from client_lib.api.admin import (
 )
 from client_lib.api.auth import Verifier
 from client_lib.api.route import Route
-from client_lib.api.server import MAX_BODY, Call, Dispatcher
+from client_lib.server.api import MAX_BODY, Call, Dispatcher
 from nat_agent.agent import Agent
 from nat_agent.migration import Migrator, decode_records
 from nat_agent.ops_meter import OpsMeter

@@ -42,15 +42,9 @@ from collections import Counter
 from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from client_lib.resp import (
-    OK,
-    ArgLimit,
-    ArgumentTooLarge,
-    ErrorReply,
-    ProtocolError,
-    encode_reply,
-)
+from client_lib.resp import OK, ErrorReply, ProtocolError
 from nat_agent.extension import command_parser
+from nat_agent.resp_commands import ArgLimit, ArgumentTooLarge, encode_reply
 
 if TYPE_CHECKING:
     from nat_agent.extension import FastLane

@@ -71,7 +71,9 @@ def _hostport(text: str, default_port: int) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"bad address {text!r}: want HOST:PORT") from None
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """Every flag of `metaflow-agent`, declared once: `parse_args` reads a
+    command line with it and docs/reference/flags.md is generated from it."""
     p = argparse.ArgumentParser(
         prog="metaflow-agent",
         description="MetaFlow storage-server agent: MetaDataID rewrite, metadata service "
@@ -147,6 +149,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="INFO",
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level")
     add_version_flag(p)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
     try:
         args.space = Block.parse(args.space)

@@ -5,10 +5,10 @@ platform wheels and by the editable install (pyproject.toml,
 [tool.setuptools-rust]). An install without it (an sdist on a machine
 without cargo, a work tree not set up by `make`, a wheel of another
 platform unpacked by hand) still has everything the compiled path does in
-Python, since the Python path is its oracle: `client_lib.resp.RespParser`
-for `CommandParser`, `MetadataService`'s handlers for `FastLane`. The agent
-then serves every request through Python, slower, as redis-py does without
-hiredis; `daemon` logs `UNAVAILABLE` once at start.
+Python, since the Python path is its oracle: `resp_commands.CommandParser`
+for the compiled `CommandParser`, `MetadataService`'s handlers for
+`FastLane`. The agent then serves every request through Python, slower, as
+redis-py does without hiredis; `daemon` logs `UNAVAILABLE` once at start.
 
 `tests/unit/test_extension.py` keeps every other module from importing the
 extension itself, so this is the only place the decision is made.
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from client_lib.resp import ArgLimit, RespParser
+from nat_agent import resp_commands
+from nat_agent.resp_commands import ArgLimit
 
 if TYPE_CHECKING:
     from nat_agent._fastpath import CommandParser, FastLane, ServiceLoop
@@ -46,12 +47,12 @@ else:
 def command_parser(max_bulk: int, limit: ArgLimit | None) -> CommandParser:
     """A command parser for one connection: the compiled one, which a lane
     reads commands from directly, or without the extension its oracle,
-    `RespParser`, which has the same methods, limits, errors and messages
-    (tests/unit/test_fastpath.py). Typed as the compiled one because only
+    `resp_commands.CommandParser`, which has the same methods, limits,
+    errors and messages (tests/unit/test_fastpath.py). Typed as the compiled one because only
     that one ever reaches a lane: there is no lane without the extension."""
     if UNAVAILABLE is None:
         return _fastpath.CommandParser(max_bulk=max_bulk, limit=limit)
-    return cast("CommandParser", RespParser(max_bulk=max_bulk, limit=limit))
+    return cast("CommandParser", resp_commands.CommandParser(max_bulk=max_bulk, limit=limit))
 
 
 def arg_limits(key: int, value: int, values_from: list[tuple[bytes, int]]) -> ArgLimit:

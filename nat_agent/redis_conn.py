@@ -14,7 +14,7 @@ the store needs:
   ``transport.write``, so a MULTI ... EXEC block is contiguous on the wire
   and no other caller's command can land inside it.
 
-RESP is parsed by `client_lib.resp`, the parser the metadata service uses.
+Replies are parsed by `client_lib.resp`, the reply parser MetaFlow's client uses.
 WATCH, SUBSCRIBE and other connection-state commands other than the
 initial SELECT are unsupported: the connection is shared, so such state
 would leak between callers. For the same reason a blocking command (BLPOP)

@@ -49,11 +49,12 @@ from client_lib.api.auth import Verifier
 from client_lib.cidr import Block
 from client_lib.constants import MAX_KEY
 from client_lib.errors import AuthError
-from client_lib.resp import OK, ArgumentTooLarge, ErrorReply, ProtocolError, Reply, encode_reply
+from client_lib.resp import OK, ErrorReply, ProtocolError, Reply
 from nat_agent.agent import Agent
 from nat_agent.connection import resume
 from nat_agent.extension import command_parser
 from nat_agent.replication import check_hello
+from nat_agent.resp_commands import ArgumentTooLarge, encode_reply
 from nat_agent.store import decode_path
 
 log = logging.getLogger("metaflow.agent.replica")

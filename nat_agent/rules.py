@@ -50,7 +50,7 @@ Mode = Literal["local", "kernel", "nfqueue", "none"]
 MODES: tuple[str, ...] = get_args(Mode)
 DEFAULT_MODE: Mode = "local"
 """What the agent and the scenarios run unless told otherwise: it measured
-cheapest (`benchmarks.nat_cost`, README)."""
+cheapest (`benchmarks.nat_cost`, docs/benchmarks/baselines.md)."""
 
 
 DEFAULT_QUEUE_NUM = METAFLOW_PORT

@@ -85,16 +85,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from client_lib.constants import ELIST_DEFAULT, ELIST_MAX, MAX_KEY, MAX_VALUE, METAFLOW_PORT
 from client_lib.mdid import PATH_MAX, entry_key, mdid_of_key, normalize_key
-from client_lib.resp import (
-    OK,
-    PONG,
-    ArgLimit,
-    ErrorReply,
-    Reply,
-    encode_reply,
-    moved_message,
-    parse_moved,
-)
+from client_lib.resp import OK, PONG, ErrorReply, Reply, moved_message, parse_moved
 from client_lib.version import version
 from nat_agent.agent import Agent
 from nat_agent.anyip import transparent_listener
@@ -114,6 +105,7 @@ from nat_agent.extension import FAST_LANE, SERVICE_LOOP, arg_limits
 from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
+from nat_agent.resp_commands import ArgLimit, encode_reply
 from nat_agent.store import Condition, IfEqual, InDirectory
 
 if TYPE_CHECKING:
@@ -158,7 +150,7 @@ _UNSUPPORTED = {
 
 DEFAULT_WORKERS = 1
 """Threads serving the port: one measured best on this project's 2-core
-machines, where the clients share the cores (README, `make bench-agent`)."""
+machines, where the clients share the cores (docs/benchmarks/agent.md, `make bench-agent`)."""
 
 
 @dataclass(frozen=True)

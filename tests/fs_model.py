@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from client_lib import NamespaceError
+from client_lib.fs.namespace import Attributes, Namespace
 from client_lib.mdid import entry_key, normalize_key
-from client_lib.namespace import Attributes, Namespace
 
 Tree = dict[int, dict[str, tuple[str, int]]]
 """Directories by inode: {name: (kind, ino)}."""

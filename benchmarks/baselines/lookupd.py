@@ -44,9 +44,10 @@ from benchmarks.baselines.placement import Chord
 from benchmarks.baselines.rpc import RpcError, RpcPool, expect
 from client_lib.cidr import Block
 from client_lib.constants import LOOKUP_PORT
-from client_lib.resp import ErrorReply, Reply, encode_reply
+from client_lib.resp import ErrorReply, Reply
 from client_lib.version import add_version_flag
 from nat_agent.connection import Client, Connection
+from nat_agent.resp_commands import encode_reply
 
 log = logging.getLogger("metaflow.lookupd")
 
@@ -248,7 +249,9 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """Every flag of `metaflow-lookupd`, declared once: `main` reads a
+    command line with it and docs/reference/flags.md is generated from it."""
     p = argparse.ArgumentParser(prog="metaflow-lookupd", description=__doc__.splitlines()[0])
     add_version_flag(p)
     p.add_argument("--name", required=True, help="this server's name in the membership")
@@ -256,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
                                                        "coordinator, group_size")
     p.add_argument("--listen", default=f"0.0.0.0:{LOOKUP_PORT}", help="HOST:PORT")
     p.add_argument("--log-level", default="WARNING")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s lookupd %(levelname)s %(message)s")
     import uvloop
     return uvloop.run(serve(args))

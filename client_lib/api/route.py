@@ -3,9 +3,8 @@ whether it changes anything.
 
 `client_lib.api.admin` (the agent's admin API) and `client_lib.api.rest`
 (the controller's REST API) are lists of these. The servers dispatch by
-them (`client_lib.api.server`), and the clients build requests from them
-(`client_lib.api.http`, `client_lib.api.aio`), so no route or body is ever
-spelled out twice.
+them (`client_lib.server.api`), and the clients build requests from them
+(`client_lib.api.clients`), so no route or body is ever spelled out twice.
 """
 
 from __future__ import annotations

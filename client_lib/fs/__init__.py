@@ -1,1 +1,16 @@
-"""A file system on MetaFlow: the core (`core`) and its FUSE mount (`mount`)."""
+"""A file system on MetaFlow, kept apart from the client it is built on.
+
+Its own subpackage so that the client library (`client_lib` outside this
+folder: the wire contract and the client) stays what `btree/` and the
+daemons stand on, with no file system in it; only this package imports
+itself (tests/unit/test_layers.py). From the bottom up:
+
+    records    the record store a namespace runs over, as a protocol
+    inode      the records: attributes, directory entries, intents
+    namespace  the POSIX-like operations over those records
+    filedata   file contents in checksummed chunks
+    core       the inode-numbered file system a FUSE mount serves
+    central    the records in one central redis-server (the baseline)
+    mount      the FUSE shim (the ``fs`` extra: pyfuse3, trio)
+    cli        the ``metaflow-fs`` command
+"""

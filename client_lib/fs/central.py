@@ -69,7 +69,7 @@ return redis.call('DEL', KEYS[1])
 
 
 class CentralRecords:
-    """`client_lib.records.Records` over one redis-server; thread-safe (a
+    """`client_lib.fs.records.Records` over one redis-server; thread-safe (a
     connection per thread). Failures are `Unavailable` (no retries: the
     baseline is one server, which is up or not)."""
 

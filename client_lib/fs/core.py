@@ -40,9 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from client_lib.errors import NamespaceError
-from client_lib.filedata import CHUNK_SIZE, FileData
-from client_lib.inode import Attributes
-from client_lib.namespace import Namespace
+from client_lib.fs.filedata import CHUNK_SIZE, FileData
+from client_lib.fs.inode import Attributes
+from client_lib.fs.namespace import Namespace
 
 __all__ = ["DirectoryPage", "FileSystem"]
 

@@ -37,12 +37,12 @@ import trio
 from client_lib.client import MetaFlowClient, host_port
 from client_lib.ctl import add_connection, client_from
 from client_lib.errors import InvalidArgument, MetaFlowError, NamespaceError
-from client_lib.filedata import CHUNK_SIZE, ChecksumMismatch, FileData
 from client_lib.fs.central import CentralRecords
 from client_lib.fs.core import FileSystem
-from client_lib.inode import ROOT, Attributes
+from client_lib.fs.filedata import CHUNK_SIZE, ChecksumMismatch, FileData
+from client_lib.fs.inode import ROOT, Attributes
+from client_lib.fs.namespace import Namespace
 from client_lib.mdid import NAME_MAX
-from client_lib.namespace import Namespace
 
 log = logging.getLogger("metaflow.fs")
 T = TypeVar("T")
@@ -268,7 +268,9 @@ def _redis_address(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """Every flag of `metaflow-fs`, declared once: `parse_args` reads a
+    command line with it and docs/reference/flags.md is generated from it."""
     p = argparse.ArgumentParser(prog="metaflow-fs", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mountpoint", help="an existing, empty directory")
@@ -286,6 +288,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "a central metadata server is; the connection arguments are then unused)")
     p.add_argument("--allow-other", action="store_true", help="let other users than the mounting one in")
     p.add_argument("--debug", action="store_true", help="log every failure in full, and FUSE's own debug")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
     if args.attr_timeout < 0 or args.entry_timeout < 0:
         p.error("cache timeouts must not be negative")

@@ -21,7 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from client_lib.api.auth import Verifier
 from client_lib.api.route import Route
-from client_lib.api.server import Call, Dispatcher
+from client_lib.server.api import Call, Dispatcher
 
 
 class _Quiet(WSGIRequestHandler):

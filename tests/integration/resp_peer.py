@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from client_lib.resp import RespParser
+from nat_agent.resp_commands import CommandParser
 
 Behaviour = Callable[[socket.socket], None]
 Answer = Callable[[list[bytes]], bytes | None]
@@ -63,7 +63,7 @@ def resp(answer: Answer, delay: float = 0.0) -> Behaviour:
     """A RESP server: each command gets `answer(command)` after `delay`;
     None closes the connection."""
     def behaviour(conn: socket.socket) -> None:
-        parser = RespParser()
+        parser = CommandParser()
         while data := conn.recv(65536):
             parser.feed(data)
             while (command := parser.next_command()) is not None:
@@ -97,7 +97,7 @@ def value(_command: list[bytes]) -> bytes:
 
 def close_after_one(conn: socket.socket) -> None:
     """Answer one request, then close: a server reclaiming an idle connection."""
-    parser = RespParser()
+    parser = CommandParser()
     while data := conn.recv(65536):
         parser.feed(data)
         if parser.next_command() is not None:

@@ -14,9 +14,9 @@ from client_lib.api import codec
 from client_lib.api.admin import ADMIN, Assigned, AssignRequest, Health, Member, MigrationList, Role
 from client_lib.api.auth import Verifier
 from client_lib.api.clients import ApiClient, AsyncApiClient
-from client_lib.api.server import Call, Dispatcher, wsgi_app
 from client_lib.cidr import Block
 from client_lib.errors import ApiError, AuthError, Conflict, NotFound
+from client_lib.server.api import Call, Dispatcher, wsgi_app
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 SPACE = Block.parse("100.64.0.0/10")

@@ -32,13 +32,14 @@ from hypothesis import strategies as st
 from client_lib.api.admin import Member, Role
 from client_lib.cidr import Block
 from client_lib.mdid import PATH_MAX, mdid_of_key, normalize_key
-from client_lib.resp import encode_command, encode_reply
+from client_lib.resp import encode_command
 from nat_agent._fastpath import FastLane, route
 from nat_agent.agent import Agent, Identity
 from nat_agent.connection import Connection
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.ops_meter import Buckets
 from nat_agent.replication import Replicator
+from nat_agent.resp_commands import encode_reply
 from nat_agent.service import MetadataService, ServiceLimits
 from nat_agent.store import Record
 

@@ -1,4 +1,4 @@
-"""File contents in chunks (`client_lib.filedata`) on a real agent, against a
+"""File contents in chunks (`client_lib.fs.filedata`) on a real agent, against a
 bytearray: random writes, reads, truncates and the reclaim on unlink; a chunk
 that changed on disk is refused; concurrent writers to one chunk lose nothing."""
 
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client_lib import MetaFlowClient
-from client_lib.filedata import ChecksumMismatch, FileData, chunk_key
+from client_lib.fs.filedata import ChecksumMismatch, FileData, chunk_key
 
 SMALL = 64   # bytes per chunk in the model test: many chunk boundaries in a few hundred bytes
 

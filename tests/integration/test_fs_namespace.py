@@ -1,4 +1,4 @@
-"""The file-system namespace (`client_lib.namespace`) on real agents, against
+"""The file-system namespace (`client_lib.fs.namespace`) on real agents, against
 the POSIX model of `tests.fs_model`: random sequences of mkdir, create,
 symlink, unlink, rmdir, setattr, rename and lookup give the same results and
 errno values, and leave the same tree, with the space split between two
@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from client_lib import MetaFlowClient, NamespaceError
 from client_lib.fs.central import CentralRecords
-from client_lib.namespace import Namespace, directory_key
-from client_lib.records import Records
+from client_lib.fs.namespace import Namespace, directory_key
+from client_lib.fs.records import Records
 from mininet_scenarios.daemons import AgentProcess
 from tests.fs_model import Model, run_op, visible_tree
 
@@ -186,7 +186,7 @@ def test_concurrent_creators_and_renamers_into_one_directory(client: Records) ->
 RENAMER = """
 import sys
 from client_lib import MetaFlowClient, NamespaceError
-from client_lib.namespace import Namespace
+from client_lib.fs.namespace import Namespace
 from tests.two_servers import route_by_halves
 low, high = (tuple(x.split(":")) for x in sys.argv[1:3])
 root, a, b = (int(x) for x in sys.argv[3:6])

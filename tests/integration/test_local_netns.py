@@ -73,7 +73,7 @@ print(json.dumps({{"results": results}}))
 @pytest.mark.parametrize("quit_first", [False, True], ids=["open-together", "one-after-another"])
 def test_one_client_port_reaches_many_ids(served: tuple[NetnsPair, AgentProcess], quit_first: bool) -> None:
     """Issue 13: after a rewrite, connections from one client port to two
-    mdids of one server are one 4-tuple at the server; the README records
+    mdids of one server are one 4-tuple at the server; docs/limits.md records
     the second being reset and retried about 1 s late on the fabric.
     Without a rewrite they are different connections, each answered at
     once from its mdid, whether open together or one after another.

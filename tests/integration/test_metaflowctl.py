@@ -36,9 +36,9 @@ from client_lib.api.rest import (
     ServersView,
     TreeView,
 )
-from client_lib.api.server import Call, Dispatcher, wsgi_app
 from client_lib.cidr import Block
 from client_lib.errors import NotFound
+from client_lib.server.api import Call, Dispatcher, wsgi_app
 from controller.ctl import main
 from controller.status import Status
 from mininet_scenarios.daemons import ROOT
@@ -268,3 +268,22 @@ def test_client_commands_load_no_third_party_module() -> None:
     assert probe.returncode == 0, probe.stderr
     third_party, heavy_ours = probe.stdout.splitlines()[-2:]
     assert third_party == "" and heavy_ours == ""
+
+
+def test_the_benchmarks_subcommands_come_from_the_installed_entry_points() -> None:
+    """plan and bench are listed and run as before, found through the installed
+    distribution's `metaflowctl.commands` entry points (after `make setup`
+    installed this pyproject.toml), with no import of the benchmarks by the
+    controller's own code."""
+    listed = _run("from controller.ctl import main", "main(['--help'])")
+    assert listed.returncode == 0, listed.stderr
+    names = {line.split()[0] for line in listed.stdout.splitlines() if line.startswith("    ")}
+    assert {"plan", "bench", "status", "secret"} <= names
+    plan = _run("from controller.ctl import main",
+                "import sys; sys.exit(main(['plan', '--topology', 'fattree', '--k', '4', '--servers', '8', "
+                "'--keys', '2000', '--json']))")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout.splitlines()[-1])["verified"] is True
+    for command, option in (("plan", "--table-budget"), ("bench", "--schemes")):
+        helped = _run("from controller.ctl import main", f"main(['{command}', '--help'])")
+        assert helped.returncode == 0 and option in helped.stdout, helped.stderr

@@ -37,13 +37,13 @@ from client_lib.api.admin import (
     Role,
 )
 from client_lib.api.auth import load_secret
-from client_lib.api.server import Call
 from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, RetryPolicy, Unavailable
 from client_lib.constants import MAX_VALUE
 from client_lib.errors import ApiError, Conflict, NotFound
 from client_lib.mdid import mdid
 from client_lib.resp import encode_command
+from client_lib.server.api import Call
 from mininet_scenarios.daemons import AgentProcess
 from tests.integration.fake_api import FakeApi, Listener
 

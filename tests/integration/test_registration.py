@@ -22,11 +22,11 @@ import pytest
 from client_lib.api.admin import ADMIN, AssignRequest, Member, Role
 from client_lib.api.auth import load_secret, write_secret
 from client_lib.api.rest import REST, Ack, Heartbeat, Registered, Registration
-from client_lib.api.server import Call
 from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, RetryPolicy, Unavailable
 from client_lib.errors import Conflict, NotFound
 from client_lib.mdid import mdid
+from client_lib.server.api import Call
 from mininet_scenarios.daemons import ROOT, AgentProcess
 from tests.integration.fake_api import FakeApi, Listener
 

@@ -33,10 +33,11 @@ from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, RetryPolicy
 from client_lib.errors import ApiError, MetaFlowError, NamespaceError, Unavailable
 from client_lib.mdid import entry_key, mdid
-from client_lib.resp import ErrorReply, RespParser, SimpleString, encode_command, encode_reply
+from client_lib.resp import ErrorReply, RespParser, SimpleString, encode_command
 from mininet_scenarios.daemons import AgentProcess
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.replication import check_hello, hello
+from nat_agent.resp_commands import CommandParser, encode_reply
 from nat_agent.store import Record
 from tests.integration.resp_peer import Peer
 
@@ -199,7 +200,7 @@ def silent_replica(secret: bytes, commands: list[list[bytes]]) -> Peer:
     handshake and then never answers a command (a hung backup); what it is
     sent goes to `commands`."""
     def behaviour(conn: socket.socket) -> None:
-        parser = RespParser(max_bulk=1 << 21)
+        parser = CommandParser(max_bulk=1 << 21)
         while data := conn.recv(65536):
             parser.feed(data)
             while (command := parser.next_command()) is not None:

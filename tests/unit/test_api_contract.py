@@ -31,9 +31,9 @@ from client_lib.api.auth import (
 )
 from client_lib.api.rest import REST, Registration, TreeView
 from client_lib.api.route import Route
-from client_lib.api.server import Call, Dispatcher, ErrorBody, Response, status_of
 from client_lib.cidr import Block
 from client_lib.errors import AuthError, Conflict, InvalidArgument, NotFound
+from client_lib.server.api import Call, Dispatcher, ErrorBody, Response, status_of
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 HOST = "10.255.0.3:9001"

@@ -15,15 +15,10 @@ from collections.abc import Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client_lib.resp import (
-    ArgLimit,
-    ArgumentTooLarge,
-    BulkTooLarge,
-    ProtocolError,
-    RespParser,
-    encode_command,
-)
+from client_lib.resp import BulkTooLarge, ProtocolError, encode_command
 from nat_agent._fastpath import CommandParser
+from nat_agent.resp_commands import ArgLimit, ArgumentTooLarge
+from nat_agent.resp_commands import CommandParser as Oracle
 
 Outcome = tuple[object, ...]
 
@@ -78,7 +73,7 @@ def _limit(key_limit: int, value_limit: int) -> ArgLimit:
     return limit
 
 
-def _drain(parser: RespParser | CommandParser) -> tuple[list[Outcome], bool]:
+def _drain(parser: Oracle | CommandParser) -> tuple[list[Outcome], bool]:
     """Every outcome `next_command` gives until it has nothing; True if the
     stream is over (a protocol error)."""
     out: list[Outcome] = []
@@ -99,7 +94,7 @@ def _drain(parser: RespParser | CommandParser) -> tuple[list[Outcome], bool]:
         out.append(("command", list(command)))
 
 
-def _run(make: Callable[[], RespParser | CommandParser], stream: bytes, cuts: list[int]) -> list[Outcome]:
+def _run(make: Callable[[], Oracle | CommandParser], stream: bytes, cuts: list[int]) -> list[Outcome]:
     parser = make()
     seen: list[Outcome] = []
     bounds = [0, *sorted(set(cuts)), len(stream)]
@@ -122,13 +117,13 @@ def test_the_compiled_parser_answers_exactly_as_the_python_one(
         limits: tuple[int, int] | None) -> None:
     limit = None if limits is None else _limit(*limits)
     at = list(range(1, len(stream))) if isinstance(cuts, str) else [c for c in cuts if c < len(stream)]
-    expected = _run(lambda: RespParser(max_bulk, max_args, max_line, limit), stream, at)
+    expected = _run(lambda: Oracle(max_bulk, max_args, max_line, limit), stream, at)
     assert _run(lambda: CommandParser(max_bulk, max_args, max_line, limit), stream, at) == expected
 
 
 def test_defaults_match_and_a_pipeline_parses_in_one_go() -> None:
     frames = b"".join(encode_command(b"SET", b"/k/%d" % i, b"v" * i) for i in range(200)) + b"PING\r\n"
-    ours, theirs = CommandParser(), RespParser()
+    ours, theirs = CommandParser(), Oracle()
     for parser in (ours, theirs):
         parser.feed(frames)
     drained = _drain(ours)

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client_lib import NamespaceError
-from client_lib.filedata import FileData, chunk_key
 from client_lib.fs.core import FileSystem
-from client_lib.namespace import Namespace
+from client_lib.fs.filedata import FileData, chunk_key
+from client_lib.fs.namespace import Namespace
 from tests.fs_model import MemoryRecords
 
 ROOT = 1

@@ -5,7 +5,8 @@ and the controller never import each other's packages.
 Imports are read from the source (every ``import`` statement, lazy ones
 included), and each third-party module is mapped to the distribution that
 provides it in this venv. `make check-install` then installs each role
-alone on every supported Python.
+alone on every supported Python. Which package may import which is the
+layering rule's (tests/unit/test_layers.py).
 
 The compiled extension is declared to setuptools-rust, so that a wheel
 carries it (abi3) and an sdist carries its crate.
@@ -14,6 +15,7 @@ carries it (abi3) and an sdist carries its crate.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import subprocess
 import sys
@@ -26,6 +28,8 @@ from typing import Any
 
 import pytest
 from setuptools.command.egg_info import FileList
+
+from controller.ctl import COMMAND_GROUP, COMMANDS, Command
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = frozenset({"btree", "topology", "controller", "nat_agent", "client_lib", "benchmarks",
@@ -46,12 +50,6 @@ ROLES = {
                    {"controller", "btree", "topology", "client_lib"}),
     "bench": (tuple(sorted(OURS)), None),
     "fs": ((MOUNT,), None),
-}
-LAYERS = {
-    # package: the first-party packages it may import (the pure core and the client import no daemon)
-    "client_lib": {"client_lib"},
-    "btree": {"btree", "client_lib"},
-    "topology": {"topology", "btree", "client_lib"},
 }
 
 
@@ -148,15 +146,7 @@ def test_a_daemon_role_imports_no_other_role(role: str) -> None:
     allowed = ROLES[role][1]
     assert allowed is not None
     found = {m: sorted(f) for m, f in _role_imports(role).items() if m in OURS and m not in allowed}
-    # metaflowctl names every subcommand, the benchmark's included, and imports each only when chosen
-    found = {m: [f for f in files if f != "controller/ctl.py"] for m, files in found.items()}
-    assert not {m: f for m, f in found.items() if f}, f"the {role} role reaches into {found}"
-
-
-@pytest.mark.parametrize("package", sorted(LAYERS))
-def test_the_core_and_the_client_import_no_daemon(package: str) -> None:
-    found = {m: sorted(f) for m, f in imports(package).items() if m in OURS and m not in LAYERS[package]}
-    assert not found, f"{package} imports {found}"
+    assert not found, f"the {role} role reaches into {found}"
 
 
 def test_every_package_is_packaged() -> None:
@@ -166,6 +156,23 @@ def test_every_package_is_packaged() -> None:
     on_disk = {str(init.parent.relative_to(ROOT)).replace("/", ".")
                for top in OURS for init in (ROOT / top).rglob("__init__.py")}
     assert setuptools_packages == on_disk
+
+
+def test_every_contributed_subcommand_is_a_light_command() -> None:
+    """metaflowctl loads each entry of its group to list it, on any install:
+    each must be a `Command` whose module imports, when loaded, only the
+    standard library and metaflowctl itself (what it runs is imported when
+    it is chosen)."""
+    declared = _project()["entry-points"][COMMAND_GROUP]
+    assert {"plan", "bench"} <= set(declared) and not set(declared) & set(COMMANDS)
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for name, target in declared.items():
+        module, _, attribute = target.partition(":")
+        assert isinstance(getattr(importlib.import_module(module), attribute), Command), name
+        tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+        loaded = {alias.name for n in tree.body if isinstance(n, ast.Import) for alias in n.names}
+        loaded |= {n.module or "" for n in tree.body if isinstance(n, ast.ImportFrom)}
+        assert {m for m in loaded if m.partition(".")[0] not in stdlib} <= {"controller.ctl"}, name
 
 
 def test_every_console_script_resolves() -> None:

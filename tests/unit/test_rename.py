@@ -1,4 +1,4 @@
-"""Rename's two-phase commit (`client_lib.namespace`), in memory: random
+"""Rename's two-phase commit (`client_lib.fs.namespace`), in memory: random
 sequences of namespace operations against the POSIX model, the same with
 the renaming client killed before or after any one of its writes, and
 readers looking between every two writes of a rename."""
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client_lib import NamespaceError
-from client_lib.namespace import LEASE_NS, Namespace
+from client_lib.fs.namespace import LEASE_NS, Namespace
 from tests.fs_model import Crash, MemoryRecords, Model, Tree, run_op, visible_tree
 
 NAMES = ["a", "b", "c"]

@@ -1,4 +1,6 @@
-"""The RESP parser both sides share: round trips, limits, and fuzzing."""
+"""RESP from both ends: the client's side (`client_lib.resp`) against the
+agent's (`nat_agent.resp_commands`), on the framing they share: round trips,
+limits, and fuzzing."""
 
 from __future__ import annotations
 
@@ -7,17 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client_lib.resp import (
-    ArgumentTooLarge,
     BulkTooLarge,
     ErrorReply,
     ProtocolError,
     RespParser,
     SimpleString,
     encode_command,
-    encode_reply,
     moved_message,
     parse_moved,
 )
+from nat_agent.resp_commands import ArgumentTooLarge, CommandParser, encode_reply
 
 args_st = st.lists(st.binary(max_size=200), min_size=1, max_size=10)
 line_text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=30)
@@ -29,7 +30,7 @@ reply_st = st.recursive(
 
 
 def _commands(stream: bytes, chunks: list[int]) -> list[list[bytes]]:
-    parser, out, pos = RespParser(), [], 0
+    parser, out, pos = CommandParser(), [], 0
     for size in chunks + [len(stream)]:
         parser.feed(stream[pos:pos + size])
         pos += size
@@ -58,7 +59,7 @@ def test_replies_round_trip(value):
 
 
 def test_inline_commands_as_typed_into_nc():
-    parser = RespParser()
+    parser = CommandParser()
     parser.feed(b"PING\r\nGET /a/b\r\n")
     assert parser.next_command() == [b"PING"]
     assert parser.next_command() == [b"GET", b"/a/b"]
@@ -75,7 +76,7 @@ def test_inline_commands_as_typed_into_nc():
     (b"*65\r\n", "exceeds the limit"),
 ])
 def test_malformed_commands_raise_protocol_error(frame, message):
-    parser = RespParser()
+    parser = CommandParser()
     parser.feed(frame)
     with pytest.raises(ProtocolError, match=message):
         parser.next_command()
@@ -83,7 +84,7 @@ def test_malformed_commands_raise_protocol_error(frame, message):
 
 def test_blank_lines_between_commands_are_skipped_as_redis_does():
     """`redis-cli --pipe` input often has them; they used to be a fatal error."""
-    parser = RespParser()
+    parser = CommandParser()
     parser.feed(b"\r\n \r\n*1\r\n$4\r\nPING\r\n\r\n\r\nECHO x\r\n\r\n")
     assert parser.next_command() == [b"PING"]
     assert parser.next_command() == [b"ECHO", b"x"]
@@ -97,7 +98,7 @@ def _key_limit(name: bytes, index: int) -> int:
 
 
 def test_oversized_argument_refused_at_its_header_and_skipped_unbuffered():
-    parser = RespParser(limit=_key_limit)
+    parser = CommandParser(limit=_key_limit)
     parser.feed(b"*2\r\n$3\r\nGET\r\n$1000000\r\n")
     with pytest.raises(ArgumentTooLarge, match="argument 1 of 'get' of 1000000 bytes exceeds the limit of 8"):
         parser.next_command()
@@ -111,7 +112,7 @@ def test_oversized_argument_refused_at_its_header_and_skipped_unbuffered():
 
 
 def test_refusal_skips_the_rest_of_the_command_and_checks_its_framing():
-    parser = RespParser(limit=_key_limit)
+    parser = CommandParser(limit=_key_limit)
     parser.feed(b"*4\r\n$3\r\nDEL\r\n$9\r\n123456789\r\n$2\r\n/b\r\n$3\r\n/cd\r\nPING\r\n")
     with pytest.raises(ArgumentTooLarge) as err:
         parser.next_command()
@@ -129,7 +130,7 @@ def test_refusal_skips_the_rest_of_the_command_and_checks_its_framing():
 
 
 def test_inline_arguments_have_the_same_limits():
-    parser = RespParser(limit=_key_limit)
+    parser = CommandParser(limit=_key_limit)
     parser.feed(b"GET /a/very/long/key\r\nGET /short\r\n")
     with pytest.raises(ArgumentTooLarge, match="argument 1 of 'get'"):
         parser.next_command()
@@ -137,7 +138,7 @@ def test_inline_arguments_have_the_same_limits():
 
 
 def test_a_refused_command_beyond_the_hard_cap_is_still_fatal():
-    parser = RespParser(max_bulk=1000, limit=_key_limit)
+    parser = CommandParser(max_bulk=1000, limit=_key_limit)
     parser.feed(b"*2\r\n$3\r\nGET\r\n$4000000000\r\n")
     with pytest.raises(BulkTooLarge):
         parser.next_command()
@@ -159,7 +160,7 @@ def test_refusals_and_blank_lines_survive_any_chunking(commands: list[tuple[tupl
     for (name, args), _ in commands:
         too_big = [i for i, arg in enumerate([name, *args]) if len(arg) > _key_limit(name, i)]
         expected.append(("refused", too_big[0]) if too_big else [name, *args])
-    parser, got, pos = RespParser(limit=_key_limit), list[object](), 0
+    parser, got, pos = CommandParser(limit=_key_limit), list[object](), 0
     for size in chunks + [len(stream)]:
         parser.feed(stream[pos:pos + size])
         pos += size
@@ -189,7 +190,7 @@ def test_resp3_encodes_null_and_maps_and_resp2_flattens_maps():
 
 
 def test_oversized_bulk_rejected_at_its_header():
-    parser = RespParser(max_bulk=100)
+    parser = CommandParser(max_bulk=100)
     parser.feed(b"*3\r\n$3\r\nSET\r\n$2\r\n/a\r\n$4000000000\r\n")
     with pytest.raises(BulkTooLarge) as err:
         parser.next_command()
@@ -197,7 +198,7 @@ def test_oversized_bulk_rejected_at_its_header():
 
 
 def test_endless_line_rejected():
-    parser = RespParser(max_line=1000)
+    parser = CommandParser(max_line=1000)
     parser.feed(b"x" * 999)
     assert parser.next_command() is None
     parser.feed(b"x" * 10)
@@ -217,7 +218,7 @@ def test_deep_nesting_rejected():
 def test_fuzz_command_parser_never_fails_otherwise(data):
     """Any bytes either parse, wait for more, or raise ProtocolError: never
     another exception, and never an unbounded buffer."""
-    parser = RespParser(max_bulk=64, max_line=128)
+    parser = CommandParser(max_bulk=64, max_line=128)
     parser.feed(data)
     try:
         while parser.next_command() is not None:
@@ -232,7 +233,7 @@ def test_fuzz_command_parser_never_fails_otherwise(data):
 def test_fuzz_refusals_never_fail_otherwise(chunks):
     """With per-argument limits, any bytes (in any pieces) either parse, wait,
     are refused one command at a time, or raise ProtocolError."""
-    parser = RespParser(max_bulk=64, max_line=128, limit=_key_limit)
+    parser = CommandParser(max_bulk=64, max_line=128, limit=_key_limit)
     for chunk in chunks:
         parser.feed(chunk)
         while True:
@@ -264,7 +265,7 @@ def test_fuzz_mutated_frames(command, where, junk):
     """A valid frame with bytes spliced in: still only ProtocolError or a parse."""
     frame = encode_command(*command)
     at = where % (len(frame) + 1)
-    parser = RespParser()
+    parser = CommandParser()
     parser.feed(frame[:at] + junk + frame[at:])
     try:
         while parser.next_command() is not None:

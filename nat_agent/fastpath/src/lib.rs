@@ -11,11 +11,11 @@
 //!   space, for the admin API's `POST /ops`.
 //!
 //! The first piece was the RESP *command* parser the service runs on every
-//! byte a client sends: `CommandParser` is a drop-in for the command side of
-//! `client_lib.resp.RespParser` (feed, next_command, pending, busy), with the
-//! same limits, the same refusal of an oversized argument (the rest of that
-//! command is discarded as it arrives, never buffered), and the same
-//! exceptions with the same messages. The Python parser stays the oracle:
+//! byte a client sends: `CommandParser` is a drop-in for the Python
+//! `nat_agent.resp_commands.CommandParser` (feed, next_command, pending,
+//! busy), with the same limits, the same refusal of an oversized argument
+//! (the rest of that command is discarded as it arrives, never buffered),
+//! and the same exceptions with the same messages. The Python parser stays the oracle:
 //! `tests/unit/test_fastpath.py` feeds both the same random frames in the
 //! same random chunks and requires identical results.
 

@@ -1,4 +1,4 @@
-//! `CommandParser`: the command side of `client_lib.resp.RespParser`, in Rust.
+//! `CommandParser`: `nat_agent.resp_commands.CommandParser`, in Rust.
 //!
 //! The structure follows the Python parser step for step (`_line`,
 //! `_command`, `_inline`, `_refuse`, `_discard`), so that the two can be
@@ -41,7 +41,10 @@ impl From<PyErr> for Stop {
 }
 
 impl Stop {
-    /// The exception the Python parser raises for the same input.
+    /// The exception the Python parser raises for the same input:
+    /// `ProtocolError` and `BulkTooLarge` are the wire contract's
+    /// (`client_lib.resp`), `ArgumentTooLarge` the command side's
+    /// (`nat_agent.resp_commands`).
     fn raise(self, py: Python<'_>) -> PyErr {
         let resp = match py.import("client_lib.resp") {
             Ok(module) => module,
@@ -58,8 +61,9 @@ impl Stop {
                 .and_then(|b| b.getattr("int"))
                 .and_then(|int| int.call1((size,)))
                 .and_then(|size| resp.getattr("BulkTooLarge").and_then(|cls| cls.call1((size, limit)))),
-            Stop::ArgumentTooLarge(name, index, size, limit) => resp
-                .getattr("ArgumentTooLarge")
+            Stop::ArgumentTooLarge(name, index, size, limit) => py
+                .import("nat_agent.resp_commands")
+                .and_then(|commands| commands.getattr("ArgumentTooLarge"))
                 .and_then(|cls| cls.call1((PyBytes::new(py, &name), index, size, limit))),
         };
         match made {
@@ -90,8 +94,8 @@ pub struct CommandParser {
     looking: bool,
 }
 
-/// Per-argument limits: a Python callable, as `RespParser` takes, or the
-/// compiled `ArgLimits`, read without calling into Python.
+/// Per-argument limits: a Python callable, as the Python `CommandParser`
+/// takes, or the compiled `ArgLimits`, read without calling into Python.
 enum Limit {
     Callable(PyObject),
     Native(ArgLimits),
@@ -100,7 +104,7 @@ enum Limit {
 /// The service's argument limits as data: `value` bytes for the arguments
 /// of `values_from`'s commands from the index it gives on (values), `key`
 /// bytes for every other argument (keys, names, words). Callable as a
-/// `client_lib.resp.ArgLimit`, so the Python parser can take it too.
+/// `nat_agent.resp_commands.ArgLimit`, so the Python parser can take it too.
 #[pyclass(module = "nat_agent._fastpath", frozen)]
 #[derive(Clone)]
 pub struct ArgLimits {
@@ -172,7 +176,7 @@ impl CommandParser {
     }
 
     /// The next complete command as a list of bytes, or None; raises as
-    /// `RespParser.next_command` does.
+    /// the Python `CommandParser.next_command` does.
     pub(crate) fn next_command<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         loop {
             if self.refused != 0 {

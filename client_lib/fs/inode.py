@@ -1,7 +1,7 @@
 """What a file system's namespace stores: an inode's attributes, and the
 record of a directory entry that may carry a rename in flight.
 
-Kept apart from the operations (`client_lib.namespace`) because it is the
+Kept apart from the operations (`client_lib.fs.namespace`) because it is the
 on-disk contract: every client reads what any other wrote, so the encoding
 is defined once, here.
 

@@ -2,7 +2,7 @@
 inode number, each operation a few zero-hop requests.
 
 The layout is IndexFS's, on the service's primitives (`client_lib.client`);
-the records are defined in `client_lib.inode`:
+the records are defined in `client_lib.fs.inode`:
 
 * An object is named by (parent inode, name). Its attributes live *in its
   entry* of the parent directory, ``entry_key(directory_key(parent), name)``,
@@ -65,9 +65,9 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from client_lib.errors import NamespaceError
-from client_lib.inode import ROOT, Attributes, Intent, Kind, decode_entry, directory_key, encode_entry
+from client_lib.fs.inode import ROOT, Attributes, Intent, Kind, decode_entry, directory_key, encode_entry
+from client_lib.fs.records import Records
 from client_lib.mdid import entry_key
-from client_lib.records import Records
 
 __all__ = ["ROOT", "Attributes", "Kind", "Namespace", "Records", "directory_key"]
 

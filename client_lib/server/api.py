@@ -1,4 +1,4 @@
-"""The serving side of a declared API, without I/O: request bytes in, response bytes out.
+"""The serving side of a declared API (`client_lib.api`), without I/O: request bytes in, response bytes out.
 
 The agent's admin API runs on aiohttp and the controller's REST API on
 wsgiref; both hand each request to a `Dispatcher` built from the same

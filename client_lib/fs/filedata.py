@@ -15,7 +15,7 @@ file). A write to part of a chunk is a read-modify-write by compare-and-set
 writer came first, so concurrent writers to one chunk lose nothing; a write
 of a whole chunk replaces it in one plain ``SET``.
 
-The file's size lives in its attributes (`client_lib.namespace`); the caller
+The file's size lives in its attributes (`client_lib.fs.namespace`); the caller
 passes it to `read`, `truncate` and `remove`.
 """
 
@@ -26,7 +26,7 @@ import time
 import zlib
 
 from client_lib.errors import InvalidArgument, MetaFlowError
-from client_lib.records import Records
+from client_lib.fs.records import Records
 
 __all__ = ["CHUNK_SIZE", "ChecksumMismatch", "FileData", "chunk_key"]
 

@@ -1,6 +1,6 @@
 """The record operations a file system is built from: the part of
-`client_lib.MetaFlowClient` that `client_lib.namespace` and
-`client_lib.filedata` use, as a protocol, so the same logic runs against
+`client_lib.MetaFlowClient` that `client_lib.fs.namespace` and
+`client_lib.fs.filedata` use, as a protocol, so the same logic runs against
 the service or against the in-memory records of the pure tests."""
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""The flag tables of docs/reference/flags.md against the parsers they come from.
+
+Each command's flags are declared once, in its argparse parser; the page's
+tables are generated from them (`python -m docs.flag_tables`, run by `make
+docs`). A flag added, removed, renamed, re-described or given another default
+in the code must fail here until the page is regenerated.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from docs.flag_tables import (
+    COMMANDS,
+    PAGE,
+    Command,
+    begin_marker,
+    blocks,
+    current,
+    end_marker,
+    render,
+    update,
+)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda command: command.name)
+def test_the_page_shows_what_the_parser_declares(command: Command) -> None:
+    committed = blocks(PAGE.read_text(), [command.name])[command.name]
+    assert committed == render(command.parser()), (
+        f"the flags of {command.name} in {PAGE} differ from its parser: run `python -m docs.flag_tables`")
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda command: command.name)
+def test_every_flag_of_the_parser_has_a_row(command: Command) -> None:
+    table = render(command.parser())
+    for action in command.parser()._actions:
+        for flag in action.option_strings:
+            if flag not in ("-h", "--help"):
+                assert f"`{flag}`" in table
+
+
+def _toy() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="toy")
+    p.add_argument("target", help="where to")
+    p.add_argument("--mode", choices=("a", "b"), default="a", help="a | b, <chosen>")
+    p.add_argument("--rate", type=float, default=2.5, metavar="R", help="%(prog)s's rate")
+    p.add_argument("--secret-file", required=True, help="the secret")
+    p.add_argument("--quiet", action="store_true", help="say less")
+    p.add_argument("--name", default=None)
+    return p
+
+
+def test_rows_say_flag_default_and_meaning() -> None:
+    assert render(_toy()).splitlines() == [
+        "| flag | default | meaning |",
+        "|---|---|---|",
+        "| `TARGET` | (positional) | where to |",
+        "| `--mode` `{a,b}` | `a` | a \\| b, &lt;chosen&gt; |",
+        "| `--rate` `R` | `2.5` | toy's rate |",
+        "| `--secret-file` `SECRET_FILE` | required | the secret |",
+        "| `--quiet` | off | say less |",
+        "| `--name` `NAME` | none |  |",
+    ]
+
+
+def test_a_changed_parser_makes_the_committed_table_stale() -> None:
+    toy = Command("toy", __name__, "_toy")  # its parser is the one loaded below
+    page = f"# Flags\n\n{begin_marker('toy')}\n{render(_toy())}\n{end_marker('toy')}\n\nafter\n"
+    changed = _toy()
+    changed.add_argument("--new", type=int, default=7, help="a flag added in the code")
+    fresh = current([toy], load=lambda _: changed)
+    assert blocks(page, ["toy"])["toy"] != fresh["toy"]
+    rewritten = update(page, fresh)
+    assert blocks(rewritten, ["toy"]) == fresh
+    assert rewritten.startswith("# Flags\n\n") and rewritten.endswith("\n\nafter\n")
+
+
+def test_a_page_without_a_command_s_markers_is_refused() -> None:
+    with pytest.raises(KeyError, match="toy"):
+        update("# Flags\n", {"toy": render(_toy())})
