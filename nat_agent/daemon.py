@@ -45,6 +45,7 @@ from client_lib.version import add_version_flag
 from nat_agent import netinfo
 from nat_agent.admin import AdminApi
 from nat_agent.agent import Agent, Identity
+from nat_agent.extension import PYTHON_PATH_NOTICE, UNAVAILABLE
 from nat_agent.migration import Migrator
 from nat_agent.registration import Registrar
 from nat_agent.replica import ReplicaServer
@@ -212,6 +213,8 @@ async def run(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     data_ip, data_mac, data_interface = _data_address(args)
     name = args.name or f"{socket.gethostname()}-{args.listen[1]}"
+    if UNAVAILABLE is not None:
+        log.warning("%s; %s", UNAVAILABLE, PYTHON_PATH_NOTICE)
     async with contextlib.AsyncExitStack() as undo:
         store = open_store(args.store, args.space.width, args.fsync)
         undo.push_async_callback(store.close)
