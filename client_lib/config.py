@@ -101,8 +101,8 @@ def checked(flag: str, parse: Callable[[str], T], text: str) -> T:
 def add_config_flag(p: argparse.ArgumentParser) -> None:
     """``--config FILE``: every daemon's, so its --help and flag table show it."""
     p.add_argument(CONFIG_FLAG, metavar="FILE", default=None,
-                   help="read settings from this TOML file (keys: the flags' long names without "
-                        "dashes; flags on the command line override it)")
+                   help="read settings from this TOML file (keys: the flags' long names without their "
+                        "leading --; flags on the command line override it)")
 
 
 def key_of(action: argparse.Action) -> str:
@@ -132,7 +132,7 @@ def type_name(action: argparse.Action) -> str:
     if is_switch(action):
         return "boolean"
     if action.choices is not None:
-        one = " \\| ".join(json.dumps(choice) for choice in action.choices)
+        one = " | ".join(json.dumps(choice) for choice in action.choices)
     elif action.type is int:
         one = "integer"
     elif action.type is float:
