@@ -336,7 +336,7 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="the TOML file to check")
     p.add_argument("--role", choices=tuple(ROLES), default=None,
                    help="the daemon it is for (default: the file's role key, else guessed from its keys)")
-    p.add_argument("flags", nargs=argparse.REMAINDER,
+    p.add_argument("flags", nargs=argparse.REMAINDER, metavar="FLAG",
                    help="after --: flags the daemon would be given too (they override the file)")
 
 

@@ -67,6 +67,7 @@ COMMANDS: tuple[Command, ...] = (
     _metaflowctl("get"),
     _metaflowctl("put"),
     _metaflowctl("secret"),
+    _metaflowctl("check-config"),
     _metaflowctl("plan"),
     _metaflowctl("bench"),
 )
