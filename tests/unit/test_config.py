@@ -10,6 +10,9 @@ check-config`.
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -269,3 +272,21 @@ def test_check_config_wants_its_role_before_the_file(tmp_path: Path,
     path = _file(tmp_path, 'role = "fs"\nmountpoint = "/mnt"\n')
     assert metaflowctl(["check-config", str(path), "--role", "fs"]) == 2
     assert "give --role before FILE" in capsys.readouterr().err
+
+
+def test_check_config_without_the_role_s_extra_says_which_to_install(tmp_path: Path) -> None:
+    """The client-only install: metaflowctl and the file's reading are the
+    standard library; the agent's and the mount's parsers need their extras,
+    and check-config names the extra instead of failing with a traceback."""
+    for package in ("client_lib", "controller", "nat_agent"):
+        shutil.copytree(ROOT / package, tmp_path / "src" / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "fastpath"))
+    for role in ("agent", "fs"):
+        path = _file(tmp_path, f'role = "{role}"\n', f"{role}.toml")
+        probe = ("import sys; sys.path.insert(0, sys.argv[1]); from controller.ctl import main; "
+                 "sys.exit(main(['check-config', sys.argv[2]]))")
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(tmp_path / "src"), str(path)],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode == 2, out.stderr
+        assert f"metaflowctl check-config: the {role}'s settings need the {role} extra " \
+               f"(pip install 'metaflow-sdn[{role}]'): No module named" in out.stderr
