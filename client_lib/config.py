@@ -31,7 +31,7 @@ import json
 import re
 import sys
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -188,16 +188,21 @@ def convert(action: argparse.Action, value: object) -> object:
     return [_scalar(action, item) for item in value]
 
 
-def read(path: Path | str, role: Role, p: argparse.ArgumentParser) -> dict[str, object]:
-    """A file's settings for `role` (parser `p`), by argparse dest; ConfigError
-    names the file and the key of the first thing wrong."""
+def load(path: Path | str) -> dict[str, Any]:
+    """The file's table; ConfigError if it cannot be read or is not TOML."""
     try:
         with open(path, "rb") as f:
-            table = tomllib.load(f)
+            return tomllib.load(f)
     except OSError as exc:
         raise ConfigError(path, f"cannot read it: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, f"not TOML: {exc}") from None
+
+
+def read(path: Path | str, role: Role, p: argparse.ArgumentParser) -> dict[str, object]:
+    """A file's settings for `role` (parser `p`), by argparse dest; ConfigError
+    names the file and the key of the first thing wrong."""
+    table = load(path)
     known = keys(p)
     out: dict[str, object] = {}
     for key, value in table.items():
@@ -216,16 +221,6 @@ def read(path: Path | str, role: Role, p: argparse.ArgumentParser) -> dict[str, 
         except ValueError as exc:
             raise ConfigError(path, str(exc), key) from None
     return out
-
-
-def role_of(path: Path | str) -> str | None:
-    """The file's ``role`` key, if it has one (reading errors are `read`'s to report)."""
-    try:
-        with open(path, "rb") as f:
-            role = tomllib.load(f).get(ROLE_KEY)
-    except (OSError, tomllib.TOMLDecodeError):
-        return None
-    return role if isinstance(role, str) else None
 
 
 def config_path(argv: Sequence[str]) -> str | None:
@@ -318,15 +313,18 @@ def toml_value(value: object) -> str | None:
     if isinstance(value, list | tuple):
         items = [toml_value(item) for item in value]
         return "[" + ", ".join(item for item in items if item is not None) + "]"
-    return json.dumps(str(value))
+    return json.dumps(str(value), ensure_ascii=False)
 
 
 def effective(role: Role, layered: Layered, p: argparse.ArgumentParser) -> str:
-    """The settings as a TOML file, each with where it came from (`check-config`'s output)."""
+    """The settings as a TOML file, each with where it came from (`check-config`'s output):
+    the file's own values as written (a flag's type function may have made another
+    kind of value of one), the others as parsed."""
+    table = load(layered.path) if layered.path is not None else {}
     lines = [f'{ROLE_KEY} = "{role.name}"']
     for key, action in keys(p).items():
-        value = toml_value(getattr(layered.args, action.dest))
         source = layered.sources[action.dest]
+        value = toml_value(table[key] if source == "file" else getattr(layered.args, action.dest))
         lines.append(f"# {key}: not set ({source})" if value is None else f"{key} = {value}  # {source}")
     return "\n".join(lines)
 
@@ -342,17 +340,13 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
 
 def guess_role(path: str) -> Role:
     """The file's ``role`` key, else the one role whose keys hold all the file's."""
-    named = role_of(path)
-    if named is not None:
-        if named not in ROLES:
+    table = load(path)
+    if ROLE_KEY in table:
+        named = table[ROLE_KEY]
+        if not isinstance(named, str) or named not in ROLES:
             raise ConfigError(path, f"must be one of {', '.join(map(repr, ROLES))}, not {named!r}",
                               ROLE_KEY)
         return ROLES[named]
-    try:
-        with open(path, "rb") as f:
-            table = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError):
-        return ROLES["agent"]   # any role: `read` reports the file's own error
     fits = [role for role in ROLES.values() if _holds(role, set(table))]
     if len(fits) != 1:
         which = " or ".join(role.name for role in fits) if fits else "no daemon"
@@ -387,8 +381,3 @@ def check_file(args: argparse.Namespace) -> int:
     print(effective(role, layered, p))
     return 0
 
-
-def described(p: argparse.ArgumentParser) -> Mapping[str, tuple[str, object, str]]:
-    """Each key's type, default and help, for the reference page."""
-    return {key: (type_name(action), p.get_default(action.dest), action.help or "")
-            for key, action in keys(p).items()}

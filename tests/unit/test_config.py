@@ -84,7 +84,8 @@ def _refusal(tmp_path: Path, text: str) -> str:
     with pytest.raises(ConfigError) as caught:
         read(path, TOY, parser())
     message = str(caught.value)
-    assert message.startswith(f"{path}: ")
+    assert message.startswith(f"{path}: ") and caught.value.path == path
+    assert caught.value.key is None or message.startswith(f"{path}: key '{caught.value.key}': ")
     return message
 
 
@@ -244,6 +245,13 @@ def test_check_config_shows_every_setting_with_its_source(tmp_path: Path, secret
     assert "\nfsync = \"batch\"  # default\n" in out and "\n# name: not set (default)\n" in out
     unset = {"name", "data-ip", "own", "controller", "replication"}   # None: no TOML value
     assert set(tomllib.loads(out)) == {"role"} | set(keys(ROLES["agent"].parser())) - unset
+
+
+def test_check_config_shows_the_file_s_values_as_written(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = _file(tmp_path, 'mountpoint = "/mnt"\ncentral-redis = "127.0.0.1:6400"\n', "fs.toml")
+    assert metaflowctl(["check-config", "--role", "fs", str(path)]) == 0   # its type function makes a pair
+    assert '\ncentral-redis = "127.0.0.1:6400"  # file\n' in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("text", "argv", "message"), [
