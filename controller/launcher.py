@@ -23,20 +23,16 @@ from os_ken import cfg
 from os_ken.base import app_manager
 from os_ken.lib import hub
 
-from client_lib.errors import InvalidArgument
+from client_lib.config import ROLES, parse
 from controller.settings import from_args, parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    # Flags over the --config file, checked before anything listens (a refusal exits 2).
+    args, settings = parse(ROLES["controller"], parser(), argv, from_args)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("os_ken").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
-    try:
-        settings = from_args(args)
-    except InvalidArgument as exc:
-        print(f"metaflow-controller: {exc}", file=sys.stderr)
-        return 2
     importlib.import_module("os_ken.topology.switches")  # registers --observe-links
     cfg.CONF(args=["--ofp-listen-host", settings.of_host, "--ofp-tcp-listen-port", str(settings.of_port),
                    "--observe-links"], project="os_ken")
