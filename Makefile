@@ -2,9 +2,9 @@
 # Every target installs what it needs, idempotently, so a fresh machine only
 # needs `make test` or `make demo`.
 
-# Independent set-up steps run side by side (the venv's pip install beside the
-# cargo build, ruff beside mypy); `make test`'s own recipe runs its two pytest
-# phases one after the other as always.
+# Independent set-up steps run side by side (the venv's pip install beside
+# Open vSwitch, ruff beside mypy); `make test`'s own recipe runs its two
+# pytest phases one after the other as always.
 MAKEFLAGS += --jobs=2
 
 PYTHON ?= python3
@@ -29,25 +29,22 @@ APT_PACKAGES := redis-server redis-tools iptables conntrack iproute2 ethtool \
 # directory: a .pth would let every Debian module (an older cryptography,
 # yaml, ovs, ...) stand in silently for anything missing from the venv.
 MININET_SRC  := /usr/lib/python3/dist-packages/mininet
-# The agent's compiled request path (nat_agent/fastpath, Rust through PyO3),
-# built with the machine's cargo (rustup's, if it is not on PATH) from the
-# locked crates and placed where the editable install imports it from.
+# The agent's compiled request path (nat_agent/fastpath, Rust through PyO3)
+# is part of the distribution (pyproject.toml, [tool.setuptools-rust]): the
+# editable install builds it in place, as nat_agent/_fastpath.*.so, with the
+# machine's cargo (rustup's, if it is not on PATH) from the locked crates,
+# and installs again when the crate changes (cargo then rebuilds only what
+# changed). Without it the agent would serve through Python (nat_agent/extension.py).
 CARGO    ?= $(or $(shell command -v cargo 2>/dev/null),$(HOME)/.cargo/bin/cargo)
-FASTPATH := nat_agent/_fastpath.abi3.so
+WITH_CARGO = PATH="$(dir $(CARGO)):$$PATH"
 FASTPATH_CRATE := nat_agent/fastpath
+FASTPATH_SOURCES := $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Cargo.toml $(FASTPATH_CRATE)/Cargo.lock
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: setup apt mininet-link ovs test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
         bench-flowtables bench-agent bench-failover bench-hotspot chaos bench-replication bench-fs bench-fig20 plan clean
 
-setup: apt $(STAMP) mininet-link ovs $(FASTPATH)
-
-# Built from the locked crates (crates.io), with the interpreter the venv is made from;
-# the library is replaced, not overwritten, so a running agent keeps the copy it mapped.
-$(FASTPATH): $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Cargo.toml $(FASTPATH_CRATE)/Cargo.lock | apt
-	@test -x "$(CARGO)" || { echo "make: cargo is needed to build $(FASTPATH_CRATE) (install Rust with rustup)" >&2; exit 1; }
-	PYO3_PYTHON=$(PYTHON) $(CARGO) build --release --locked --quiet --manifest-path $(FASTPATH_CRATE)/Cargo.toml
-	cp $(FASTPATH_CRATE)/target/release/lib_fastpath.so $@.tmp && mv -f $@.tmp $@
+setup: apt $(STAMP) mininet-link ovs
 
 # Open vSwitch's daemons (userspace datapath: this kernel has no openvswitch
 # module). Started only when not already answering; never restarted, since
@@ -76,11 +73,13 @@ apt:
 # Every role's extra, so the venv runs every test, benchmark and check.
 EXTRAS := agent,controller,bench,fs,test,dev,docs
 
-# After apt (order only): pyfuse3 and NetfilterQueue build against its libraries.
-$(STAMP): pyproject.toml | apt
+# After apt (order only): pyfuse3 and NetfilterQueue build against its
+# libraries. Again when the crate changes: that is what rebuilds the extension.
+$(STAMP): pyproject.toml $(FASTPATH_SOURCES) | apt
+	@test -x "$(CARGO)" || { echo "make: cargo is needed to build $(FASTPATH_CRATE) (install Rust with rustup)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(WITH_CARGO) $(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 # ruff and mypy (pyproject.toml says what each checks), and the documentation
@@ -121,23 +120,35 @@ docs-check: setup
 docs-serve: setup
 	$(MKDOCS) serve --strict
 
-# Each role installed alone, from a wheel of this tree, in throwaway venvs
-# under /tmp, on every Python we claim (3.11, 3.12, 3.13; pyenv's when the
-# system has none): the client extra must pull in no third-party package at
-# all, and the agent and controller must import and start with their extras
-# alone. plyvel has no wheel for 3.13 and builds against libleveldb-dev
-# there (only this target needs it). Not part of `make test`: it downloads
-# and builds every dependency once per Python (about 5 minutes).
+# The distribution as a user gets it: an sdist of this tree's non-ignored
+# files, and the wheel `build` makes from that sdist (so the sdist's crate
+# builds, with cargo --locked): one platform wheel, abi3, that carries the
+# compiled extension for CPython 3.11 and later. Each role is installed
+# alone from it, in throwaway venvs under /tmp, on every Python we claim
+# (3.11, 3.12, 3.13; pyenv's when the system has none): the client extra
+# must pull in no third-party package at all, and the agent and controller
+# must import and start with their extras alone; and the installed
+# metaflow-agent must serve a SET and a GET from redis-cli through the
+# compiled lane, then, with the extension deleted from its venv, through
+# Python (tests/install_check.py). plyvel has no wheel for 3.13 and builds
+# against libleveldb-dev there (only this target needs it). Not part of
+# `make test`: it downloads and builds every dependency once per Python
+# (about 5 minutes); tests/unit/test_packaging.py checks the build
+# configuration there, and tests/integration/test_optional_extension.py
+# the agent with and without the extension on the work tree.
 CHECK_PYTHONS ?= $(PYTHON) $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12) \
                  $(wildcard $(HOME)/.pyenv/versions/3.13.*/bin/python3.13)
 CHECK_APT_PACKAGES := libleveldb-dev
 
 check-install: apt
 	$(call apt_install,$(CHECK_APT_PACKAGES))
-	@set -e; work=$$(mktemp -d /tmp/metaflow-install.XXXXXX); trap 'rm -rf "$$work"' EXIT; \
+	@set -e; unset PYTHONPATH; work=$$(mktemp -d /tmp/metaflow-install.XXXXXX); trap 'rm -rf "$$work"' EXIT; \
 	git ls-files -co --exclude-standard -z | xargs -0 tar -c | tar -x -C "$$work" --one-top-level=src; \
-	$(PYTHON) -m pip wheel -q --no-deps -w "$$work/dist" "$$work/src"; \
-	wheel=$$(ls "$$work"/dist/metaflow_sdn-*.whl); \
+	$(PYTHON) -m venv "$$work/build"; "$$work/build/bin/pip" install -q build; \
+	$(WITH_CARGO) "$$work/build/bin/python" -m build -q -o "$$work/dist" "$$work/src" >/dev/null; \
+	sdist=$$(ls "$$work"/dist/metaflow_sdn-*.tar.gz); wheel=$$(ls "$$work"/dist/metaflow_sdn-*.whl); \
+	echo "== built $$(basename $$sdist) and $$(basename $$wheel)"; \
+	tar -tzf "$$sdist" | grep -q '/nat_agent/fastpath/Cargo.lock$$' || { echo "the sdist has no crate"; exit 1; }; \
 	for py in $(CHECK_PYTHONS); do \
 	  v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	  echo "== Python $$v: client ($$py)"; \
@@ -154,6 +165,7 @@ check-install: apt
 	  $$r/python -c 'import plyvel, sys; db = plyvel.DB(sys.argv[1], create_if_missing=True); \
 	    db.put(b"k", b"v"); assert db.get(b"k") == b"v"' "$$work/leveldb$$v"; \
 	  $$r/metaflow-agent --help >/dev/null; $$r/metaflow-controller --help >/dev/null; \
+	  $$r/python "$$work/src/tests/install_check.py" "$$work/roles$$v"; \
 	done; echo "check-install: passed on $(CHECK_PYTHONS)"
 
 # The main job: MetaFlow end to end in Mininet (k=4 fat-tree, 8 servers,
@@ -225,4 +237,4 @@ bench-fig20: setup
 	$(PY) -m benchmarks.fig20 --out benchmarks/results $(BENCH_FIG20_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis $(FASTPATH_CRATE)/target $(FASTPATH) site
+	rm -rf $(VENV) .pytest_cache .hypothesis build $(FASTPATH_CRATE)/target nat_agent/_fastpath*.so site

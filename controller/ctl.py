@@ -3,6 +3,7 @@
     metaflowctl status [--controller URL] [--secret-file FILE] [--json]
     metaflowctl get|put|del|stat PATH [--via HOST[:PORT]]
     metaflowctl secret [FILE]
+    metaflowctl check-config [--role controller|agent|fs] FILE [-- FLAG...]
     metaflowctl plan [...]     metaflowctl bench [...]
 
 Each subcommand lives next to what it drives (`controller.status`,
@@ -72,6 +73,13 @@ def _secret(p: argparse.ArgumentParser) -> Runner:
     return _run_secret
 
 
+def _check_config(p: argparse.ArgumentParser) -> Runner:
+    from client_lib.config import add_check_arguments, check_file
+
+    add_check_arguments(p)
+    return check_file
+
+
 def _run_secret(args: argparse.Namespace) -> int:
     from client_lib.api.auth import new_secret, write_secret
 
@@ -95,6 +103,11 @@ COMMANDS: dict[str, Command] = {
     "stat": Command("print a path's metadata as fields", _key_command(put=False)),
     "secret": Command("make a new cluster secret (for every --secret-file)", _secret,
                       "Print a new random secret, or write it to FILE readable by its owner only."),
+    "check-config": Command("validate a daemon's TOML file and print its effective settings", _check_config,
+                            "Check a configuration file of metaflow-controller, metaflow-agent or "
+                            "metaflow-fs as the daemon would at start (exit 2 if it would refuse it), "
+                            "and print every setting with where it comes from: the file, a flag given "
+                            "after --, or the default. Needs the daemon's extra installed."),
 }
 
 

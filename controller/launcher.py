@@ -31,7 +31,7 @@ from os_ken import cfg
 from os_ken.base import app_manager
 
 from client_lib import sdnotify
-from client_lib.errors import InvalidArgument
+from client_lib.config import ROLES, parse
 from client_lib.reload import Outcome, Reloader, compare, set_log_level
 from controller.app import MetaFlowApp
 from controller.core import LIVE_SETTINGS
@@ -110,15 +110,11 @@ def reload(app: Reconfigurable, new_args: argparse.Namespace) -> Outcome:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    # Flags over the --config file, checked before anything listens (a refusal exits 2).
+    args, settings = parse(ROLES["controller"], parser(), argv, from_args)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     set_log_level(args.log_level, "os_ken")
-    try:
-        settings = from_args(args)
-    except InvalidArgument as exc:
-        print(f"metaflow-controller: {exc}", file=sys.stderr)
-        return 2
     importlib.import_module("os_ken.topology.switches")  # registers --observe-links
     cfg.CONF(args=["--ofp-listen-host", settings.of_host, "--ofp-tcp-listen-port", str(settings.of_port),
                    "--observe-links"], project="os_ken")

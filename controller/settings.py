@@ -15,6 +15,7 @@ from btree.flows import DEFAULT_TABLE_BUDGET
 from btree.split import SplitBounds
 from client_lib.api.auth import load_secret
 from client_lib.cidr import Block
+from client_lib.config import add_config_flag, checked
 from client_lib.constants import (
     DEFAULT_GATEWAY,
     DEFAULT_REPLICAS,
@@ -81,6 +82,7 @@ def parser() -> argparse.ArgumentParser:
                     "B-tree, installs MetaFlow flows, splits full servers and takes over failed ones.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_version_flag(p)
+    add_config_flag(p)
     p.add_argument("--secret-file", required=True,
                    help="the cluster's shared secret (make one with: metaflowctl secret FILE); every "
                         "REST call must be signed with it, and the controller signs its calls to agents")
@@ -148,15 +150,10 @@ def parser() -> argparse.ArgumentParser:
 
 def from_args(args: argparse.Namespace) -> Settings:
     """Settings from parsed flags; InvalidArgument names the flag that is wrong."""
-    try:
-        space = Block.parse(args.space)
-    except ValueError as exc:
-        raise InvalidArgument(f"--space: {exc}") from None
-    try:
-        bounds = SplitBounds.parse(args.split)
-        bootstrap = Bootstrap.parse(args.bootstrap)
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
+    space = checked("--space", Block.parse, args.space)
+    secret = checked("--secret-file", load_secret, args.secret_file)
+    bounds = checked("--split", SplitBounds.parse, args.split)
+    bootstrap = checked("--bootstrap", Bootstrap.parse, args.bootstrap)
     for flag, value in (("--heartbeat-timeout", args.heartbeat_timeout), ("--settle", args.settle),
                         ("--locate-timeout", args.locate_timeout),
                         ("--barrier-timeout", args.barrier_timeout), ("--agent-timeout", args.agent_timeout),
@@ -189,4 +186,4 @@ def from_args(args: argparse.Namespace) -> Settings:
                     table_budget=args.table_budget or None,
                     of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
                     rest_port=args.rest_port, open_reads=args.open_reads,
-                    secret=load_secret(args.secret_file))
+                    secret=secret)

@@ -40,11 +40,14 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Coroutine
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from client_lib.resp import OK, ErrorReply, ProtocolError
-from nat_agent._fastpath import CommandParser, FastLane
+from nat_agent.extension import command_parser
 from nat_agent.resp_commands import ArgLimit, ArgumentTooLarge, encode_reply
+
+if TYPE_CHECKING:
+    from nat_agent.extension import FastLane
 
 log = logging.getLogger("metaflow.agent.service")
 
@@ -138,7 +141,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, host: Host) -> None:
         self.host = host
-        self.parser = CommandParser(max_bulk=host.max_bulk, limit=host.arg_limit)
+        self.parser = command_parser(host.max_bulk, host.arg_limit)
         self.transport: asyncio.Transport  # set by connection_made, before any other callback
         self.peer: object = None
         self.ident = 0

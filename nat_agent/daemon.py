@@ -42,6 +42,7 @@ from client_lib.api.admin import Stats
 from client_lib.api.auth import Verifier, load_secret, server_authority
 from client_lib.api.clients import DEFAULT_TIMEOUT
 from client_lib.cidr import Block
+from client_lib.config import ROLES, add_config_flag, checked, parse
 from client_lib.constants import ADMIN_PORT, MAX_VALUE, METAFLOW_PORT, REPLICATION_PORT
 from client_lib.errors import InvalidArgument
 from client_lib.mdid import DEFAULT_SPACE
@@ -50,6 +51,7 @@ from client_lib.version import add_version_flag
 from nat_agent import netinfo
 from nat_agent.admin import AdminApi
 from nat_agent.agent import Agent, Identity
+from nat_agent.extension import PYTHON_PATH_NOTICE, UNAVAILABLE
 from nat_agent.migration import Migrator
 from nat_agent.registration import Registrar
 from nat_agent.replica import ReplicaServer
@@ -71,14 +73,14 @@ which only a restart rebuilds."""
 REGISTERED_POLL_S = 0.05
 
 
-def _hostport(text: str, default_port: int) -> tuple[str, int]:
+def _hostport(text: str, default_port: int, flag: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep:
         return text, default_port
     try:
         return host.strip("[]"), int(port)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad address {text!r}: want HOST:PORT") from None
+        raise InvalidArgument(f"{flag}: bad address {text!r}: want HOST:PORT") from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -159,38 +161,39 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO",
                    choices=LEVELS, help="log level")
     add_version_flag(p)
+    add_config_flag(p)
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = parser()
-    args = p.parse_args(argv)
-    try:
-        args.space = Block.parse(args.space)
-        args.own = None if args.own is None else [Block.parse(b) for b in args.own]
-    except ValueError as exc:
-        p.error(str(exc))
+    """The flags over the ``--config`` file, checked (`from_args`); anything wrong exits 2."""
+    return parse(ROLES["agent"], parser(), argv, from_args)[1]
+
+
+def from_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed flags checked, with addresses, blocks and the secret read
+    into their values; InvalidArgument names the flag that is wrong."""
+    args.space = checked("--space", Block.parse, args.space)
+    args.own = None if args.own is None else [checked("--own", Block.parse, b) for b in args.own]
     if args.secret_file is None:
-        p.error("--secret-file FILE is required: the admin API accepts only requests signed with the "
-                "cluster's secret. Make one with `metaflowctl secret FILE` or "
-                "`python -c 'from client_lib.api.auth import write_secret; write_secret(\"FILE\")'`, "
-                "and give the same file to the controller and every agent")
-    try:
-        args.secret = load_secret(args.secret_file)
-    except InvalidArgument as exc:
-        p.error(str(exc))
+        raise InvalidArgument(
+            "--secret-file FILE is required: the admin API accepts only requests signed with the "
+            "cluster's secret. Make one with `metaflowctl secret FILE` or "
+            "`python -c 'from client_lib.api.auth import write_secret; write_secret(\"FILE\")'`, "
+            "and give the same file to the controller and every agent")
+    args.secret = checked("--secret-file", load_secret, args.secret_file)
     for flag in ("peer_timeout", "replication_timeout", "heartbeat"):
         if not getattr(args, flag) > 0:
-            p.error(f"--{flag.replace('_', '-')} must be positive")
+            raise InvalidArgument(f"--{flag.replace('_', '-')} must be positive")
     if not 0 <= args.workers <= 64:
-        p.error("--workers must be between 0 and 64")
-    args.listen = _hostport(args.listen, METAFLOW_PORT)
+        raise InvalidArgument("--workers must be between 0 and 64")
+    args.listen = _hostport(args.listen, METAFLOW_PORT, "--listen")
     if args.rewrite == "local" and args.listen[0] not in ("", "0.0.0.0"):
-        p.error(f"--rewrite local needs --listen 0.0.0.0:PORT: requests arrive addressed to "
-                f"MetaDataIDs, which a listener bound to {args.listen[0]} never sees")
-    args.admin = _hostport(args.admin, ADMIN_PORT)
+        raise InvalidArgument(f"--rewrite local needs --listen 0.0.0.0:PORT: requests arrive addressed to "
+                              f"MetaDataIDs, which a listener bound to {args.listen[0]} never sees")
+    args.admin = _hostport(args.admin, ADMIN_PORT, "--admin")
     args.replication = _hostport(args.replication or f"{args.admin[0]}:{REPLICATION_PORT}",
-                                 REPLICATION_PORT)
+                                 REPLICATION_PORT, "--replication")
     return args
 
 
@@ -247,6 +250,8 @@ async def run(args: argparse.Namespace) -> None:
     loop.add_signal_handler(signal.SIGHUP, reloader)
     data_ip, data_mac, data_interface = _data_address(args)
     name = args.name or f"{socket.gethostname()}-{args.listen[1]}"
+    if UNAVAILABLE is not None:
+        log.warning("%s; %s", UNAVAILABLE, PYTHON_PATH_NOTICE)
     async with contextlib.AsyncExitStack() as undo:
         store = open_store(args.store, args.space.width, args.fsync)
         undo.push_async_callback(store.close)

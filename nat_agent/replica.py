@@ -50,9 +50,9 @@ from client_lib.cidr import Block
 from client_lib.constants import MAX_KEY
 from client_lib.errors import AuthError
 from client_lib.resp import OK, ErrorReply, ProtocolError, Reply
-from nat_agent._fastpath import CommandParser
 from nat_agent.agent import Agent
 from nat_agent.connection import resume
+from nat_agent.extension import command_parser
 from nat_agent.replication import check_hello
 from nat_agent.resp_commands import ArgumentTooLarge, encode_reply
 from nat_agent.store import decode_path
@@ -264,7 +264,7 @@ class Stream(asyncio.Protocol):
 
     def __init__(self, server: ReplicaServer) -> None:
         self.server = server
-        self.parser = CommandParser(max_bulk=server.max_bulk, limit=server.arg_limit)
+        self.parser = command_parser(server.max_bulk, server.arg_limit)
         self.transport: asyncio.Transport
         self.peer: object = None
         self.sender: str | None = None   # set once authenticated

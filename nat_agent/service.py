@@ -50,7 +50,8 @@ The compiled path (`nat_agent._fastpath.FastLane`, ``--request-path``): GET,
 SET, EXISTS and PING are answered in Rust where the answer is a plain success
 that needs no waiting (the table of `Ownership.fast_ranges`, a store with
 `record_access`); this class answers everything else, words every error, and
-is the oracle the lane is tested against.
+is the oracle the lane is tested against. An install without the extension
+(`nat_agent.extension`) has no lane: this class answers everything.
 
 Limits, so that this port, which faces every client of the file system,
 cannot be starved by one of them (the mechanics are in `connection.py`):
@@ -81,7 +82,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from client_lib.cidr import Block
 from client_lib.constants import ELIST_DEFAULT, ELIST_MAX, MAX_KEY, MAX_VALUE, METAFLOW_PORT
@@ -97,7 +98,6 @@ from client_lib.resp import (
     parse_moved,
 )
 from client_lib.version import version
-from nat_agent._fastpath import ArgLimits, FastLane, Keyspace, LaneView, ServiceLoop
 from nat_agent.agent import Agent
 from nat_agent.anyip import transparent_listener
 from nat_agent.connection import (
@@ -116,11 +116,15 @@ from nat_agent.connection import (
     sweep_interval,
     timed_out,
 )
+from nat_agent.extension import FAST_LANE, KEYSPACE, LANE_VIEW, SERVICE_LOOP, arg_limits
 from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
 from nat_agent.resp_commands import ArgLimit, encode_reply
 from nat_agent.store import Condition, IfEqual, InDirectory, RecordAccess, check_width
+
+if TYPE_CHECKING:
+    from nat_agent.extension import FastLane, Keyspace, ServiceLoop
 
 log = logging.getLogger("metaflow.agent.service")
 T = TypeVar("T")
@@ -165,8 +169,10 @@ SHUTTING_DOWN = "the server is shutting down"
 
 def keyspace(space: Block) -> Keyspace:
     """The compiled path's key step (normalize, hash, record key) for
-    `space`, given every number it needs from its one Python declaration."""
-    return Keyspace(space=space, digest_size=digest_size(space), id_bytes=check_width(space.width),
+    `space`, given every number it needs from its one Python declaration
+    (only asked for with the extension: there is no lane without it)."""
+    assert KEYSPACE is not None
+    return KEYSPACE(space=space, digest_size=digest_size(space), id_bytes=check_width(space.width),
                     max_length=PATH_MAX, name_max=NAME_MAX)
 
 
@@ -228,7 +234,7 @@ class MetadataService:
         self.stats: Counter[str] = Counter()
         # Only values may be long (SET's, IFEQ's and ECREATE's); every other
         # argument is a key, a name or a word.
-        self.arg_limit: ArgLimit = ArgLimits(MAX_KEY, limits.max_value, list(_VALUES_FROM.items()))
+        self.arg_limit: ArgLimit = arg_limits(MAX_KEY, limits.max_value, list(_VALUES_FROM.items()))
         self._connections: set[Connection] = set()
         self._started = time.monotonic()
         self._server: asyncio.AbstractServer | None = None
@@ -270,19 +276,20 @@ class MetadataService:
         STAT, a debugging aid answered for any ID."""
 
     def _fast_lane(self, access: RecordAccess | None) -> FastLane | None:
-        """The compiled path over the store's records, if it allows one; the
-        ownership and the replicator then keep its view current."""
-        if access is None:
+        """The compiled path over the store's records, if it allows one and the
+        extension is there (`nat_agent.extension`); the ownership and the
+        replicator then keep its view current."""
+        if access is None or FAST_LANE is None or LANE_VIEW is None:
             return None
-        view = LaneView()
+        view = LANE_VIEW()
         view.set_version(self.ownership.version)
         self.ownership.on_version = view.set_version
         view.set_writing(len(self.writing))
         self.replicator.on_writing = view.set_writing
-        return FastLane(keyspace=keyspace(self.space), view=view, access=access,
-                        stats=self.stats, counters=[(name, spec[3]) for name, spec in self._commands.items()
-                                                    if name in FAST_COMMANDS], total="compiled_requests",
-                        buckets=Buckets.of(self.space))
+        return FAST_LANE(keyspace=keyspace(self.space), view=view, access=access,
+                         stats=self.stats, counters=[(name, spec[3]) for name, spec in self._commands.items()
+                                                     if name in FAST_COMMANDS], total="compiled_requests",
+                         buckets=Buckets.of(self.space))
 
     def lane(self) -> FastLane | None:
         """The compiled path, its view's table in step with the ownership
@@ -340,7 +347,8 @@ class MetadataService:
         def handoff(*handed: Any) -> None:  # on a worker thread
             loop.call_soon_threadsafe(self._serve_handed, *handed)
 
-        self._workers = ServiceLoop(
+        assert SERVICE_LOOP is not None  # there is a lane
+        self._workers = SERVICE_LOOP(
             listeners=[sock.detach() for sock in listeners], lane=lane, refresh=self.lane, handoff=handoff,
             connected=self._connected, refused=self._refused, reclaimed=self._reclaimed,
             overdue=functools.partial(overdue, self.stats), dropped=functools.partial(dropped, self.stats),

@@ -36,6 +36,7 @@ import trio
 
 from client_lib import sdnotify
 from client_lib.client import MetaFlowClient, host_port
+from client_lib.config import ROLES, add_config_flag, parse
 from client_lib.ctl import add_connection, client_from
 from client_lib.errors import InvalidArgument, MetaFlowError, NamespaceError
 from client_lib.fs.central import CentralRecords
@@ -320,16 +321,22 @@ def parser() -> argparse.ArgumentParser:
                         "a central metadata server is; the connection arguments are then unused)")
     p.add_argument("--allow-other", action="store_true", help="let other users than the mounting one in")
     p.add_argument("--debug", action="store_true", help="log every failure in full, and FUSE's own debug")
+    add_config_flag(p)
     return p
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = parser()
-    args = p.parse_args(argv)
-    if args.attr_timeout < 0 or args.entry_timeout < 0:
-        p.error("cache timeouts must not be negative")
+    """The flags over the ``--config`` file, checked (`from_args`); anything wrong exits 2."""
+    return parse(ROLES["fs"], parser(), argv, from_args)[1]
+
+
+def from_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed flags checked; InvalidArgument names the flag that is wrong."""
+    for flag in ("attr_timeout", "entry_timeout"):
+        if getattr(args, flag) < 0:
+            raise InvalidArgument(f"--{flag.replace('_', '-')} must not be negative")
     if not 2 <= args.root < 1 << 63 and args.root != ROOT:
-        p.error("--root must be 1 or an inode number from 2 to 2**63 - 1")
+        raise InvalidArgument("--root must be 1 or an inode number from 2 to 2**63 - 1")
     return args
 
 

@@ -1,26 +1,33 @@
-"""The flag tables of docs/reference/flags.md against the parsers they come from.
+"""The flag tables of docs/reference/flags.md, and the configuration keys of
+docs/reference/configuration.md, against the parsers they come from.
 
-Each command's flags are declared once, in its argparse parser; the page's
+Each command's flags are declared once, in its argparse parser; the pages'
 tables are generated from them (`python -m docs.flag_tables`, run by `make
 docs`). A flag added, removed, renamed, re-described or given another default
-in the code must fail here until the page is regenerated.
+in the code must fail here until the pages are regenerated.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
+from client_lib.config import ROLES, Role, add_config_flag
 from docs.flag_tables import (
     COMMANDS,
+    CONFIG,
+    CONFIG_PAGE,
     PAGE,
     Command,
     begin_marker,
     blocks,
     current,
     end_marker,
+    main,
     render,
+    render_keys,
     update,
 )
 
@@ -80,3 +87,46 @@ def test_a_changed_parser_makes_the_committed_table_stale() -> None:
 def test_a_page_without_a_command_s_markers_is_refused() -> None:
     with pytest.raises(KeyError, match="toy"):
         update("# Flags\n", {"toy": render(_toy())})
+
+
+@pytest.mark.parametrize("role", ROLES.values(), ids=lambda role: role.name)
+def test_the_configuration_page_shows_the_keys_the_parser_declares(role: Role) -> None:
+    committed = blocks(CONFIG_PAGE.read_text(), [role.program], CONFIG)[role.program]
+    assert committed == render_keys(role.parser()), (
+        f"the keys of {role.program} in {CONFIG_PAGE} differ from its parser: "
+        "run `python -m docs.flag_tables`")
+
+
+def test_key_rows_say_key_type_default_and_meaning() -> None:
+    p = _toy()
+    p.add_argument("--own", action="append", metavar="CIDR", help="repeatable")
+    add_config_flag(p)
+    assert render_keys(p).splitlines() == [
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+        "| `target` | string | required | where to |",
+        '| `mode` | "a" \\| "b" | `"a"` | a \\| b, &lt;chosen&gt; |',
+        "| `rate` | number | `2.5` | toy's rate |",
+        "| `secret-file` | string | required | the secret |",
+        "| `quiet` | boolean | `false` | say less |",
+        "| `name` | string | none |  |",
+        "| `own` | list of string (CIDR) | none | repeatable |",
+    ]
+
+
+def test_the_check_names_a_stale_configuration_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Copies of both pages, one of them made stale: --check names it, a run rewrites it."""
+    stale, flags = tmp_path / "configuration.md", tmp_path / "flags.md"
+    flags.write_text(PAGE.read_text())
+    page = CONFIG_PAGE.read_text()
+    agent = blocks(page, ["metaflow-agent"], CONFIG)["metaflow-agent"]
+    renamed = agent.replace("| `workers` |", "| `threads` |")
+    assert renamed != agent
+    stale.write_text(update(page, {"metaflow-agent": renamed}, CONFIG))
+    monkeypatch.setattr("docs.flag_tables.CONFIG_PAGE", stale)
+    monkeypatch.setattr("docs.flag_tables.PAGE", flags)
+    assert main(["--check"]) == 1
+    assert capsys.readouterr().err.strip() == f"{stale}: the config of metaflow-agent differ from its parser"
+    main([])
+    assert stale.read_text() == page and main(["--check"]) == 0

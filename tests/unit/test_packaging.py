@@ -7,6 +7,9 @@ included), and each third-party module is mapped to the distribution that
 provides it in this venv. `make check-install` then installs each role
 alone on every supported Python. Which package may import which is the
 layering rule's (tests/unit/test_layers.py).
+
+The compiled extension is declared to setuptools-rust, so that a wheel
+carries it (abi3) and an sdist carries its crate.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from setuptools.command.egg_info import FileList
 
 from controller.ctl import COMMAND_GROUP, COMMANDS, Command
 
@@ -178,3 +183,57 @@ def test_every_console_script_resolves() -> None:
         path = ROOT / (module.replace(".", "/") + ".py")
         tree = ast.parse(path.read_text())
         assert any(isinstance(n, ast.FunctionDef) and n.name == function for n in tree.body), name
+
+
+# -- the compiled extension in the distribution ---------------------------------
+
+CRATE = ROOT / "nat_agent/fastpath"
+
+
+def _extension() -> dict[str, Any]:
+    modules: list[dict[str, Any]] = _pyproject()["tool"]["setuptools-rust"]["ext-modules"]
+    assert len(modules) == 1
+    return modules[0]
+
+
+def _cargo() -> dict[str, Any]:
+    with open(CRATE / "Cargo.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def test_the_wheel_builds_the_extension_from_the_locked_crate() -> None:
+    """What `pip` builds is what the agent imports (`nat_agent.extension`),
+    from the crate's Cargo.lock, optimized even in an editable install."""
+    requires = {_requirement(text)[0] for text in _pyproject()["build-system"]["requires"]}
+    assert "setuptools-rust" in requires
+    ext = _extension()
+    assert ext["target"] == "nat_agent._fastpath" and ext["binding"] == "PyO3"
+    assert (ROOT / ext["path"]).resolve() == CRATE / "Cargo.toml"
+    lib = _cargo()["lib"]
+    assert (lib["name"], lib["crate-type"]) == (ext["target"].rpartition(".")[2], ["cdylib"])
+    assert "--locked" in ext["cargo-manifest-args"] and ext["debug"] is False
+
+
+def test_the_wheel_is_abi3_from_the_oldest_python_claimed() -> None:
+    """One wheel for every CPython from requires-python on: the wheel's tag,
+    the crate's pyo3 feature and requires-python name the same version."""
+    oldest = re.fullmatch(r">=3\.(\d+)", _project()["requires-python"])
+    assert oldest
+    minor = oldest.group(1)
+    assert _pyproject()["tool"]["distutils"]["bdist_wheel"]["py-limited-api"] == f"cp3{minor}"
+    assert f"abi3-py3{minor}" in _cargo()["dependencies"]["pyo3"]["features"]
+
+
+def test_the_sdist_carries_the_crate_and_none_of_its_build_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MANIFEST.in, applied by setuptools to this tree, selects exactly the
+    crate's files that git tracks (Cargo.toml, Cargo.lock, the sources):
+    an sdist can build the extension, and ships no target/ directory."""
+    monkeypatch.chdir(ROOT)
+    selected = FileList()
+    for line in (ROOT / "MANIFEST.in").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            selected.process_template_line(line)
+    tracked = subprocess.run(["git", "ls-files", str(CRATE.relative_to(ROOT))], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.split()
+    assert sorted(selected.files) == sorted(tracked)
+    assert {Path(path).name for path in tracked} >= {"Cargo.toml", "Cargo.lock", "lib.rs"}
