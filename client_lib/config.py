@@ -302,6 +302,33 @@ def parse(role: Role, p: argparse.ArgumentParser, argv: Sequence[str] | None,
         p.error(layered.blame(str(exc), p))
 
 
+def rereader(role: Role, make_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[str] | None,
+             check: Callable[[argparse.Namespace], object]) -> Callable[[], argparse.Namespace] | None:
+    """What a daemon's SIGHUP re-reads: its command line (which cannot change)
+    over its ``--config`` file as the file is now, checked by `check` (the
+    daemon's own checks, run for their refusals). None when the command line
+    names no file: there is nothing to re-read. Unlike `parse`, a refusal
+    raises InvalidArgument (naming the file and key) instead of exiting: the
+    daemon is running, and a bad edit must leave it running as it was."""
+    line = list(sys.argv[1:] if argv is None else argv)
+    if config_path(line) is None:
+        return None
+
+    def reread() -> argparse.Namespace:
+        p = make_parser()   # `layer` relaxes the parser it is given: a fresh one each time
+        try:
+            layered = layer(role, p, line)
+        except SystemExit:
+            raise InvalidArgument("the command line no longer parses over the file "
+                                  "(a required setting left it?)") from None
+        try:
+            check(layered.args)
+        except InvalidArgument as exc:
+            raise InvalidArgument(layered.blame(str(exc), p)) from None
+        return layered.args
+    return reread
+
+
 def toml_value(value: object) -> str | None:
     """A setting as a TOML value (None: TOML has no null)."""
     if value is None:

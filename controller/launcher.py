@@ -31,7 +31,7 @@ from os_ken import cfg
 from os_ken.base import app_manager
 
 from client_lib import sdnotify
-from client_lib.config import ROLES, parse
+from client_lib.config import ROLES, parse, rereader
 from client_lib.reload import Outcome, Reloader, compare, set_log_level
 from controller.app import MetaFlowApp
 from controller.core import LIVE_SETTINGS
@@ -39,6 +39,8 @@ from controller.settings import Settings, from_args, parser
 
 log = logging.getLogger("metaflow.controller")
 
+SIGNAL_SLICE_S = 0.2
+"""How long the main thread waits for a queued signal before it checks again."""
 LISTEN_WAIT_S = 10.0
 """How long os-ken's OpenFlow server may take to listen before the start counts as failed."""
 
@@ -138,12 +140,26 @@ def main(argv: list[str] | None = None) -> int:
         return _exit(app, 1)
     sdnotify.ready(f"OpenFlow on {settings.of_host}:{settings.of_port}, "
                    f"REST on {settings.rest_host}:{settings.rest_port}")
-    reloader: Reloader[argparse.Namespace] = Reloader(log, None, lambda new_args: reload(app, new_args))
-    while (signum := signals.get()) == signal.SIGHUP:
+    reread = rereader(ROLES["controller"], parser, argv, from_args)
+    reloader: Reloader[argparse.Namespace] = Reloader(log, reread, lambda new_args: reload(app, new_args))
+    while (signum := _next_signal(signals)) == signal.SIGHUP:
         reloader()
     sdnotify.stopping()
     log.info("stopping on signal %d; switches keep their flows", signum)
     return _exit(app, 0)
+
+
+def _next_signal(signals: queue.SimpleQueue[int]) -> int:
+    """The next signal the handlers queued. Waited for in slices: the kernel may
+    deliver a signal to any of os-ken's threads, which then only flags it for
+    the main thread to handle when it next runs Python code; a main thread
+    blocked in one long `get` would sleep through it (a SIGHUP right after a
+    reload was once lost this way, until the next signal woke the thread)."""
+    while True:
+        try:
+            return signals.get(timeout=SIGNAL_SLICE_S)
+        except queue.Empty:
+            continue
 
 
 def _exit(app: MetaFlowApp, code: int) -> int:

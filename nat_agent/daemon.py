@@ -42,7 +42,7 @@ from client_lib.api.admin import Stats
 from client_lib.api.auth import Verifier, load_secret, server_authority
 from client_lib.api.clients import DEFAULT_TIMEOUT
 from client_lib.cidr import Block
-from client_lib.config import ROLES, add_config_flag, checked, parse
+from client_lib.config import ROLES, add_config_flag, checked, parse, rereader
 from client_lib.constants import ADMIN_PORT, MAX_VALUE, METAFLOW_PORT, REPLICATION_PORT
 from client_lib.errors import InvalidArgument
 from client_lib.mdid import DEFAULT_SPACE
@@ -239,14 +239,15 @@ async def _until_registered(registrar: Registrar, stop: asyncio.Event) -> None:
         await asyncio.sleep(REGISTERED_POLL_S)
 
 
-async def run(args: argparse.Namespace) -> None:
+async def run(args: argparse.Namespace, reread: Callable[[], argparse.Namespace] | None = None) -> None:
+    """The agent until SIGTERM; SIGHUP applies what `reread` gives (None: no file to re-read)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     registrar: Registrar | None = None
     # Installed first: SIGHUP's default action would end the agent while it starts.
-    reloader: Reloader[argparse.Namespace] = Reloader(log, None, lambda new: reload(args, new, registrar))
+    reloader: Reloader[argparse.Namespace] = Reloader(log, reread, lambda new: reload(args, new, registrar))
     loop.add_signal_handler(signal.SIGHUP, reloader)
     data_ip, data_mac, data_interface = _data_address(args)
     name = args.name or f"{socket.gethostname()}-{args.listen[1]}"
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         import uvloop
         runner = uvloop.run
     try:
-        runner(run(args))
+        runner(run(args, rereader(ROLES["agent"], parser, argv, from_args)))
     except (OSError, ValueError) as exc:
         log.error("cannot run: %s", exc)
         return 1

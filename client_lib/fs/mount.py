@@ -36,7 +36,7 @@ import trio
 
 from client_lib import sdnotify
 from client_lib.client import MetaFlowClient, host_port
-from client_lib.config import ROLES, add_config_flag, parse
+from client_lib.config import ROLES, add_config_flag, parse, rereader
 from client_lib.ctl import add_connection, client_from
 from client_lib.errors import InvalidArgument, MetaFlowError, NamespaceError
 from client_lib.fs.central import CentralRecords
@@ -368,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"metaflow-fs: cannot mount on {args.mountpoint}: {exc}", file=sys.stderr)
         return 2
     log.info("mounted on %s (root inode %d)", args.mountpoint, args.root)
-    reloader: Reloader[argparse.Namespace] = Reloader(log, None,
+    reloader: Reloader[argparse.Namespace] = Reloader(log, rereader(ROLES["fs"], parser, argv, from_args),
                                                       lambda new: reload(args, new, operations))
     try:
         trio.run(_serve_until_stopped, args.mountpoint, reloader)

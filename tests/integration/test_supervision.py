@@ -221,3 +221,47 @@ def test_the_mount_is_ready_once_it_answers(manager: Manager, tmp_path: Path,
         assert not mount.mounted()
     finally:
         mount.kill()
+
+
+def _controller_with_file(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "controller.launcher", "--config", str(config)],
+                                cwd=ROOT, stdout=out, stderr=out)
+
+
+def test_sighup_rereads_the_controllers_file_applies_what_it_can_and_keeps_serving_on_a_bad_edit(
+        manager: Manager, tmp_path: Path) -> None:
+    """The file is re-read over the command line: a live setting is applied,
+    one that needs a restart is named and not applied, and an edit that does
+    not validate is refused with the file and key while the controller serves on."""
+    secret = write_secret(tmp_path / "secret")
+    of_port, rest_port, log = listen_port(), listen_port(), tmp_path / "controller.log"
+    config = tmp_path / "controller.toml"
+    base = f'role = "controller"\nsecret-file = "{secret}"\nof-port = {of_port}\nrest-port = {rest_port}\n'
+    config.write_text(base + "load-poll = 1.0\n")
+    proc = _controller_with_file(config, log)
+    try:
+        manager.until("READY", proc)
+        api = ApiClient(f"http://127.0.0.1:{rest_port}", load_secret(secret), timeout=5)
+        config.write_text(base + "load-poll = 2.5\nlog-level = \"DEBUG\"\n")
+        proc.send_signal(signal.SIGHUP)
+        _wait_for_log(log, "reload: applied", proc)
+        applied = next(line for line in log.read_text().splitlines() if "reload: applied" in line)
+        assert "load_poll_s 1.0 -> 2.5" in applied and "log_level 'INFO' -> 'DEBUG'" in applied
+        config.write_text(base.replace(f"of-port = {of_port}", f"of-port = {listen_port()}")
+                          + "load-poll = 2.5\nlog-level = \"DEBUG\"\n")
+        proc.send_signal(signal.SIGHUP)
+        _wait_for_log(log, "only applied by a restart", proc)
+        assert "of_port" in log.read_text().split("only applied by a restart")[-1].splitlines()[0]
+        assert _accepts(of_port)   # the running port stays
+        config.write_text(base + "load-poll = -3\n")
+        proc.send_signal(signal.SIGHUP)
+        _wait_for_log(log, "reload refused", proc)
+        refused = next(line for line in log.read_text().splitlines() if "reload refused" in line)
+        assert str(config) in refused and "load-poll" in refused
+        assert not api.call(REST.tree).built   # still serving
+        _stopped_cleanly(manager, proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
