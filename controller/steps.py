@@ -107,6 +107,20 @@ class FailNow(Request):
 
 
 @dataclass(frozen=True)
+class DrainNow(Request):
+    """Start draining a server (`controller.drain`); answered at once."""
+
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class UndrainNow(Request):
+    """A drained server goes back to the idle pool."""
+
+    name: str = ""
+
+
+@dataclass(frozen=True)
 class StepDone:
     step: int
     result: object = None
@@ -119,7 +133,7 @@ class StepFailed:
 
 
 Event = (SwitchUp | SwitchDown | LinkUp | LinkDown | PortDown | PortUp | ArpIn | Tick | Register
-         | Heartbeat | SplitNow | FailNow | StepDone | StepFailed)
+         | Heartbeat | SplitNow | FailNow | DrainNow | UndrainNow | StepDone | StepFailed)
 
 
 # -- steps: what the core asks for -----------------------------------------------
