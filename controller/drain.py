@@ -32,10 +32,11 @@ server serves what it still holds), and is asked for again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from btree.drain import DrainPlan, plan_drain
 from btree.replicas import ReplicaSet
+from client_lib.api.admin import ADMIN, AssignRequest
 from client_lib.api.rest import Outcome
 from client_lib.cidr import Block
 from controller import migrations
@@ -43,7 +44,14 @@ from controller.move import move_blocks
 from controller.oracles import KEYS, Ask, answered
 from controller.repair import sync
 from controller.saga import Cancelled, Operation, Saga, StepError
+from controller.steps import CallAgent, Wait
 from controller.world import Drain, SagaWorld
+
+TRIES = 3
+"""How often a drain tells an agent its roles before it gives up: one lost
+answer must not leave a member at an older epoch (nothing else would
+correct it while nobody writes to the block)."""
+RETRY_S = 0.5
 
 MOVES_PER_BLOCK = 3
 """How many moves (of a primary's block, or of a copy) a drain makes at most
@@ -80,6 +88,10 @@ def drain_saga(world: SagaWorld, op: Operation, name: str) -> Saga:
             owned, backups = holdings(world, name)
             return _stopped(world, name, drain, f"still holds {len(owned)} blocks and {len(backups)} "
                                                 f"copies after {budget} moves")
+        op.step = "empty"
+        unconfirmed = yield from _emptied(world, name)
+        if unconfirmed:
+            return _stopped(world, name, drain, f"{name} did not confirm it holds nothing: {unconfirmed}")
     except Cancelled as why:
         return _stopped(world, name, drain, f"cancelled: {why}")
     drain.state, drain.finished = "drained", world.clock()
@@ -181,8 +193,40 @@ def _without(world: SagaWorld, block: Block, wanted: ReplicaSet, member: str) ->
         return
     replicas.assign(block, [m for m in wanted.members if m != member], wanted.unsynced - {member})
     try:
-        yield from world.reassign([block])
-    except StepError as failed:
-        world.event("assign-unconfirmed", logging.WARNING, block=str(block), reason=str(failed),
+        unconfirmed = yield from _tried(lambda: world.reassign([block]))
+    except Cancelled:   # the set has changed: its members must hear it all the same
+        yield from _tried(lambda: world.reassign([block]))
+        raise
+    if unconfirmed:
+        world.event("assign-unconfirmed", logging.WARNING, block=str(block), reason=unconfirmed,
                     note="a member left at the older epoch fences the primary; a repair follows")
     yield from migrations.drop(world, member, [block], "drained")
+
+
+def _emptied(world: SagaWorld, name: str) -> Saga:
+    """The drained server is told it holds nothing (an exclusive assignment
+    of no roles: it deletes whatever is left, e.g. a copy whose drop was not
+    confirmed); "" once it says so, else why not."""
+    server = world.registry[name]
+
+    def tell() -> Saga:
+        yield CallAgent(server=name, url=server.admin_url, route=ADMIN.assign,
+                        body=AssignRequest([], exclusive=True))
+
+    return (yield from _tried(tell))
+
+
+def _tried(saga: Callable[[], Saga]) -> Saga:
+    """Run `saga` (idempotent: the same roles at the same epochs) up to
+    `TRIES` times while a step fails; "" once it went through, else the last failure."""
+    reason = ""
+    for attempt in range(TRIES):
+        if attempt:
+            yield Wait(seconds=RETRY_S)
+        try:
+            yield from saga()
+        except StepError as failed:
+            reason = str(failed)
+        else:
+            return ""
+    return reason
