@@ -77,7 +77,6 @@ from controller.steps import (
     SwitchDown,
     SwitchUp,
     Tick,
-    UndrainNow,
 )
 from controller.watch import LoadWatch, owner_loads
 from controller.world import Drain, SagaWorld
@@ -165,10 +164,10 @@ class MetaFlowCore:
             return self._split_now(event)
         if isinstance(event, FailNow):
             return self._fail_now(event)
+        if isinstance(event, DrainNow) and event.undrain:
+            return self._answer(event.reply, lambda: self._undrain(event.name))
         if isinstance(event, DrainNow):
             return self._drain_now(event)
-        if isinstance(event, UndrainNow):
-            return self._answer(event.reply, lambda: self._undrain(event.name))
         raise TypeError(f"unknown event {event!r}")
 
     # -- steps and their outcomes -----------------------------------------------------

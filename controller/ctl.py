@@ -55,18 +55,13 @@ def _status(p: argparse.ArgumentParser) -> Runner:
     return run
 
 
-def _drain(p: argparse.ArgumentParser) -> Runner:
-    from controller.drainctl import add_drain_arguments, run_drain
+def _drain_command(undrain: bool) -> Setup:
+    def setup(p: argparse.ArgumentParser) -> Runner:
+        from controller.drainctl import add_arguments
 
-    add_drain_arguments(p)
-    return run_drain
+        return add_arguments(p, undrain)
 
-
-def _undrain(p: argparse.ArgumentParser) -> Runner:
-    from controller.drainctl import add_undrain_arguments, run_undrain
-
-    add_undrain_arguments(p)
-    return run_undrain
+    return setup
 
 
 def _key_command(put: bool) -> Setup:
@@ -104,10 +99,11 @@ def _run_secret(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Command] = {
     "status": Command("the controller's tree, servers, flow tables and recent events", _status,
                       "Read every view of the controller's REST API and print a summary (or JSON)."),
-    "drain": Command("move everything a server holds to others, then keep it out of service", _drain,
+    "drain": Command("move everything a server holds to others, then keep it out of service",
+                     _drain_command(undrain=False),
                      "Start draining SERVER and print its progress until it holds nothing (it may then "
                      "be stopped with nothing lost and no fail-over), or until the drain stops short."),
-    "undrain": Command("return a drained server to the idle pool", _undrain),
+    "undrain": Command("return a drained server to the idle pool", _drain_command(undrain=True)),
     "get": Command("print the value stored for a path", _key_command(put=False)),
     "put": Command("store metadata (or --value) for a path", _key_command(put=True)),
     "del": Command("delete a path's metadata", _key_command(put=False)),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 
 from client_lib.api.rest import REST, DrainInfo
 from client_lib.errors import MetaFlowError
@@ -23,17 +24,17 @@ from controller.status import add_controller_arguments, controller_client, faile
 POLL_S = 1.0
 
 
-def add_drain_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("server", help="the storage server's name, as it registered")
+def add_arguments(p: argparse.ArgumentParser, undrain: bool) -> Callable[[argparse.Namespace], int]:
+    """The arguments of `drain` (or `undrain`), and the function that runs it."""
+    p.add_argument("server", help="the drained server's name" if undrain
+                   else "the storage server's name, as it registered")
     add_controller_arguments(p)
+    if undrain:
+        return run_undrain
     p.add_argument("--poll", type=float, default=POLL_S, metavar="S",
                    help=f"seconds between progress reads (default {POLL_S:g})")
     p.add_argument("--no-wait", action="store_true", help="start the drain and return at once")
-
-
-def add_undrain_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("server", help="the drained server's name")
-    add_controller_arguments(p)
+    return run_drain
 
 
 def progress(name: str, info: DrainInfo) -> str:

@@ -108,16 +108,11 @@ class FailNow(Request):
 
 @dataclass(frozen=True)
 class DrainNow(Request):
-    """Start draining a server (`controller.drain`); answered at once."""
+    """Start draining a server (`controller.drain`), answered at once; or,
+    `undrain`, return a drained one to the idle pool."""
 
     name: str = ""
-
-
-@dataclass(frozen=True)
-class UndrainNow(Request):
-    """A drained server goes back to the idle pool."""
-
-    name: str = ""
+    undrain: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,7 +128,7 @@ class StepFailed:
 
 
 Event = (SwitchUp | SwitchDown | LinkUp | LinkDown | PortDown | PortUp | ArpIn | Tick | Register
-         | Heartbeat | SplitNow | FailNow | DrainNow | UndrainNow | StepDone | StepFailed)
+         | Heartbeat | SplitNow | FailNow | DrainNow | StepDone | StepFailed)
 
 
 # -- steps: what the core asks for -----------------------------------------------

@@ -32,7 +32,7 @@ from client_lib.errors import Conflict, NotFound
 from controller import views
 from controller.ctl import main
 from controller.rest import RestApi, RestServer
-from controller.steps import DrainNow, FailNow, SplitNow, UndrainNow
+from controller.steps import DrainNow, FailNow, SplitNow
 from tests.unit.controller_world import SECRET, World, check_consistent, fill
 from tests.unit.test_controller_faults import _check_drained
 from tests.unit.test_tree_split import check_invariants, hand_tree, topo_fabric, topo_tree
@@ -186,8 +186,8 @@ def test_refusals_end_in_defined_states_with_their_reasons() -> None:
     world, name, _ = _world(2)
     with_reason = world.ask(DrainNow, name="nobody")
     assert isinstance(with_reason, NotFound) and "nobody" in str(with_reason)
-    assert isinstance(world.ask(UndrainNow, name="nobody"), NotFound)
-    refused = world.ask(UndrainNow, name=name)
+    assert isinstance(world.ask(DrainNow, undrain=True, name="nobody"), NotFound)
+    refused = world.ask(DrainNow, undrain=True, name=name)
     assert isinstance(refused, Conflict) and "not drained" in str(refused)
 
     # a second drain, and an undrain, while the first runs
@@ -195,7 +195,7 @@ def test_refusals_end_in_defined_states_with_their_reasons() -> None:
     world.run(limit=1)   # the drain starts; its first step's answer waits in the queue
     assert world.core.world.drains[name].state == "draining"
     world.post(DrainNow("second", name))
-    world.post(UndrainNow("early", name))
+    world.post(DrainNow("early", name, undrain=True))
     world.run()
     assert world.answers["first"].ok
     second, early = world.answers["second"], world.answers["early"]
@@ -212,7 +212,7 @@ def test_refusals_end_in_defined_states_with_their_reasons() -> None:
     assert isinstance(dead, Conflict) and "has failed" in str(dead)
     assert victim not in world.core.world.drains
 
-    undrained = world.ask(UndrainNow, name=name)
+    undrained = world.ask(DrainNow, undrain=True, name=name)
     assert undrained.ok and name not in world.core.world.drains
 
 
@@ -230,7 +230,7 @@ def test_a_drained_server_is_never_chosen_until_undrained() -> None:
     world.tick()
     assert world.tree.state(name) is State.IDLE and not replicas.of(name)
     assert any(e["event"] == "split" for e in world.core.events)
-    world.ask(UndrainNow, name=name)
+    world.ask(DrainNow, undrain=True, name=name)
     neighbour = next(leaf for leaf in world.tree.children(world.tree.parent(name) or "")
                      if leaf != name and world.tree.state(leaf) is State.BUSY)
     fill(world, neighbour, 50, seed=5)
