@@ -1,7 +1,7 @@
 """The world the sagas act on: what they may read and the operations they
 may perform, owned by the core (`controller.core.MetaFlowCore.world`).
 
-A saga (build, split, merge, fail-over, repair, rebalance, the migrations)
+A saga (build, split, merge, fail-over, repair, rebalance, drain, the migrations)
 gets a `SagaWorld`, never the core: it reads the registry, the tree, the
 replica sets and the flow planner, and changes what the core keeps only
 through the operations here (place a set, assign roles, send a flow diff
