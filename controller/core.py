@@ -47,6 +47,7 @@ from client_lib.cidr import Block
 from client_lib.errors import Conflict, NotFound
 from controller import arp, ofmsgs
 from controller.build import build, build_saga
+from controller.drain import drain_saga, holdings
 from controller.failover import failover_saga
 from controller.inventory import Inventory
 from controller.rebalance import rebalance_saga
@@ -59,6 +60,7 @@ from controller.split import split_saga
 from controller.steps import (
     Answer,
     ArpIn,
+    DrainNow,
     Event,
     FailNow,
     Heartbeat,
@@ -78,7 +80,7 @@ from controller.steps import (
     Tick,
 )
 from controller.watch import LoadWatch, owner_loads
-from controller.world import SagaWorld
+from controller.world import Drain, SagaWorld
 from topology.classify import Classification, discovered_graph
 
 log = logging.getLogger("metaflow.controller")
@@ -187,6 +189,10 @@ class MetaFlowCore:
             return self._split_now(event)
         if isinstance(event, FailNow):
             return self._fail_now(event)
+        if isinstance(event, DrainNow) and event.undrain:
+            return self._answer(event.reply, lambda: self._undrain(event.name))
+        if isinstance(event, DrainNow):
+            return self._drain_now(event)
         raise TypeError(f"unknown event {event!r}")
 
     # -- steps and their outcomes -----------------------------------------------------
@@ -565,12 +571,73 @@ class MetaFlowCore:
             return [self._issue_answer(event.reply, NotFound(f"unknown server {event.name!r}"))]
         return self._fail(event.name, event.reason or "marked failed over REST", event.reply)
 
+    # -- drain and undrain -------------------------------------------------------------
+
+    def _drain_now(self, event: DrainNow) -> list[Step]:
+        """Start draining a server (`controller.drain`): answered at once with
+        what it holds (progress: `/drains`), or refused with the reason."""
+        name = event.name
+        try:
+            self._why_not_drain(name)
+        except (Conflict, NotFound) as refused:
+            return [self._issue_answer(event.reply, refused)]
+        owned, backups = holdings(self.world, name)
+        self.world.drains[name] = Drain("draining", self.clock())
+        self.world.event("drain-started", server=name, blocks=len(owned), backups=len(backups))
+        started = Outcome("drain-started", name, True, {"blocks": len(owned), "backups": len(backups)})
+        return [*self.start("drain", name, {name}, lambda op: drain_saga(self.world, op, name)),
+                self._issue_answer(event.reply, started)]
+
+    def _why_not_drain(self, name: str) -> None:
+        """Raise NotFound (404) or Conflict (409) with the reason a drain of `name` cannot start."""
+        server = self.registry[name]
+        if self.tree is None:
+            raise Conflict("the network is not built yet")
+        if server.failed:
+            raise Conflict(f"{name} has failed ({server.failed}): its fail-over moved what it held")
+        drain = self.world.drains.get(name)
+        if drain is not None and drain.out:
+            raise Conflict(f"{name} is already {drain.state}")
+        if not self.world.in_tree(name):
+            raise Conflict(f"{name} is not in the tree: it holds nothing")
+        busy = self.operations.involving(name)
+        if busy:
+            raise Conflict(f"{name} is busy: {busy[0].kind} ({busy[0].step}); try again when it ends")
+
+    def _undrain(self, name: str) -> Outcome:
+        """A drained server goes back to the idle pool: it takes blocks,
+        copies and splits again."""
+        self.registry[name]   # NotFound for an unknown server
+        drain = self.world.drains.get(name)
+        if drain is None or not drain.out:
+            raise Conflict(f"{name} is not drained")
+        if drain.state == "draining":
+            raise Conflict(f"{name} is still draining: undrain it once it is drained (or stopped)")
+        del self.world.drains[name]
+        return self.world.outcome_event("undrained", ok=True, server=name, note="idle: it takes blocks again")
+
+    def _stopped_drained(self, name: str, reason: str) -> None:
+        """A drained server that goes silent was stopped on purpose: it holds
+        nothing, so there is nothing to fail over, only said."""
+        self.registry[name].failed = reason
+        if self.tree is not None and self.world.in_tree(name) and self.tree.state(name) is not State.FAILED:
+            self.tree.fail(name)   # idle: no blocks move
+        self.world.event("drained-server-stopped", server=name, reason=reason,
+                         note="it held nothing: no fail-over; it rejoins drained")
+
     def _fail(self, name: str, reason: str, reply: object = None) -> list[Step]:
-        """Take a server out of service: cancel what it is part of, then fail it over."""
+        """Take a server out of service: cancel what it is part of, then fail it
+        over (a drained one holds nothing: it is only marked)."""
         server = self.registry[name]
         if server.failed:
             already = Outcome("server-failed", name, True, {"already": server.failed})
             return [self._issue_answer(reply, already)] if reply is not None else []
+        drain = self.world.drains.get(name)
+        if drain is not None and drain.state == "drained" and holdings(self.world, name) == ([], []):
+            self._stopped_drained(name, reason)
+            outcome = Outcome("server-failed", name, True,
+                              {"reason": reason, "note": "drained: nothing moved"})
+            return [self._issue_answer(reply, outcome)] if reply is not None else []
         self.world.mark_failed(name, reason)
         steps: list[Step] = []
         for op in self.operations.involving(name):

@@ -1,6 +1,7 @@
 """`metaflowctl`: the operator's command-line tool (Open vSwitch style naming).
 
     metaflowctl status [--controller URL] [--secret-file FILE] [--json]
+    metaflowctl drain|undrain SERVER [--controller URL] [--secret-file FILE]
     metaflowctl get|put|del|stat PATH [--via HOST[:PORT]]
     metaflowctl secret [FILE]
     metaflowctl check-config [--role controller|agent|fs] FILE [-- FLAG...]
@@ -12,8 +13,8 @@ theirs through the entry-point group `COMMAND_GROUP` (the benchmarks' plan
 and bench: `benchmarks.ctl`, declared in pyproject.toml), so the controller
 names no package above it. A subcommand's module is imported only when that
 subcommand is chosen, and contributed ones are looked up only when the
-chosen command is not one of metaflowctl's own: status, get/put/del/stat
-and secret run with the client role alone (the standard library), and only
+chosen command is not one of metaflowctl's own: status, drain, undrain,
+get/put/del/stat and secret run with the client role alone (the standard library), and only
 plan and bench bring in the pure core, numpy and Mininet.
 """
 
@@ -53,6 +54,15 @@ def _status(p: argparse.ArgumentParser) -> Runner:
 
     add_arguments(p)
     return run
+
+
+def _drain_command(undrain: bool) -> Setup:
+    def setup(p: argparse.ArgumentParser) -> Runner:
+        from controller.drainctl import add_arguments
+
+        return add_arguments(p, undrain)
+
+    return setup
 
 
 def _key_command(put: bool) -> Setup:
@@ -97,6 +107,11 @@ def _run_secret(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Command] = {
     "status": Command("the controller's tree, servers, flow tables and recent events", _status,
                       "Read every view of the controller's REST API and print a summary (or JSON)."),
+    "drain": Command("move everything a server holds to others, then keep it out of service",
+                     _drain_command(undrain=False),
+                     "Start draining SERVER and print its progress until it holds nothing (it may then "
+                     "be stopped with nothing lost and no fail-over), or until the drain stops short."),
+    "undrain": Command("return a drained server to the idle pool", _drain_command(undrain=True)),
     "get": Command("print the value stored for a path", _key_command(put=False)),
     "put": Command("store metadata (or --value) for a path", _key_command(put=True)),
     "del": Command("delete a path's metadata", _key_command(put=False)),

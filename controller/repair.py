@@ -50,7 +50,7 @@ def repair_saga(world: SagaWorld, op: Operation, block: Block, resync: bool) -> 
     try:
         yield from world.reassign([block])
         op.step = "sync"
-        done = yield from _sync(world, op, block, wanted.epoch, primary, sorted(unsynced))
+        done = yield from sync(world, op, block, wanted.epoch, primary, sorted(unsynced))
     except StepError as failed:
         return world.outcome_event("repair-failed", server=primary, block=str(block), reason=str(failed))
     except Cancelled as why:
@@ -73,7 +73,7 @@ def repair_saga(world: SagaWorld, op: Operation, block: Block, resync: bool) -> 
                                seconds=round(world.clock() - started, 3))
 
 
-def _sync(world: SagaWorld, op: Operation, block: Block, epoch: int, primary: str,
+def sync(world: SagaWorld, op: Operation, block: Block, epoch: int, primary: str,
           members: list[str]) -> Saga:
     """Ask the primary to sync each member and poll until each is synced or
     failed; returns member -> state."""

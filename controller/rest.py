@@ -2,8 +2,8 @@
 served by wsgiref in threads of their own; the views are `controller.views`.
 
 A request never touches the core from its own thread: a view is computed
-on the decision loop (`query`), and a registration, heartbeat, split or
-fail-over is an event on the same queue whose answer the request thread
+on the decision loop (`query`), and a registration, heartbeat, split,
+fail-over, drain or undrain is an event on the same queue whose answer the request thread
 waits for (`ask`). Since the loop never blocks, a heartbeat is answered in
 milliseconds even while a split copies for minutes.
 """
@@ -25,7 +25,7 @@ from client_lib.errors import ApiError
 from client_lib.server.api import Call, Dispatcher, wsgi_app
 from controller import views
 from controller.core import MetaFlowCore
-from controller.steps import FailNow, Heartbeat, Register, SplitNow
+from controller.steps import DrainNow, FailNow, Heartbeat, Register, SplitNow
 
 log = logging.getLogger("metaflow.controller.rest")
 
@@ -35,7 +35,9 @@ LONG_S = 900.0
 """How long a split or fail-over may take (a copy of a large block)."""
 
 Query = Callable[[Callable[[MetaFlowCore], object]], "Future[object]"]
-Post = Callable[[Register | Heartbeat | SplitNow | FailNow], None]
+Asked = Register | Heartbeat | SplitNow | FailNow | DrainNow
+"""The REST requests that are events for the core, answered through their `reply`."""
+Post = Callable[[Asked], None]
 
 
 class RestApi:
@@ -47,6 +49,7 @@ class RestApi:
             REST.flows: views.flows_view, REST.servers: views.servers_view,
             REST.events: views.events_view, REST.splits: views.splits_view,
             REST.operations: views.operations_view, REST.load: views.load_view,
+            REST.drains: views.drains_view,
         }
         self._views = routes
         self.app = wsgi_app(Dispatcher(REST.ALL, verifier, open_reads), self.handle)
@@ -64,9 +67,13 @@ class RestApi:
         if route is REST.fail:
             return self._ask(lambda reply: FailNow(reply, call.params["name"], call.body.reason),
                              LONG_S, route)
+        if route is REST.drain:
+            return self._ask(lambda reply: DrainNow(reply, call.params["name"]), QUICK_S, route)
+        if route is REST.undrain:
+            return self._ask(lambda reply: DrainNow(reply, call.params["name"], undrain=True), QUICK_S, route)
         raise TypeError(f"no handler for {route}")
 
-    def _ask(self, make: Callable[[Future[object]], Register | Heartbeat | SplitNow | FailNow],
+    def _ask(self, make: Callable[[Future[object]], Asked],
              timeout: float, route: object) -> object:
         reply: Future[object] = Future()
         self._post(make(reply))

@@ -223,19 +223,42 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 # -- the command -------------------------------------------------------------------
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_controller_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the controller's REST API is and how to sign for it: every
+    subcommand that talks to the controller takes these."""
     p.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="URL",
                    help=f"the controller's REST API (default {DEFAULT_CONTROLLER})")
     p.add_argument("--secret-file", default=None, metavar="FILE",
                    help="the cluster's secret (metaflowctl secret FILE makes one); without it, "
                         "only a controller started with --open-reads answers")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per REST call")
+
+
+def controller_client(args: argparse.Namespace) -> ApiClient:
+    """The signed client of `add_controller_arguments`' controller."""
+    secret = load_secret(args.secret_file) if args.secret_file else None
+    return ApiClient(args.controller, secret, timeout=args.timeout)
+
+
+def failed(command: str, args: argparse.Namespace, exc: MetaFlowError) -> int:
+    """Say why a call to the controller failed (with a hint for a signature
+    refused); the exit status 2."""
+    hint = ""
+    if isinstance(exc, AuthError):
+        hint = ("\n(is --secret-file the cluster's secret?)" if args.secret_file
+                else "\n(the controller wants signed calls: pass --secret-file)")
+    print(f"metaflowctl {command}: {exc}{hint}", file=sys.stderr)
+    return 2
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_controller_arguments(p)
     p.add_argument("--json", action="store_true", help="print every view as one JSON object")
     p.add_argument("--events", type=int, default=DEFAULT_EVENTS, metavar="N",
                    help=f"recent events to show (default {DEFAULT_EVENTS})")
     p.add_argument("--flows", action="store_true", help="list every switch's MetaFlow entries")
     p.add_argument("--blocks", action="store_true",
                    help="ask every live server's agent for its requests a second per block")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per REST call")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -243,15 +266,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         secret = load_secret(args.secret_file) if args.secret_file else None
         agent = (lambda url: ApiClient(url, secret, timeout=args.timeout)) if args.blocks else None
-        status = fetch(ApiClient(args.controller, secret, timeout=args.timeout), agent)
-    except AuthError as exc:
-        hint = ("is --secret-file the cluster's secret?" if args.secret_file
-                else "the controller wants signed reads: pass --secret-file")
-        print(f"metaflowctl status: {exc}\n({hint})", file=sys.stderr)
-        return 2
+        status = fetch(controller_client(args), agent)
     except MetaFlowError as exc:
-        print(f"metaflowctl status: {exc}", file=sys.stderr)
-        return 2
+        return failed("status", args, exc)
     if args.json:
         print(json.dumps(codec.to_json(status), indent=1))
     else:

@@ -107,6 +107,15 @@ class FailNow(Request):
 
 
 @dataclass(frozen=True)
+class DrainNow(Request):
+    """Start draining a server (`controller.drain`), answered at once; or,
+    `undrain`, return a drained one to the idle pool."""
+
+    name: str = ""
+    undrain: bool = False
+
+
+@dataclass(frozen=True)
 class StepDone:
     step: int
     result: object = None
@@ -119,7 +128,7 @@ class StepFailed:
 
 
 Event = (SwitchUp | SwitchDown | LinkUp | LinkDown | PortDown | PortUp | ArpIn | Tick | Register
-         | Heartbeat | SplitNow | FailNow | StepDone | StepFailed)
+         | Heartbeat | SplitNow | FailNow | DrainNow | StepDone | StepFailed)
 
 
 # -- steps: what the core asks for -----------------------------------------------

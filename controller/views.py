@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from btree.balance import imbalance_factor
 from client_lib.api.rest import (
+    DrainInfo,
+    DrainsView,
     EventsView,
     FlowInfo,
     FlowsView,
@@ -24,6 +26,7 @@ from client_lib.api.rest import (
     TreeView,
 )
 from controller.core import MetaFlowCore
+from controller.drain import holdings
 from controller.watch import owner_loads
 
 
@@ -98,3 +101,17 @@ def operations_view(core: MetaFlowCore) -> OperationsView:
     return OperationsView([OperationInfo(op.id, op.kind, op.server, op.step, round(now - op.started, 3))
                            for op in core.operations.running.values()])
 
+
+
+def drains_view(core: MetaFlowCore) -> DrainsView:
+    """Each drain with what its server still holds (counted now, from the tree and the sets)."""
+    now = core.clock()
+    out = {}
+    for name, drain in sorted(core.world.drains.items()):
+        owned, backups = holdings(core.world, name)
+        running = [op for op in core.operations.involving(name) if op.kind == "drain"]
+        out[name] = DrainInfo(drain.state, len(owned), len(backups), len(drain.moves), drain.backups_moved,
+                              sum(int(m["keys_moved"]) for m in drain.moves),
+                              round((drain.finished or now) - drain.started, 3),
+                              running[0].step if running else "", drain.reason)
+    return DrainsView(out)

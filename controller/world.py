@@ -1,7 +1,7 @@
 """The world the sagas act on: what they may read and the operations they
 may perform, owned by the core (`controller.core.MetaFlowCore.world`).
 
-A saga (build, split, merge, fail-over, repair, rebalance, the migrations)
+A saga (build, split, merge, fail-over, repair, rebalance, drain, the migrations)
 gets a `SagaWorld`, never the core: it reads the registry, the tree, the
 replica sets and the flow planner, and changes what the core keeps only
 through the operations here (place a set, assign roles, send a flow diff
@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from btree.flows import FlowDiff, FlowPlanner
 from btree.rebalance import ChurnLimit
@@ -36,6 +37,29 @@ from controller.settings import Settings
 from controller.steps import CallAgent, ReadFlows, SendFlows, Step
 
 log = logging.getLogger("metaflow.controller")
+
+DrainState = Literal["draining", "drained", "stopped"]
+"""A drain under way; done (the server holds nothing and takes nothing new);
+or stopped short (the reason says why; the server is back in service with
+what it still holds)."""
+
+
+@dataclass
+class Drain:
+    """One server's drain (`controller.drain`), as `/drains` shows it."""
+
+    state: DrainState
+    started: float
+    finished: float | None = None
+    reason: str = ""
+    moves: list[dict[str, Any]] = field(default_factory=list)
+    """The moves of its primaries done so far (`controller.move.move_blocks` records)."""
+    backups_moved: int = 0
+
+    @property
+    def out(self) -> bool:
+        """The server takes no new block, copy or split: draining or drained."""
+        return self.state != "stopped"
 
 
 class SagaWorld:
@@ -59,6 +83,9 @@ class SagaWorld:
         self.events: deque[dict[str, Any]] = deque(maxlen=500)
         self.splits: list[dict[str, Any]] = []
         self.lost: list[dict[str, Any]] = []
+        self.drains: dict[str, Drain] = {}
+        """Servers being drained or drained (`controller.drain`); a controller
+        restart forgets them (the drain is not resumed)."""
         self.churn = ChurnLimit(settings.churn_per_rebalance, settings.churn_per_minute, clock)
 
     # -- what a build maps ------------------------------------------------------------
@@ -98,8 +125,13 @@ class SagaWorld:
         return self.planner
 
     def reserved(self) -> set[str]:
-        """Servers the running operations hold exclusively."""
-        return self._operations.reserved()
+        """Servers the running operations hold exclusively, and those being
+        drained or drained: no operation may choose them as its target."""
+        return self._operations.reserved() | self.drained()
+
+    def drained(self) -> set[str]:
+        """Servers being drained or drained: they get no new block or copy."""
+        return {name for name, drain in self.drains.items() if drain.out}
 
     def mark_failed(self, name: str, reason: str) -> None:
         """`name` is out of service from now on, said loudly."""
@@ -190,11 +222,12 @@ class SagaWorld:
         return self.replicas
 
     def out_of_service(self) -> set[str]:
-        """Servers a new copy must not go to: the failed ones. (A server busy
+        """Servers a new copy must not go to: the failed ones, and those being
+        drained or drained. (A server busy
         with another operation may take a copy: a role in one set does not
         touch its roles in others, and leaving it out made splits and
         repairs start short of copies whenever several ran at once.)"""
-        return {s.name for s in self.registry.servers.values() if s.failed}
+        return {s.name for s in self.registry.servers.values() if s.failed} | self.drained()
 
     def place(self, blocks: Iterable[Block], members: Sequence[str], count: int,
               avoid: Collection[str] = ()) -> Placement:

@@ -64,6 +64,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("metaflow-fs", "client_lib.fs.mount", "parser"),
     Command("metaflow-lookupd", "benchmarks.baselines.lookupd", "parser"),
     _metaflowctl("status"),
+    _metaflowctl("drain"),
+    _metaflowctl("undrain"),
     _metaflowctl("get"),
     _metaflowctl("put"),
     _metaflowctl("secret"),

@@ -206,6 +206,37 @@ class OperationsView:
     operations: list[OperationInfo]
 
 
+@dataclass(frozen=True)
+class DrainInfo:
+    """One server's drain: ``draining`` (under way), ``drained`` (it holds
+    nothing and takes nothing new: it may be stopped), or ``stopped`` (it could
+    not finish; `reason` says why, and the server is back in service with
+    what it still holds)."""
+
+    state: str
+    blocks_left: int
+    """Blocks it still owns as primary."""
+    backups_left: int
+    """Blocks it still keeps a backup copy of."""
+    moves: int
+    """Moves of its blocks done (one migration per target)."""
+    backups_moved: int
+    keys_moved: int
+    seconds: float
+    """Since the drain started (until it ended)."""
+    step: str = ""
+    """The drain's current step while it runs."""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class DrainsView:
+    """Servers being drained, drained, or whose drain stopped; a controller
+    restart forgets them (a drain is not resumed)."""
+
+    drains: dict[str, DrainInfo]
+
+
 # -- actions ---------------------------------------------------------------------
 
 
@@ -255,6 +286,9 @@ class REST:
     operations: Route[None, OperationsView] = Route(
         "GET", "/metaflow/operations", None, OperationsView, changes=False,
         summary="splits and fail-overs under way")
+    drains: Route[None, DrainsView] = Route(
+        "GET", "/metaflow/drains", None, DrainsView, changes=False,
+        summary="drains under way, done or stopped, with what each server still holds")
     register = Route(
         "POST", "/metaflow/agents", Registration, Registered, changes=True,
         summary="an agent registers")
@@ -268,6 +302,13 @@ class REST:
         "POST", "/metaflow/servers/{name}/fail", FailRequest, Outcome, changes=True,
         summary="take a server out of service, and wait for the take-over", waits=True)
 
+    drain: Route[None, Outcome] = Route(
+        "POST", "/metaflow/servers/{name}/drain", None, Outcome, changes=True,
+        summary="start moving everything a server holds to others (progress: drains); "
+                "404 unknown, 409 failed, busy or already draining")
+    undrain: Route[None, Outcome] = Route(
+        "POST", "/metaflow/servers/{name}/undrain", None, Outcome, changes=True,
+        summary="a drained server goes back to the idle pool; 409 if it is not drained")
     ALL: tuple[Route[Any, Any], ...] = ()
 
 

@@ -1,4 +1,4 @@
-"""Splits, fail-overs and rebalances end consistent whatever fails between any two of their steps.
+"""Splits, fail-overs, rebalances and drains end consistent whatever fails between any two of their steps.
 
 A clean run of each operation lists the steps it takes (agent calls, flow
 pushes, flow reads; of a rebalance, the first of each of its steps in its
@@ -13,10 +13,11 @@ hit it, a fresh world runs the operation again with that fault injected there:
   outcome and everything queued is lost) and a new one starts from the
   switches and the agents;
 - ``source dies`` / ``other dies``: right after the step, the operation's
-  own server (a split's or a rebalance's source, a fail-over's failed
-  server) or the other server it involves (a split's target, a merge's
-  servers, a fail-over's successor, a rebalance's targets and their new
-  backups) dies outright and its edge port goes down: the operation is
+  own server (a split's, a rebalance's or a drain's source, a fail-over's
+  failed server) or the other server it involves (a split's target, a
+  merge's servers, a fail-over's successor, a rebalance's targets and their
+  new backups, a drain's targets and the new members of the sets it leaves)
+  dies outright and its edge port goes down: the operation is
   overtaken.
 
 Every operation runs without replication (r=1) and with a backup per block
@@ -26,7 +27,8 @@ switches to a server that serves it, no block is frozen, the replica sets
 agree with the agents and their synced members hold the primary's records,
 and every acknowledged write reads back. With r=1 the controller may declare
 blocks lost, only with a server that really died; with r=2 one death loses
-nothing.
+nothing. A drain that ran undisturbed to its end leaves its server holding
+nothing, in no set.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import pytest
 from btree.bootstrap import Bootstrap
 from btree.tree import State
 from client_lib.cidr import Block
-from controller.steps import CallAgent, ReadFlows, SendFlows, SplitNow, Step, Tick
+from controller.steps import CallAgent, DrainNow, ReadFlows, SendFlows, SplitNow, Step, Tick
 from tests.unit.controller_world import ControllerKilled, World, check_consistent, fill
 from topology.builders import fat_tree
 
@@ -123,15 +125,28 @@ def _rebalance(world: World) -> tuple[Callable[[], object], str]:
     return start, source
 
 
+def _drain(world: World) -> tuple[Callable[[], object], str]:
+    """A drain of a busy server that also keeps a backup of another's block
+    (with r=2): both its primaries and its copies move."""
+    replicas = world.core.replicas
+    assert replicas is not None
+    busy = world.tree.leaves_in(State.BUSY)
+    backing = [leaf for leaf in busy if any(s.primary != leaf for s in replicas.of(leaf).values())]
+    source = (backing or busy)[0]
+    return (lambda: world.post(DrainNow("outcome", source))), source
+
+
 OPERATIONS = {"split": _split, "split-far": _split_far, "split-merging": _split, "failover": _failover,
-              "failover-far": _failover_far, "rebalance": _rebalance}
+              "failover-far": _failover_far, "rebalance": _rebalance, "drain": _drain}
 SETTINGS: dict[str, dict[str, object]] = {
     "split-merging": {"bootstrap": Bootstrap("preallocate", 8)},
     "rebalance": {"load_capacity": 10_000.0, "auto_split": False},
+    "drain": {"capacity": 1000},
 }
 """A split-merging with every server busy from the start: it merges a cold
 server away first. A rebalance with a server capacity of 10,000 packets/s (as
-in test_load), and no split by keys to pre-empt it."""
+in test_load), and no split by keys to pre-empt it. A drain with room for
+its source's keys elsewhere."""
 SAMPLED = {"rebalance": 2}
 """Operations broken only at the first fallible step of each of their steps
 (`Operation.step`), in their first so many moves. A rebalance's plan asks
@@ -215,6 +230,7 @@ def test_every_operation_has_steps_to_break(replicas: int) -> None:
     assert kinds["split-far"].count("switch") >= 3 and kinds["failover-far"].count("switch") >= 3
     assert kinds["failover"].count("agent") >= 2 and "switch" in kinds["failover"]
     assert kinds["split-merging"].count("agent") > kinds["split"].count("agent")
+    assert kinds["drain"].count("agent") >= 4 and "switch" in kinds["drain"]
     # the faults hit every step of a rebalance's first two moves
     assert [step for _, step in steps["rebalance"]] == ["plan", "rebalance copy", "rebalance assign",
                                                         "rebalance flows", "rebalance commit",
@@ -271,6 +287,20 @@ def test_operation_ends_consistent_whatever_fails(operation: str, replicas: int,
     if operation == "failover" and server not in died:
         assert world.core.registry[server].failed
         assert not world.agents[server].owned()
+    drain = world.core.world.drains.get(server)
+    if operation == "drain" and drain is not None and drain.state == "drained":
+        _check_drained(world, server)
+    if operation == "drain" and drain is not None and drain.state == "stopped":
+        assert drain.reason, drain
+
+
+def _check_drained(world: World, server: str) -> None:
+    """`server` holds nothing: no block, no role, no record, in no set."""
+    replicas = world.core.replicas
+    assert replicas is not None
+    assert not world.tree.blocks(server) and not replicas.of(server)
+    agent = world.agents[server]
+    assert not agent.owned() and not agent.roles and not agent.records, (agent.roles, len(agent.records))
 
 
 def _die(world: World, server: str, fault: str, died: list[str], k: int) -> None:
