@@ -46,16 +46,19 @@
 //! choice across workers goes through `Mailbox::stalest`: each worker
 //! publishes the rank of its stalest reclaimable connection (lowered at once
 //! when a connection is accepted or answered by the service, recomputed at
-//! every scan and sweep, so it is never later than the truth, only at times
-//! earlier). A worker at the limit compares its own stalest with the others';
-//! if another's is staler, it takes that worker's published value (a
-//! compare-and-swap to none, so one claim at a time per worker), admits the
-//! newcomer and posts the claim; the owner reclaims its stalest if it is
-//! still staler than the claimer's, and otherwise hands the claim back
-//! (`Fallback`), and the claimer reclaims its own. So the agent holds at
-//! most one connection over `max_clients` per claim in flight, for one turn
-//! of the owner's loop; the request path pays nothing (the ranks are read
-//! only at the limit, and written on accept, on the service's replies and
+//! every scan and sweep and when its stalest closes, so it is never later
+//! than the truth, only at times earlier). A worker at the limit compares
+//! its own stalest with the others'; if another's is staler, it takes that
+//! worker's published value (a compare-and-swap to none, so one claim at a
+//! time per worker), admits the newcomer and posts the claim (`free_one`).
+//! The owner, having read its candidates, reclaims its stalest if that is
+//! still staler than the claimer's, passing the claim on first if yet
+//! another worker published a staler one; if its own is not staler, it
+//! publishes its true rank and hands the claim back (`Fallback`), and the
+//! claimer makes room again. So the agent holds at most one connection over
+//! `max_clients` per claim in flight, for a turn or two of the workers'
+//! loops; the request path pays nothing (the ranks are read only at the
+//! limit, and written on accept, on a close, on the service's replies and
 //! at the limit).
 
 use std::collections::{HashMap, HashSet};
