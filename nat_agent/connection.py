@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Coroutine
@@ -326,6 +327,29 @@ class Connection(asyncio.Protocol):
         else:
             self.close()  # idle: a silent close, as for an idle timeout
             self.host.detach(self)
+
+    def catch_up(self) -> bool:
+        """Read what the client has sent and answer what of it is complete,
+        before the service judges this connection idle (`_reclaim_one`): the
+        loop reads a socket only when it comes round to it, so a newcomer's
+        first command may sit unread while many connections are accepted.
+        Whether it made progress (a reply, a command waiting, or closing);
+        one that is paused, waiting or closing is left as it is."""
+        if self._closing or self._paused or self._waiting is not None:
+            return False
+        before = self.useful
+        fd = self.transport.get_extra_info("socket").fileno()
+        while not (self._closing or self._paused or self._waiting is not None):
+            try:
+                data = os.read(fd, FLUSH_BYTES)  # the transport's own read then finds nothing (EAGAIN)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                return False  # broken: the transport hears of it too
+            if not data:
+                return False  # gone: the transport reads the end of the stream again
+            self.data_received(data)
+        return self._closing or self._waiting is not None or self.useful > before
 
     def staleness(self) -> tuple[bool, bool, float]:
         """Sort key, most reclaimable first: connections already closing, then

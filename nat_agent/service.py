@@ -68,8 +68,12 @@ cannot be starved by one of them (the mechanics are in `connection.py`):
 * at ``--max-clients`` a new connection reclaims the slot of the connection
   that made useful progress least recently (idle the longest, stuck in the
   oldest incomplete request, or not reading), so slow or idle clients can
-  never lock out a working one. Only when every connection is waiting on the
-  store is a newcomer refused (``-TRYAGAIN``).
+  never lock out a working one: what a candidate has sent is read and
+  answered before it is judged, so a connection that has sent a complete
+  command is never reclaimed while an idle or trickling one is open, on any
+  of the worker threads (`nat_agent/fastpath/src/server.rs`, "Reclaiming
+  across workers"). Only when every connection is waiting on the store is a
+  newcomer refused (``-TRYAGAIN``).
 """
 
 from __future__ import annotations
@@ -447,15 +451,25 @@ class MetadataService:
 
     def _reclaim_one(self) -> bool:
         """At the limit: free the slot of the least recently useful connection
-        (a scan, but only at the limit; nothing is kept up to date per request)."""
-        if not self._connections:
-            return False
-        victim = min(self._connections, key=Connection.staleness)
-        if victim.waiting:
-            return False  # everyone is waiting on the store: nobody is idle
-        self._reclaimed(victim.peer, time.monotonic() - victim.useful)
-        victim.reclaim(self._at_limit())
-        return True
+        (a scan, but only at the limit; nothing is kept up to date per request).
+        What a candidate has sent is read first (`Connection.catch_up`): one
+        whose command sat unread is answered, so becomes the most recently
+        useful, and the next candidate is looked at; so a connection that has
+        sent a complete command is never reclaimed while an idle or trickling
+        one is open."""
+        caught: set[Connection] = set()
+        while self._connections:
+            victim = min(self._connections, key=Connection.staleness)
+            if victim.waiting:
+                return False  # everyone is waiting on the store: nobody is idle
+            if victim not in caught:
+                caught.add(victim)
+                if victim.catch_up():
+                    continue
+            self._reclaimed(victim.peer, time.monotonic() - victim.useful)
+            victim.reclaim(self._at_limit())
+            return True
+        return False
 
     def _reclaimed(self, peer: object, idle: float) -> None:
         """Count a connection reclaimed at `max_clients` after `idle` seconds

@@ -466,3 +466,43 @@ def test_the_limits_at_their_edges_answer_as_the_python_path(at_defaults):
     # SET and GET of the name and of the key, EXISTS of the key.
     assert compiled.service.stats["compiled_requests"] == 5
     assert compiled.service.stats["oversized_arguments"] == 3   # the long key's SET and GET, the long value
+
+
+def test_at_the_limit_an_unread_command_is_answered_and_the_next_connection_goes(tmp_path: Path):
+    """The event loop attaches a newcomer before it reads what the earlier
+    connections sent, so at `--max-clients` the least recently useful
+    connection may hold a complete command it has not read yet (the race of
+    `test_port9000_abuse`'s reclaim case, made certain here). That command is
+    read and answered first (`Connection.catch_up`), and the slot goes to the
+    next connection, which sent nothing."""
+    store = LevelDBStore(tmp_path / "db", SPACE.width, fsync="off")
+    agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
+    service = MetadataService(agent, Replicator(agent.ownership, NAME, b"s" * 32),
+                              ServiceLimits(max_clients=2))
+    pairs = [socket.socketpair() for _ in range(3)]
+
+    async def run() -> tuple[bytes, bytes]:
+        loop = asyncio.get_running_loop()
+        transports = []
+        try:
+            for n, (ours, theirs) in enumerate(pairs):
+                theirs.setblocking(False)
+                if n == 2:  # the older one's command is in its socket when the newcomer comes
+                    await loop.sock_sendall(pairs[0][1], encode_command(b"PING"))
+                transports.append((await loop.connect_accepted_socket(lambda: Connection(service), ours))[0])
+                await asyncio.sleep(0.01)  # each one useful later than the one before
+            return (await asyncio.wait_for(loop.sock_recv(pairs[0][1], 100), 5),
+                    await asyncio.wait_for(loop.sock_recv(pairs[1][1], 100), 5))
+        finally:
+            for transport in transports:
+                transport.abort()
+            for _, theirs in pairs:
+                theirs.close()
+
+    try:
+        older, idle = asyncio.run(run())
+    finally:
+        asyncio.run(store.close())
+    assert older == b"+PONG\r\n"
+    assert idle == b"", "the idle connection should have been the one reclaimed"
+    assert service.stats["reclaimed_connections"] == 1

@@ -22,7 +22,7 @@
 //! waits (`READ_AHEAD`), a request's deadline from its first byte, the idle
 //! timeout (checked every `sweep_interval`), and `max_clients` (the least
 //! recently useful connection is reclaimed, a newcomer refused only when
-//! every connection waits). Each is handed over by the service, as is
+//! every connection waits; see "Reclaiming across workers"). Each is handed over by the service, as is
 //! every reply it words (`refusal`, `timeout_reply`, the reclaim's); and
 //! what happens to a connection (opened, refused, reclaimed, overdue,
 //! dropped mid-request) is reported to the service's callables, which count
@@ -35,12 +35,37 @@
 //! on a holder of the GIL), and `barrier` takes it for writing:
 //! `InFlight.drain` calls it, so once a freeze has drained, every write
 //! admitted before the freeze has landed, and every later one sees it.
+//!
+//! Reclaiming across workers: at `max_clients`, a connection that has sent
+//! a complete command is never reclaimed while an idle or trickling one
+//! exists in any worker. Two parts. (1) Before a connection is judged the
+//! least recently useful, what it has sent is read and answered
+//! (`catch_up`): a client whose command sits unread in its socket is served
+//! (and so becomes the most recently useful), never reclaimed unread. (2) A
+//! worker owns its connections and no other thread touches them, so the
+//! choice across workers goes through `Mailbox::stalest`: each worker
+//! publishes the rank of its stalest reclaimable connection (lowered at once
+//! when a connection is accepted or answered by the service, recomputed at
+//! every scan and sweep and when its stalest closes, so it is never later
+//! than the truth, only at times earlier). A worker at the limit compares
+//! its own stalest with the others'; if another's is staler, it takes that
+//! worker's published value (a compare-and-swap to none, so one claim at a
+//! time per worker), admits the newcomer and posts the claim (`free_one`).
+//! The owner, having read its candidates, reclaims its stalest if that is
+//! still staler than the claimer's, passing the claim on first if yet
+//! another worker published a staler one; if its own is not staler, it
+//! publishes its true rank and hands the claim back (`Fallback`), and the
+//! claimer makes room again. So the agent holds at most one connection over
+//! `max_clients` per claim in flight, for a turn or two of the workers'
+//! loops; the request path pays nothing (the ranks are read only at the
+//! limit, and written on accept, on a close, on the service's replies and
+//! at the limit).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::FromRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -64,6 +89,29 @@ struct Reply {
     data: Vec<u8>,
     close: bool,
     resp3: bool,
+}
+
+/// What a worker is sent (see "Reclaiming across workers").
+enum Message {
+    Reply(Reply),
+    /// Worker `from` admitted a newcomer at the limit because this worker
+    /// published a staler connection than its own stalest (of rank `bar`).
+    Claim { from: usize, bar: u64 },
+    /// A claim came back: the owner had nothing staler after all.
+    Fallback,
+}
+
+/// A connection's rank for reclaiming: lower goes first. One already
+/// closing goes first; then the one whose useful progress is oldest; one
+/// waiting on the service never (`NOTHING`).
+const NOTHING: u64 = u64::MAX;
+
+/// A worker's inbox, its waker, and the rank of its stalest reclaimable
+/// connection as it last published it.
+struct Mailbox {
+    inbox: Mutex<Vec<Message>>,
+    waker: Waker,
+    stalest: AtomicU64,
 }
 
 /// The limits, from `nat_agent.connection`, `client_lib.resp` and `ServiceLimits`.
@@ -113,6 +161,10 @@ struct Shared {
     live: AtomicUsize,
     gate: RwLock<()>,
     stopping: AtomicBool,
+    /// One per worker, by index.
+    mailboxes: Vec<Mailbox>,
+    /// The origin of the ranks.
+    epoch: Instant,
 }
 
 impl Shared {
@@ -124,6 +176,30 @@ impl Shared {
     {
         event.call1(py, args).map_err(|err| err.write_unraisable(py, None)).ok()
     }
+
+    /// Hand `message` to `worker` and wake it (a worker that is gone is ignored).
+    fn post(&self, worker: usize, message: Message) -> io::Result<()> {
+        let Some(mailbox) = self.mailboxes.get(worker) else { return Ok(()) };
+        mailbox.inbox.lock().expect("never poisoned").push(message);
+        mailbox.waker.wake()
+    }
+
+    /// A connection's rank for reclaiming (see `NOTHING`).
+    fn rank(&self, conn: &Conn) -> u64 {
+        if conn.waiting {
+            NOTHING
+        } else if conn.closing.is_some() {
+            0
+        } else {
+            self.rank_at(conn.useful)
+        }
+    }
+
+    /// The rank of a connection last useful at `useful` and not closing.
+    fn rank_at(&self, useful: Instant) -> u64 {
+        let nanos = useful.saturating_duration_since(self.epoch).as_nanos();
+        u64::try_from(nanos).map_or(NOTHING - 1, |n| n.saturating_add(1).min(NOTHING - 1))
+    }
 }
 
 /// A peer as the event loop's transports name it: `(host, port)`.
@@ -131,18 +207,12 @@ fn peer_of(addr: &SocketAddr) -> (String, u16) {
     (addr.ip().to_string(), addr.port())
 }
 
-struct Worker {
-    inbox: Arc<Mutex<Vec<Reply>>>,
-    waker: Arc<Waker>,
-    thread: Option<JoinHandle<()>>,
-}
-
 /// The service's port on N threads. `listeners` are listening sockets'
 /// file descriptors (one per worker, `SO_REUSEPORT`), which it takes over.
 #[pyclass(module = "nat_agent._fastpath", frozen)]
 pub struct ServiceLoop {
     shared: Arc<Shared>,
-    workers: Mutex<Vec<Worker>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 #[pymethods]
@@ -180,6 +250,19 @@ impl ServiceLoop {
         at_limit: String,
         shutting_down: String,
     ) -> PyResult<Self> {
+        let mut mailboxes = Vec::new();
+        let mut loops = Vec::new();
+        for fd in listeners {
+            // SAFETY: the caller hands the descriptor over (`socket.detach()`).
+            let std_listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+            std_listener.set_nonblocking(true)?;
+            let mut listener = TcpListener::from_std(std_listener);
+            let poll = Poll::new()?;
+            poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+            let waker = Waker::new(poll.registry(), WAKER)?;
+            mailboxes.push(Mailbox { inbox: Mutex::new(Vec::new()), waker, stalest: AtomicU64::new(NOTHING) });
+            loops.push((poll, listener));
+        }
         let shared = Arc::new(Shared {
             lane,
             refresh,
@@ -211,18 +294,12 @@ impl ServiceLoop {
             live: AtomicUsize::new(0),
             gate: RwLock::new(()),
             stopping: AtomicBool::new(false),
+            mailboxes,
+            epoch: Instant::now(),
         });
-        let mut workers = Vec::new();
-        for (index, fd) in listeners.into_iter().enumerate() {
-            // SAFETY: the caller hands the descriptor over (`socket.detach()`).
-            let std_listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
-            std_listener.set_nonblocking(true)?;
-            let mut listener = TcpListener::from_std(std_listener);
-            let poll = Poll::new()?;
-            poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
-            let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-            let inbox = Arc::new(Mutex::new(Vec::new()));
-            let mut run = Run::new(index, poll, listener, Arc::clone(&inbox), Arc::clone(&shared));
+        let mut threads = Vec::new();
+        for (index, (poll, listener)) in loops.into_iter().enumerate() {
+            let mut run = Run::new(index, poll, listener, Arc::clone(&shared));
             let thread = std::thread::Builder::new()
                 .name(format!("metaflow-worker-{index}"))
                 // A thread state of its own for the thread's life, the GIL
@@ -230,19 +307,15 @@ impl ServiceLoop {
                 // would otherwise make and free a thread state every time.
                 .spawn(move || Python::with_gil(|py| py.allow_threads(|| run.serve())))
                 .map_err(|err| PyOSError::new_err(err.to_string()))?;
-            workers.push(Worker { inbox, waker, thread: Some(thread) });
+            threads.push(thread);
         }
-        Ok(ServiceLoop { shared, workers: Mutex::new(workers) })
+        Ok(ServiceLoop { shared, threads: Mutex::new(threads) })
     }
 
     /// The service's reply to a command handed over by `worker` for `conn`:
     /// sent in order, then the connection goes on (or closes, if `close`).
     fn reply(&self, worker: usize, conn: usize, data: Vec<u8>, close: bool, resp3: bool) -> PyResult<()> {
-        let workers = self.workers.lock().expect("never poisoned");
-        let Some(target) = workers.get(worker) else { return Ok(()) };
-        target.inbox.lock().expect("never poisoned").push(Reply { conn, data, close, resp3 });
-        target.waker.wake()?;
-        Ok(())
+        Ok(self.shared.post(worker, Message::Reply(Reply { conn, data, close, resp3 }))?)
     }
 
     /// Wait until no worker is inside a lane call that began before this
@@ -261,13 +334,10 @@ impl ServiceLoop {
     /// and join the threads. Safe to call twice.
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
         self.shared.stopping.store(true, Ordering::SeqCst);
-        let threads: Vec<JoinHandle<()>> = {
-            let mut workers = self.workers.lock().expect("never poisoned");
-            for worker in workers.iter() {
-                worker.waker.wake()?;
-            }
-            workers.iter_mut().filter_map(|w| w.thread.take()).collect()
-        };
+        for mailbox in &self.shared.mailboxes {
+            mailbox.waker.wake()?;
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().expect("never poisoned"));
         py.allow_threads(|| {
             for thread in threads {
                 let _ = thread.join();
@@ -314,7 +384,6 @@ struct Run {
     index: usize,
     poll: Poll,
     listener: TcpListener,
-    inbox: Arc<Mutex<Vec<Reply>>>,
     shared: Arc<Shared>,
     conns: HashMap<usize, Conn>,
     next: usize,
@@ -322,8 +391,8 @@ struct Run {
 }
 
 impl Run {
-    fn new(index: usize, poll: Poll, listener: TcpListener, inbox: Arc<Mutex<Vec<Reply>>>, shared: Arc<Shared>) -> Self {
-        Run { index, poll, listener, inbox, shared, conns: HashMap::new(), next: FIRST_CONN, buf: vec![0; 64 << 10] }
+    fn new(index: usize, poll: Poll, listener: TcpListener, shared: Arc<Shared>) -> Self {
+        Run { index, poll, listener, shared, conns: HashMap::new(), next: FIRST_CONN, buf: vec![0; 64 << 10] }
     }
 
     fn serve(&mut self) {
@@ -339,7 +408,7 @@ impl Run {
             for event in events.iter() {
                 match event.token() {
                     LISTENER => self.accept(),
-                    WAKER => self.replies(),
+                    WAKER => self.messages(),
                     Token(id) => {
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             if let Some(conn) = self.conns.get_mut(&id) {
@@ -368,7 +437,7 @@ impl Run {
                 Err(_) => return, // e.g. EMFILE: the backlog keeps the client until we can
             };
             let _ = stream.set_nodelay(true);
-            if self.shared.live.load(Ordering::Relaxed) >= self.shared.limits.max_clients && !self.reclaim_one() {
+            if self.shared.live.load(Ordering::Relaxed) >= self.shared.limits.max_clients && !self.make_room() {
                 Python::with_gil(|py| self.shared.report(py, &self.shared.refused, ()));
                 let _ = (&stream).write(&self.shared.refusal);
                 continue;
@@ -391,6 +460,7 @@ impl Run {
             });
             let now = Instant::now();
             self.shared.live.fetch_add(1, Ordering::Relaxed);
+            self.lower(self.shared.rank_at(now));
             self.conns.insert(id, Conn {
                 stream,
                 peer,
@@ -410,26 +480,119 @@ impl Run {
         }
     }
 
-    /// At `max_clients`: free the slot of the connection that made useful
-    /// progress least recently, unless it waits on the service. Only this
-    /// worker's connections are looked at.
-    fn reclaim_one(&mut self) -> bool {
-        let victim = self
-            .conns
-            .iter()
-            .min_by_key(|(_, c)| (c.waiting, c.closing.is_none(), c.useful))
-            .map(|(id, c)| (*id, c.waiting));
-        match victim {
-            Some((id, false)) => {
-                let conn = &self.conns[&id];
-                let idle = conn.useful.elapsed().as_secs_f64();
-                Python::with_gil(|py| self.shared.report(py, &self.shared.reclaimed, (peer_of(&conn.peer), idle)));
-                let why = self.shared.at_limit.clone();
-                self.reclaim(id, &why);
-                true
+    /// At `max_clients`: make room for a newcomer (see "Reclaiming across
+    /// workers"): the stalest connection of the agent goes, this worker's
+    /// own unless another worker published a staler one, which is then asked
+    /// for it (`Claim`). False (the newcomer is refused) only when every
+    /// connection waits.
+    fn make_room(&mut self) -> bool {
+        self.free_one(NOTHING, None)
+    }
+
+    /// Free one slot for a newcomer admitted by `claimer` (None: by this
+    /// worker) whose own stalest connection has rank `bar`: reclaim ours
+    /// unless another worker published a staler one (then it is asked in
+    /// turn: a published rank is only a lower bound, so each worker asked
+    /// looks at its own and passes the claim on while another's is
+    /// staler); if ours is no staler than `bar`, the claim goes back
+    /// (`Fallback`), and the claimer, its claim gone back, makes room again,
+    /// now with that worker's true rank published. Whether a slot was freed
+    /// or claimed.
+    fn free_one(&mut self, bar: u64, claimer: Option<usize>) -> bool {
+        let live = self.shared.live.load(Ordering::Relaxed);
+        let own = self.stalest();
+        let freed = if self.shared.live.load(Ordering::Relaxed) < live {
+            true // a connection left while the candidates were read
+        } else {
+            match own {
+                Some((id, rank)) if rank < bar => {
+                    self.claim_elsewhere(rank) || {
+                        self.reclaim_at_limit(id);
+                        true
+                    }
+                }
+                _ => {
+                    if let Some(claimer) = claimer {
+                        let _ = self.shared.post(claimer, Message::Fallback);
+                    }
+                    claimer.is_none() && self.claim_elsewhere(NOTHING)
+                }
             }
-            _ => false,
+        };
+        self.publish();
+        freed
+    }
+
+    /// This worker's stalest reclaimable connection and its rank, after
+    /// reading what the candidates have sent (`catch_up`); None when every
+    /// connection waits on the service (or there is none).
+    fn stalest(&mut self) -> Option<(usize, u64)> {
+        let mut caught = HashSet::new();
+        loop {
+            let (id, rank) = self.conns.iter().map(|(id, conn)| (*id, self.shared.rank(conn))).min_by_key(|c| c.1)?;
+            if rank == NOTHING {
+                return None;
+            }
+            if rank == 0 || !caught.insert(id) || !self.catch_up(id) {
+                return Some((id, rank));
+            }
         }
+    }
+
+    /// Read what a connection has sent and answer what of it is complete
+    /// (`turn`), before it is judged idle: whether it made progress (a reply,
+    /// a command handed over) or is gone.
+    fn catch_up(&mut self, id: usize) -> bool {
+        let Some(conn) = self.conns.get_mut(&id) else { return true };
+        let before = conn.useful;
+        conn.unread = true;
+        self.turn(id);
+        self.conns.get(&id).is_none_or(|conn| conn.waiting || conn.useful > before)
+    }
+
+    /// Ask the worker that published the stalest connection, if it is
+    /// staler than `bar` (the rank of this worker's own stalest), for a
+    /// slot (`free_one` there); whether a claim was posted.
+    fn claim_elsewhere(&self, bar: u64) -> bool {
+        let mailboxes = &self.shared.mailboxes;
+        for _ in 0..mailboxes.len() {
+            let others = mailboxes.iter().enumerate().filter(|(index, _)| *index != self.index);
+            let Some((other, rank)) = others.map(|(i, m)| (i, m.stalest.load(Ordering::Acquire))).min_by_key(|o| o.1)
+            else {
+                return false;
+            };
+            if rank >= bar {
+                return false;
+            }
+            // Taken, so that no other worker claims the same connection; its
+            // owner publishes again once it has answered the claim.
+            let taken = mailboxes[other].stalest.compare_exchange(rank, NOTHING, Ordering::AcqRel, Ordering::Acquire);
+            if taken.is_ok() {
+                return self.shared.post(other, Message::Claim { from: self.index, bar }).is_ok();
+            }
+        }
+        false
+    }
+
+    /// Reclaim a connection for a newcomer at `max_clients`, reported as such.
+    fn reclaim_at_limit(&mut self, id: usize) {
+        let Some(conn) = self.conns.get(&id) else { return };
+        let idle = conn.useful.elapsed().as_secs_f64();
+        Python::with_gil(|py| self.shared.report(py, &self.shared.reclaimed, (peer_of(&conn.peer), idle)));
+        let why = self.shared.at_limit.clone();
+        self.reclaim(id, &why);
+    }
+
+    /// Publish the rank of this worker's stalest connection (a scan).
+    fn publish(&self) {
+        let stalest = self.conns.values().map(|conn| self.shared.rank(conn)).min().unwrap_or(NOTHING);
+        self.shared.mailboxes[self.index].stalest.store(stalest, Ordering::Release);
+    }
+
+    /// A connection of ours became reclaimable at `rank`: keep the published
+    /// rank no later than the truth.
+    fn lower(&self, rank: u64) {
+        self.shared.mailboxes[self.index].stalest.fetch_min(rank, Ordering::AcqRel);
     }
 
     /// `Connection.reclaim`: a busy connection is told why; an idle one is
@@ -451,24 +614,48 @@ impl Run {
             let _ = self.poll.registry().deregister(&mut conn.stream);
             let _ = conn.stream.shutdown(Shutdown::Both);
             self.shared.live.fetch_sub(1, Ordering::Relaxed);
+            // The stalest one gone: publish the next, so that no worker is
+            // sent a claim for a connection that is no more.
+            let rank = self.shared.rank(&conn);
+            let published = self.shared.mailboxes[self.index].stalest.load(Ordering::Relaxed);
+            if self.conns.is_empty() || (rank != NOTHING && rank <= published) {
+                self.publish();
+            }
         }
     }
 
-    fn replies(&mut self) {
-        let replies = std::mem::take(&mut *self.inbox.lock().expect("never poisoned"));
-        for reply in replies {
-            let Some(conn) = self.conns.get_mut(&reply.conn) else { continue }; // closed meanwhile
-            conn.waiting = false;
-            conn.resp3 = reply.resp3;
-            conn.out.extend_from_slice(&reply.data);
-            let now = Instant::now();
-            conn.useful = now;
-            conn.started = now;
-            if reply.close && conn.closing.is_none() {
-                conn.closing = Some(now);
+    fn messages(&mut self) {
+        let inbox = &self.shared.mailboxes[self.index].inbox;
+        let messages = std::mem::take(&mut *inbox.lock().expect("never poisoned"));
+        for message in messages {
+            match message {
+                Message::Reply(reply) => self.reply(reply),
+                Message::Claim { from, bar } => {
+                    self.free_one(bar, Some(from));
+                }
+                // The worker asked had nothing staler than ours after all (its
+                // published rank was low; it has now published its own):
+                // make room again, as for a newcomer.
+                Message::Fallback => {
+                    self.make_room();
+                }
             }
-            self.turn(reply.conn);
         }
+    }
+
+    fn reply(&mut self, reply: Reply) {
+        let Some(conn) = self.conns.get_mut(&reply.conn) else { return }; // closed meanwhile
+        conn.waiting = false;
+        conn.resp3 = reply.resp3;
+        conn.out.extend_from_slice(&reply.data);
+        let now = Instant::now();
+        conn.useful = now;
+        conn.started = now;
+        if reply.close && conn.closing.is_none() {
+            conn.closing = Some(now);
+        }
+        self.lower(self.shared.rank_at(now));
+        self.turn(reply.conn);
     }
 
     /// Everything a connection can do now: send, read, answer, in a loop
@@ -481,7 +668,7 @@ impl Run {
         }
     }
 
-    /// `Connection.expire` for every connection.
+    /// `Connection.expire` for every connection; then the rank is published.
     fn sweep(&mut self, now: Instant) {
         let limits = self.shared.limits.clone();
         let mut overdue = Vec::new();
@@ -507,9 +694,6 @@ impl Run {
         for id in dropped {
             self.forget(id);
         }
-        if overdue.is_empty() {
-            return;
-        }
         for id in overdue {
             if let Some(conn) = self.conns.get_mut(&id) {
                 let age = now.duration_since(conn.started).as_secs_f64();
@@ -520,6 +704,7 @@ impl Run {
             }
             self.turn(id);
         }
+        self.publish(); // the published rank is never later than the truth, but may lag: bring it in step
     }
 
     fn shutdown(&mut self) {
