@@ -142,18 +142,20 @@ class FlowPlanner:
     def extend(self, fabric: Fabric) -> list[int]:
         """Take a fabric grown by switch groups the tree has just gained (a new
         rack: `topology.grow`); the groups already planned keep their tables.
-        Returns the switches that carry a new group's table: the only ones
-        whose tables change (what a new group forwards down goes to leaves
-        that own nothing yet, so every other table reads the same)."""
+        Returns the switches new to the fabric or carrying a new group's
+        table: the only ones whose tables change (what a new group forwards
+        down goes to leaves that own nothing yet, so every other table reads
+        the same)."""
         members = self._checked_members(fabric)
         moved = [g for g in self._members if members.get(g) != self._members[g]]
         if moved:
             raise ValueError(f"switch groups {sorted(moved)} changed members: not a growth")
+        before = self.fabric.switches
         self.fabric, self._members = fabric, members
         new = [g for g in members if g not in self._tries]
         for group in new:
             self._tries[group] = self._trie(group)
-        return sorted(d for g in new for d in members[g])
+        return sorted(d for d, sw in fabric.switches.items() if d not in before or sw.group in new)
 
     def _trie(self, group: str) -> LpmTrie[str | None]:
         items = [(block, self._value(group, leaf)) for block, leaf in self.tree.group_blocks(group)]

@@ -396,7 +396,8 @@ class MetaFlowCore:
         (`_grow`); the steps are that growth's."""
         tree, planner = self.tree, self.planner
         host = self.inventory.hosts.get(server.data_ip)
-        if tree is None or planner is None or host is None or not self.inventory.attached(server.data_ip):
+        if tree is None or planner is None or host is None or not self.inventory.attached(server.data_ip) \
+                or self.world.in_tree(server.name):   # joined with its rack this tick
             return []
         switch = planner.fabric.switches.get(host.dpid)
         if switch is None or switch.group is None:

@@ -9,12 +9,19 @@ rebuilds the same one), the grown fabric is the one a build maps, every
 switch that was there keeps its table entry for entry (only the new groups'
 switches get a table), every ID is routed to its one owner, and blocks
 moved onto the new servers are routed there too.
+
+Then the controller on fake switches and agents (`controller_world`): a
+rack plugged in after the build joins (no `server-not-joined`), a split
+lands on it, nothing acknowledged is lost; the new switch disconnecting
+mid-push, a controller restarted after the growth, and a rack discovered
+only in part.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import networkx as nx
 import pytest
@@ -22,9 +29,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sortedcontainers import SortedList
 
+from btree.bootstrap import Bootstrap
 from btree.flows import FlowPlanner
 from btree.split import SplitBounds, apply_split, plan_split
 from btree.tree import LogicalBTree, State, TreeError
+from client_lib.api.rest import Outcome
+from client_lib.constants import UPRULE_PRIORITY
+from controller.ofmsgs import installed
+from controller.steps import LinkUp, ReadFlows, SendFlows, SplitNow, Step, SwitchDown, SwitchUp
+from tests.unit.controller_world import World, check_consistent, fill
 from tests.unit.test_merge import check_routed
 from tests.unit.test_tree_split import SPACE
 from topology.builders import Topology, fat_tree, port, three_tier, two_tier
@@ -114,7 +127,8 @@ def test_a_tree_grown_by_a_rack_is_the_tree_of_the_whole_fabric_and_routes_every
     assert {d: t for d, t in after.items() if d in tables} == tables   # nothing new above the rack
     new_groups = {g for g, _, _ in growth.groups}
     assert whole.nodes[edge]["dpid"] in switches
-    assert switches == sorted(d for d, sw in growth.fabric.switches.items() if sw.group in new_groups)
+    assert switches == sorted(d for d, sw in growth.fabric.switches.items()
+                              if sw.group in new_groups or d not in fabric.switches)
     tree.check()
     check_routed(planner)
 
@@ -189,3 +203,203 @@ def test_the_grown_fabric_keeps_clients_and_takes_servers_seen_as_clients() -> N
     assert "old-name" not in growth.fabric.hosts and growth.fabric.hosts["p2e0h0"] == fabric.hosts["old-name"]
     assert set(fabric.hosts) - {"old-name"} <= set(growth.fabric.hosts)
     assert {g for g, _, _ in growth.groups} == set(classify(whole).groups) - set(tree.inner_nodes())
+
+
+# -- the controller: a rack plugged into a running fabric ----------------------------------
+
+
+def unplugged(graph: Topology, switches: list[str], **settings: Any) -> World:
+    """A world whose `switches` (and the servers under them) are not there
+    when the controller builds the network."""
+    world = World(graph, **settings)
+    world.offline = set(switches)
+    for name, agent in world.agents.items():
+        if set(graph.adj[name]) & world.offline:
+            agent.dead = True
+    world.boot()
+    return world
+
+
+def settle(world: World, ticks: int = 3) -> None:
+    for _ in range(ticks):
+        world.advance(world.settings.settle_s)
+        world.heartbeats()
+        world.tick()
+
+
+def events(world: World, kind: str) -> list[dict[str, Any]]:
+    return [e for e in world.core.events if e["event"] == kind]
+
+
+def programmed(world: World, dpid: int) -> bool:
+    """The switch holds exactly the table the planner wants for it (not empty)."""
+    planner = world.core.planner
+    assert planner is not None
+    want = planner.table(dpid)
+    return bool(want) and installed(world.switches[dpid].stats())[0] == want
+
+
+def metaflow(flows: dict[Any, Any]) -> dict[Any, tuple[int, list[Any]]]:
+    return {k: (f.priority, f.actions) for k, f in flows.items() if k[0] >= UPRULE_PRIORITY}
+
+
+def split_onto(world: World, name: str, rack: set[str], acked: dict[int, bytes]) -> str:
+    """Fill `name` and split it; the target (asserted to be in `rack`)."""
+    acked.update(fill(world, name, 60, seed=len(acked)))
+    outcome = world.ask(SplitNow, name=name)
+    assert isinstance(outcome, Outcome) and outcome.ok, outcome
+    target = outcome.detail["target"]
+    assert target in rack, (target, rack)
+    return str(target)
+
+
+@pytest.fixture(params=[1, 2], ids=["r1", "r2"])
+def replicas(request: pytest.FixtureRequest) -> int:
+    return int(request.param)
+
+
+def test_a_new_edge_switch_in_a_pod_joins_its_servers_and_a_split_lands_there(replicas: int) -> None:
+    """p1e1 and its two servers come online after the build, under pod 1:
+    a new edge group below pod 1's aggregation group, its servers idle
+    leaves, only p1e1 programmed; the next split from pod 1 lands there."""
+    world = unplugged(fat_tree(4, servers=8), ["p1e1"], replicas=replicas)
+    tree = world.tree
+    before = {dpid: dict(s.flows) for dpid, s in world.switches.items()}
+    rack = set(world.plug(["p1e1"]))
+    assert rack == {"p1e1h0", "p1e1h1"}
+    settle(world)
+    assert not events(world, "server-not-joined")
+    (added,) = events(world, "rack-added")
+    new_dpid = world.graph.nodes["p1e1"]["dpid"]
+    assert added["switches"] == [new_dpid] and added["servers"] == ["p1e1h0", "p1e1h1"]
+    group = f"edge-{new_dpid}"
+    assert tree.children(group) == ["p1e1h0", "p1e1h1"] and tree.parent(group) == tree.parent("edge-"
+                                                                                             f"{world.graph.nodes['p1e0']['dpid']}")
+    assert all(tree.state(s) is State.IDLE for s in rack)
+    assert programmed(world, new_dpid)   # its up-rules: its group owns nothing yet
+    for dpid, flows in before.items():   # the MetaFlow entries elsewhere are untouched
+        if dpid != new_dpid:
+            assert metaflow(world.switches[dpid].flows) == metaflow(flows)
+    busy = next(s for s in ("p1e0h0", "p1e0h1") if tree.state(s) is State.BUSY)
+    acked: dict[int, bytes] = {}
+    first = split_onto(world, busy, {"p1e0h0", "p1e0h1"}, acked)   # the idle one beside it first
+    assert first != busy
+    split_onto(world, busy, rack, acked)                              # then the new rack, the nearest
+    check_consistent(world, acked)
+
+
+def test_a_new_pod_grows_the_tree_under_the_root_and_placement_spreads_onto_it() -> None:
+    """Pod 2 (both aggregation switches, both edges, two servers) comes
+    online: a new aggregation group under the root with one edge group (the
+    other edge has only clients); every server built in is busy, so the next
+    split must land in the new pod, and its backup goes to another rack."""
+    graph = fat_tree(4, servers=10)
+    pod = ["p2a0", "p2a1", "p2e0", "p2e1"]
+    world = unplugged(graph, pod, replicas=2, bootstrap=Bootstrap("preallocate", 8))
+    tree = world.tree
+    assert not tree.leaves_in(State.IDLE)
+    rack = set(world.plug(pod))
+    settle(world)
+    (added,) = events(world, "rack-added")
+    dpid = {s: graph.nodes[s]["dpid"] for s in pod}
+    assert added["groups"] == [f"agg-{dpid['p2a0']}", f"edge-{dpid['p2e0']}"]
+    assert sorted(added["switches"]) == sorted(dpid.values())   # p2e1 too: a client switch, up-rules
+    assert tree.parent(f"agg-{dpid['p2a0']}") == tree.root
+    acked: dict[int, bytes] = {}
+    target = split_onto(world, tree.leaves_in(State.BUSY)[0], rack, acked)
+    sets = world.core.world.replicas_or_raise().of(target)
+    assert sets and all(len({tree.parent(m) for m in s.members}) == len(s.members) for s in sets.values())
+    check_consistent(world, acked)
+
+
+def test_the_new_switch_disconnecting_mid_push_is_programmed_when_it_comes_back() -> None:
+    world = unplugged(fat_tree(4, servers=8), ["p1e1"], replicas=2)
+    new_dpid = world.graph.nodes["p1e1"]["dpid"]
+
+    def lost(step: Step) -> str | None:
+        return "unreachable" if isinstance(step, (ReadFlows, SendFlows)) and step.dpid == new_dpid else None
+
+    world.inject = lost
+    rack = set(world.plug(["p1e1"]))
+    settle(world)
+    assert events(world, "rack-added") and events(world, "resync-incomplete")
+    assert not installed(world.switches[new_dpid].stats())[0]
+    world.inject = lambda step: None
+    world.post(SwitchDown(new_dpid))
+    world.post(SwitchUp(new_dpid))
+    world.run()
+    assert programmed(world, new_dpid)
+    busy = next(s for s in ("p1e0h0", "p1e0h1") if world.tree.state(s) is State.BUSY)
+    acked: dict[int, bytes] = {}
+    split_onto(world, busy, {"p1e0h0", "p1e0h1"}, acked)
+    split_onto(world, busy, rack, acked)
+    check_consistent(world, acked)
+
+
+def test_a_controller_restarted_after_the_growth_rebuilds_the_same_tree_from_the_claims() -> None:
+    world = unplugged(fat_tree(4, servers=10), ["p2a0", "p2a1", "p2e0", "p2e1"], replicas=2,
+                      bootstrap=Bootstrap("preallocate", 8))
+    rack = set(world.plug(["p2a0", "p2a1", "p2e0", "p2e1"]))
+    settle(world)
+    acked: dict[int, bytes] = {}
+    split_onto(world, world.tree.leaves_in(State.BUSY)[0], rack, acked)
+    old = world.tree
+    sets = {b: s.members for b, s in world.core.world.replicas_or_raise().sets.items()}
+    world.new_core()
+    world.boot()
+    assert shape(world.tree) == shape(old)
+    assert world.tree.partition() == old.partition()
+    assert {b: s.members for b, s in world.core.world.replicas_or_raise().sets.items()} == sets
+    assert not events(world, "rack-added")   # mapped whole, as a build
+    check_consistent(world, acked)
+
+
+def test_a_rack_that_is_not_a_growth_is_said_once_and_joins_when_the_fabric_is_whole() -> None:
+    """p1e1 linked to only one of its pod's aggregation switches at first:
+    not a tree of groups; once its second link is up, it joins."""
+    graph = fat_tree(4, servers=8)
+    world = unplugged(graph, ["p1e1"])
+    missing = graph.edges["p1e1", "p1a1"]["ports"]
+    graph.remove_edge("p1e1", "p1a1")
+    rack = set(world.plug(["p1e1"]))
+    settle(world)
+    settle(world)
+    (said,) = [e for e in events(world, "server-not-joined") if e["server"] == "p1e1h0"]
+    assert "restart" in said["why"] or "overlapping" in said["why"] or "parent" in said["why"]
+    assert not events(world, "rack-added") and not rack & set(world.tree.leaves())
+    graph.add_edge("p1e1", "p1a1", ports=missing)
+    world.post(LinkUp(graph.nodes["p1e1"]["dpid"], missing["p1e1"], graph.nodes["p1a1"]["dpid"],
+                      missing["p1a1"]))
+    world.run()
+    settle(world)
+    assert events(world, "rack-added") and rack <= set(world.tree.leaves())
+    check_consistent(world, {})
+
+
+def test_servers_under_an_edge_switch_that_had_only_clients_grow_it_into_a_rack() -> None:
+    """The issue's case: p1e1 was connected at the build but none of its
+    servers was running, so it was mapped as a client switch (up-rules
+    only); when they start, it becomes a rack without a controller restart."""
+    graph = fat_tree(4, servers=8)
+    world = World(graph, replicas=2)
+    rack = ["p1e1h0", "p1e1h1"]
+    for name in rack:
+        world.agents[name].dead = True
+        world.cut(name)
+    world.boot()
+    dpid = graph.nodes["p1e1"]["dpid"]
+    assert world.core.planner is not None and world.core.planner.fabric.switches[dpid].group is None
+    for name in rack:
+        world.agents[name].dead = False
+        world.reconnect(name)
+        world.register(world.agents[name])
+    settle(world)
+    assert not events(world, "server-not-joined")
+    (added,) = events(world, "rack-added")
+    assert added["switches"] == [dpid] and world.tree.children(f"edge-{dpid}") == rack
+    assert programmed(world, dpid)
+    busy = next(s for s in ("p1e0h0", "p1e0h1") if world.tree.state(s) is State.BUSY)
+    acked: dict[int, bytes] = {}
+    split_onto(world, busy, {"p1e0h0", "p1e0h1"}, acked)
+    split_onto(world, busy, set(rack), acked)
+    check_consistent(world, acked)
