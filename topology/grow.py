@@ -119,10 +119,7 @@ def _extended(old: Fabric, now: Fabric, new_groups: set[str]) -> Fabric:
                for h in sw.down if h in now.leaf_mac}
     taken = {now.hosts[h] for h in servers}
     hosts = {h: at for h, at in old.hosts.items() if at not in taken}   # a server seen as a client before
-    hosts.update({h: at for h, at in now.hosts.items() if h not in old.hosts})
-    hosts.update({h: now.hosts[h] for h in servers})
+    hosts.update({h: at for h, at in now.hosts.items() if h not in old.hosts or h in servers})
+    macs = {**now.host_mac, **old.host_mac, **{h: now.host_mac[h] for h in servers}}
     return Fabric(switches, {**old.leaf_mac, **{h: now.leaf_mac[h] for h in servers}},
-                  {**now.links, **old.links}, hosts,
-                  {**{h: m for h, m in old.host_mac.items() if h in hosts},
-                   **{h: m for h, m in now.host_mac.items() if h in hosts and h not in old.host_mac},
-                   **{h: now.host_mac[h] for h in servers}})
+                  {**now.links, **old.links}, hosts, {h: m for h, m in macs.items() if h in hosts})
