@@ -37,7 +37,7 @@ from client_lib.api.rest import Outcome
 from client_lib.constants import UPRULE_PRIORITY
 from controller.ofmsgs import installed
 from controller.steps import LinkUp, ReadFlows, SendFlows, SplitNow, Step, SwitchDown, SwitchUp
-from tests.unit.controller_world import World, check_consistent, fill
+from tests.unit.controller_world import ControllerKilled, World, check_consistent, fill
 from tests.unit.test_merge import check_routed
 from tests.unit.test_tree_split import SPACE
 from topology.builders import Topology, fat_tree, port, three_tier, two_tier
@@ -402,4 +402,25 @@ def test_servers_under_an_edge_switch_that_had_only_clients_grow_it_into_a_rack(
     acked: dict[int, bytes] = {}
     split_onto(world, busy, {"p1e0h0", "p1e0h1"}, acked)
     split_onto(world, busy, set(rack), acked)
+    check_consistent(world, acked)
+
+
+def test_a_controller_killed_in_the_middle_of_the_push_maps_the_rack_at_its_rebuild() -> None:
+    """Killed right after the growth, at the first flows sent to the new
+    switch (its table not all there): the next controller maps the whole
+    fabric, the rack included, and programs it."""
+    world = unplugged(fat_tree(4, servers=8), ["p1e1"], replicas=2)
+    new_dpid = world.graph.nodes["p1e1"]["dpid"]
+    rack = set(world.plug(["p1e1"]))
+    world.inject = lambda step: "kill" if isinstance(step, SendFlows) and step.dpid == new_dpid else None
+    with pytest.raises(ControllerKilled):
+        settle(world)
+    world.inject = lambda step: None
+    world.new_core()
+    world.boot()
+    assert rack <= set(world.tree.leaves()) and programmed(world, new_dpid)
+    busy = next(s for s in ("p1e0h0", "p1e0h1") if world.tree.state(s) is State.BUSY)
+    acked: dict[int, bytes] = {}
+    split_onto(world, busy, {"p1e0h0", "p1e0h1"}, acked)
+    split_onto(world, busy, rack, acked)
     check_consistent(world, acked)
