@@ -128,12 +128,39 @@ class FlowPlanner:
     def __init__(self, tree: LogicalBTree, fabric: Fabric, minimize: bool = True):
         self.tree, self.fabric, self.minimize = tree, fabric, minimize
         self.space = tree.space
-        self._members = fabric.members()
-        missing = set(self._members) - set(tree.inner_nodes())
-        if missing:
-            raise ValueError(f"switch groups {sorted(missing)} are not nodes of the tree")
+        self._members = self._checked_members(fabric)
         self._tries: dict[str, LpmTrie[str | None]] = {}
         self.rebuild()
+
+    def _checked_members(self, fabric: Fabric) -> dict[str, list[int]]:
+        members = fabric.members()
+        missing = set(members) - set(self.tree.inner_nodes())
+        if missing:
+            raise ValueError(f"switch groups {sorted(missing)} are not nodes of the tree")
+        return members
+
+    def extend(self, fabric: Fabric) -> list[int]:
+        """Take a fabric grown by switch groups the tree has just gained (a new
+        rack: `topology.grow`); the groups already planned keep their tables.
+        Returns the switches new to the fabric or carrying a new group's
+        table: the only ones whose tables change (what a new group forwards
+        down goes to leaves that own nothing yet, so every other table reads
+        the same)."""
+        members = self._checked_members(fabric)
+        moved = [g for g in self._members if members.get(g) != self._members[g]]
+        if moved:
+            raise ValueError(f"switch groups {sorted(moved)} changed members: not a growth")
+        before = self.fabric.switches
+        self.fabric, self._members = fabric, members
+        new = [g for g in members if g not in self._tries]
+        for group in new:
+            self._tries[group] = self._trie(group)
+        return sorted(d for d, sw in fabric.switches.items() if d not in before or sw.group in new)
+
+    def _trie(self, group: str) -> LpmTrie[str | None]:
+        items = [(block, self._value(group, leaf)) for block, leaf in self.tree.group_blocks(group)]
+        outside = self._outside(group)
+        return LpmTrie.from_partition(self.space, items, outside, outside, self.minimize)
 
     # -- group level ----------------------------------------------------------------
 
@@ -150,10 +177,7 @@ class FlowPlanner:
     def rebuild(self) -> None:
         """Recompute every group's table from the tree."""
         for group in self._members:
-            items = [(block, self._value(group, leaf)) for block, leaf in self.tree.group_blocks(group)]
-            outside = self._outside(group)
-            self._tries[group] = LpmTrie.from_partition(self.space, items, outside, outside,
-                                                        self.minimize)
+            self._tries[group] = self._trie(group)
 
     def group_entries(self, group: str) -> list[tuple[Block, str | None]]:
         """The group's table as (prefix, next hop), next hop a child id or UP."""

@@ -85,12 +85,13 @@ class LogicalBTree:
 
     # -- shape ------------------------------------------------------------------
 
-    def _add_inner(self, node: str, parent: str | None) -> None:
+    def _add_inner(self, node: str, parent: str | None, position: int | None = None) -> None:
         self._parent[node] = parent
         self._children[node] = []
         self._index[node] = SortedDict()
         if parent is not None:
-            self._children[parent].append(node)
+            kids = self._children[parent]
+            kids.insert(len(kids) if position is None else position, node)
         self._path[node] = (self._path[parent] if parent else ()) + (node,)
 
     def _add_leaf(self, leaf: str, parent: str) -> None:
@@ -326,13 +327,20 @@ class LogicalBTree:
             raise TreeError(f"{parent!r} has switch groups below it; servers join at the bottom")
         self._add_leaf(leaf, parent)
 
-    def join_group(self, group: str, parent: str) -> None:
-        """A new switch group (e.g. an edge switch) becomes an inner node with no leaves."""
+    def join_group(self, group: str, parent: str, position: int | None = None) -> None:
+        """A new switch group (e.g. an edge switch) becomes an inner node with no
+        leaves, at `position` among its parent's children (None: last). A new
+        rack (`topology.grow`) passes the place the classifier gives it, so the
+        tree a restarted controller maps from the whole fabric is this one."""
         if group in self._parent:
             raise TreeError(f"{group!r} is already in the tree")
         if parent not in self._children:
             raise TreeError(f"parent {parent!r} is not an inner node")
-        self._add_inner(group, parent)
+        if any(self.is_leaf(c) for c in self._children[parent]):
+            raise TreeError(f"{parent!r} has servers below it; switch groups join above the servers")
+        if position is not None and not 0 <= position <= len(self._children[parent]):
+            raise TreeError(f"{parent!r} has {len(self._children[parent])} children, no place {position}")
+        self._add_inner(group, parent, position)
 
     def nearest_leaves(self, leaf: str, state: State = State.IDLE,
                        avoid: Collection[str] = ()) -> list[str]:

@@ -50,6 +50,7 @@ from controller.build import build, build_saga
 from controller.drain import drain_saga, holdings
 from controller.failover import failover_saga
 from controller.inventory import Inventory
+from controller.rack import grow_rack, rack_saga
 from controller.rebalance import rebalance_saga
 from controller.registry import Registry, Server
 from controller.repair import repair_saga
@@ -117,6 +118,8 @@ class MetaFlowCore:
         self._held: list[tuple[set[str], PacketOut]] = []
         """ARP replies from or for such hosts, sent once none of them is in `_routing`."""
         self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
+        self._grow_tried: tuple[float, int] | None = None
+        """(last topology change, registrations) of the last new-rack attempt: tried once per state."""
         self.first_registration: float | None = None
         self.watch = LoadWatch(settings.load_poll_s, self.registry, self.inventory)
         self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
@@ -350,18 +353,19 @@ class MetaFlowCore:
         before its backups had it), and serving them, or being promoted with
         them, would show a value that can vanish. Where it holds the only
         synced copy (r=1), it serves what it holds again."""
-        answer = self._registered(event)
+        answer, grown = self._registered(event)
         name = answer.name
         if answer.roles and self.registry[name].suspended and self._backed_up(name):
             steps = self._fail(name, "restarted: its store may hold writes its sets never acknowledged")
             return [*steps, self._issue_answer(event.reply, Registered(name, []))]
-        return [self._issue_answer(event.reply, answer)]
+        return [*grown, self._issue_answer(event.reply, answer)]
 
     def _backed_up(self, name: str) -> bool:
         """Every set `name` is in has another synced member."""
         return all(set(s.synced) - {name} for s in self.world.replicas_or_raise().of(name).values())
 
-    def _registered(self, event: Register) -> Registered:
+    def _registered(self, event: Register) -> tuple[Registered, list[Step]]:
+        """The answer, and the steps of a new rack its server's joining grew."""
         server, new = self.registry.register(event.registration, self.clock())
         if self.first_registration is None:
             self.first_registration = self.clock()
@@ -371,44 +375,79 @@ class MetaFlowCore:
                          name=server.name, ip=server.data_ip, new=new, roles=len(server.roles),
                          suspended=server.suspended, failed=server.failed)
         if self.tree is None:
-            return Registered(server.name, None)
+            return Registered(server.name, None), []
         if not self.world.in_tree(server.name):
-            self._join(server)
-            return Registered(server.name, [])
+            return Registered(server.name, []), self._join(server)
         if server.failed:
             if cut_off or self.operations.involving(server.name) or self.tree.blocks(server.name):
-                return Registered(server.name, [])   # not back on the data plane, or its fail-over runs
+                return Registered(server.name, []), []   # not back on the data plane, or its fail-over runs
             self.world.event("server-rejoined", server=server.name, was=server.failed, note="empty, idle")
             server.failed = None
             self.tree.join(server.name, self.tree.parent(server.name) or "")
-            return Registered(server.name, [])
-        return Registered(server.name, self.world.roles_of(server.name))
+            return Registered(server.name, []), []
+        return Registered(server.name, self.world.roles_of(server.name)), []
 
-    def _join(self, server: Server) -> None:
+    def _join(self, server: Server) -> list[Step]:
         """A server the built network does not know (new, or dead while this
         controller was built) becomes an idle leaf under its edge switch's
         group once the data plane reaches it: no table changes until it gets
-        blocks (a split, a fail-over, a backup). A switch that carries no group
-        of servers yet would need the topology mapped again: said, not done."""
+        blocks (a split, a fail-over, a backup). Under a switch that carries
+        no group of servers yet, the tree grows by a new rack first
+        (`_grow`); the steps are that growth's."""
         tree, planner = self.tree, self.planner
         host = self.inventory.hosts.get(server.data_ip)
-        if tree is None or planner is None or host is None or not self.inventory.attached(server.data_ip):
-            return
+        if tree is None or planner is None or host is None or not self.inventory.attached(server.data_ip) \
+                or self.world.in_tree(server.name):   # joined with its rack this tick
+            return []
         switch = planner.fabric.switches.get(host.dpid)
-        group = switch.group if switch is not None else None
-        if group is None or any(not tree.is_leaf(c) for c in tree.children(group)):
-            if server.name in self._unjoinable:
-                return
-            self._unjoinable.add(server.name)
-            self.world.event("server-not-joined", logging.WARNING, server=server.name,
-                             at=f"{host.dpid}:{host.port}",
-                             why="its switch carries no group of servers; restart the controller to map it")
-            return
-        tree.join(server.name, group)
+        if switch is None or switch.group is None:
+            return self._grow(server, f"{host.dpid}:{host.port}")
+        if any(not tree.is_leaf(c) for c in tree.children(switch.group)):
+            self._not_joined(server, f"{host.dpid}:{host.port}", "its switch carries switch groups below it, "
+                             "not servers; restart the controller to map it")
+            return []
+        tree.join(server.name, switch.group)
         planner.fabric = planner.fabric.with_leaf(server.name, host.dpid, host.port,
                                                   server.data_mac or host.mac)
         server.failed = None
-        self.world.event("server-joined", server=server.name, group=group, note="idle")
+        self._unjoinable.discard(server.name)
+        self.world.event("server-joined", server=server.name, group=switch.group, note="idle")
+        return []
+
+    def _not_joined(self, server: Server, at: str, why: str) -> None:
+        """Said once per server (the join is tried again at every tick)."""
+        if server.name not in self._unjoinable:
+            self._unjoinable.add(server.name)
+            self.world.event("server-not-joined", logging.WARNING, server=server.name, at=at, why=why)
+
+    def _grow(self, server: Server, at: str) -> list[Step]:
+        """A new rack (`controller.rack`): once the topology has been quiet
+        for --settle (a switch's links are discovered one by one, and a
+        fabric seen in part is no growth), and once per state of the
+        topology and of the registrations, the tree grows by the new switch
+        groups; their servers that are in service join as idle leaves, held
+        out of splits and placements by the push of their switches' tables;
+        host routes follow the grown graph."""
+        if self.clock() - self.last_change < self.settings.settle_s:
+            return []
+        attempt = (self.last_change, len(self.registry.servers))
+        if attempt == self._grow_tried:
+            return []
+        self._grow_tried = attempt
+        graph = self.graph_now()
+        grown = grow_rack(self.world, graph)
+        if isinstance(grown, str):
+            self._not_joined(server, at, grown)
+            return []
+        growth, switches = grown
+        self.graph, self.classification = graph, growth.classification
+        for leaf, _group in growth.leaves:   # in the classifier's order, as a rebuild would place them
+            candidate = self.registry.servers.get(leaf)
+            if candidate is not None and (not candidate.failed or candidate is server):
+                self._join(candidate)
+        joined = {leaf for leaf, _group in growth.leaves if self.world.in_tree(leaf)}
+        pushed = self.start("rack", growth.groups[0][0], joined, lambda op: rack_saga(self.world, switches))
+        return [*pushed, *self._refresh_routes()]
 
     def _heartbeat(self, event: Heartbeat) -> Ack:
         """A server declared failed that still beats (it was cut off, not dead)
@@ -433,7 +472,7 @@ class MetaFlowCore:
         leaves = set(self.tree.leaves())   # once per tick, not once per server
         for server in self.registry.live():
             if server.name not in leaves:
-                self._join(server)
+                steps += self._join(server)
         leaves = set(self.tree.leaves())
         steps += self._poll_load(now)
         steps += self._keep_replicated()

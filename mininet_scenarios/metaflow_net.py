@@ -208,6 +208,17 @@ class MetaFlowNet:
         agent.launch().wait_ready(timeout)
         scenario.agents[scenario.topo.graph_names[agent.name]] = agent
 
+    def add_rack(self, grown: nx.Graph, switch: str) -> list[str]:
+        """Plug a new edge switch with its servers into the running fabric
+        (`Scenario.add_rack`: `grown` is this network's graph plus `switch`,
+        its links and hosts) and have its hosts announce themselves; the
+        controller's names of its storage servers."""
+        scenario = self.running
+        storage = scenario.add_rack(grown, switch)
+        self.graph = grown
+        self.announce()
+        return [scenario.topo.names[node] for node in storage]
+
     def set_link(self, server: str, up: bool) -> None:
         """Take storage server `server`'s edge link down or bring it back up
         (both ends; the switch reports the port's state to the controller)."""

@@ -76,7 +76,7 @@ from mininet_scenarios.interrupts import SignalsHeld, SigtermAsInterrupt
 from mininet_scenarios.leaks import leaks, netns_inode, sweep, unique_prefix
 from mininet_scenarios.mgmt import DEFAULT_SUBNET, ManagementNetwork
 from mininet_scenarios.syscmd import vsctl
-from mininet_scenarios.topos import HOST_NETWORK, GraphTopo, host_number
+from mininet_scenarios.topos import HOST_NETWORK, GraphTopo, host_number, mininet_name
 from nat_agent.rules import DEFAULT_MODE
 from topology import builders
 
@@ -213,18 +213,26 @@ class Scenario:
             net.addController(f"{self.prefix}c", controller=RemoteController, ip=ip, port=port)
         net.build()
         for node in builders.hosts(self.graph):
-            host, ns = self.host(node), self.ns(node)
-            self.netns_inodes.append(netns_inode(host.pid))
-            ns.run("ethtool", "-K", host.defaultIntf().name, "tx", "off")
-            ns.run("sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
-                   "net.ipv6.conf.default.disable_ipv6=1")
-            self.mgmt_ips[node] = self.mgmt.attach(ns, host_number(self.graph, node))
+            self._set_up_host(node)
         return net
 
-    def _start_agents(self, workdir: Path, secret_file: Path) -> None:
+    def _set_up_host(self, node: str) -> None:
+        """Checksum offload and IPv6 off on a host's data interface, and its
+        ``-mgmt`` interface."""
+        host, ns = self.host(node), self.ns(node)
+        self.netns_inodes.append(netns_inode(host.pid))
+        ns.run("ethtool", "-K", host.defaultIntf().name, "tx", "off")
+        ns.run("sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
+               "net.ipv6.conf.default.disable_ipv6=1")
+        self.mgmt_ips[node] = self.mgmt.attach(ns, host_number(self.graph, node))
+
+    def _start_agents(self, workdir: Path, secret_file: Path,
+                      nodes: Sequence[str] | None = None) -> None:
+        """One agent per storage host (of `nodes`, default all), awaited until /health answers."""
         controller = (["--controller", f"http://{self.mgmt.root_ip}:{self.rest_port}"]
                       if self.rest_port else [])
-        for node in builders.storage_hosts(self.graph):
+        started = []
+        for node in builders.storage_hosts(self.graph) if nodes is None else nodes:
             name = self.topo.names[node]
             store = STORES[self.store].format(dir=workdir / name)
             self.agents[node] = AgentProcess(
@@ -234,9 +242,46 @@ class Scenario:
                 netns=self.ns(node),
                 admin_from_here=True, log_path=workdir / f"{name}.log", secret_file=secret_file)
             self.agents[node].launch()
+            started.append(self.agents[node])
         deadline = time.monotonic() + self.agent_timeout
-        for agent in self.agents.values():
+        for agent in started:
             agent.wait_ready(max(deadline - time.monotonic(), 0.1))
+
+    # -- growing the running network ---------------------------------------------------
+
+    def add_rack(self, grown: nx.Graph, switch: str) -> list[str]:
+        """Plug builder switch `switch` of `grown` (this scenario's graph plus
+        that switch, its links and its hosts) into the running network: the
+        bridge starts connected to the controller, its links to the running
+        switches come up (OVS patch ports, as at bring-up), its hosts are set
+        up like the others and their agents started. Returns the storage
+        hosts."""
+        net = self.net
+        if net is None or self.workdir is None or self.secret_file is None:
+            raise RuntimeError(f"scenario {self.prefix} is not running")
+        hosts = [h for h in grown.adj[switch] if grown.nodes[h]["kind"] == "host"]
+        self.graph = grown
+        for node in (switch, *hosts):
+            name = mininet_name(grown, node, self.prefix)
+            self.topo.names[node], self.topo.graph_names[name] = name, node
+        bridge = net.addSwitch(self.topo.names[switch], dpid=f"{grown.nodes[switch]['dpid']:016x}")
+        for host in hosts:
+            data = grown.nodes[host]
+            net.addHost(self.topo.names[host], ip=f"{data['ip']}/{HOST_NETWORK.prefixlen}", mac=data["mac"])
+        for neighbour in grown.adj[switch]:
+            ports = grown.edges[switch, neighbour]["ports"]
+            link = net.addLink(self.topo.names[neighbour], bridge, port1=ports[neighbour],
+                               port2=ports[switch])
+            other = net[self.topo.names[neighbour]]
+            if isinstance(other, OVSSwitch):   # a running bridge takes its end of the patch link
+                other.vsctl(f"add-port {other} {link.intf1}" + other.intfOpts(link.intf1))
+        bridge.start(net.controllers)
+        for host in hosts:
+            net[self.topo.names[host]].configDefault()
+            self._set_up_host(host)
+        storage = [h for h in hosts if grown.nodes[h]["role"] == "storage"]
+        self._start_agents(self.workdir, self.secret_file, storage)
+        return storage
 
     # -- teardown --------------------------------------------------------------------
 

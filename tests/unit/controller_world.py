@@ -474,6 +474,9 @@ class World:
         self.executed: list[Step] = []
         self.inject: Callable[[Step], str | None] = lambda step: None
         self.down_ports: set[tuple[int, int]] = set()
+        self.offline: set[str] = set()
+        """Switches not plugged into the fabric yet (`plug`): a boot does not
+        announce them, their links or their hosts."""
         self.core = self.new_core()
 
     # driving
@@ -569,18 +572,13 @@ class World:
     # discovery, as the shim would report it
     def boot(self, register: bool = True) -> None:
         g = self.graph
-        for _, data in g.nodes(data=True):
-            if data["kind"] == "switch":
-                self.post(SwitchUp(data["dpid"]))
-        for a, b in g.edges():
-            if g.nodes[a]["kind"] == g.nodes[b]["kind"] == "switch":
-                self.post(LinkUp(g.nodes[a]["dpid"], port(g, a, b), g.nodes[b]["dpid"], port(g, b, a)))
+        self._announce([n for n, d in g.nodes(data=True) if d["kind"] == "switch" and n not in self.offline])
         for dpid, number in sorted(self.down_ports):   # what a switch's features say
             self.post(PortDown(dpid, number))
         if register:
             self.register_all()
         for host in storage_hosts(g) + client_hosts(g):
-            if not self._cut_off(host):
+            if not self._cut_off(host) and not set(g.adj[host]) & self.offline:
                 self.arp(host)
         self.run()
         started = self.now
@@ -588,6 +586,34 @@ class World:
             self.advance(self.settings.settle_s)
             self.heartbeats()
             self.tick()
+
+    def _announce(self, switches: list[str]) -> None:
+        """Each switch connects, then its links to the switches already plugged in come up."""
+        g = self.graph
+        for name in switches:
+            self.post(SwitchUp(g.nodes[name]["dpid"]))
+        for a, b in g.edges():
+            if g.nodes[a]["kind"] == g.nodes[b]["kind"] == "switch" and {a, b} & set(switches) \
+                    and not {a, b} & self.offline:
+                self.post(LinkUp(g.nodes[a]["dpid"], port(g, a, b), g.nodes[b]["dpid"], port(g, b, a)))
+
+    def plug(self, switches: list[str]) -> list[str]:
+        """Switches plugged into the running fabric: they connect, their links
+        come up, their hosts say who they are by ARP and their agents start
+        and register. Returns those agents."""
+        g = self.graph
+        self.offline -= set(switches)
+        self._announce(switches)
+        self.run()
+        hosts = [h for h in storage_hosts(g) + client_hosts(g) if set(g.adj[h]) & set(switches)]
+        for host in hosts:
+            self.arp(host)
+        self.run()
+        started = [h for h in hosts if h in self.agents]
+        for name in started:
+            self.agents[name].dead = False
+            self.register(self.agents[name])
+        return started
 
     def cut(self, host: str) -> None:
         """The host's edge port goes down (its agent still answers on the management network)."""
