@@ -24,6 +24,7 @@ from client_lib.api.rest import (
     TreeView,
 )
 from controller.core import MetaFlowCore
+from controller.telemetry import Gauges, ServerGauges
 from controller.watch import owner_loads
 
 
@@ -98,3 +99,33 @@ def operations_view(core: MetaFlowCore) -> OperationsView:
     return OperationsView([OperationInfo(op.id, op.kind, op.server, op.step, round(now - op.started, 3))
                            for op in core.operations.running.values()])
 
+
+
+def gauges(core: MetaFlowCore) -> Gauges:
+    """The numbers a scrape of the controller's metrics shows (`controller.metrics`)."""
+    now, tree, replicas, planner = core.clock(), core.tree, core.replicas, core.planner
+    loads = core.watch.server_loads()
+    leaves = set(tree.leaves()) if tree is not None else set()
+    servers = {name: ServerGauges("failed" if s.failed else
+                                  tree.state(name).name.lower() if tree is not None and name in leaves
+                                  else "unplaced",
+                                  s.keys, max(0.0, now - s.last_seen), loads.get(name))
+               for name, s in core.registry.servers.items()}
+    live = {s.name for s in core.registry.live()}
+    sets = replicas.sets if replicas is not None else {}
+    oldest: dict[str, tuple[int, float]] = {}
+    for op in core.operations.running.values():
+        count, age = oldest.get(op.kind, (0, 0.0))
+        oldest[op.kind] = (count + 1, max(age, now - op.started))
+    return Gauges(
+        switches_connected=len(core.inventory.dpids), built=tree is not None,
+        replicas=core.settings.replicas, table_budget=core.settings.table_budget,
+        entries={dpid: len(planner.table(dpid)) for dpid in planner.fabric.switches} if planner else {},
+        servers=servers, blocks=len(sets),
+        blocks_without_live_backup=sum(not (set(s.synced) - {s.primary}) & live for s in sets.values()),
+        blocks_not_serving=len(core.not_serving),
+        imbalance_factor=imbalance_factor(list(owner_loads(tree, loads).values()),
+                                          core.settings.load_capacity),
+        data_lost=len(core.lost), operations=oldest,
+        heartbeat_timeout_s=core.settings.heartbeat_timeout_s,
+        migration_lease_s=core.settings.migration_lease_s)
