@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -82,6 +82,7 @@ class ControllerMetrics:
     and the state read at each scrape through `read`."""
 
     def __init__(self, read: Callable[[], Gauges]) -> None:
+        disable_created_metrics()   # a `_created` series per counter doubles the series for nothing we use
         self.registry = CollectorRegistry()
         self.operations = _counter(m.OPERATIONS, self.registry)
         self.operation_seconds = _histogram(m.OPERATION_SECONDS, self.registry)
