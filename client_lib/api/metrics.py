@@ -126,10 +126,7 @@ SYNCS = Family("metaflow_agent_syncs", "gauge", "catch-up syncs this primary run
                ("state",))
 MIGRATIONS = Family("metaflow_agent_migrations", "gauge", "migrations this agent sends, by state",
                     ("state",))
-DISK_SYNCS = Family("metaflow_agent_disk_syncs_total", "counter",
-                    "syncs to disk of the store's write-ahead log (--fsync batch or always)")
 
 AGENT: tuple[Family, ...] = (
     REQUESTS, COMPILED_REQUESTS, REQUEST_SECONDS, REJECTED, CONNECTIONS_OPEN, CONNECTIONS, KEYS,
-    BLOCKS_HELD, REPLICATION, REPLICATION_WRITING, REPLICATION_QUEUE, REPLICA_APPLIED, SYNCS, MIGRATIONS,
-    DISK_SYNCS)
+    BLOCKS_HELD, REPLICATION, REPLICATION_WRITING, REPLICATION_QUEUE, REPLICA_APPLIED, SYNCS, MIGRATIONS)
