@@ -60,7 +60,7 @@ def _delta(after: Samples, before: Samples, name: str, **labels: str) -> float:
 
 def test_requests_count_by_command_and_outcome_on_both_paths(agent: tuple[AgentProcess, int]) -> None:
     proc, port = agent
-    compiled = "--request-path" in proc.argv and proc.argv[proc.argv.index("--request-path") + 1] == "compiled"
+    compiled = proc.argv[proc.argv.index("--request-path") + 1] == "compiled"
     held, foreign = _paths(HELD, 5), _paths(FOREIGN, 2)
     before = scrape(port)
     with redis.Redis(proc.host, proc.port, single_connection_client=True) as r:
