@@ -64,6 +64,7 @@ class StateCollector(Collector):
         yield _gauge(m.BLOCKS_UNBACKED, g.blocks_without_live_backup)
         yield _gauge(m.BLOCKS_NOT_SERVING, g.blocks_not_serving)
         yield _gauge(m.IMBALANCE, g.imbalance_factor)
+        yield _gauge(m.IMBALANCE_THRESHOLD, g.imbalance_threshold)
         lost = CounterMetricFamily(m.DATA_LOST.name.removesuffix("_total"), m.DATA_LOST.help)
         lost.add_metric([], g.data_lost)
         yield lost

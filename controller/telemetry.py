@@ -71,6 +71,7 @@ class Gauges:
     """Blocks whose set has no synced backup on a live server."""
     blocks_not_serving: int = 0
     imbalance_factor: float = 0.0
+    imbalance_threshold: float = 0.0
     data_lost: int = 0
     """DATA-LOST events since the controller started."""
     operations: dict[str, tuple[int, float]] = field(default_factory=dict)

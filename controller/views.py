@@ -126,6 +126,6 @@ def gauges(core: MetaFlowCore) -> Gauges:
         blocks_not_serving=len(core.not_serving),
         imbalance_factor=imbalance_factor(list(owner_loads(tree, loads).values()),
                                           core.settings.load_capacity),
-        data_lost=len(core.lost), operations=oldest,
+        imbalance_threshold=core.settings.imbalance_threshold, data_lost=len(core.lost), operations=oldest,
         heartbeat_timeout_s=core.settings.heartbeat_timeout_s,
         migration_lease_s=core.settings.migration_lease_s)

@@ -70,6 +70,8 @@ BLOCKS_NOT_SERVING = Family("metaflow_blocks_not_serving", "gauge",
                             "blocks whose primary waits for its flows before serving")
 IMBALANCE = Family("metaflow_imbalance_factor", "gauge",
                    "the load imbalance factor (Lunule's, in [0, 1]) over the servers owning blocks")
+IMBALANCE_THRESHOLD = Family("metaflow_imbalance_threshold", "gauge",
+                             "the imbalance factor above which load is moved (--imbalance-threshold)")
 DATA_LOST = Family("metaflow_data_lost_total", "counter",
                    "DATA-LOST events: blocks whose every copy died, served empty since")
 OPERATIONS = Family("metaflow_operations_total", "counter",
@@ -90,7 +92,7 @@ MOVE_SECONDS = Family("metaflow_move_seconds", "histogram", "seconds a move of b
 CONTROLLER: tuple[Family, ...] = (
     SWITCHES_CONNECTED, NETWORK_BUILT, REPLICAS, SWITCH_ENTRIES, TABLE_BUDGET, FLOW_MODS, FLOW_MODS_REFUSED,
     BARRIER_SECONDS, SERVERS, SERVER_KEYS, SERVER_LOAD, HEARTBEAT_AGE, OLDEST_HEARTBEAT, HEARTBEAT_TIMEOUT,
-    BLOCKS, BLOCKS_UNBACKED, BLOCKS_NOT_SERVING, IMBALANCE, DATA_LOST, OPERATIONS, OPERATION_SECONDS,
+    BLOCKS, BLOCKS_UNBACKED, BLOCKS_NOT_SERVING, IMBALANCE, IMBALANCE_THRESHOLD, DATA_LOST, OPERATIONS, OPERATION_SECONDS,
     OPERATIONS_RUNNING, OPERATION_AGE, MIGRATION_LEASE, MOVES, MOVE_SECONDS)
 
 # -- an agent --------------------------------------------------------------------------
