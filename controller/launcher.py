@@ -43,9 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     manager.load_apps(["os_ken.topology.switches", "controller.app"])
     try:
         manager.instantiate_apps(**manager.create_contexts(), settings=settings)
-    except OSError as exc:
+    except OSError as exc:   # a port taken (REST, metrics): os-ken's threads are running already
         logging.getLogger("metaflow.controller").error("cannot start: %s", exc)
-        return 1
+        logging.shutdown()
+        os._exit(1)
     stop.wait()
     log = logging.getLogger("metaflow.controller")
     log.info("stopping; switches keep their flows")
