@@ -98,6 +98,11 @@ class AgentCollector(Collector):
         yield _from(_counter(m.REPLICA_APPLIED), self.replica.stats, {how: how for how in REPLICA_RECORDS})
         yield _states(m.SYNCS, [r.state for r in self.syncs.reports()])
         yield _states(m.MIGRATIONS, [r.state for r in self.migrator.reports()])
+        synced = HistogramMetricFamily(m.DISK_SYNC_SECONDS.name, m.DISK_SYNC_SECONDS.help)
+        syncs = service.store.disk_syncs()
+        if syncs is not None:
+            synced.add_metric([], syncs.cumulative(), syncs.total)
+        yield synced
 
 
 def _from(family: CounterMetricFamily, counts: Counter[str], labels: dict[str, str]) -> CounterMetricFamily:

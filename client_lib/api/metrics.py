@@ -33,7 +33,8 @@ class Family:
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 """Buckets of the controller's duration histograms: a barrier's milliseconds to a large move's minutes."""
 REQUEST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5)
-"""Buckets of an agent's request seconds: tens of microseconds (a read) to the replication timeout."""
+"""Buckets of an agent's request and disk sync seconds: tens of microseconds (a read) to the
+replication timeout."""
 
 # -- the controller --------------------------------------------------------------------
 
@@ -129,6 +130,10 @@ SYNCS = Family("metaflow_agent_syncs", "gauge", "catch-up syncs this primary run
 MIGRATIONS = Family("metaflow_agent_migrations", "gauge", "migrations this agent sends, by state",
                     ("state",))
 
+DISK_SYNC_SECONDS = Family("metaflow_agent_disk_sync_seconds", "histogram",
+                           "seconds a sync to disk shared by concurrent writes took (LevelDB, --fsync batch)")
+
 AGENT: tuple[Family, ...] = (
     REQUESTS, COMPILED_REQUESTS, REQUEST_SECONDS, REJECTED, CONNECTIONS_OPEN, CONNECTIONS, KEYS,
-    BLOCKS_HELD, REPLICATION, REPLICATION_WRITING, REPLICATION_QUEUE, REPLICA_APPLIED, SYNCS, MIGRATIONS)
+    BLOCKS_HELD, REPLICATION, REPLICATION_WRITING, REPLICATION_QUEUE, REPLICA_APPLIED, SYNCS, MIGRATIONS,
+    DISK_SYNC_SECONDS)

@@ -100,3 +100,17 @@ def test_a_metrics_port_that_is_taken_stops_the_start(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError, match="exited with 1"):
             proc.start()
         assert "address already in use" in proc.log().lower()
+
+
+def test_writes_synced_in_groups_show_their_disk_sync_seconds(tmp_path: Path) -> None:
+    port = listen_port()
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--fsync", "batch", "--metrics-port", str(port),
+                      own=[str(HELD)], log_path=tmp_path / "agent.log") as proc:
+        before = scrape(port)
+        with redis.Redis(proc.host, proc.port, single_connection_client=True) as r:
+            for path in _paths(HELD, 5):
+                assert r.set(path, b"v") is True   # one at a time: each waits for a sync of its own
+        after = scrape(port)
+    synced = _delta(after, before, m.DISK_SYNC_SECONDS.name + "_count")
+    assert synced >= 5
+    assert _delta(after, before, m.DISK_SYNC_SECONDS.name + "_sum") > 0
