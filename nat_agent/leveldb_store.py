@@ -307,6 +307,10 @@ class LevelDBStore(Store):
         await self._durable(removed)
         return len(removed)
 
+    def disk_bytes(self) -> int | None:
+        with os.scandir(self.path) as files:
+            return sum(f.stat().st_size for f in files if f.is_file())
+
     def disk_syncs(self) -> Latency | None:
         return self._group.seconds if self._group is not None else None
 

@@ -82,6 +82,9 @@ class AgentCollector(Collector):
         yield GaugeMetricFamily(m.CONNECTIONS_OPEN.name, m.CONNECTIONS_OPEN.help,
                                 value=service.open_connections())
         yield GaugeMetricFamily(m.KEYS.name, m.KEYS.help, value=self.keys)
+        size = service.store.disk_bytes()
+        if size is not None:
+            yield GaugeMetricFamily(m.STORE_BYTES.name, m.STORE_BYTES.help, value=size)
         roles = service.ownership.roles
         held = _gauge(m.BLOCKS_HELD)
         held.add_metric(["primary"], sum(r.primary for r in roles))

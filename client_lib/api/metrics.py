@@ -114,6 +114,8 @@ CONNECTIONS = Family("metaflow_agent_connections_total", "counter",
                      "client connections by what happened (opened, refused at --max-clients, reclaimed at "
                      "--max-clients, timed out, dropped)", ("event",))
 KEYS = Family("metaflow_agent_keys", "gauge", "records the store holds (primaries' and backups')")
+STORE_BYTES = Family("metaflow_agent_store_bytes", "gauge",
+                     "bytes the store's files take on disk (an embedded LevelDB store; absent for Redis)")
 BLOCKS_HELD = Family("metaflow_agent_blocks", "gauge", "blocks held, by role (primary, backup)", ("role",))
 REPLICATION = Family("metaflow_agent_replication_writes_total", "counter",
                      "replicated writes by outcome (streamed, acknowledged, not_acknowledged, resent, "
@@ -134,6 +136,6 @@ DISK_SYNC_SECONDS = Family("metaflow_agent_disk_sync_seconds", "histogram",
                            "seconds a sync to disk shared by concurrent writes took (LevelDB, --fsync batch)")
 
 AGENT: tuple[Family, ...] = (
-    REQUESTS, COMPILED_REQUESTS, REQUEST_SECONDS, REJECTED, CONNECTIONS_OPEN, CONNECTIONS, KEYS,
+    REQUESTS, COMPILED_REQUESTS, REQUEST_SECONDS, REJECTED, CONNECTIONS_OPEN, CONNECTIONS, KEYS, STORE_BYTES,
     BLOCKS_HELD, REPLICATION, REPLICATION_WRITING, REPLICATION_QUEUE, REPLICA_APPLIED, SYNCS, MIGRATIONS,
     DISK_SYNC_SECONDS)

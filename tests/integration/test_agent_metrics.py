@@ -84,6 +84,7 @@ def test_requests_count_by_command_and_outcome_on_both_paths(agent: tuple[AgentP
     assert _delta(after, before, m.REQUEST_SECONDS.name + "_count", command="get") == (2 if compiled else 7)
     assert _delta(after, before, m.CONNECTIONS.name, event="opened") >= 1
     assert after[(m.KEYS.name, ())] == 5
+    assert after[(m.STORE_BYTES.name, ())] > 0
     assert after[(m.BLOCKS_HELD.name, (("role", "primary"),))] == 1
     exposed = {name for name, _ in after}
     declared = {f.name for f in m.AGENT}
