@@ -19,11 +19,13 @@ STAMP  := $(VENV)/.installed
 # (syscall counts, a disk whose power is cut), and for metaflow-fs libfuse3
 # (pyfuse3 builds against it; fusermount3 unmounts) and the tools the mount
 # is tested with (rsync, postmark, fs_mark; git is there already), and
-# systemd for `systemd-analyze verify` of deploy/systemd/'s units.
+# systemd for `systemd-analyze verify` of deploy/systemd/'s units, and
+# Prometheus, whose promtool checks the alert rules and scrape configuration
+# in deploy/prometheus/.
 APT_PACKAGES := redis-server redis-tools iptables conntrack iproute2 ethtool \
                 libnetfilter-queue-dev libnetfilter-queue1 build-essential \
                 mininet openvswitch-switch iputils-ping strace e2fsprogs \
-                fuse3 libfuse3-dev pkg-config rsync postmark fsmark git systemd
+                fuse3 libfuse3-dev pkg-config rsync postmark fsmark git systemd prometheus
 # Debian's Mininet is a package of the system python3 only. The venv gets a
 # symlink to that one package, not a .pth line for the whole dist-packages
 # directory: a .pth would let every Debian module (an older cryptography,

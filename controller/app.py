@@ -36,8 +36,9 @@ from os_ken.topology import event as topo_event
 from client_lib.api.auth import Verifier, server_authority
 from client_lib.api.clients import ApiClient
 from client_lib.errors import MetaFlowError
-from controller import arp
+from controller import arp, views
 from controller.core import MetaFlowCore
+from controller.metrics import ControllerMetrics
 from controller.rest import RestApi, RestServer
 from controller.settings import Settings
 from controller.steps import (
@@ -60,10 +61,13 @@ from controller.steps import (
     Tick,
     Wait,
 )
+from controller.telemetry import Gauges
 
 log = logging.getLogger("metaflow.controller.app")
 
 TICK_S = 1.0
+SCRAPE_TIMEOUT_S = 5.0
+"""How long a scrape waits for the decision loop to read the core."""
 AGENT_WORKERS = 32
 RECONFIGURE_WAIT_S = 10.0
 """How long a reload waits for the decision thread (which never waits on the network)."""
@@ -86,12 +90,19 @@ class MetaFlowApp(app_manager.OSKenApp):
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.settings = settings
-        self.core = MetaFlowCore(settings)
+        self.metrics = ControllerMetrics(self._gauges)
+        self.core = MetaFlowCore(settings, recorder=self.metrics)
         self.inbox: queue.Queue[object] = queue.Queue()
         self.datapaths: dict[int, Any] = {}
         self.pending: dict[tuple[int, int], tuple[int, list[Any] | None]] = {}  # (dpid, xid) -> step
         self.deadlines: list[tuple[float, int, tuple[int, int]]] = []
+        self.barriers: dict[tuple[int, int], float] = {}   # (dpid, xid) -> when a barrier was sent
         self.lock = threading.Lock()   # pending and deadlines: os-ken threads and ours
+        # First, so that a taken port stops the start before anything else runs.
+        self._stop_metrics: Callable[[], None] | None = None
+        if settings.metrics_port:
+            self._stop_metrics = self.metrics.serve(settings.rest_host, settings.metrics_port)
+            log.info("metrics on %s:%d", settings.rest_host, settings.metrics_port)
         self.agents = ThreadPoolExecutor(AGENT_WORKERS, thread_name_prefix="agent-call")
         verifier = Verifier(settings.secret, server_authority(settings.rest_host, settings.rest_port))
         api = RestApi(self.query, self.post, verifier, settings.open_reads)
@@ -123,10 +134,18 @@ class MetaFlowApp(app_manager.OSKenApp):
         self.settings = done
         return done
 
+    def _gauges(self) -> Gauges:
+        """The core's state for a scrape, read on the decision loop."""
+        gauges = self.query(views.gauges).result(timeout=SCRAPE_TIMEOUT_S)
+        assert isinstance(gauges, Gauges)
+        return gauges
+
     def close(self) -> None:
         """Stop serving REST, stop deciding, let in-flight agent calls end."""
         self._running = False
         self.rest.close()
+        if self._stop_metrics is not None:
+            self._stop_metrics()
         self.inbox.put(_STOP)
         for thread in self.threads:
             thread.join(timeout=5)
@@ -163,6 +182,7 @@ class MetaFlowApp(app_manager.OSKenApp):
                     _, step, key = heapq.heappop(self.deadlines)
                     if self.pending.get(key, (None,))[0] == step:
                         del self.pending[key]
+                        self.barriers.pop(key, None)
                         expired.append((step, key))
             for step, key in expired:
                 self.post(StepFailed(step, f"no reply from switch {key[0]} within "
@@ -220,6 +240,7 @@ class MetaFlowApp(app_manager.OSKenApp):
             for msg in step.messages:
                 msg.datapath = dp
                 dp.send_msg(msg)
+            self.metrics.sent(step.dpid, len(step.messages))
             request = parser.OFPBarrierRequest(dp)
         else:
             request = parser.OFPFlowStatsRequest(dp, 0, parser.OFPMatch(), 0xFF, ofp.OFPP_NONE)
@@ -228,6 +249,8 @@ class MetaFlowApp(app_manager.OSKenApp):
         key = (step.dpid, request.xid)
         with self.lock:
             self.pending[key] = (step.id, parts)
+            if parts is None:
+                self.barriers[key] = time.monotonic()
             heapq.heappush(self.deadlines, (time.monotonic() + self.settings.barrier_timeout_s, step.id, key))
         dp.send_msg(request)
 
@@ -242,6 +265,9 @@ class MetaFlowApp(app_manager.OSKenApp):
             if more:
                 return
             del self.pending[(dpid, xid)]
+            sent = self.barriers.pop((dpid, xid), None)
+        if sent is not None:
+            self.metrics.barrier(dpid, time.monotonic() - sent)
         self.post(StepDone(step, parts))
 
     # -- OpenFlow events ----------------------------------------------------------------
@@ -261,9 +287,18 @@ class MetaFlowApp(app_manager.OSKenApp):
                 lost = [(key, step) for key, (step, _) in self.pending.items() if key[0] == dp.id]
                 for key, _ in lost:
                     del self.pending[key]
+                    self.barriers.pop(key, None)
             for _, step in lost:
                 self.post(StepFailed(step, f"switch {dp.id} disconnected"))
             self.post(SwitchDown(dp.id))
+
+    @set_ev_cls(ofp_event.EventOFPErrorMsg, MAIN_DISPATCHER)
+    def _error(self, ev: Any) -> None:
+        """A switch refused something (a flow mod over its table, a bad
+        match): counted per switch; the barrier after it still decides the step."""
+        msg = ev.msg
+        self.metrics.refused(msg.datapath.id)
+        log.warning("switch %s: OpenFlow error type %s code %s", msg.datapath.id, msg.type, msg.code)
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
     def _barrier(self, ev: Any) -> None:

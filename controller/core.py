@@ -80,6 +80,7 @@ from controller.steps import (
     SwitchUp,
     Tick,
 )
+from controller.telemetry import NoRecorder, Recorder
 from controller.watch import LoadWatch, owner_loads
 from controller.world import Drain, SagaWorld
 from topology.classify import Classification, discovered_graph
@@ -101,13 +102,16 @@ bootstrap, the addresses, the secret) and take a restart."""
 class MetaFlowCore:
     """Dispatch and tick policy; what the sagas share is `world`."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic,
+                 recorder: Recorder | None = None) -> None:
+        """`recorder`: where ended operations and moves are said (`controller.telemetry`)."""
         self.settings = settings
         self.clock = clock
+        self.recorder = recorder or NoRecorder()
         self.inventory = Inventory(settings.space, settings.gateway_ip)
         self.registry = Registry(settings.space)
         self.operations = Operations(self._issue)
-        self.world = SagaWorld(settings, clock, self.registry, self.inventory, self.operations)
+        self.world = SagaWorld(settings, clock, self.registry, self.inventory, self.operations, self.recorder)
         self.graph: nx.Graph | None = None
         self.classification: Classification | None = None
         self.last_change = clock()
@@ -575,6 +579,8 @@ class MetaFlowCore:
         op = Operation(f"op{next(self._ids)}", kind, server, set(involves), self.clock())
 
         def done(outcome: object) -> list[Step]:
+            failed = op.cancelled is not None or isinstance(outcome, Outcome) and not outcome.ok
+            self.recorder.operation(kind, self.clock() - op.started, not failed)
             if reply is None:
                 return []
             if outcome is None:

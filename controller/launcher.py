@@ -129,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     manager.load_apps(["os_ken.topology.switches", "controller.app"])
     try:
         manager.instantiate_apps(**manager.create_contexts(), settings=settings)
-    except OSError as exc:
+    except OSError as exc:   # a port taken (REST, metrics): os-ken's threads are running already
         log.error("cannot start: %s", exc)
-        return 1
+        logging.shutdown()
+        os._exit(1)
     app = manager.applications["MetaFlowApp"]
     missing = _wait_listening({settings.of_port, settings.rest_port}, time.monotonic() + LISTEN_WAIT_S)
     if missing:

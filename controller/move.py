@@ -44,8 +44,16 @@ def move_blocks(world: SagaWorld, op: Operation, kind: str, name: str, blocks: l
                 target: str) -> Saga:
     """Move `blocks` from `name` to `target`, which gets them with a whole new
     replica set (copy, assign, flows, commit, serve); the record of the move,
-    or the outcome (`kind`-aborted, -cancelled) if it was undone."""
+    or the outcome (`kind`-aborted, -cancelled) if it was undone. Said to
+    the world's recorder, with its duration, either way."""
     started = world.clock()
+    moved = yield from _move_blocks(world, op, kind, name, blocks, target, started)
+    world.recorder.move(kind, world.clock() - started, not isinstance(moved, Outcome))
+    return moved
+
+
+def _move_blocks(world: SagaWorld, op: Operation, kind: str, name: str, blocks: list[Block],
+                 target: str, started: float) -> Saga:
     phase = "" if kind == "split" else f"{kind} "   # a split's own steps keep their plain names
     replicas = world.replicas_or_raise()
     placement = world.place(blocks, [target], replicas.r - 1, avoid={name})

@@ -71,6 +71,8 @@ class Settings:
     of_port: int = OPENFLOW_PORT
     rest_host: str = "127.0.0.1"
     rest_port: int = REST_PORT
+    metrics_port: int = 0
+    """Prometheus metrics on the --rest-host at this port (`controller.metrics`); 0: none."""
     open_reads: bool = False
     secret: bytes = field(default=b"", repr=False)
 
@@ -91,6 +93,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rest-host", default="127.0.0.1",
                    help="REST API address: the management network's address (agents register here)")
     p.add_argument("--rest-port", type=int, default=REST_PORT, help="REST API port")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus metrics on the --rest-host at this port (0: none); a port "
+                        "that is taken stops the start")
     p.add_argument("--open-reads", action="store_true",
                    help="let unsigned callers read the views (changes always need the secret)")
     p.add_argument("--space", default=DEFAULT_SPACE_CIDR, help="the MetaDataID space")
@@ -164,6 +169,8 @@ def from_args(args: argparse.Namespace) -> Settings:
                         ("--max-syncs", args.max_syncs)):
         if count < 1:
             raise InvalidArgument(f"{flag} must be at least 1, not {count}")
+    if not 0 <= args.metrics_port <= 65535:
+        raise InvalidArgument(f"--metrics-port must be 0 (none) or a port number, not {args.metrics_port}")
     for flag, value, zero in (("--table-budget", args.table_budget, "no limit"),
                               ("--load-poll", args.load_poll, "off")):
         if value < 0:
@@ -185,5 +192,5 @@ def from_args(args: argparse.Namespace) -> Settings:
                     churn_per_rebalance=args.churn_per_rebalance, churn_per_minute=args.churn_per_minute,
                     table_budget=args.table_budget or None,
                     of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
-                    rest_port=args.rest_port, open_reads=args.open_reads,
+                    rest_port=args.rest_port, metrics_port=args.metrics_port, open_reads=args.open_reads,
                     secret=secret)

@@ -27,6 +27,7 @@ from client_lib.api.rest import (
 )
 from controller.core import MetaFlowCore
 from controller.drain import holdings
+from controller.telemetry import Gauges, ServerGauges
 from controller.watch import owner_loads
 
 
@@ -115,3 +116,33 @@ def drains_view(core: MetaFlowCore) -> DrainsView:
                               round((drain.finished or now) - drain.started, 3),
                               running[0].step if running else "", drain.reason)
     return DrainsView(out)
+
+
+def gauges(core: MetaFlowCore) -> Gauges:
+    """The numbers a scrape of the controller's metrics shows (`controller.metrics`)."""
+    now, tree, replicas, planner = core.clock(), core.tree, core.replicas, core.planner
+    loads = core.watch.server_loads()
+    leaves = set(tree.leaves()) if tree is not None else set()
+    servers = {name: ServerGauges("failed" if s.failed else
+                                  tree.state(name).name.lower() if tree is not None and name in leaves
+                                  else "unplaced",
+                                  s.keys, max(0.0, now - s.last_seen), loads.get(name))
+               for name, s in core.registry.servers.items()}
+    live = {s.name for s in core.registry.live()}
+    sets = replicas.sets if replicas is not None else {}
+    oldest: dict[str, tuple[int, float]] = {}
+    for op in core.operations.running.values():
+        count, age = oldest.get(op.kind, (0, 0.0))
+        oldest[op.kind] = (count + 1, max(age, now - op.started))
+    return Gauges(
+        switches_connected=len(core.inventory.dpids), built=tree is not None,
+        replicas=core.settings.replicas, table_budget=core.settings.table_budget,
+        entries={dpid: len(planner.table(dpid)) for dpid in planner.fabric.switches} if planner else {},
+        servers=servers, blocks=len(sets),
+        blocks_without_live_backup=sum(not (set(s.synced) - {s.primary}) & live for s in sets.values()),
+        blocks_not_serving=len(core.not_serving),
+        imbalance_factor=imbalance_factor(list(owner_loads(tree, loads).values()),
+                                          core.settings.load_capacity),
+        imbalance_threshold=core.settings.imbalance_threshold, data_lost=len(core.lost), operations=oldest,
+        heartbeat_timeout_s=core.settings.heartbeat_timeout_s,
+        migration_lease_s=core.settings.migration_lease_s)

@@ -35,6 +35,7 @@ from controller.routing import Routes
 from controller.saga import Operations, Saga, StepError
 from controller.settings import Settings
 from controller.steps import CallAgent, ReadFlows, SendFlows, Step
+from controller.telemetry import Recorder
 
 log = logging.getLogger("metaflow.controller")
 
@@ -66,9 +67,11 @@ class SagaWorld:
     """The core's state as the sagas see it, and what they may do to it."""
 
     def __init__(self, settings: Settings, clock: Callable[[], float], registry: Registry,
-                 inventory: Inventory, operations: Operations) -> None:
+                 inventory: Inventory, operations: Operations, recorder: Recorder) -> None:
         self.settings = settings
         self.clock = clock
+        self.recorder = recorder
+        """Where a saga says what ended (a move of blocks), for the metrics."""
         self.registry = registry
         self._inventory = inventory   # read for the connected switches only
         self._operations = operations   # read for what running operations hold only

@@ -1,5 +1,7 @@
-"""The flag tables of docs/reference/flags.md, and the configuration keys of
-docs/reference/configuration.md, generated from the parsers.
+"""The flag tables of docs/reference/flags.md, the configuration keys of
+docs/reference/configuration.md, generated from the parsers, and the metric
+families of docs/reference/metrics.md, from their declaration
+(`client_lib.api.metrics`, which the exporters build every family from).
 
 Every command's flags are declared once, in its argparse parser; a daemon's
 configuration keys are read from the same parser (`client_lib.config`). Each
@@ -24,12 +26,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from client_lib.api.metrics import AGENT as AGENT_METRICS
+from client_lib.api.metrics import CONTROLLER as CONTROLLER_METRICS
+from client_lib.api.metrics import Family
 from client_lib.config import ROLES, Role, is_switch, keys, toml_value, type_name
 
 PAGE = Path(__file__).parent / "reference" / "flags.md"
 CONFIG_PAGE = PAGE.parent / "configuration.md"
 CONFIG = "config"
 """The markers' kind for a daemon's table of configuration keys (a flag table's is "flags")."""
+METRICS_PAGE = PAGE.parent / "metrics.md"
+METRICS = "metrics"
+"""The markers' kind for a daemon's table of metric families (`client_lib.api.metrics`)."""
 
 
 @dataclass(frozen=True)
@@ -186,8 +194,23 @@ def current_keys(roles: Sequence[Role] = tuple(ROLES.values())) -> dict[str, str
     return {role.program: render_keys(role.parser()) for role in roles}
 
 
+def render_families(families: Sequence[Family]) -> str:
+    """One daemon's metric families as a Markdown table, as its exporter declares them."""
+    rows = ["| Metric | Type | Labels | Meaning |", "| --- | --- | --- | --- |"]
+    rows += [f"| `{f.name}` | {f.kind} | {', '.join(f'`{label}`' for label in f.labels) or '-'} | "
+             f"{_cell(f.help)} |" for f in families]
+    return "\n".join(rows)
+
+
+def current_metrics() -> dict[str, str]:
+    """Each daemon's table of metric families, by program name."""
+    return {"metaflow-controller": render_families(CONTROLLER_METRICS),
+            "metaflow-agent": render_families(AGENT_METRICS)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    pages = ((PAGE, "flags", current()), (CONFIG_PAGE, CONFIG, current_keys()))
+    pages = ((PAGE, "flags", current()), (CONFIG_PAGE, CONFIG, current_keys()),
+             (METRICS_PAGE, METRICS, current_metrics()))
     names = " and ".join(str(page.relative_to(page.parents[2])) for page, _, _ in pages)
     p = argparse.ArgumentParser(description=f"Regenerate (or, with --check, compare) the tables of {names} "
                                             "from the parsers.")

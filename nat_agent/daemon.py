@@ -52,6 +52,7 @@ from nat_agent import netinfo
 from nat_agent.admin import AdminApi
 from nat_agent.agent import Agent, Identity
 from nat_agent.extension import PYTHON_PATH_NOTICE, UNAVAILABLE
+from nat_agent.metrics import AgentMetrics
 from nat_agent.migration import Migrator
 from nat_agent.registration import Registrar
 from nat_agent.replica import ReplicaServer
@@ -104,6 +105,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--admin", default=f"127.0.0.1:{ADMIN_PORT}",
                    help="admin API address HOST:PORT: this server's management address, never one "
                         "the data network reaches (the default serves this machine only)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus metrics (GET /metrics) on the --admin host at this port "
+                        "(0: none); a port that is taken stops the start")
     p.add_argument("--secret-file", default=None, metavar="FILE",
                    help="the cluster's shared secret (required; mode 0600): admin requests must be "
                         "signed with it, and the agent signs its calls to agents and the controller")
@@ -185,6 +189,8 @@ def from_args(args: argparse.Namespace) -> argparse.Namespace:
     for flag in ("peer_timeout", "replication_timeout", "heartbeat"):
         if not getattr(args, flag) > 0:
             raise InvalidArgument(f"--{flag.replace('_', '-')} must be positive")
+    if not 0 <= args.metrics_port <= 65535:
+        raise InvalidArgument(f"--metrics-port must be 0 (none) or a port number, not {args.metrics_port}")
     if not 0 <= args.workers <= 64:
         raise InvalidArgument("--workers must be between 0 and 64")
     args.listen = _hostport(args.listen, METAFLOW_PORT, "--listen")
@@ -289,6 +295,10 @@ async def run(args: argparse.Namespace, reread: Callable[[], argparse.Namespace]
                         **{f"replica_{k}": v for k, v in replica.stats.items()}}
             return Stats(counters, rewriter.stats())
 
+        if args.metrics_port:
+            metrics = AgentMetrics(service, replica, syncs, migrator)
+            undo.push_async_callback(metrics.stop)
+            await metrics.start(admin_host, args.metrics_port)
         # The admin API comes up last: once /health answers, everything is in place.
         admin = AdminApi(agent, migrator, syncs, stats, service.ops,
                          Verifier(args.secret, server_authority(admin_host, admin_port)),

@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
+
+from client_lib.api.metrics import REQUEST_BUCKETS
+from nat_agent.latency import Latency
 
 __all__ = ["GroupCommit", "SyncFailed"]
 
@@ -43,7 +47,8 @@ class SyncFailed(OSError):
 class GroupCommit:
     """Runs `sync` (blocking; in the loop's default executor) for groups of writes.
 
-    ``what`` names the synced thing in errors. `syncs` counts the syncs done.
+    ``what`` names the synced thing in errors. `syncs` counts the syncs done,
+    `seconds` how long each took (for the metrics).
     """
 
     def __init__(self, sync: Callable[[], None], what: str) -> None:
@@ -59,6 +64,7 @@ class GroupCommit:
         self._round: asyncio.Task[None] | None = None
         self._failure: OSError | None = None
         self.syncs = 0
+        self.seconds = Latency(REQUEST_BUCKETS)
 
     def wrote(self, keys: Iterable[bytes]) -> int:
         """Record a write that has reached the kernel; returns its ticket."""
@@ -97,6 +103,7 @@ class GroupCommit:
     async def _run(self) -> None:
         target = self._issued
         self._covering, self._dirty = self._dirty, {}
+        started = time.perf_counter()
         try:
             await asyncio.get_running_loop().run_in_executor(None, self._sync)
         except BaseException as exc:
@@ -112,3 +119,4 @@ class GroupCommit:
         self._synced = target
         self._covering = {}
         self.syncs += 1
+        self.seconds.observe(time.perf_counter() - started)

@@ -50,6 +50,7 @@ import plyvel
 from sortedcontainers import SortedList
 
 from nat_agent.group_commit import GroupCommit
+from nat_agent.latency import Latency
 from nat_agent.store import (
     DEFAULT_FSYNC,
     Condition,
@@ -305,6 +306,13 @@ class LevelDBStore(Store):
         del self._mdids[self._mdids.bisect_left(first) : self._mdids.bisect_right(last)]
         await self._durable(removed)
         return len(removed)
+
+    def disk_bytes(self) -> int | None:
+        with os.scandir(self.path) as files:
+            return sum(f.stat().st_size for f in files if f.is_file())
+
+    def disk_syncs(self) -> Latency | None:
+        return self._group.seconds if self._group is not None else None
 
     async def total(self) -> int:
         return len(self._mdids)

@@ -373,6 +373,11 @@ class Replicator:
         self.on_member_failure: MemberFailure | None = None
         self._links: dict[str, Link] = {}
 
+    def queues(self) -> dict[str, int]:
+        """Commands sent to each member's listener (by address) not answered yet."""
+        return {address: len(link.connection.waiters) if link.connection is not None else 0
+                for address, link in self._links.items()}
+
     def link(self, peer: Peer) -> Link:
         link = self._links.get(peer.address)
         if link is None:

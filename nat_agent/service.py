@@ -88,6 +88,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from client_lib.api.metrics import REQUEST_BUCKETS
 from client_lib.cidr import Block
 from client_lib.constants import ELIST_DEFAULT, ELIST_MAX, MAX_KEY, MAX_VALUE, METAFLOW_PORT
 from client_lib.mdid import NAME_MAX, PATH_MAX, digest_size, entry_key, mdid_of_key, normalize_key
@@ -121,6 +122,7 @@ from nat_agent.connection import (
     timed_out,
 )
 from nat_agent.extension import FAST_LANE, KEYSPACE, LANE_VIEW, SERVICE_LOOP, arg_limits
+from nat_agent.latency import Latency
 from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
@@ -218,6 +220,10 @@ class WorkerClient:
         self.resp3 = resp3
 
 
+_OUTCOMES = {"MOVED": "moved", "TRYAGAIN": "tryagain"}
+"""The outcome a command's error reply counts under, by its code; any other code is an error."""
+
+
 class MetadataService:
     """One server's RESP endpoint. `stats` counts what happened, for the admin API."""
 
@@ -236,6 +242,9 @@ class MetadataService:
         self.space = agent.space
         self.limits = limits
         self.stats: Counter[str] = Counter()
+        self.failures: Counter[tuple[str, str]] = Counter()
+        """Commands that did not serve, by (stats counter, outcome: moved, tryagain,
+        refused, error); the served ones are their counter's count less these."""
         # Only values may be long (SET's, IFEQ's and ECREATE's); every other
         # argument is a key, a name or a word.
         self.arg_limit: ArgLimit = arg_limits(MAX_KEY, limits.max_value, list(_VALUES_FROM.items()))
@@ -268,6 +277,8 @@ class MetadataService:
                 (b"SELECT", self._select, 1, 1),
             )
         }
+        self.latency = {spec[3]: Latency(REQUEST_BUCKETS) for spec in self._commands.values()}
+        """Seconds each command took on the Python path, by stats counter (`nat_agent.metrics`)."""
 
         self._lane = self._fast_lane(self.store.record_access()) if compiled else None
         self.ops = OpsMeter(self.space, None if self._lane is None else self._lane.ops_counts)
@@ -446,6 +457,15 @@ class MetadataService:
         """Count a newcomer refused at `max_clients` (on either path)."""
         self.stats["refused_connections"] += 1
 
+    def counters(self) -> dict[str, str]:
+        """Each command, in lower case, and the `stats` counter it counts under."""
+        return {name.decode().lower(): spec[3] for name, spec in self._commands.items()}
+
+    def open_connections(self) -> int:
+        """Client connections open now, on the event loop and on the worker threads."""
+        workers = self._workers
+        return len(self._connections) + (workers.connections if workers is not None else 0)
+
     def detach(self, conn: Connection) -> None:
         self._connections.discard(conn)
 
@@ -498,23 +518,30 @@ class MetadataService:
             return encode_reply(self._unknown(command[0], name))
         handler, least, most, counter = spec
         if not least <= len(command) - 1 <= most:
+            self.failures[counter, "refused"] += 1
             return encode_reply(ErrorReply(
                 f"ERR wrong number of arguments for '{name.decode().lower()}' command"))
         self.stats[counter] += 1
+        started = time.perf_counter()
         try:
             return encode_reply(await handler(conn, command[1:]), conn.resp3)
         except CommandError as exc:
             self.stats["errors"] += 1
+            self.failures[counter, _OUTCOMES.get(exc.reply.code, "error")] += 1
             return encode_reply(exc.reply)
         except ConnectionError as exc:
             # The store is out of reach (a redis-server restarting): transient, so
             # TRYAGAIN, which clients retry; the store reconnects by itself.
             self.stats["store_unavailable"] += 1
+            self.failures[counter, "tryagain"] += 1
             return encode_reply(ErrorReply(f"TRYAGAIN store unavailable: {exc}"))
         except Exception as exc:
             self.stats["internal_errors"] += 1
+            self.failures[counter, "error"] += 1
             log.exception("command %s from %s failed", name.decode(errors="replace"), conn.peer)
             return encode_reply(ErrorReply(f"ERR internal error: {exc}"))
+        finally:
+            self.latency[counter].observe(time.perf_counter() - started)
 
     def _unknown(self, raw: bytes, name: bytes) -> ErrorReply:
         shown = raw[:64].decode("utf-8", "replace")

@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 from client_lib.cidr import WIDTHS
+from nat_agent.latency import Latency
 
 __all__ = [
     "DEFAULT_FSYNC",
@@ -297,6 +298,16 @@ class Store(ABC):
     @abstractmethod
     async def delete_range(self, first: int, last: int) -> int:
         """Remove every record of ``[first, last]``; returns how many were removed."""
+
+    def disk_bytes(self) -> int | None:
+        """Bytes the store's files take on disk; None where it has none of its own
+        (a Redis server's are its own business)."""
+        return None
+
+    def disk_syncs(self) -> Latency | None:
+        """How long the syncs shared by concurrent writes took (``--fsync batch``
+        on a store that syncs itself); None where the store has none."""
+        return None
 
     @abstractmethod
     async def total(self) -> int:

@@ -14,19 +14,24 @@ from pathlib import Path
 
 import pytest
 
+from client_lib.api.metrics import Family
 from client_lib.config import ROLES, Role, add_config_flag
 from docs.flag_tables import (
     COMMANDS,
     CONFIG,
     CONFIG_PAGE,
+    METRICS,
+    METRICS_PAGE,
     PAGE,
     Command,
     begin_marker,
     blocks,
     current,
+    current_metrics,
     end_marker,
     main,
     render,
+    render_families,
     render_keys,
     update,
 )
@@ -130,3 +135,17 @@ def test_the_check_names_a_stale_configuration_table(monkeypatch: pytest.MonkeyP
     assert capsys.readouterr().err.strip() == f"{stale}: the config of metaflow-agent differ from its parser"
     main([])
     assert stale.read_text() == page and main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("program", ["metaflow-controller", "metaflow-agent"])
+def test_the_metrics_page_shows_what_the_exporters_declare(program: str) -> None:
+    committed = blocks(METRICS_PAGE.read_text(), [program], METRICS)[program]
+    assert committed == current_metrics()[program], (
+        f"the metrics of {program} in {METRICS_PAGE} differ from client_lib.api.metrics: "
+        "run `python -m docs.flag_tables`")
+
+
+def test_a_family_added_to_the_declaration_shows_up_in_its_table() -> None:
+    extra = Family("metaflow_test_things_total", "counter", "things | counted", ("switch",))
+    table = render_families([extra])
+    assert "| `metaflow_test_things_total` | counter | `switch` | things \\| counted |" in table

@@ -44,8 +44,9 @@ RULE: dict[str, set[str]] = {
     "client_lib.fs.mount": {"client_lib", "client_lib.fs", "pyfuse3", "trio"},
     "btree": {"client_lib", "sortedcontainers"},
     "topology": {"btree", "client_lib", "networkx"},
-    "controller": _CONTRACT | _CORE | {"os_ken", "networkx", "sortedcontainers"},
-    "nat_agent": _CONTRACT | {"aiohttp", "uvloop", "plyvel", "netfilterqueue", "sortedcontainers"},
+    "controller": _CONTRACT | _CORE | {"os_ken", "networkx", "sortedcontainers", "prometheus_client"},
+    "nat_agent": _CONTRACT | {"aiohttp", "uvloop", "plyvel", "netfilterqueue", "sortedcontainers",
+                              "prometheus_client"},
     "mininet_scenarios": _CONTRACT | _FILE_SYSTEM | _CORE | _DAEMONS | {"mininet", "networkx", "os_ken"},
     "benchmarks": _CONTRACT | _FILE_SYSTEM | _CORE | _DAEMONS | {"mininet_scenarios", "mininet", "os_ken",
                                                                   "networkx", "sortedcontainers", "numpy",
@@ -55,12 +56,12 @@ RULE: dict[str, set[str]] = {
 library outside its two subpackages imports nothing else of MetaFlow, its
 own server side and file system included."""
 NO_IO = ("socket", "asyncio", "urllib", "http", "subprocess", "aiohttp", "plyvel", "threading",
-         "os_ken.base", "os_ken.controller", "os_ken.lib.hub", "os_ken.topology")
+         "prometheus_client", "os_ken.base", "os_ken.controller", "os_ken.lib.hub", "os_ken.topology")
 """What the pure core (btree, topology) and the controller's decisions must not touch
 (os-ken's OpenFlow message classes and packet library are pure and allowed)."""
 PURE_CONTROLLER = ("core", "world", "views", "watch", "saga", "build", "split", "move", "failover", "repair",
                    "rebalance", "migrations", "oracles", "load", "inventory", "registry", "steps",
-                   "settings", "ofmsgs", "routing", "arp")
+                   "settings", "ofmsgs", "routing", "arp", "telemetry")
 
 
 def _modules() -> dict[str, Path]:

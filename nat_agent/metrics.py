@@ -1,0 +1,154 @@
+"""An agent's Prometheus exporter: what its parts already count, read at scrape time.
+
+Nothing here runs on the request path. The service's `stats` (which the
+compiled path adds its served requests to, under the GIL, once per batch),
+its `failures` and `latency`, the replicator's and the replica listener's
+counters, the syncs, the migrations and the ownership are read when
+Prometheus asks, on the event loop (the metrics port is an aiohttp site of
+its own), so no state is read from another thread. Every family is declared
+in `client_lib.api.metrics`.
+
+What the compiled path does not give yet: per-request seconds (its
+requests are counted, not timed; `metaflow_agent_request_seconds` is the
+Python path's).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from client_lib.api import metrics as m
+from nat_agent.migration import Migrator
+from nat_agent.replica import ReplicaServer
+from nat_agent.service import MetadataService
+from nat_agent.syncs import Syncs
+
+OUTCOMES = ("moved", "tryagain", "refused", "error")
+"""A command's outcomes other than served (`MetadataService.failures`)."""
+REJECTIONS = ("unknown_commands", "unsupported_commands", "oversized_arguments", "protocol_errors")
+CONNECTION_EVENTS = {"opened": "connections", "refused": "refused_connections",
+                     "reclaimed": "reclaimed_connections", "timed_out": "timeouts",
+                     "dropped": "dropped_connections"}
+"""The connections' events, by the service's stats counter each is read from."""
+REPLICATION_OUTCOMES = ("streamed", "acknowledged", "not_acknowledged", "resent", "degraded", "fenced")
+REPLICA_RECORDS = ("applied", "copied", "copies_skipped")
+
+
+def _counter(family: m.Family) -> CounterMetricFamily:
+    return CounterMetricFamily(family.name.removesuffix("_total"), family.help, labels=family.labels)
+
+
+def _gauge(family: m.Family) -> GaugeMetricFamily:
+    return GaugeMetricFamily(family.name, family.help, labels=family.labels)
+
+
+class AgentCollector(Collector):
+    """One agent's families; `keys` is set by the scrape (the store counts asynchronously)."""
+
+    def __init__(self, service: MetadataService, replica: ReplicaServer, syncs: Syncs,
+                 migrator: Migrator) -> None:
+        self.service, self.replica, self.syncs, self.migrator = service, replica, syncs, migrator
+        self.keys = 0
+
+    def collect(self) -> Iterator[Metric]:
+        service = self.service
+        stats, failures = service.stats, service.failures
+        requests = _counter(m.REQUESTS)
+        for command, counter in service.counters().items():
+            failed = {o: failures[counter, o] for o in OUTCOMES}
+            requests.add_metric([command, "served"],
+                                stats[counter] - failed["moved"] - failed["tryagain"] - failed["error"])
+            for outcome, count in failed.items():
+                requests.add_metric([command, outcome], count)
+        yield requests
+        compiled = _counter(m.COMPILED_REQUESTS)
+        compiled.add_metric([], stats["compiled_requests"])
+        yield compiled
+        seconds = HistogramMetricFamily(m.REQUEST_SECONDS.name, m.REQUEST_SECONDS.help,
+                                        labels=m.REQUEST_SECONDS.labels)
+        for command, counter in service.counters().items():
+            latency = service.latency[counter]
+            seconds.add_metric([command], latency.cumulative(), latency.total)
+        yield seconds
+        yield _from(_counter(m.REJECTED), stats, {reason: reason for reason in REJECTIONS})
+        yield _from(_counter(m.CONNECTIONS), stats, CONNECTION_EVENTS)
+        yield GaugeMetricFamily(m.CONNECTIONS_OPEN.name, m.CONNECTIONS_OPEN.help,
+                                value=service.open_connections())
+        yield GaugeMetricFamily(m.KEYS.name, m.KEYS.help, value=self.keys)
+        size = service.store.disk_bytes()
+        if size is not None:
+            yield GaugeMetricFamily(m.STORE_BYTES.name, m.STORE_BYTES.help, value=size)
+        roles = service.ownership.roles
+        held = _gauge(m.BLOCKS_HELD)
+        held.add_metric(["primary"], sum(r.primary for r in roles))
+        held.add_metric(["backup"], sum(not r.primary for r in roles))
+        yield held
+        replicator = service.replicator
+        yield _from(_counter(m.REPLICATION), replicator.stats, {o: o for o in REPLICATION_OUTCOMES})
+        yield GaugeMetricFamily(m.REPLICATION_WRITING.name, m.REPLICATION_WRITING.help,
+                                value=len(replicator.writing))
+        queue = _gauge(m.REPLICATION_QUEUE)
+        for address, waiting in sorted(replicator.queues().items()):
+            queue.add_metric([address], waiting)
+        yield queue
+        yield _from(_counter(m.REPLICA_APPLIED), self.replica.stats, {how: how for how in REPLICA_RECORDS})
+        yield _states(m.SYNCS, [r.state for r in self.syncs.reports()])
+        yield _states(m.MIGRATIONS, [r.state for r in self.migrator.reports()])
+        synced = HistogramMetricFamily(m.DISK_SYNC_SECONDS.name, m.DISK_SYNC_SECONDS.help)
+        syncs = service.store.disk_syncs()
+        if syncs is not None:
+            synced.add_metric([], syncs.cumulative(), syncs.total)
+        yield synced
+
+
+def _from(family: CounterMetricFamily, counts: Counter[str], labels: dict[str, str]) -> CounterMetricFamily:
+    """`family` with one sample per label, read from its counter in `counts`."""
+    for label, key in labels.items():
+        family.add_metric([label], counts[key])
+    return family
+
+
+def _states(family: m.Family, states: list[str]) -> GaugeMetricFamily:
+    out = _gauge(family)
+    for state, count in sorted(Counter(states).items()):
+        out.add_metric([state], count)
+    return out
+
+
+class AgentMetrics:
+    """The registry of one agent, served on its metrics port from the event loop."""
+
+    def __init__(self, service: MetadataService, replica: ReplicaServer, syncs: Syncs,
+                 migrator: Migrator) -> None:
+        disable_created_metrics()   # a `_created` series per counter doubles the series for nothing we use
+        self.collector = AgentCollector(service, replica, syncs, migrator)
+        self.registry = CollectorRegistry()
+        self.registry.register(self.collector)
+        self._runner: web.AppRunner | None = None
+
+    async def scrape(self) -> bytes:
+        """One scrape, in Prometheus' text format."""
+        self.collector.keys = await self.collector.service.store.total()
+        return generate_latest(self.registry)
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        return web.Response(body=await self.scrape(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def start(self, host: str, port: int) -> None:
+        """Serve ``GET /metrics`` on `host:port`; a port that is taken raises OSError."""
+        app = web.Application()
+        app.router.add_get("/metrics", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
