@@ -325,28 +325,31 @@ def _check_counts(restorer: Restorer, manifest: Manifest, force: bool) -> None:
 # -- the commands ----------------------------------------------------------------
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, command: str) -> Callable[[argparse.Namespace], int]:
+    """`command`'s arguments (snapshot or restore); how to run it."""
     p.add_argument("dir", type=Path, help="the snapshot's directory")
     p.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="URL",
                    help=f"the controller's REST API (default {DEFAULT_CONTROLLER})")
     p.add_argument("--secret-file", required=True, metavar="FILE",
                    help="the cluster's secret: records are read and written only with it")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per API call")
-
-
-def add_snapshot_arguments(p: argparse.ArgumentParser) -> None:
-    _add_common(p)
-    p.add_argument("--page", type=int, default=PAGE, help=f"records per read (default {PAGE})")
-    p.add_argument("--retries", type=int, default=RETRIES,
-                   help=f"times to ask the controller again when blocks move (default {RETRIES})")
-
-
-def add_restore_arguments(p: argparse.ArgumentParser) -> None:
-    _add_common(p)
+    if command == "snapshot":
+        p.add_argument("--page", type=_positive, default=PAGE, help=f"records per read (default {PAGE})")
+        p.add_argument("--retries", type=_positive, default=RETRIES,
+                       help=f"times to ask the controller again when blocks move (default {RETRIES})")
+        return run_snapshot
     p.add_argument("--force", action="store_true",
                    help="write into a cluster that holds records already (the snapshot's keys are "
                         "overwritten, the others stay)")
-    p.add_argument("--batch", type=int, default=BATCH, help=f"records per write call (default {BATCH})")
+    p.add_argument("--batch", type=_positive, default=BATCH, help=f"records per write call (default {BATCH})")
+    return run_restore
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _say(text: str) -> None:

@@ -81,18 +81,13 @@ def _check_config(p: argparse.ArgumentParser) -> Runner:
     return check_file
 
 
-def _snapshot(p: argparse.ArgumentParser) -> Runner:
-    from controller.backup import add_snapshot_arguments, run_snapshot
+def _backup(command: str) -> Setup:
+    def setup(p: argparse.ArgumentParser) -> Runner:
+        from controller.backup import add_arguments
 
-    add_snapshot_arguments(p)
-    return run_snapshot
+        return add_arguments(p, command)
 
-
-def _restore(p: argparse.ArgumentParser) -> Runner:
-    from controller.backup import add_restore_arguments, run_restore
-
-    add_restore_arguments(p)
-    return run_restore
+    return setup
 
 
 def _run_secret(args: argparse.Namespace) -> int:
@@ -123,11 +118,11 @@ COMMANDS: dict[str, Command] = {
                             "metaflow-fs as the daemon would at start (exit 2 if it would refuse it), "
                             "and print every setting with where it comes from: the file, a flag given "
                             "after --, or the default. Needs the daemon's extra installed."),
-    "snapshot": Command("write a copy of every block's records to a new directory", _snapshot,
+    "snapshot": Command("write a copy of every block's records to a new directory", _backup("snapshot"),
                         "Read every block from its primary at one epoch (a block that moves meanwhile "
                         "is read again) into DIR: one file per block and a manifest with epochs, "
                         "counts and SHA-256 checksums (docs/backup.md)."),
-    "restore": Command("load a snapshot into an empty cluster", _restore,
+    "restore": Command("load a snapshot into an empty cluster", _backup("restore"),
                        "Check every file of the snapshot in DIR, then write its records to the "
                        "primaries of their MetaDataIDs, replicated, and check the counts per block. "
                        "Refuses a cluster that holds records unless --force."),
