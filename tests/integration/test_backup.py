@@ -15,19 +15,28 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from client_lib.api.admin import ADMIN, AssignRequest, DumpRequest, MigrateRequest, Role
+from client_lib.api.admin import (
+    ADMIN,
+    AssignRequest,
+    DumpRequest,
+    LoadRequest,
+    MigrateRequest,
+    Role,
+    encode_records,
+)
 from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST, ServerInfo, ServersView
+from client_lib.api.route import Route
 from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, RetryPolicy
-from client_lib.errors import AuthError, Conflict
+from client_lib.errors import ApiError, AuthError, Conflict
 from client_lib.metadata import FileMetadata
 from client_lib.server.api import Call
-from controller.backup import snapshot
+from controller.backup import restore, snapshot
 from controller.ctl import main
 from controller.snapshot_format import BLOCKS, MANIFEST, read_manifest
 from mininet_scenarios.daemons import AgentProcess
@@ -35,6 +44,8 @@ from tests.integration.fake_api import FakeApi
 
 pytestmark = pytest.mark.timeout(180)
 
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
 SPACE = Block.parse("100.64.0.0/10")
 LOW, HIGH = SPACE.halves()
 FILES = 600
@@ -76,6 +87,39 @@ def _assign(agent: AgentProcess, block: Block, epoch: int, *backups: AgentProces
         member.call(ADMIN.assign, AssignRequest([Role(block, epoch, i == 0, members)], migration))
 
 
+class Mover:
+    """Agent clients (`client`) that move `block` from `source` to `target`
+    (a migration, the target's new role, the commit: a split as the
+    controller runs it) just before the third call of `route`."""
+
+    def __init__(self, route: Route[Any, Any], source: AgentProcess, target: AgentProcess,
+                 block: Block) -> None:
+        self.route, self.source, self.target, self.block = route, source, target, block
+        self.calls = 0
+        self.moved = False
+
+    def client(self, url: str) -> ApiClient:
+        mover = self
+
+        class Moving(ApiClient):
+            def call(self, route: Route[Req, Resp], body: Req | None = None, **params: str) -> Resp:
+                mover.before(route)
+                return super().call(route, body, **params)
+
+        return Moving(url, self.source.secret)
+
+    def before(self, route: Route[Any, Any]) -> None:
+        if route is not self.route or self.moved:
+            return
+        self.calls += 1
+        if self.calls == 3:
+            mig = self.source.call(ADMIN.migrate, MigrateRequest([self.block], [self.target.admin_url]))
+            epoch = 1 + max(r.epoch for r in self.source.call(ADMIN.health).roles)
+            _assign(self.target, self.block, epoch, migration=mig.id)
+            self.source.call(ADMIN.commit, id=mig.id)
+            self.moved = True
+
+
 def _agents(tmp_path: Path, secret: Path, *names: str) -> list[AgentProcess]:
     return [AgentProcess(f"leveldb:{tmp_path / name}", name=name, log_path=tmp_path / f"{name}.log",
                          secret_file=secret) for name in names]
@@ -105,8 +149,9 @@ def source(tmp_path: Path, cluster_secret: Path) -> Iterator[tuple[Cluster, dict
             yield cluster, written
 
 
-def _ctl(*args: str) -> int:
-    return main(list(args))
+def _ctl(command: str, snap: Path, cluster: Cluster, secret: Path, *extra: str) -> int:
+    """`metaflowctl snapshot|restore` of `snap` against `cluster`'s controller."""
+    return main([command, str(snap), "--controller", cluster.api.url, "--secret-file", str(secret), *extra])
 
 
 def test_a_snapshot_restores_into_a_cluster_of_another_shape(
@@ -114,7 +159,7 @@ def test_a_snapshot_restores_into_a_cluster_of_another_shape(
         capsys: pytest.CaptureFixture[str]) -> None:
     cluster, written = source
     snap = tmp_path / "snap"
-    assert _ctl("snapshot", str(snap), "--controller", cluster.api.url, "--secret-file", str(cluster_secret),
+    assert _ctl("snapshot", snap, cluster, cluster_secret,
                 "--page", "97") == 0
     manifest = read_manifest(snap)
     assert manifest.space == SPACE and manifest.records == len(written)
@@ -128,8 +173,7 @@ def test_a_snapshot_restores_into_a_cluster_of_another_shape(
         _assign(c, SPACE, 1, d)
         target = Cluster([c, d], c.secret)
         with target.api:
-            assert _ctl("restore", str(snap), "--controller", target.api.url, "--secret-file",
-                        str(cluster_secret), "--batch", "64") == 0
+            assert _ctl("restore", snap, target, cluster_secret, "--batch", "64") == 0
             assert f"restored {len(written)} records" in capsys.readouterr().out
             with target.client() as client:
                 for path, value in written.items():
@@ -142,11 +186,9 @@ def test_a_snapshot_restores_into_a_cluster_of_another_shape(
             assert c.call(ADMIN.health).keys == d.call(ADMIN.health).keys == len(written)
 
             # A second restore into what is now a full cluster is refused, and --force overwrites.
-            assert _ctl("restore", str(snap), "--controller", target.api.url, "--secret-file",
-                        str(cluster_secret)) == 2
+            assert _ctl("restore", snap, target, cluster_secret) == 2
             assert f"holds {2 * len(written)} records already" in capsys.readouterr().err
-            assert _ctl("restore", str(snap), "--controller", target.api.url, "--secret-file",
-                        str(cluster_secret), "--force") == 0
+            assert _ctl("restore", snap, target, cluster_secret, "--force") == 0
             assert c.call(ADMIN.health).keys == len(written)
 
 
@@ -154,33 +196,39 @@ def test_a_block_that_moves_while_it_is_read_is_read_again_where_it_went(
         source: tuple[Cluster, dict[str, bytes]], tmp_path: Path) -> None:
     cluster, written = source
     a, b = cluster.agents
-    moved: list[str] = []
-
-    class Mover(ApiClient):
-        """An agent client that migrates LOW from a to b (as a split would)
-        just before the third page of LOW is asked for."""
-
-        pages = 0
-
-        def call(self, route: Any, body: Any = None, **params: str) -> Any:
-            if route is ADMIN.dump and body.block == LOW and not moved:
-                Mover.pages += 1
-                if Mover.pages == 3:
-                    mig = a.call(ADMIN.migrate, MigrateRequest([LOW], [b.admin_url]))
-                    _assign(b, LOW, 2, migration=mig.id)
-                    a.call(ADMIN.commit, id=mig.id)
-                    moved.append(mig.id)
-            return super().call(route, body, **params)
-
+    mover = Mover(ADMIN.dump, a, b, LOW)
     said: list[str] = []
     manifest = snapshot(tmp_path / "snap", ApiClient(cluster.api.url, a.secret),
-                        lambda url: Mover(url, a.secret), said.append, page=50)
-    assert moved
+                        mover.client, said.append, page=50)
+    assert mover.moved
     assert any("moved while it was read from a" in line for line in said), said
     entries = {e.block: e for e in manifest.blocks}
     assert (entries[LOW].server, entries[LOW].epoch) == ("b", 2)
     assert manifest.records == len(written)
     assert not list((tmp_path / "snap" / BLOCKS).glob("*.part"))
+
+
+def test_a_restore_follows_a_block_that_moves_while_it_is_loaded(
+        source: tuple[Cluster, dict[str, bytes]], tmp_path: Path, cluster_secret: Path) -> None:
+    cluster, written = source
+    snap = tmp_path / "snap"
+    assert _ctl("snapshot", snap, cluster, cluster_secret) == 0
+    c, d = _agents(tmp_path, cluster_secret, "c", "d")
+    with c, d:
+        _assign(c, SPACE, 1, d)
+        target = Cluster([c, d], c.secret)
+        mover = Mover(ADMIN.load, c, d, HIGH)
+        with target.api:
+            restore(snap, ApiClient(target.api.url, c.secret), mover.client, lambda _: None, batch=100)
+            assert mover.moved
+            assert d.call(ADMIN.health).owned == [HIGH]
+            with target.client() as client:
+                for path, value in written.items():
+                    if "\0" not in path:
+                        assert client.get(path) == value, path
+        with pytest.raises(ApiError, match="does not belong") as refused:   # an ID that is not its path's
+            c.call(ADMIN.load, LoadRequest(LOW, 1, encode_records([(LOW.first, "/x", b"v")])))
+        assert refused.value.status == 400
 
 
 def test_dump_pages_at_one_epoch_and_never_unsigned(source: tuple[Cluster, dict[str, bytes]]) -> None:
@@ -210,8 +258,7 @@ def test_a_corrupt_snapshot_is_refused_before_anything_is_written(
         capsys: pytest.CaptureFixture[str]) -> None:
     cluster, _ = source
     snap = tmp_path / "snap"
-    assert _ctl("snapshot", str(snap), "--controller", cluster.api.url, "--secret-file",
-                str(cluster_secret)) == 0
+    assert _ctl("snapshot", snap, cluster, cluster_secret) == 0
     block = snap / read_manifest(snap).blocks[0].file
     data = bytearray(block.read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -222,26 +269,24 @@ def test_a_corrupt_snapshot_is_refused_before_anything_is_written(
         target = Cluster([c], c.secret)
         with target.api:
             capsys.readouterr()
-            assert _ctl("restore", str(snap), "--controller", target.api.url, "--secret-file",
-                        str(cluster_secret)) == 2
+            assert _ctl("restore", snap, target, cluster_secret) == 2
             assert f"{read_manifest(snap).blocks[0].file} is corrupt" in capsys.readouterr().err
             assert c.call(ADMIN.health).keys == 0
             manifest = json.loads((snap / MANIFEST).read_text())
             manifest["version"] = 99
             (snap / MANIFEST).write_text(json.dumps(manifest))
-            assert _ctl("restore", str(snap), "--controller", target.api.url, "--secret-file",
-                        str(cluster_secret)) == 2
+            assert _ctl("restore", snap, target, cluster_secret) == 2
             assert "version 99" in capsys.readouterr().err
 
 
 def test_unreachable_controller_and_a_used_directory_are_clear_errors(
         tmp_path: Path, cluster_secret: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _ctl("snapshot", str(tmp_path / "s"), "--controller", "http://127.0.0.1:9",
-                "--secret-file", str(cluster_secret)) == 2
+    assert main(["snapshot", str(tmp_path / "s"), "--controller", "http://127.0.0.1:9",
+                 "--secret-file", str(cluster_secret)]) == 2
     assert "connection refused" in capsys.readouterr().err
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "x").write_text("x")
-    assert _ctl("snapshot", str(tmp_path / "used"), "--secret-file", str(cluster_secret)) == 2
+    assert main(["snapshot", str(tmp_path / "used"), "--secret-file", str(cluster_secret)]) == 2
     assert "is not empty" in capsys.readouterr().err
-    assert _ctl("restore", str(tmp_path / "used"), "--secret-file", str(cluster_secret)) == 2
+    assert main(["restore", str(tmp_path / "used"), "--secret-file", str(cluster_secret)]) == 2
     assert "no manifest.json" in capsys.readouterr().err
