@@ -5,7 +5,7 @@ of which block (``GET /metaflow/servers``); each block is then read from
 its primary's admin API page by page (``POST /dump``), all pages at the
 epoch the first one answered. A block that moves on meanwhile (a split, a
 migration, a fail-over: the agent refuses the next page, 409) is dropped
-and the controller is asked again; blocks already read that are still
+and the controller is asked again after a pause; blocks already read that are still
 blocks of the cluster are kept, the others (split or merged since) are
 read again, so the snapshot's blocks always partition the space. What a
 block's copy holds: every write acknowledged before its read began, and
@@ -77,6 +77,8 @@ BATCH = 500
 """Records per ``POST /load`` call."""
 RETRIES = 10
 """Times a snapshot asks the controller again after blocks moved under it."""
+MAX_PAUSE_S = 5.0
+"""The longest a snapshot waits before it asks again (0.5 s more each time)."""
 SETTLE_S = 60.0
 """How long a restore keeps re-sending a refused batch (its block moving)
 before it gives up."""
@@ -160,7 +162,9 @@ def snapshot(root: Path, controller: ApiClient, agents: Agents, say: Say, page: 
                 raise SnapshotError(f"blocks kept moving while they were read ({exc}); "
                                     f"gave up after {retries} retries: try again when the "
                                     "cluster is calmer (no split or migration running)") from None
-            say(f"  {exc}: asking the controller again")
+            pause = min(MAX_PAUSE_S, 0.5 * (attempt + 1))
+            say(f"  {exc}: asking the controller again in {pause:g} s")
+            time.sleep(pause)   # its view follows the move once the operation has finished
     gaps = missing(space, list(done))
     if gaps:
         raise SnapshotError(f"no live server holds {', '.join(map(str, gaps[:4]))} "
