@@ -5,6 +5,7 @@
     metaflowctl get|put|del|stat PATH [--via HOST[:PORT]]
     metaflowctl secret [FILE]
     metaflowctl check-config [--role controller|agent|fs] FILE [-- FLAG...]
+    metaflowctl snapshot|restore DIR --secret-file FILE [--controller URL]
     metaflowctl plan [...]     metaflowctl bench [...]
 
 Each subcommand lives next to what it drives (`controller.status`,
@@ -14,7 +15,7 @@ and bench: `benchmarks.ctl`, declared in pyproject.toml), so the controller
 names no package above it. A subcommand's module is imported only when that
 subcommand is chosen, and contributed ones are looked up only when the
 chosen command is not one of metaflowctl's own: status, drain, undrain,
-get/put/del/stat and secret run with the client role alone (the standard library), and only
+get/put/del/stat, secret, snapshot and restore run with the client role alone (the standard library), and only
 plan and bench bring in the pure core, numpy and Mininet.
 """
 
@@ -90,6 +91,15 @@ def _check_config(p: argparse.ArgumentParser) -> Runner:
     return check_file
 
 
+def _backup(command: str) -> Setup:
+    def setup(p: argparse.ArgumentParser) -> Runner:
+        from controller.backup import add_arguments
+
+        return add_arguments(p, command)
+
+    return setup
+
+
 def _run_secret(args: argparse.Namespace) -> int:
     from client_lib.api.auth import new_secret, write_secret
 
@@ -123,6 +133,14 @@ COMMANDS: dict[str, Command] = {
                             "metaflow-fs as the daemon would at start (exit 2 if it would refuse it), "
                             "and print every setting with where it comes from: the file, a flag given "
                             "after --, or the default. Needs the daemon's extra installed."),
+    "snapshot": Command("write a copy of every block's records to a new directory", _backup("snapshot"),
+                        "Read every block from its primary at one epoch (a block that moves meanwhile "
+                        "is read again) into DIR: one file per block and a manifest with epochs, "
+                        "counts and SHA-256 checksums (docs/backup.md)."),
+    "restore": Command("load a snapshot into an empty cluster", _backup("restore"),
+                       "Check every file of the snapshot in DIR, then write its records to the "
+                       "primaries of their MetaDataIDs, replicated, and check the counts per block. "
+                       "Refuses a cluster that holds records unless --force."),
 }
 
 

@@ -78,6 +78,8 @@ COMMANDS: tuple[Command, ...] = (
     _metaflowctl("put"),
     _metaflowctl("secret"),
     _metaflowctl("check-config"),
+    _metaflowctl("snapshot"),
+    _metaflowctl("restore"),
     _metaflowctl("plan"),
     _metaflowctl("bench"),
 )

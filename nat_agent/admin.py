@@ -33,7 +33,7 @@ of this cluster (`MigrationError`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -45,37 +45,45 @@ from client_lib.api.admin import (
     Counts,
     Discarded,
     DisownReply,
+    DumpPage,
     Health,
     Importing,
     ImportProgress,
+    Loaded,
     MigrationList,
     MigrationReport,
     OpsReport,
     Stats,
     SyncList,
     SyncReport,
+    decode_records,
 )
 from client_lib.api.auth import Verifier
 from client_lib.api.route import Route
+from client_lib.cidr import Block
 from client_lib.server.api import MAX_BODY, Call, Dispatcher
 from nat_agent.agent import Agent
-from nat_agent.migration import Migrator, decode_records
+from nat_agent.migration import Migrator
 from nat_agent.ops_meter import OpsMeter
+from nat_agent.store import Record
 from nat_agent.syncs import Syncs
 
 StatsSource = Callable[[], Stats]
+Loader = Callable[[Block, int, Sequence[Record]], Awaitable[int]]
+"""Writes a restore's records through the replicated write path (`MetadataService.load`)."""
 Handler = Callable[[Call], Awaitable[object]]
 
 
 class AdminApi:
     def __init__(self, agent: Agent, migrator: Migrator, syncs: Syncs, stats: StatsSource,
-                 meter: OpsMeter, verifier: Verifier, open_reads: bool = False) -> None:
+                 meter: OpsMeter, loader: Loader, verifier: Verifier, open_reads: bool = False) -> None:
         """`meter`: the service's requests per ID (`MetadataService.ops`)."""
         self.agent = agent
         self.migrator = migrator
         self.syncs = syncs
         self.stats = stats
         self.meter = meter
+        self.loader = loader
         self.dispatcher = Dispatcher(ADMIN.ALL, verifier, open_reads)
         self.handlers: dict[Route[Any, Any], Handler] = {
             ADMIN.health: self.health, ADMIN.blocks: self.blocks, ADMIN.count: self.count,
@@ -86,6 +94,7 @@ class AdminApi:
             ADMIN.migrate: self.migrate, ADMIN.commit: self.commit, ADMIN.abort: self.abort,
             ADMIN.import_begin: self.import_begin, ADMIN.import_records: self.import_records,
             ADMIN.import_discard: self.import_discard,
+            ADMIN.dump: self.dump, ADMIN.load: self.load,
         }
         if set(self.handlers) != set(ADMIN.ALL):
             unserved = [str(r) for r in ADMIN.ALL if r not in self.handlers]
@@ -189,3 +198,13 @@ class AdminApi:
     async def import_discard(self, call: Call) -> Discarded:
         await self.agent.import_discard(call.params["id"])
         return Discarded(call.params["id"])
+
+    # -- snapshots and restores ----------------------------------------------
+
+    async def dump(self, call: Call) -> DumpPage:
+        body = call.body
+        return await self.agent.dump(body.block, body.epoch, body.after, body.limit)
+
+    async def load(self, call: Call) -> Loaded:
+        body = call.body
+        return Loaded(await self.loader(body.block, body.epoch, decode_records(body.records)))

@@ -18,20 +18,35 @@ declared it failed and given its blocks to others meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from client_lib.api import codec
-from client_lib.api.admin import AssignRequest, BlockKeys, BlocksReport, Health, Member, Role
+from client_lib.api.admin import (
+    AssignRequest,
+    BlockKeys,
+    BlocksReport,
+    DumpPage,
+    Health,
+    Member,
+    Role,
+    encode_records,
+)
 from client_lib.cidr import Block
 from client_lib.errors import Conflict, InvalidArgument, NotFound
 from nat_agent.ownership import Ownership, solo_role
 from nat_agent.store import Record, Store
 
 log = logging.getLogger("metaflow.agent")
+
+MAX_DUMP = 10_000
+"""Records per ``POST /dump`` page at most: the answer, values included,
+stays far below what a client holds in memory at once."""
 
 
 @dataclass(frozen=True)
@@ -262,6 +277,47 @@ class Agent:
                       ident.data_port, ident.admin_url, ident.capacity, await self.store.total(),
                       ownership.owned, ownership.frozen, sorted(self.imports),
                       round(time.monotonic() - self.started, 1), ownership.roles, ownership.suspended)
+
+    # -- snapshots -------------------------------------------------------------
+
+    def primary_epoch(self, block: Block, epoch: int | None = None) -> int:
+        """The epoch at which this agent is `block`'s primary (one held part
+        covers it; not fenced, not suspended), which must be `epoch` when
+        given: else 409, saying what it holds, so a snapshot or a restore that
+        reached the wrong server, or a block that moved on, asks again."""
+        self.check_block(block)
+        ownership = self.ownership
+        parts = ownership.overlapping(block)
+        held = parts[0] if len(parts) == 1 and parts[0].block.covers(block) else None
+        if ownership.suspended or held is None or not held.role.primary or held.fenced \
+                or (epoch is not None and held.epoch != epoch):
+            holds = ", ".join(f"{h.block}@{h.epoch}{'' if h.role.primary else ' (backup)'}"
+                              f"{' fenced' if h.fenced else ''}" for h in parts) or "nothing of it"
+            at = "" if epoch is None else f" at epoch {epoch}"
+            raise Conflict(f"{block} is not held here as its primary{at}: this agent holds {holds}"
+                           f"{' (suspended)' if ownership.suspended else ''}", 409)
+        return held.epoch
+
+    async def dump(self, block: Block, epoch: int | None, after: tuple[int, str] | None,
+                   limit: int) -> DumpPage:
+        """Up to `limit` of `block`'s records after `after`, as its primary at
+        `epoch` (the one held if None), checked before and after the read:
+        a page that straddles a change of epoch is refused."""
+        if not 0 < limit <= MAX_DUMP:
+            raise InvalidArgument(f"limit must be 1 to {MAX_DUMP} records, not {limit}")
+        if after is not None and not self.space.contains(after[0]):
+            raise InvalidArgument(f"after: ID {after[0]:#x} is outside {self.space}")
+        held = self.primary_epoch(block, epoch)
+        records: list[Record] = []
+        scan = self.store.scan(block.first, block.last, limit + 1, after)
+        # both stores' scans are async generators: close this one at once, not when collected
+        async with contextlib.aclosing(cast(AsyncGenerator[list[Record], None], scan)) as pages:
+            async for chunk in pages:
+                records += chunk
+                if len(records) > limit:
+                    break
+        self.primary_epoch(block, held)
+        return DumpPage(block, held, encode_records(records[:limit]), len(records) > limit)
 
     # -- receiving side of a migration ----------------------------------------
 

@@ -300,7 +300,7 @@ async def run(args: argparse.Namespace, reread: Callable[[], argparse.Namespace]
             undo.push_async_callback(metrics.stop)
             await metrics.start(admin_host, args.metrics_port)
         # The admin API comes up last: once /health answers, everything is in place.
-        admin = AdminApi(agent, migrator, syncs, stats, service.ops,
+        admin = AdminApi(agent, migrator, syncs, stats, service.ops, service.load,
                          Verifier(args.secret, server_authority(admin_host, admin_port)),
                          open_reads=args.open_reads)
         await admin.start(admin_host, admin_port)

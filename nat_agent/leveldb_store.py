@@ -70,6 +70,7 @@ from nat_agent.store import (
     entry_bounds,
     key_range,
     record_key,
+    scan_start,
     split_record_key,
 )
 
@@ -261,14 +262,16 @@ class LevelDBStore(Store):
             return 0
         return self._mdids.bisect_right(last) - self._mdids.bisect_left(first)
 
-    async def scan(self, first: int, last: int, batch: int = 1000) -> AsyncIterator[list[Record]]:
+    async def scan(self, first: int, last: int, batch: int = 1000,
+                   after: tuple[int, str] | None = None) -> AsyncIterator[list[Record]]:
         """Records from one LevelDB iterator, i.e. one consistent snapshot."""
         check_batch(batch)
         bounds = key_range(first, last, self.width)
         if bounds is None:
             return
+        start, inclusive = scan_start(bounds, after, self.width)
         chunk: list[Record] = []
-        with self._records.iterator(start=bounds.start, stop=bounds.stop) as rows:
+        with self._records.iterator(start=start, include_start=inclusive, stop=bounds.stop) as rows:
             for key, value in rows:
                 chunk.append((*split_record_key(key, self.width), value))
                 if len(chunk) == batch:

@@ -41,7 +41,6 @@ can list them and learn how each ended.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import math
 import time
@@ -58,6 +57,7 @@ from client_lib.api.admin import (
     ImportRecords,
     MigrateRequest,
     MigrationReport,
+    encode_records,
 )
 from client_lib.api.clients import DEFAULT_TIMEOUT, AsyncApiClient
 from client_lib.cidr import Block
@@ -111,17 +111,6 @@ class Migration:
         return MigrationReport(self.id, list(self.blocks), list(self.targets), self.state, self.keys,
                                self.error, round((self.finished or time.monotonic()) - self.started, 4),
                                None if left is None else round(left, 3))
-
-
-def encode_records(records: list[Record]) -> list[tuple[int, str, str]]:
-    return [(ident, path, base64.b64encode(value).decode("ascii")) for ident, path, value in records]
-
-
-def decode_records(rows: list[tuple[int, str, str]]) -> list[Record]:
-    try:
-        return [(ident, path, base64.b64decode(value, validate=True)) for ident, path, value in rows]
-    except ValueError as exc:
-        raise InvalidArgument(f"malformed records: a value is not base64: {exc}") from None
 
 
 def _by_size(records: list[Record]) -> list[list[Record]]:

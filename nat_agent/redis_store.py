@@ -82,6 +82,7 @@ from nat_agent.store import (
     entry_bounds,
     key_range,
     record_key,
+    scan_start,
     split_record_key,
 )
 
@@ -404,14 +405,17 @@ class RedisStore(Store):
             return 0
         return cast(int, await self._conn.call(b"ZLEXCOUNT", self._index, *_lex_bounds(bounds)))
 
-    async def _member_pages(self, bounds: KeyRange, batch: int) -> AsyncIterator[list[bytes]]:
-        """Index members of ``bounds`` in pages of at most ``batch``.
+    async def _member_pages(self, bounds: KeyRange, batch: int,
+                            after: tuple[int, str] | None = None) -> AsyncIterator[list[bytes]]:
+        """Index members of ``bounds`` (from `after` on, see `Store.scan`) in
+        pages of at most ``batch``.
 
         Each page resumes strictly after the last member seen, so deleting
         pages already returned does not disturb the walk, and writes behind
         the cursor cannot make it loop.
         """
-        low, high = _lex_bounds(bounds)
+        start, inclusive = scan_start(bounds, after, self.width)
+        low, high = (b"[" if inclusive else b"(") + start, _lex_bounds(bounds)[1]
         while True:
             page = cast(
                 list[bytes],
@@ -423,7 +427,8 @@ class RedisStore(Store):
                 return
             low = b"(" + page[-1]
 
-    async def scan(self, first: int, last: int, batch: int = 1000) -> AsyncIterator[list[Record]]:
+    async def scan(self, first: int, last: int, batch: int = 1000,
+                   after: tuple[int, str] | None = None) -> AsyncIterator[list[Record]]:
         """Records page by page; each page is read at its own moment, not a snapshot.
 
         A record deleted between reading a page of the index and reading its
@@ -434,7 +439,7 @@ class RedisStore(Store):
         if bounds is None:
             return
         size = self.width // 8
-        async for members in self._member_pages(bounds, batch):
+        async for members in self._member_pages(bounds, batch, after):
             keys = [self._value_key(m[size:]) for m in members]
             values = cast(list[bytes | None], await self._conn.call(b"MGET", *keys))
             chunk = [

@@ -84,13 +84,14 @@ import logging
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from client_lib.api.metrics import REQUEST_BUCKETS
 from client_lib.cidr import Block
 from client_lib.constants import ELIST_DEFAULT, ELIST_MAX, MAX_KEY, MAX_VALUE, METAFLOW_PORT
+from client_lib.errors import Conflict, InvalidArgument
 from client_lib.mdid import NAME_MAX, PATH_MAX, digest_size, entry_key, mdid_of_key, normalize_key
 from client_lib.resp import (
     DEFAULT_MAX_ARGS,
@@ -127,7 +128,15 @@ from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
 from nat_agent.resp_commands import ArgLimit, encode_reply
-from nat_agent.store import Condition, IfEqual, InDirectory, RecordAccess, check_width
+from nat_agent.store import (
+    Condition,
+    IfEqual,
+    InDirectory,
+    Record,
+    RecordAccess,
+    check_width,
+    encode_path,
+)
 
 if TYPE_CHECKING:
     from nat_agent.extension import FastLane, Keyspace, ServiceLoop
@@ -689,6 +698,52 @@ class MetadataService:
         if get:
             return old, change
         return (OK if written else None), change
+
+    # -- restores (``POST /load``) ------------------------------------------
+
+    async def load(self, block: Block, epoch: int, records: Sequence[Record]) -> int:
+        """Write `records` as plain SETs would, replicated to the block's set:
+        a restore's batch (``POST /load``), for a `block` this agent is the
+        primary of at `epoch`. Each record must be a key this service takes,
+        with the MetaDataID its path has here, inside `block` (400 before
+        anything is written: a snapshot of another space, say); a key this
+        agent may not write now (MOVED, TRYAGAIN: the block was frozen,
+        moved or fenced) is 409, and the caller sends the batch again where
+        the block went (SETs are idempotent, so what was written stays right)."""
+        checked = []
+        for ident, path, value in records:
+            raw = encode_path(path)
+            try:
+                key = normalize_key(raw)
+            except ValueError as exc:
+                raise InvalidArgument(f"record {path!r} is not a key: {exc}") from None
+            if key != raw or mdid_of_key(key, self.space) != ident or not block.contains(ident):
+                raise InvalidArgument(f"record {path!r} with ID {ident:#x} does not belong in {block} "
+                                      f"of {self.space} (its key's ID here is "
+                                      f"{mdid_of_key(key, self.space):#x})")
+            if len(value) > self.limits.max_value:
+                raise InvalidArgument(f"record {path!r}: a value of {len(value)} bytes exceeds "
+                                      f"the limit of {self.limits.max_value}")
+            checked.append((raw, value))
+        self.agent.primary_epoch(block, epoch)
+        results = await asyncio.gather(*(self._load_one(raw, value, epoch) for raw, value in checked),
+                                       return_exceptions=True)
+        refused = next((r for r in results if isinstance(r, BaseException)), None)
+        if isinstance(refused, CommandError):
+            raise Conflict(f"{block}@{epoch}: {refused}", 409)
+        if refused is not None:
+            raise refused
+        self.stats["loaded_records"] += len(checked)
+        return len(checked)
+
+    async def _load_one(self, raw: bytes, value: bytes, epoch: int) -> None:
+        ident, path, held = await self._settled(raw, write=True)
+        if held.epoch != epoch:
+            raise CommandError(f"TRYAGAIN {path!r} is held at epoch {held.epoch} now")
+        if held.peers:
+            await self._replicated(ident, path, self._put(ident, path, value, None, False), value)
+        else:
+            await self._admitted(self.store.put(ident, path, value))
 
     async def _del(self, conn: Client, args: list[bytes]) -> Reply:
         keys = [self._served(raw, write=True) for raw in args]  # all checked before any is touched

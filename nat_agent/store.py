@@ -68,6 +68,7 @@ __all__ = [
     "encode_path",
     "key_range",
     "record_key",
+    "scan_start",
     "split_record_key",
 ]
 
@@ -284,11 +285,15 @@ class Store(ABC):
         """How many records have ``first <= mdid <= last``, in O(log n)."""
 
     @abstractmethod
-    def scan(self, first: int, last: int, batch: int = 1000) -> AsyncIterator[list[Record]]:
+    def scan(self, first: int, last: int, batch: int = 1000,
+             after: tuple[int, str] | None = None) -> AsyncIterator[list[Record]]:
         """The records of ``[first, last]`` in ``(mdid, path bytes)`` order.
 
         Yields non-empty lists of at most ``batch`` records, so a migration can
-        stream a block without holding it in memory.
+        stream a block without holding it in memory. `after` ``(mdid, path)``
+        resumes strictly after that record (present or not), so a reader can
+        page through a block across calls (``POST /dump``), even within one
+        directory, whose entries all share its mdid.
         """
 
     @abstractmethod
@@ -343,6 +348,15 @@ def entry_bounds(mdid: int, directory: str, after: str, width: int) -> tuple[byt
     key past every ``directory NUL ...`` (exclusive)."""
     head = record_key(mdid, directory, width)
     return head + b"\0" + encode_path(after), head + b"\1"
+
+
+def scan_start(bounds: KeyRange, after: tuple[int, str] | None, width: int) -> tuple[bytes, bool]:
+    """Where both `scan`s start: the range's first key (inclusive), or the
+    record key of `after` (exclusive) when that lies further on."""
+    if after is None:
+        return bounds.start, True
+    resume = record_key(*after, width)
+    return (resume, False) if resume >= bounds.start else (bounds.start, True)
 
 
 def check_batch(batch: int) -> None:

@@ -37,15 +37,26 @@ Migrations, as the sending agent runs them (`nat_agent.migration`):
 
 A restarted controller lists ``GET /migrations`` on every agent and
 finishes or aborts what it finds.
+
+Backups (`metaflowctl snapshot` and ``restore``, `controller.backup`).
+``POST /dump`` reads one page of a block's records from its primary, at
+the epoch the first page answered: once the block moved on (a new epoch,
+another primary, a migration committed), the next page is refused (409)
+and the reader starts the block again. ``POST /load`` writes records into
+blocks this agent is the primary of, through the same replicated write path
+as a client's SET, so every member of the set gets them. Both always need
+the signature: they carry the records themselves.
 """
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any
 
 from client_lib.api.route import Route
 from client_lib.cidr import Block
+from client_lib.errors import InvalidArgument
 
 # -- bodies --------------------------------------------------------------------
 
@@ -265,11 +276,69 @@ class Importing:
     importing: list[Block]
 
 
+RecordRow = tuple[int, str, str]
+"""A record on the wire: ``[mdid, path, base64(value)]`` (`encode_records`)."""
+
+
+def encode_records(records: list[tuple[int, str, bytes]]) -> list[RecordRow]:
+    """``(mdid, path, value)`` records as rows for JSON."""
+    return [(ident, path, base64.b64encode(value).decode("ascii")) for ident, path, value in records]
+
+
+def decode_records(rows: list[RecordRow]) -> list[tuple[int, str, bytes]]:
+    """Inverse of `encode_records`; a value that is not base64 is bad input."""
+    try:
+        return [(ident, path, base64.b64decode(value, validate=True)) for ident, path, value in rows]
+    except ValueError as exc:
+        raise InvalidArgument(f"malformed records: a value is not base64: {exc}") from None
+
+
 @dataclass(frozen=True)
 class ImportRecords:
-    """``[mdid, path, base64(value)]`` rows (`nat_agent.migration` encodes them)."""
+    """A batch of a migration's records."""
 
-    records: list[tuple[int, str, str]]
+    records: list[RecordRow]
+
+
+@dataclass(frozen=True)
+class DumpRequest:
+    """One page of `block`'s records, read from its primary, in ``(mdid, path
+    bytes)`` order. `epoch` None on the first page (the answer says which
+    epoch it read at); every later page names that epoch, and is refused
+    (409) once this agent is not the block's primary at it. `after`: the
+    last ``(mdid, path)`` of the previous page."""
+
+    block: Block
+    epoch: int | None = None
+    after: tuple[int, str] | None = None
+    limit: int = 1000
+
+
+@dataclass(frozen=True)
+class DumpPage:
+    """`more`: the page is full, ask again after its last record."""
+
+    block: Block
+    epoch: int
+    records: list[RecordRow]
+    more: bool
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """Write `records` (each inside `block`) as a client's SET would, with
+    this agent the primary of the block at `epoch` (409 otherwise, or while
+    a migration has the block frozen: the caller asks where it went and
+    sends the batch again)."""
+
+    block: Block
+    epoch: int
+    records: list[RecordRow]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    records: int
 
 
 @dataclass(frozen=True)
@@ -339,6 +408,12 @@ class ADMIN:
     import_discard: Route[None, Discarded] = Route(
         "POST", "/import/{id}/discard", None, Discarded, changes=True,
         summary="receiving side: drop an unfinished import")
+    dump = Route(
+        "POST", "/dump", DumpRequest, DumpPage, changes=False, private=True,
+        summary="one page of a block's records, from its primary at one epoch (a snapshot)")
+    load = Route(
+        "POST", "/load", LoadRequest, Loaded, changes=True, waits=True,
+        summary="write records into blocks held here as primary, replicated (a restore)")
 
     ALL: tuple[Route[Any, Any], ...] = ()
 

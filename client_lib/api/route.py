@@ -28,7 +28,9 @@ class Route(Generic[Req, Resp]):
     which a server may leave open to unauthenticated callers by a flag;
     everything that changes state always needs the cluster's signature.
     `waits`: the call may take long (a split, a migration's copy) and the
-    client should allow for it."""
+    client should allow for it. `private`: a read that hands out the
+    records themselves (a snapshot's), which stays signed even where the
+    reads are open."""
 
     method: str
     template: str
@@ -37,6 +39,7 @@ class Route(Generic[Req, Resp]):
     changes: bool
     summary: str
     waits: bool = False
+    private: bool = False
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

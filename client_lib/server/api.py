@@ -109,7 +109,7 @@ class Dispatcher:
             if allowed:
                 return self._refuse(nonce, 405, f"{method} {path}: use {' or '.join(allowed)}")
             return self._refuse(nonce, 404, f"no route {method} {path}")
-        if refusal is not None and (route.changes or not self.open_reads):
+        if refusal is not None and (route.changes or route.private or not self.open_reads):
             log.warning("refused %s %s: %s", method, path, refusal)
             return self._refuse(None, status_of(refusal), str(refusal))
         if len(body) > MAX_BODY:

@@ -388,6 +388,37 @@ def test_scan_batch_boundaries(backend: Backend) -> None:
     run(body)
 
 
+def test_scan_resumes_strictly_after_a_record_even_within_one_mdid(backend: Backend) -> None:
+    """`after` pages a range across calls, as ``POST /dump`` does: within a
+    directory (one mdid, many paths), from a record deleted meanwhile, and
+    from a key outside the range (before it: the whole range; past it: nothing)."""
+    async def body() -> None:
+        async with backend.open() as store:
+            mid = backend.top // 2
+            records = ordered([(mid, f"/d\0f{i}", bytes([i])) for i in range(7)]
+                              + [(mid - 1, "/a", b"a"), (mid + 1, "/z", b"z")])
+            await store.put_many(records)
+            paged: list[Record] = []
+            after: tuple[int, str] | None = None
+            while True:
+                page = [r async for chunk in store.scan(mid - 1, mid + 1, 3, after) for r in chunk][:3]
+                paged += page
+                if len(page) < 3:
+                    break
+                after = page[-1][:2]
+            assert paged == records
+            cut = records[4]
+            await store.delete(cut[0], cut[1])
+            resumed = [r async for chunk in store.scan(mid - 1, mid + 1, 100, cut[:2]) for r in chunk]
+            assert resumed == records[5:]
+            assert await scan_all(store, mid, mid + 1) == [r for r in records if r[0] >= mid and r != cut]
+            before = [r async for chunk in store.scan(mid, mid + 1, 100, (mid - 1, "/a")) for r in chunk]
+            assert before == [r for r in records if r[0] >= mid and r != cut]
+            assert [r async for chunk in store.scan(mid - 1, mid, 100, (mid + 1, "/")) for r in chunk] == []
+
+    run(body)
+
+
 def test_put_many_is_one_batch(backend: Backend) -> None:
     async def body() -> None:
         async with backend.open() as store:

@@ -37,8 +37,9 @@ OURS = frozenset({"btree", "topology", "controller", "nat_agent", "client_lib", 
 SYSTEM = frozenset({"mininet"})
 """Installed from Debian (python3-mininet), not from an extra: see the Makefile."""
 
-CLIENT_FILES = ("client_lib", "controller/ctl.py", "controller/status.py")
-"""What `metaflowctl status|get|put|del|stat|secret` runs."""
+CLIENT_FILES = ("client_lib", "controller/ctl.py", "controller/status.py", "controller/backup.py",
+                "controller/snapshot_format.py")
+"""What `metaflowctl status|get|put|del|stat|secret|snapshot|restore` runs."""
 MOUNT = "client_lib/fs/mount.py"
 """The FUSE shim: the fs role's, left out of the others' client_lib."""
 
