@@ -14,18 +14,20 @@ waits until the controller has built the B-tree and programmed the switches.
 from __future__ import annotations
 
 import json
+import random
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
 import networkx as nx
 
 from btree.fake_network import FakeNetwork
+from btree.flows import Table
 from client_lib.api.auth import load_secret
 from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST
@@ -52,6 +54,25 @@ class FlowCounts(TypedDict):
     uprules: int
     routes: int
     layer: str | None
+
+
+def misrouted(net: FakeNetwork, blocks: Mapping[str, Sequence[Block]], clients: Sequence[str],
+              space: Block, samples: int = 150, seed: int = 3) -> list[str]:
+    """The space's first and last ID and `samples` random ones (seeded: the
+    same each run), each sent from each of `clients` through `net`'s tables:
+    every delivery that misses the ID's owner in `blocks` (server -> the
+    blocks it serves), said as client, address, where it went and the owner."""
+    rng = random.Random(seed)
+    ids = [space.first, space.last] + [rng.randrange(space.first, space.last) for _ in range(samples)]
+    owners = [(b, name) for name, bs in blocks.items() for b in bs]
+    wrong = []
+    for ident in ids:
+        owner = next((name for b, name in owners if b.contains(ident)), None)
+        for client in clients:
+            delivered = net.forward(client, ident)
+            if owner is None or delivered.host != owner:
+                wrong.append(f"{client} -> {space.address(ident)}: {delivered} (owner {owner})")
+    return wrong
 
 
 class ControllerProcess:
@@ -359,13 +380,15 @@ class MetaFlowNet:
                   "storage" if h.ip in storage else "client") for h in topo.hosts]
         graph = discovered_graph([s.dpid for s in topo.switches], topo.links, hosts)
         _, _, fabric = map_topology(graph, Block.parse(self.running.space))
-        tables = {}
-        for node, data in self.graph.nodes(data=True):
-            if data.get("kind") == "switch":
-                tables[data["dpid"]] = ofdump.parse_dump(self.dump_flows(node))
         blocks = {name: list(s.blocks) for name, s in servers.items()}
         clients = [h[0] for h in hosts if h[5] == "client"]
-        return FakeNetwork(fabric, tables), blocks, clients
+        return FakeNetwork(fabric, self.switch_tables()), blocks, clients
+
+    def switch_tables(self) -> dict[int, Table]:
+        """Every switch's MetaFlow entries as OVS holds them now, by dpid (no
+        REST call: it reads the switches even while no controller runs)."""
+        return {data["dpid"]: ofdump.parse_dump(self.dump_flows(node))
+                for node, data in self.graph.nodes(data=True) if data.get("kind") == "switch"}
 
     def flow_counts(self) -> dict[str, FlowCounts]:
         """Per switch, as OVS reports them: MetaFlow prefix entries (priority
