@@ -14,13 +14,12 @@ waits until the controller has built the B-tree and programmed the switches.
 from __future__ import annotations
 
 import json
-import random
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
@@ -54,25 +53,6 @@ class FlowCounts(TypedDict):
     uprules: int
     routes: int
     layer: str | None
-
-
-def misrouted(net: FakeNetwork, blocks: Mapping[str, Sequence[Block]], clients: Sequence[str],
-              space: Block, samples: int = 150, seed: int = 3) -> list[str]:
-    """The space's first and last ID and `samples` random ones (seeded: the
-    same each run), each sent from each of `clients` through `net`'s tables:
-    every delivery that misses the ID's owner in `blocks` (server -> the
-    blocks it serves), said as client, address, where it went and the owner."""
-    rng = random.Random(seed)
-    ids = [space.first, space.last] + [rng.randrange(space.first, space.last) for _ in range(samples)]
-    owners = [(b, name) for name, bs in blocks.items() for b in bs]
-    wrong = []
-    for ident in ids:
-        owner = next((name for b, name in owners if b.contains(ident)), None)
-        for client in clients:
-            delivered = net.forward(client, ident)
-            if owner is None or delivered.host != owner:
-                wrong.append(f"{client} -> {space.address(ident)}: {delivered} (owner {owner})")
-    return wrong
 
 
 class ControllerProcess:

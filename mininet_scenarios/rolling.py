@@ -14,8 +14,9 @@ Each agent's turn is what an operator does with the systemd units
 Then the controller: SIGTERM, started again on the same ports, until it has
 rebuilt the network from the agents' claims. While it is down and rebuilding,
 every switch's table is read back from Open vSwitch (``ovs-ofctl dump-flows``)
-over and over, and each read must still deliver sampled IDs from every client
-to their owners: the entries are never emptied, nor wrong for a moment.
+over and over, and each read must still deliver every ID of the space, from
+every switch with hosts, to the one owner of its block: the entries are never
+emptied, nor wrong for a moment.
 
 `Writers` keeps every client host writing new files (and reading them back)
 in waves for the whole time; its summaries count the calls that failed past
@@ -37,12 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from btree.fake_network import FakeNetwork
+from btree.fake_network import FakeNetwork, misdelivered
 from client_lib.api.rest import REST, DrainInfo
 from client_lib.cidr import Block
 from controller.drainctl import progress
 from mininet_scenarios.daemons import AgentProcess
-from mininet_scenarios.metaflow_net import MetaFlowNet, misrouted
+from mininet_scenarios.metaflow_net import MetaFlowNet
 from topology import builders
 
 POLL_S = 0.25
@@ -94,11 +95,14 @@ class ControllerTurn:
     fewest_entries: dict[str, int]
     """Per switch, the fewest MetaFlow entries any read during the restart saw."""
     misrouted: list[str]
-    """Sampled deliveries, over all reads, that missed their owner (at most 20)."""
+    """Reads in which some ID of the space, entering at some switch with hosts,
+    missed its one owner: the read and the switch (at most 20)."""
 
 
 @dataclass
 class Report:
+    """What `RollingRestart.run` did, turn by turn."""
+
     agents: list[AgentTurn] = field(default_factory=list)
     controller: ControllerTurn | None = None
     fail_overs: list[dict[str, object]] = field(default_factory=list)
@@ -197,8 +201,10 @@ class RollingRestart:
 
     def controller_turn(self) -> ControllerTurn:
         """Restart the controller while reading every switch's table again and again."""
-        net, blocks, clients = self.mf.real_network()
+        net, blocks, _ = self.mf.real_network()
         space = Block.parse(self.mf.running.space)
+        partition = sorted(((b, name) for name, bs in blocks.items() for b in bs), key=lambda p: p[0].first)
+        ingress = sorted({dpid for dpid, _ in net.fabric.hosts.values()})
         names = {d["dpid"]: n for n, d in self.mf.graph.nodes(data=True) if d.get("kind") == "switch"}
         before = {names[dpid]: len(t) for dpid, t in self.mf.switch_tables().items()}
         controller = self.mf.controller
@@ -214,7 +220,8 @@ class RollingRestart:
                     tables = self.mf.switch_tables()
                     reads.append({dpid: len(t) for dpid, t in tables.items()})
                     if len(wrong) < 20:
-                        wrong.extend(misrouted(FakeNetwork(net.fabric, tables), blocks, clients, space, 20))
+                        wrong.extend(f"read {len(reads)}: switch {names[dpid]}" for dpid, _ in
+                                     misdelivered(FakeNetwork(net.fabric, tables), partition, space, ingress))
             except BaseException as exc:   # raised in the caller's thread, below
                 failed.append(exc)
 
@@ -238,7 +245,7 @@ class RollingRestart:
         dipped = sorted(n for n in fewest if fewest[n] < before[n])
         self.say(f"  started and rebuilt in {t2 - t1:.2f} s; {len(reads)} reads of every switch meanwhile, "
                  f"{len(dipped)} switches with fewer MetaFlow entries than before at some read, "
-                 f"{len(wrong)} sampled IDs misrouted")
+                 f"{len(wrong)} (read, switch) where some ID missed its owner")
         return ControllerTurn(t1 - t0, t2 - t1, len(reads), before, fewest, wrong[:20])
 
 

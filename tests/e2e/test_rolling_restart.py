@@ -8,7 +8,8 @@ store and undrained, and then the controller is stopped with SIGTERM and
 started again (`mininet_scenarios.rolling`). Every client call succeeds
 within its retries; no agent's stop causes a take-over or a DATA-LOST;
 while the controller is away and rebuilding, every read of the switches'
-tables delivers sampled IDs to their owners, and no switch ever holds fewer
+tables delivers every ID of the space, from every switch with hosts, to
+the one owner of its block, and no switch ever holds fewer
 MetaFlow entries than before; afterwards the tables read
 back from Open vSwitch route every ID to its owner, every server serves
 again, and every acknowledged write reads back. The times of each turn and
