@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedList
 from tqdm import tqdm
 
-from btree.fake_network import FakeNetwork, expected_intervals
+from btree.fake_network import FakeNetwork, misdelivered
 from btree.flows import DEFAULT_TABLE_BUDGET, FlowPlanner
 from btree.merge import apply_merge, plan_merge
 from btree.split import SplitBounds, apply_split, plan_split
@@ -261,15 +261,9 @@ def run_plan(cfg: PlanConfig) -> dict:
 
 def verify(tree: LogicalBTree, fabric, planner: FlowPlanner, space: Block) -> tuple[bool, int]:
     """Every ID of the space, from every switch with hosts, through the fake network."""
-    network = FakeNetwork.from_planner(planner)
-    expected = [i for i in expected_intervals(tree.partition(), space.width) if i[2] is not None]
     ingress = sorted({dpid for dpid, _ in fabric.hosts.values()})
-    for dpid in ingress:
-        got = [(max(a, space.first), min(b, space.last), where)
-               for a, b, where in network.resolve(dpid) if b >= space.first and a <= space.last]
-        if got != expected:
-            return False, len(ingress)
-    return True, len(ingress)
+    wrong = misdelivered(FakeNetwork.from_planner(planner), tree.partition(), space, ingress)
+    return not wrong, len(ingress)
 
 
 def format_report(r: dict) -> str:

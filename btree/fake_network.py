@@ -228,6 +228,21 @@ def _merge(intervals: list[Interval]) -> list[Interval]:
     return out
 
 
+def misdelivered(network: FakeNetwork, partition: Sequence[tuple[Block, str]], space: Block,
+                 ingress: Iterable[int]) -> list[tuple[int, list[Interval]]]:
+    """Every ID of `space`, entering at each switch of `ingress`, should reach
+    exactly the owner of its block in `partition` (sorted, disjoint); the
+    switches where some do not, each with the fates its IDs met. Empty: all do."""
+    expected = [i for i in expected_intervals(partition, space.width) if i[2] is not None]
+    wrong = []
+    for dpid in ingress:
+        got = [(max(a, space.first), min(b, space.last), where)
+               for a, b, where in network.resolve(dpid) if b >= space.first and a <= space.last]
+        if got != expected:
+            wrong.append((dpid, got))
+    return wrong
+
+
 def expected_intervals(partition: Sequence[tuple[Block, str]], width: int) -> list[Interval]:
     """The ideal fate of every address: the owner inside owned blocks, a drop elsewhere."""
     out: list[Interval] = []

@@ -107,10 +107,12 @@ class MetaFlowApp(app_manager.OSKenApp):
         verifier = Verifier(settings.secret, server_authority(settings.rest_host, settings.rest_port))
         api = RestApi(self.query, self.post, verifier, settings.open_reads)
         self.rest = RestServer(api, settings.rest_host, settings.rest_port)
-        self.threads = [threading.Thread(target=self._decide, name="decide", daemon=True),
-                        threading.Thread(target=self._clock, name="clock", daemon=True)]
+        # Not `self.threads`: that is os-ken's list, to which it adds its own event loop,
+        # which never ends; `close` waited 5 s for it on every stop.
+        self._loops = [threading.Thread(target=self._decide, name="decide", daemon=True),
+                       threading.Thread(target=self._clock, name="clock", daemon=True)]
         self._running = True
-        for thread in self.threads:
+        for thread in self._loops:
             thread.start()
         self.rest.start()
         log.info("REST API on %s:%d", settings.rest_host, settings.rest_port)
@@ -147,7 +149,7 @@ class MetaFlowApp(app_manager.OSKenApp):
         if self._stop_metrics is not None:
             self._stop_metrics()
         self.inbox.put(_STOP)
-        for thread in self.threads:
+        for thread in self._loops:
             thread.join(timeout=5)
         self.agents.shutdown(wait=False, cancel_futures=True)
 

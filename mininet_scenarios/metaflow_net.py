@@ -26,6 +26,7 @@ from typing import Any, TypedDict, TypeVar
 import networkx as nx
 
 from btree.fake_network import FakeNetwork
+from btree.flows import Table
 from client_lib.api.auth import load_secret
 from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST
@@ -370,13 +371,15 @@ class MetaFlowNet:
                   "storage" if h.ip in storage else "client") for h in topo.hosts]
         graph = discovered_graph([s.dpid for s in topo.switches], topo.links, hosts)
         _, _, fabric = map_topology(graph, Block.parse(self.running.space))
-        tables = {}
-        for node, data in self.graph.nodes(data=True):
-            if data.get("kind") == "switch":
-                tables[data["dpid"]] = ofdump.parse_dump(self.dump_flows(node))
         blocks = {name: list(s.blocks) for name, s in servers.items()}
         clients = [h[0] for h in hosts if h[5] == "client"]
-        return FakeNetwork(fabric, tables), blocks, clients
+        return FakeNetwork(fabric, self.switch_tables()), blocks, clients
+
+    def switch_tables(self) -> dict[int, Table]:
+        """Every switch's MetaFlow entries as OVS holds them now, by dpid (no
+        REST call: it reads the switches even while no controller runs)."""
+        return {data["dpid"]: ofdump.parse_dump(self.dump_flows(node))
+                for node, data in self.graph.nodes(data=True) if data.get("kind") == "switch"}
 
     def flow_counts(self) -> dict[str, FlowCounts]:
         """Per switch, as OVS reports them: MetaFlow prefix entries (priority

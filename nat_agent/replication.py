@@ -22,8 +22,10 @@ order), to the backup's listener (`nat_agent.replica`, ``--replication``):
   <mdid> <path>``: a write. A backup applies it only if it holds `block` as a
   backup at exactly `epoch` with the sender as its primary; otherwise it
   answers ``-STALE <its epoch>`` (or ``-NOTHELD``, ``-SUSPENDED``, ``-ERR``).
-  A member not yet at the write's epoch (older, or not holding the block) is
-  sent it again shortly (`RESEND_S`) until the write's timeout;
+  A synced member not yet at the write's epoch (older, or not holding the
+  block) is sent it again shortly (`RESEND_S`) until the write's timeout; an
+  unsynced one is not: its sync, which can begin only once it holds the
+  block, copies the record;
 * ``RBEGIN``, ``RCOPY``, ``REND``: the catch-up copy of a sync (`nat_agent.syncs`).
 
 What a write does at a primary (`MetadataService` calls `begin`, applies
@@ -337,7 +339,17 @@ class Write:
         why = f"{tag.name} did not acknowledge: {describe(reply)}"
         if tag.name in self.owed:
             owner.finish(self, why)
-        elif not tag.required:
+        elif tag.required:
+            return
+        elif _behind(reply, epoch, held.epoch):
+            # A new member that has not heard of the set yet: the controller assigns the
+            # members in parallel, and this primary streamed to it first. Nothing is lost:
+            # its sync begins only once it holds the block (RBEGIN is refused before), and
+            # then wipes and copies the whole block, this record included. Once the sync
+            # has begun, the member holds the block at this epoch, so a refusal of this kind
+            # means it was dropped from the set, which the sync's next command finds.
+            owner.stats["behind_unsynced"] += 1
+        else:
             owner.member_failed(held, tag.name, why)
 
     def resend(self, peer: Peer) -> None:

@@ -22,6 +22,9 @@ foreground keeps its latency:
 A failure (the member unreachable, refusing, or failing a write streamed to
 it, or the block's epoch moving on) ends the sync as ``failed``, and the
 member is dropped from the stream until the controller reassigns the block.
+A write the member refused only because it did not hold the block at that
+epoch yet is no failure: it was streamed before RBEGIN, which wipes the
+block and is followed by the copy of that record (`nat_agent.replication`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from client_lib.api.admin import AssignRequest, Member, Role
+from client_lib.api.admin import AssignRequest, Member, Role, SyncRequest
 from client_lib.api.auth import Verifier
 from client_lib.cidr import Block
 from client_lib.constants import MAX_VALUE
@@ -22,6 +22,7 @@ from nat_agent.agent import Agent, Identity
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.replica import ReplicaServer
 from nat_agent.replication import NotReplicated, Replicator
+from nat_agent.syncs import Syncs
 
 SPACE = Block.parse("100.64.0.0/10")
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -166,5 +167,48 @@ def test_a_member_not_yet_at_the_writes_epoch_is_sent_it_again(tmp_path: Path, b
             assert pair.replicator.stats["resent"] > 1
             assert pair.primary.ownership.degraded == []
             assert await pair.backup.store.get(IDENT, PATH) == b"taken late"
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("behind", ["older epoch", "not held"])
+def test_a_new_member_that_has_not_heard_of_the_set_yet_is_synced_all_the_same(tmp_path: Path,
+                                                                               behind: str) -> None:
+    """The set grows by an unsynced member (a drain's or a repair's new copy);
+    the controller assigns the members in parallel and the primary, first,
+    streams a write to it while it is still at epoch 1 (STALE 1) or holds
+    nothing (NOTHELD). That refusal failed the member's sync that started a
+    moment later, and with it a drain (the rolling restart's Mininet test);
+    now it fails nothing: the sync begins once the member holds the block and
+    copies the record. A member that refuses for another reason is still failed."""
+    async def main() -> None:
+        async with _pair(tmp_path, timeout=2.0) as pair:
+            primary, new = pair.members
+            grown = [primary, Member(new.name, new.replication, synced=False)]
+            if behind == "not held":
+                await pair.backup.disown([SPACE])
+            await pair.primary.assign(AssignRequest([Role(SPACE, 2, True, grown)]))
+            syncs = Syncs(pair.primary, pair.replicator)
+            failed: list[str] = []
+            pair.replicator.on_member_failure = lambda block, epoch, member, why: failed.append(why)
+            await _write(pair, b"before it heard", lambda: asyncio.sleep(0))   # nothing waits for it
+            while not (pair.replicator.stats["behind_unsynced"] or failed):   # its answer came back
+                await asyncio.sleep(0.01)
+            assert failed == []
+
+            await pair.backup.assign(AssignRequest([Role(SPACE, 2, False, grown)]))
+            sync = syncs.start(SyncRequest(SPACE, 2, new.name))
+            assert sync.task is not None
+            await sync.task
+            assert (sync.state, sync.error) == ("synced", None)
+            assert await pair.backup.store.get(IDENT, PATH) == b"before it heard"
+
+            another = [Member("x", "127.0.0.1:2"), grown[1]]   # it follows another primary at epoch 3
+            await pair.backup.assign(AssignRequest([Role(SPACE, 3, False, another)]))
+            await pair.primary.assign(AssignRequest([Role(SPACE, 3, True, grown)]))
+            await _write(pair, b"refused", lambda: asyncio.sleep(0))
+            while not failed:
+                await asyncio.sleep(0.01)
+            assert "is not the primary" in failed[0]
 
     asyncio.run(main())

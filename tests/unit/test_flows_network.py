@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sortedcontainers import SortedList
 
-from btree.fake_network import FakeNetwork, expected_intervals
+from btree.fake_network import FakeNetwork, expected_intervals, misdelivered
 from btree.flows import (
     UP,
     FlowEntry,
@@ -443,6 +443,22 @@ def test_fat_tree_example_routes_and_ports():
             assert d.host == tree.owner(x) and d.dl_dst == fabric.leaf_mac[d.host]
             assert len(d.hops) in (1, 3, 5)
 
+
+
+def test_misdelivered_names_the_switches_where_an_id_misses_its_one_owner():
+    """What the rolling restart's table reads are checked with: nothing for the
+    tables of the partition itself; every ingress switch for a partition that
+    gives a block to another owner, or to two owners at once."""
+    c, fabric = classified("fat4")
+    tree = build_tree(c, SPACE)
+    tree.bootstrap_preallocate(2)
+    net = FakeNetwork(fabric, FlowPlanner(tree, fabric).tables())
+    partition = tree.partition()
+    ingress = sorted({dpid for dpid, _ in fabric.hosts.values()})
+    assert misdelivered(net, partition, SPACE, ingress) == []
+    (first, owner), (second, other) = partition
+    for wrong in ([(first, other), (second, other)], sorted([*partition, (first, other)])):
+        assert [dpid for dpid, _ in misdelivered(net, wrong, SPACE, ingress)] == ingress
 
 def test_uprules_and_spread():
     from btree.fabric import SwitchPorts
