@@ -83,3 +83,17 @@ def test_percentiles_are_nearest_rank() -> None:
     assert percentile(samples, 0.5) == 20.0
     assert percentile(samples, 0.99) == 40.0     # with fewer than 100 samples, p99 is the max
     assert percentile([3.0], 0.99) == percentile([3.0], 0.0) == 3.0
+
+
+def test_importing_the_scenarios_leaves_new_loggers_standard() -> None:
+    """Mininet's import makes its logger class every new logger's (its own
+    handler, a level above INFO); the package puts the standard class back,
+    so a logger named afterwards passes INFO records to the root's handlers."""
+    import logging
+
+    import mininet.log  # noqa: F401
+    import mininet_scenarios  # noqa: F401
+
+    logger = logging.getLogger("metaflow.test.after-mininet")
+    assert type(logger) is logging.Logger
+    assert not logger.handlers and logger.getEffectiveLevel() == logging.getLogger().getEffectiveLevel()
