@@ -40,8 +40,8 @@ from tests.integration.test_prometheus_scrape import Prometheus
 from topology import builders
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
-AGENT_METRICS_PORT = 9464
-"""Every agent's metrics port, on its own management address."""
+AGENT_METRICS_PORT = 9003
+"""Every agent's metrics port, on its own management address (as in deploy/examples/)."""
 FIRED = {"MetaFlowServerSilent", "MetaFlowTargetDown"}
 """The alerts the kill must fire."""
 
