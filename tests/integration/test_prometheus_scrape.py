@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -102,15 +102,17 @@ class Prometheus:
         result = self.query(expr)
         return float(result[0]["value"][1]) if result else None  # type: ignore[index]
 
-    def until(self, expr: str, want: float, timeout: float = 30.0) -> float | None:
-        """Poll `expr` until it equals `want` (or the time is up); its last value."""
+    def until(self, expr: str, want: float | Callable[[], float], timeout: float = 30.0) -> float | None:
+        """Poll `expr` until it equals `want` (or the time is up); its last
+        value. A callable `want` is asked again at each poll: a count that
+        may still grow elsewhere (the controller's own view, say)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 got = self.value(expr)
             except OSError:
                 got = None   # not listening yet
-            if got == want or time.monotonic() > deadline:
+            if got == (want() if callable(want) else want) or time.monotonic() > deadline:
                 return got
             time.sleep(0.5)
 
