@@ -113,8 +113,11 @@ class ControllerMetrics:
     # -- the shim's events ---------------------------------------------------------------
 
     def sent(self, dpid: int, flow_mods: int) -> None:
-        """`flow_mods` changes went to switch `dpid`."""
+        """`flow_mods` changes went to switch `dpid`. Its refusals start at 0
+        here: a rate over a counter that is absent until the first error is
+        empty, not 0, and the dashboard's refused line would show no data."""
         self.flow_mods.labels(str(dpid)).inc(flow_mods)
+        self.flow_mods_refused.labels(str(dpid))
 
     def refused(self, dpid: int) -> None:
         """Switch `dpid` answered an OpenFlow error."""

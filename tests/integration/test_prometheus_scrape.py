@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -66,16 +66,19 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 class Prometheus:
-    """A Prometheus server of its own, scraping `targets` (job: host:port) every second."""
+    """A Prometheus server of its own, scraping `targets` (job: its host:port
+    addresses) every second, with the alert rules of `rules`."""
 
-    def __init__(self, tmp_path: Path, targets: dict[str, str]) -> None:
-        shutil.copy(PROMETHEUS / "alerts.yml", tmp_path / "alerts.yml")
+    def __init__(self, tmp_path: Path, targets: dict[str, list[str]],
+                 rules: Path = PROMETHEUS / "alerts.yml") -> None:
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        shutil.copy(rules, tmp_path / "alerts.yml")
         config = tmp_path / "prometheus.yml"
         config.write_text(json.dumps({   # YAML is a superset of JSON
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": ["alerts.yml"],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
-                               for job, target in targets.items()]}))
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": addresses}]}
+                               for job, addresses in targets.items()]}))
         self.url = f"http://127.0.0.1:{listen_port()}"
         self.log = open(tmp_path / "prometheus.log", "wb")
         self.proc = subprocess.Popen(
@@ -99,15 +102,17 @@ class Prometheus:
         result = self.query(expr)
         return float(result[0]["value"][1]) if result else None  # type: ignore[index]
 
-    def until(self, expr: str, want: float, timeout: float = 30.0) -> float | None:
-        """Poll `expr` until it equals `want` (or the time is up); its last value."""
+    def until(self, expr: str, want: float | Callable[[], float], timeout: float = 30.0) -> float | None:
+        """Poll `expr` until it equals `want` (or the time is up); its last
+        value. A callable `want` is asked again at each poll: a count that
+        may still grow elsewhere (the controller's own view, say)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 got = self.value(expr)
             except OSError:
                 got = None   # not listening yet
-            if got == want or time.monotonic() > deadline:
+            if got == (want() if callable(want) else want) or time.monotonic() > deadline:
                 return got
             time.sleep(0.5)
 
@@ -124,8 +129,8 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Prometheus, AgentProcess]]:
     agent = AgentProcess(f"leveldb:{tmp_path / 'db'}", "--fsync", "off", "--metrics-port", str(agent_metrics),
                          own=[str(HELD)], log_path=tmp_path / "agent.log")
     with agent:
-        prometheus = Prometheus(tmp_path, {"metaflow-agent": f"127.0.0.1:{agent_metrics}",
-                                           "metaflow-controller": f"127.0.0.1:{controller_metrics}"})
+        prometheus = Prometheus(tmp_path, {"metaflow-agent": [f"127.0.0.1:{agent_metrics}"],
+                                           "metaflow-controller": [f"127.0.0.1:{controller_metrics}"]})
         try:
             yield prometheus, agent
         finally:

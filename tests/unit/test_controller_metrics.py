@@ -103,7 +103,7 @@ def test_a_block_that_dies_with_its_only_copy_is_counted_as_data_lost() -> None:
     assert value(samples, m.DATA_LOST.name) == len(world.core.lost) == 1
 
 
-@pytest.mark.parametrize("switch_error", [1, 3])
+@pytest.mark.parametrize("switch_error", [0, 1, 3])
 def test_the_shims_counters_count_per_switch(switch_error: int) -> None:
     exporter = ControllerMetrics(lambda: views.gauges(World(fat_tree(4, servers=8)).core))
     exporter.sent(7, 12)
