@@ -37,7 +37,6 @@
 
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -45,7 +44,7 @@ use pyo3::types::{PyBytes, PyDict};
 use crate::keys::Keyspace;
 use crate::ops::OpsCounts;
 use crate::parser::CommandParser;
-use crate::seconds::Histogram;
+use crate::seconds::{Batch, Histogram};
 
 type Table = Vec<(u128, u128)>;
 
@@ -266,12 +265,9 @@ impl FastLane {
         let tables = view.tables();
         let start = out.len();
         let mut counts = vec![0u64; self.counters.len()];
-        // One clock read per command answered, and one before the first: a
-        // command's seconds run from the end of the one before (so they
-        // take in its parsing) to its reply.
-        let mut clock = Instant::now();
+        let mut seconds = Batch::start();
         let taken = parser.take_leading(py, |buf, args| {
-            out.len() - start < budget && self.execute(py, &tables, buf, args, resp3, out, &mut counts, &mut clock)
+            out.len() - start < budget && self.execute(py, &tables, buf, args, resp3, out, &mut counts, &mut seconds)
         });
         if taken == 0 {
             return Ok(0);
@@ -292,11 +288,10 @@ impl FastLane {
     }
 
     /// One command; false if declined (nothing done, nothing written). One
-    /// answered is counted in `counts` and its seconds since `clock` in its
-    /// histogram; `clock` then moves to now.
+    /// answered is counted in `counts` and timed in `seconds`.
     #[allow(clippy::too_many_arguments)]
-    fn execute(
-        &self,
+    fn execute<'a>(
+        &'a self,
         py: Python<'_>,
         tables: &Tables,
         buf: &[u8],
@@ -304,7 +299,7 @@ impl FastLane {
         resp3: bool,
         out: &mut Vec<u8>,
         counts: &mut [u64],
-        clock: &mut Instant,
+        seconds: &mut Batch<'a>,
     ) -> bool {
         let arg = |i: usize| &buf[args[i].0..args[i].1];
         let Some(counter) = self.counters.iter().position(|(known, _, _)| known.eq_ignore_ascii_case(arg(0))) else {
@@ -338,9 +333,7 @@ impl FastLane {
         };
         if done {
             counts[counter] += 1;
-            let now = Instant::now();
-            self.counters[counter].2.get().record((now - *clock).as_secs_f64());
-            *clock = now;
+            seconds.answered(self.counters[counter].2.get());
         }
         done
     }

@@ -8,12 +8,21 @@
 //! served the request, and no lock: the counts are read only at a scrape,
 //! where only their sums matter, not their order against other memory.
 //!
+//! The lane reads the clock once per command it answers and once before a
+//! batch (`Batch`): a command's seconds run from the end of the one before
+//! (so they take in its parsing) to its reply. Like commands of a pipeline
+//! landing in the same bucket are added up first and added to the
+//! histogram together, so a pipeline pays its atomic adds once per run of
+//! them, not per command.
+//!
 //! The bounds are `Latency`'s, handed over by Python (`REQUEST_BUCKETS`),
 //! and a value is placed as `bisect_left` places it there: in the first
 //! bucket whose bound is at or above it, past the last bound in +Inf. So
 //! the two paths' counts add up bucket by bucket into one histogram.
 
+use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -58,11 +67,65 @@ impl Histogram {
 
 impl Histogram {
     /// One observation of `seconds` (not negative), placed as given, not
-    /// rounded first: the request path's, with no lock and no allocation.
-    pub(crate) fn record(&self, seconds: f64) {
-        let bucket = self.bounds.partition_point(|&bound| bound < seconds);
-        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
-        // The sum in whole nanoseconds, an integer an atomic can add (`as` saturates).
-        self.nanos.fetch_add((seconds * 1e9).round() as u64, Ordering::Relaxed);
+    /// rounded first.
+    fn record(&self, seconds: f64) {
+        self.add(self.bucket(seconds), 1, nanos(seconds));
+    }
+
+    fn bucket(&self, seconds: f64) -> usize {
+        self.bounds.partition_point(|&bound| bound < seconds)
+    }
+
+    /// `count` observations in `bucket` whose seconds sum to `nanos`: no lock.
+    fn add(&self, bucket: usize, count: u64, nanos: u64) {
+        self.counts[bucket].fetch_add(count, Ordering::Relaxed);
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+/// Seconds summed in whole nanoseconds, an integer an atomic can add (`as` saturates).
+fn nanos(seconds: f64) -> u64 {
+    (seconds * 1e9).round() as u64
+}
+
+/// The seconds of the commands one lane call answers (see the module's
+/// docstring); what it holds back is added when it is dropped.
+pub(crate) struct Batch<'a> {
+    clock: Instant,
+    held: Option<(&'a Histogram, usize)>,
+    count: u64,
+    nanos: u64,
+}
+
+impl<'a> Batch<'a> {
+    pub(crate) fn start() -> Self {
+        Batch { clock: Instant::now(), held: None, count: 0, nanos: 0 }
+    }
+
+    /// A command of `histogram` answered just now.
+    pub(crate) fn answered(&mut self, histogram: &'a Histogram) {
+        let now = Instant::now();
+        let seconds = (now - self.clock).as_secs_f64();
+        self.clock = now;
+        let bucket = histogram.bucket(seconds);
+        if !matches!(self.held, Some((held, at)) if ptr::eq(held, histogram) && at == bucket) {
+            self.add();
+            self.held = Some((histogram, bucket));
+        }
+        self.count += 1;
+        self.nanos += nanos(seconds);
+    }
+
+    fn add(&mut self) {
+        if let Some((histogram, bucket)) = self.held.take() {
+            histogram.add(bucket, self.count, self.nanos);
+        }
+        (self.count, self.nanos) = (0, 0);
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        self.add();
     }
 }
