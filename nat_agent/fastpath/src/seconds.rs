@@ -50,7 +50,7 @@ impl Histogram {
     /// One observation of `seconds`, as the lane makes it (a duration: not
     /// negative, not NaN); the tests hold its placement to `Latency`'s.
     fn observe(&self, seconds: f64) -> PyResult<()> {
-        if !(seconds >= 0.0) {
+        if seconds.is_nan() || seconds < 0.0 {
             return Err(PyValueError::new_err(format!("not a duration: {seconds}")));
         }
         self.record(seconds);
