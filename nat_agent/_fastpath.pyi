@@ -1,7 +1,7 @@
 """Types of the compiled request path (`nat_agent/fastpath`, built by `make`)."""
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from client_lib.cidr import Block
 from nat_agent.ops_meter import Buckets
@@ -55,11 +55,20 @@ class LaneView:
     def writing(self) -> int: ...
     def set_writing(self, count: int) -> None: ...
 
+class Histogram:
+    """The seconds one command took on the lane (`seconds.rs`): lock-free
+    buckets with `nat_agent.latency.Latency`'s bounds and placement."""
+
+    def __init__(self, bounds: Sequence[float]) -> None: ...
+    def observe(self, seconds: float) -> None: ...
+    def snapshot(self) -> tuple[list[int], float]:
+        """Counts per bucket (not cumulative; +Inf last) and the sum of the seconds."""
+
 class FastLane:
     """The common commands answered end to end in compiled code (`lane.rs`)."""
 
     def __init__(self, *, keyspace: Keyspace, view: LaneView, access: RecordAccess,
-                 stats: Counter[str], counters: list[tuple[bytes, str]], total: str,
+                 stats: Counter[str], counters: list[tuple[bytes, str, Histogram]], total: str,
                  buckets: Buckets) -> None: ...
     @property
     def view(self) -> LaneView: ...

@@ -22,7 +22,7 @@ from nat_agent import resp_commands
 from nat_agent.resp_commands import ArgLimit
 
 if TYPE_CHECKING:
-    from nat_agent._fastpath import CommandParser, FastLane, Keyspace, LaneView, ServiceLoop
+    from nat_agent._fastpath import CommandParser, FastLane, Histogram, Keyspace, LaneView, ServiceLoop
 
 FAST_LANE: type[FastLane] | None
 """The compiled lane's class, or None: no lane, every request on the Python path."""
@@ -32,6 +32,8 @@ KEYSPACE: type[Keyspace] | None
 """The compiled key step (normalize, hash, record key) a lane is built with."""
 LANE_VIEW: type[LaneView] | None
 """The lane's view of ownership and of the writes under way, kept current by Python."""
+HISTOGRAM: type[Histogram] | None
+"""The lane's lock-free histogram of a command's seconds (one per command it takes on)."""
 UNAVAILABLE: str | None
 """None when the extension is imported; else why it could not be."""
 PYTHON_PATH_NOTICE = "serving every request through the Python path"
@@ -41,11 +43,11 @@ extension (the tests and `make check-install` look for it)."""
 try:
     import nat_agent._fastpath as _fastpath
 except ImportError as error:
-    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = None
+    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = HISTOGRAM = None
     UNAVAILABLE = f"nat_agent._fastpath cannot be imported: {error}"
 else:
     FAST_LANE, SERVICE_LOOP = _fastpath.FastLane, _fastpath.ServiceLoop
-    KEYSPACE, LANE_VIEW = _fastpath.Keyspace, _fastpath.LaneView
+    KEYSPACE, LANE_VIEW, HISTOGRAM = _fastpath.Keyspace, _fastpath.LaneView, _fastpath.Histogram
     UNAVAILABLE = None
 
 

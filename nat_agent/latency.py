@@ -4,7 +4,8 @@ The Python path observes every command it runs (`MetadataService.execute`);
 a lock-free list of bucket counts on the event loop's thread costs a clock
 read, a bisection and two additions, where a prometheus_client Histogram
 would take a lock per observation. The exporter (`nat_agent.metrics`)
-reads the counts at scrape time. Pure: no I/O.
+reads the counts at scrape time, with the compiled lane's (its `Histogram`,
+same bounds, same placement) added in (`plus`). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ class Latency:
     def observe(self, seconds: float) -> None:
         self.counts[bisect_left(self.bounds, seconds)] += 1
         self.total += seconds
+
+    def plus(self, counts: Sequence[int], total: float) -> Latency:
+        """A copy with another path's observations added: `counts` per bucket
+        of the same bounds (+Inf last), `total` their sum (the compiled
+        lane's `Histogram.snapshot`)."""
+        both = Latency(self.bounds)
+        both.counts = [mine + theirs for mine, theirs in zip(self.counts, counts, strict=True)]
+        both.total = self.total + total
+        return both
 
     def cumulative(self) -> list[tuple[str, int]]:
         """The buckets as Prometheus writes them: (upper bound, observations at or under it)."""

@@ -2,15 +2,18 @@
 
 Nothing here runs on the request path. The service's `stats` (which the
 compiled path adds its served requests to, under the GIL, once per batch),
-its `failures` and `latency`, the replicator's and the replica listener's
-counters, the syncs, the migrations and the ownership are read when
-Prometheus asks, on the event loop (the metrics port is an aiohttp site of
-its own), so no state is read from another thread. Every family is declared
-in `client_lib.api.metrics`.
+its `failures` and its `latencies` (the Python path's seconds with the
+compiled lane's histograms added: one family, both paths), the
+replicator's and the replica listener's counters, the syncs, the
+migrations and the ownership are read when Prometheus asks, on the event
+loop (the metrics port is an aiohttp site of its own), so no state is read
+from another thread except the lane's histograms, atomics read without a
+lock. Every family is declared in `client_lib.api.metrics`.
 
-What the compiled path does not give yet: per-request seconds (its
-requests are counted, not timed; `metaflow_agent_request_seconds` is the
-Python path's).
+The compiled lane answers only what it serves (it leaves every MOVED,
+TRYAGAIN, refusal and error to the Python path, which words and counts
+them), so its requests are all `served`: counted in `stats` per command,
+timed in its histograms.
 """
 
 from __future__ import annotations
@@ -73,8 +76,9 @@ class AgentCollector(Collector):
         yield compiled
         seconds = HistogramMetricFamily(m.REQUEST_SECONDS.name, m.REQUEST_SECONDS.help,
                                         labels=m.REQUEST_SECONDS.labels)
+        latencies = service.latencies()
         for command, counter in service.counters().items():
-            latency = service.latency[counter]
+            latency = latencies[counter]
             seconds.add_metric([command], latency.cumulative(), latency.total)
         yield seconds
         yield _from(_counter(m.REJECTED), stats, {reason: reason for reason in REJECTIONS})

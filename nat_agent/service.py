@@ -122,7 +122,7 @@ from nat_agent.connection import (
     sweep_interval,
     timed_out,
 )
-from nat_agent.extension import FAST_LANE, KEYSPACE, LANE_VIEW, SERVICE_LOOP, arg_limits
+from nat_agent.extension import FAST_LANE, HISTOGRAM, KEYSPACE, LANE_VIEW, SERVICE_LOOP, arg_limits
 from nat_agent.latency import Latency
 from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
@@ -139,7 +139,7 @@ from nat_agent.store import (
 )
 
 if TYPE_CHECKING:
-    from nat_agent.extension import FastLane, Keyspace, ServiceLoop
+    from nat_agent.extension import FastLane, Histogram, Keyspace, ServiceLoop
 
 log = logging.getLogger("metaflow.agent.service")
 T = TypeVar("T")
@@ -288,6 +288,8 @@ class MetadataService:
         }
         self.latency = {spec[3]: Latency(REQUEST_BUCKETS) for spec in self._commands.values()}
         """Seconds each command took on the Python path, by stats counter (`nat_agent.metrics`)."""
+        self._lane_seconds: dict[str, Histogram] = {}
+        """Seconds each command took on the compiled lane, by stats counter (none without a lane)."""
 
         self._lane = self._fast_lane(self.store.record_access()) if compiled else None
         self.ops = OpsMeter(self.space, None if self._lane is None else self._lane.ops_counts)
@@ -303,17 +305,18 @@ class MetadataService:
         """The compiled path over the store's records, if it allows one and the
         extension is there (`nat_agent.extension`); the ownership and the
         replicator then keep its view current."""
-        if access is None or FAST_LANE is None or LANE_VIEW is None:
+        if access is None or FAST_LANE is None or LANE_VIEW is None or HISTOGRAM is None:
             return None
         view = LANE_VIEW()
         view.set_version(self.ownership.version)
         self.ownership.on_version = view.set_version
         view.set_writing(len(self.writing))
         self.replicator.on_writing = view.set_writing
-        return FAST_LANE(keyspace=keyspace(self.space), view=view, access=access,
-                         stats=self.stats, counters=[(name, spec[3]) for name, spec in self._commands.items()
-                                                     if name in FAST_COMMANDS], total="compiled_requests",
-                         buckets=Buckets.of(self.space))
+        fast = [(name, spec[3]) for name, spec in self._commands.items() if name in FAST_COMMANDS]
+        self._lane_seconds = {counter: HISTOGRAM(REQUEST_BUCKETS) for _, counter in fast}
+        return FAST_LANE(keyspace=keyspace(self.space), view=view, access=access, stats=self.stats,
+                         counters=[(name, counter, self._lane_seconds[counter]) for name, counter in fast],
+                         total="compiled_requests", buckets=Buckets.of(self.space))
 
     def lane(self) -> FastLane | None:
         """The compiled path, its view's table in step with the ownership
@@ -469,6 +472,15 @@ class MetadataService:
     def counters(self) -> dict[str, str]:
         """Each command, in lower case, and the `stats` counter it counts under."""
         return {name.decode().lower(): spec[3] for name, spec in self._commands.items()}
+
+    def latencies(self) -> dict[str, Latency]:
+        """Seconds each command took, by stats counter, on both paths: the
+        Python path's `latency` with the compiled lane's added. A copy, read
+        at a scrape; the lane's counts are read without stopping it."""
+        both = dict(self.latency)
+        for counter, seconds in self._lane_seconds.items():
+            both[counter] = both[counter].plus(*seconds.snapshot())
+        return both
 
     def open_connections(self) -> int:
         """Client connections open now, on the event loop and on the worker threads."""

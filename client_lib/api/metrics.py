@@ -104,7 +104,7 @@ REQUESTS = Family("metaflow_agent_requests_total", "counter",
 COMPILED_REQUESTS = Family("metaflow_agent_compiled_requests_total", "counter",
                            "requests answered on the compiled path (the rest on the Python path)")
 REQUEST_SECONDS = Family("metaflow_agent_request_seconds", "histogram",
-                         "seconds a command took on the Python path, from its parsing to its reply",
+                         "seconds a command took, from its parsing to its reply, on both request paths",
                          ("command",))
 REJECTED = Family("metaflow_agent_rejected_requests_total", "counter",
                   "requests refused before any command ran, by reason (unknown_commands, "

@@ -1,10 +1,11 @@
 """An agent's Prometheus metrics, scraped from a real agent's metrics port.
 
 The requests sent here are counted by command and outcome whichever path
-answered them (the compiled lane for a plain SET or GET on LevelDB, the
-Python path for the rest, or for all with ``--request-path python``), by
-exactly what was sent; the Python path's seconds count each command it ran;
-and a metrics port that is taken stops the agent at start.
+answered them (the compiled lane for a plain SET or GET on LevelDB, on the
+worker threads or with ``--workers 0`` on the event loop; the Python path
+for the rest, or for all with ``--request-path python``), by exactly what
+was sent; the seconds histogram counts each command once, on whichever path
+ran it; and a metrics port that is taken stops the agent at start.
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ pytestmark = pytest.mark.timeout(120)
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-@pytest.fixture(params=["compiled", "python"])
+@pytest.fixture(params=[("compiled", "1"), ("compiled", "0"), ("python", "0")],
+                ids=("workers", "event-loop", "python"))
 def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[AgentProcess, int]]:
     """An agent holding `HELD`, with ``--fsync off`` so that the lane takes writes too."""
     port = listen_port()
-    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--fsync", "off", "--request-path", request.param,
-                      "--metrics-port", str(port), own=[str(HELD)], log_path=tmp_path / "agent.log") as proc:
+    path, workers = request.param
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--fsync", "off", "--request-path", path,
+                      "--workers", workers, "--metrics-port", str(port), own=[str(HELD)],
+                      log_path=tmp_path / "agent.log") as proc:
         yield proc, port
 
 
@@ -79,9 +83,11 @@ def test_requests_count_by_command_and_outcome_on_both_paths(agent: tuple[AgentP
     assert _delta(after, before, requests, command="get", outcome="error") == 0
     lane = _delta(after, before, m.COMPILED_REQUESTS.name)
     assert lane == (10 if compiled else 0)
-    python_sets = _delta(after, before, m.REQUEST_SECONDS.name + "_count", command="set")
-    assert python_sets == (5 if compiled else 10)
-    assert _delta(after, before, m.REQUEST_SECONDS.name + "_count", command="get") == (2 if compiled else 7)
+    seconds = m.REQUEST_SECONDS.name
+    for command, sent in (("set", 10), ("get", 7)):   # the lane's with the Python path's, each once
+        assert _delta(after, before, seconds + "_count", command=command) == sent
+        assert _delta(after, before, seconds + "_bucket", command=command, le="+Inf") == sent
+        assert 0 < _delta(after, before, seconds + "_sum", command=command) < sent * m.REQUEST_BUCKETS[-1]
     assert _delta(after, before, m.CONNECTIONS.name, event="opened") >= 1
     assert after[(m.KEYS.name, ())] == 5
     assert after[(m.STORE_BYTES.name, ())] > 0

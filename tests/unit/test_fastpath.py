@@ -1,4 +1,5 @@
-"""The compiled command parser against the Python one, its oracle (issue 13).
+"""The compiled command parser against the Python one, its oracle (issue 13);
+and the compiled lane's request-seconds histogram against `Latency`'s placement.
 
 Both parsers get the same random byte stream (well-formed commands, inline
 commands, blank lines, oversized arguments, broken headers, stray bytes) in
@@ -11,13 +12,17 @@ it ends a connection.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from client_lib.api.metrics import REQUEST_BUCKETS
 from client_lib.resp import BulkTooLarge, ProtocolError, encode_command
-from nat_agent._fastpath import CommandParser
+from nat_agent._fastpath import CommandParser, Histogram
+from nat_agent.latency import Latency
 from nat_agent.resp_commands import ArgLimit, ArgumentTooLarge
 from nat_agent.resp_commands import CommandParser as Oracle
 
@@ -145,3 +150,46 @@ def test_defaults_match_and_a_pipeline_parses_in_one_go() -> None:
     assert drained == _drain(theirs)
     assert drained == ([("bulk too large", f"bulk string of {(1 << 20) + 1} bytes exceeds the limit of "
                                             f"{1 << 20} bytes", (1 << 20) + 1, 1 << 20)], True)
+
+
+def _edges(bounds: tuple[float, ...]) -> list[float]:
+    """Each bound, the nearest floats on either side of it, 0 and far past the last."""
+    near = [v for b in bounds for v in (math.nextafter(b, 0.0), b, math.nextafter(b, math.inf))]
+    return [0.0, *near, bounds[-1] * 1000]
+
+
+@settings(max_examples=200)
+@given(extra=st.lists(st.floats(0.0, 10.0, allow_nan=False), max_size=30))
+def test_the_lane_histogram_places_seconds_as_latency_does(extra: list[float]) -> None:
+    """Bucket by bucket the same counts as the Python path's `Latency` for the
+    same observations (a value on a bound goes into that bound's bucket, as
+    Prometheus' ``le`` says), so the two add up into one histogram."""
+    compiled, python = Histogram(REQUEST_BUCKETS), Latency(REQUEST_BUCKETS)
+    for seconds in (*_edges(REQUEST_BUCKETS), *extra):
+        compiled.observe(seconds)
+        python.observe(seconds)
+    counts, total = compiled.snapshot()
+    assert counts == python.counts
+    assert total == pytest.approx(python.total, abs=1e-9 * (len(extra) + 40))  # summed in whole nanoseconds
+
+
+def test_a_lane_histogram_added_to_latency_is_one_histogram() -> None:
+    compiled, python = Histogram(REQUEST_BUCKETS), Latency(REQUEST_BUCKETS)
+    compiled.observe(REQUEST_BUCKETS[0])
+    compiled.observe(REQUEST_BUCKETS[-1] * 2)
+    python.observe(REQUEST_BUCKETS[1])
+    both = python.plus(*compiled.snapshot())
+    assert both.cumulative()[:2] == [(str(REQUEST_BUCKETS[0]), 1), (str(REQUEST_BUCKETS[1]), 2)]
+    assert both.cumulative()[-1] == ("+Inf", 3)
+    assert both.total == pytest.approx(REQUEST_BUCKETS[0] + REQUEST_BUCKETS[1] + REQUEST_BUCKETS[-1] * 2)
+    assert python.counts[0] == 0 and sum(python.counts) == 1   # a copy: the Python path's own is unchanged
+
+
+def test_a_lane_histogram_refuses_what_is_not_a_duration_or_bounds_out_of_order() -> None:
+    with pytest.raises(ValueError, match="ascend"):
+        Histogram([0.1, 0.1])
+    histogram = Histogram(REQUEST_BUCKETS)
+    for wrong in (-1e-9, math.nan):
+        with pytest.raises(ValueError, match="not a duration"):
+            histogram.observe(wrong)
+    assert histogram.snapshot() == ([0] * (len(REQUEST_BUCKETS) + 1), 0.0)

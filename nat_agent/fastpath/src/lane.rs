@@ -44,6 +44,7 @@ use pyo3::types::{PyBytes, PyDict};
 use crate::keys::Keyspace;
 use crate::ops::OpsCounts;
 use crate::parser::CommandParser;
+use crate::seconds::{Batch, Histogram};
 
 type Table = Vec<(u128, u128)>;
 
@@ -158,10 +159,14 @@ pub struct FastLane {
     view: Py<LaneView>,
     records: Records,
     stats: Py<PyDict>,
-    counters: Vec<(Vec<u8>, PyObject)>,
+    counters: Vec<Counter>,
     total: PyObject,
     ops: OpsCounts,
 }
+
+/// A command the lane takes on: its name (upper case, as the service names
+/// it), the `stats` key it counts under, and the seconds it takes here.
+type Counter = (Vec<u8>, PyObject, Py<Histogram>);
 
 /// The ID is inside one of the table's sorted, disjoint ranges.
 fn within(table: &Table, id: u128) -> bool {
@@ -183,7 +188,8 @@ impl FastLane {
     /// answer, kept current by the service; `access`: the store's records
     /// (`nat_agent.store.RecordAccess`; writes are taken on only if its
     /// `unsynced` is None, i.e. no write waits for a sync); `stats`: the service's counters,
-    /// `counters` the name each command counts under, `total` the name
+    /// `counters` the name each command counts under and the histogram of
+    /// the seconds it takes here (`Histogram`), `total` the name
     /// everything this lane answered counts under; `buckets`: how the
     /// requests it serves are counted by ID (`nat_agent.ops_meter.Buckets`).
     #[new]
@@ -194,7 +200,7 @@ impl FastLane {
         view: Py<LaneView>,
         access: &Bound<'_, PyAny>,
         stats: Py<PyDict>,
-        counters: Vec<(Vec<u8>, PyObject)>,
+        counters: Vec<Counter>,
         total: PyObject,
         buckets: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
@@ -259,14 +265,15 @@ impl FastLane {
         let tables = view.tables();
         let start = out.len();
         let mut counts = vec![0u64; self.counters.len()];
+        let mut seconds = Batch::start();
         let taken = parser.take_leading(py, |buf, args| {
-            out.len() - start < budget && self.execute(py, &tables, buf, args, resp3, out, &mut counts)
+            out.len() - start < budget && self.execute(py, &tables, buf, args, resp3, out, &mut counts, &mut seconds)
         });
         if taken == 0 {
             return Ok(0);
         }
         let stats = self.stats.bind(py);
-        let named = self.counters.iter().map(|(_, key)| key).zip(counts);
+        let named = self.counters.iter().map(|(_, key, _)| key).zip(counts);
         for (key, n) in named.chain([(&self.total, taken as u64)]) {
             if n > 0 {
                 // The dict's own slots, not Counter's methods: a missing key is 0.
@@ -280,10 +287,11 @@ impl FastLane {
         Ok(taken)
     }
 
-    /// One command; false if declined (nothing done, nothing written).
+    /// One command; false if declined (nothing done, nothing written). One
+    /// answered is counted in `counts` and timed in `seconds`.
     #[allow(clippy::too_many_arguments)]
-    fn execute(
-        &self,
+    fn execute<'a>(
+        &'a self,
         py: Python<'_>,
         tables: &Tables,
         buf: &[u8],
@@ -291,9 +299,10 @@ impl FastLane {
         resp3: bool,
         out: &mut Vec<u8>,
         counts: &mut [u64],
+        seconds: &mut Batch<'a>,
     ) -> bool {
         let arg = |i: usize| &buf[args[i].0..args[i].1];
-        let Some(counter) = self.counters.iter().position(|(known, _)| known.eq_ignore_ascii_case(arg(0))) else {
+        let Some(counter) = self.counters.iter().position(|(known, _, _)| known.eq_ignore_ascii_case(arg(0))) else {
             return false;
         };
         let name = self.counters[counter].0.as_slice(); // as the service names it: upper case
@@ -324,6 +333,7 @@ impl FastLane {
         };
         if done {
             counts[counter] += 1;
+            seconds.answered(self.counters[counter].2.get());
         }
         done
     }

@@ -14,6 +14,8 @@
 //!   replicated write is under way, pushed by Python through its methods.
 //! * `OpsCounts` (`ops.rs`) counts what the lane served per bucket of the ID
 //!   space, for the admin API's `POST /ops`.
+//! * `Histogram` (`seconds.rs`) keeps the seconds each command took on the
+//!   lane, lock-free, for the agent's Prometheus metrics.
 //!
 //! The first piece was the RESP *command* parser the service runs on every
 //! byte a client sends: `CommandParser` is a drop-in for the Python
@@ -30,6 +32,7 @@ mod number;
 mod ops;
 mod parser;
 mod pyrepr;
+mod seconds;
 mod server;
 
 use pyo3::prelude::*;
@@ -41,6 +44,7 @@ fn _fastpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<keys::Keyspace>()?;
     m.add_class::<lane::LaneView>()?;
     m.add_class::<lane::FastLane>()?;
+    m.add_class::<seconds::Histogram>()?;
     m.add_class::<server::ServiceLoop>()?;
     Ok(())
 }
