@@ -92,6 +92,7 @@ def test_importing_the_scenarios_leaves_new_loggers_standard() -> None:
     import logging
 
     import mininet.log  # noqa: F401
+
     import mininet_scenarios  # noqa: F401
 
     logger = logging.getLogger("metaflow.test.after-mininet")
