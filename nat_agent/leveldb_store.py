@@ -310,8 +310,8 @@ class LevelDBStore(Store):
         await self._durable(removed)
         return len(removed)
 
-    def disk_bytes(self) -> int | None:
-        with os.scandir(self.path) as files:
+    async def size_bytes(self) -> int:
+        with os.scandir(self.path) as files:   # a few dozen files: not worth a thread
             return sum(f.stat().st_size for f in files if f.is_file())
 
     def disk_syncs(self) -> Latency | None:

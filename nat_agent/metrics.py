@@ -53,12 +53,14 @@ def _gauge(family: m.Family) -> GaugeMetricFamily:
 
 
 class AgentCollector(Collector):
-    """One agent's families; `keys` is set by the scrape (the store counts asynchronously)."""
+    """One agent's families; `keys` and `size` are set by the scrape (the store
+    counts and measures itself asynchronously: a Redis store asks its server)."""
 
     def __init__(self, service: MetadataService, replica: ReplicaServer, syncs: Syncs,
                  migrator: Migrator) -> None:
         self.service, self.replica, self.syncs, self.migrator = service, replica, syncs, migrator
         self.keys = 0
+        self.size = 0
 
     def collect(self) -> Iterator[Metric]:
         service = self.service
@@ -86,9 +88,7 @@ class AgentCollector(Collector):
         yield GaugeMetricFamily(m.CONNECTIONS_OPEN.name, m.CONNECTIONS_OPEN.help,
                                 value=service.open_connections())
         yield GaugeMetricFamily(m.KEYS.name, m.KEYS.help, value=self.keys)
-        size = service.store.disk_bytes()
-        if size is not None:
-            yield GaugeMetricFamily(m.STORE_BYTES.name, m.STORE_BYTES.help, value=size)
+        yield GaugeMetricFamily(m.STORE_BYTES.name, m.STORE_BYTES.help, value=self.size)
         roles = service.ownership.roles
         held = _gauge(m.BLOCKS_HELD)
         held.add_metric(["primary"], sum(r.primary for r in roles))
@@ -98,10 +98,12 @@ class AgentCollector(Collector):
         yield _from(_counter(m.REPLICATION), replicator.stats, {o: o for o in REPLICATION_OUTCOMES})
         yield GaugeMetricFamily(m.REPLICATION_WRITING.name, m.REPLICATION_WRITING.help,
                                 value=len(replicator.writing))
-        queue = _gauge(m.REPLICATION_QUEUE)
-        for address, waiting in sorted(replicator.queues().items()):
-            queue.add_metric([address], waiting)
+        queue, lag = _gauge(m.REPLICATION_QUEUE), _gauge(m.REPLICATION_LAG)
+        for address, backlog in sorted(replicator.queues().items()):
+            queue.add_metric([address], backlog.waiting)
+            lag.add_metric([address], backlog.oldest_s)
         yield queue
+        yield lag
         yield _from(_counter(m.REPLICA_APPLIED), self.replica.stats, {how: how for how in REPLICA_RECORDS})
         yield _states(m.SYNCS, [r.state for r in self.syncs.reports()])
         yield _states(m.MIGRATIONS, [r.state for r in self.migrator.reports()])
@@ -139,7 +141,9 @@ class AgentMetrics:
 
     async def scrape(self) -> bytes:
         """One scrape, in Prometheus' text format."""
-        self.collector.keys = await self.collector.service.store.total()
+        store = self.collector.service.store
+        self.collector.keys = await store.total()
+        self.collector.size = await store.size_bytes()
         return generate_latest(self.registry)
 
     async def _handle(self, request: web.Request) -> web.Response:

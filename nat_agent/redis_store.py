@@ -489,6 +489,15 @@ class RedisStore(Store):
     async def total(self) -> int:
         return cast(int, await self._conn.call(b"ZCARD", self._index))
 
+    async def size_bytes(self) -> int:
+        """The server's ``used_memory``: Redis holds its whole data set in memory,
+        and that (not its append-only file, which a rewrite shrinks at will, nor
+        the keys under this prefix alone, which only a scan could add up) is what
+        fills up and what ``maxmemory`` limits."""
+        info = cast(bytes, await self._conn.call(b"INFO", b"memory"))
+        fields = dict(line.partition(b":")[::2] for line in info.splitlines())
+        return int(fields[b"used_memory"])   # in every Redis's INFO memory
+
     async def load_state(self) -> dict[str, Any] | None:
         raw = cast(bytes | None, await self._conn.call(b"GET", self._state))
         return None if raw is None else cast(dict[str, Any], json.loads(raw))

@@ -58,7 +58,7 @@ import asyncio
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from client_lib.api.auth import AUTH_HEADER, SIGNATURE_HEADER, Signer, Verifier
 from client_lib.cidr import Block
@@ -192,7 +192,9 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, link: Link) -> None:
         self.link = link
-        self.waiters: deque[tuple[Waiter, object]] = deque()
+        self.waiters: deque[tuple[Waiter, object, float]] = deque()
+        """Who waits for each command sent and not answered yet, in order, with
+        the loop's time it was sent at (the oldest's age is the member's lag)."""
         self.outbox: list[bytes] = []
         self.ready = False          # the listener proved it holds the secret: the outbox may go
         self.flushing = False       # a flush is scheduled for the end of this turn
@@ -204,7 +206,7 @@ class _Connection(asyncio.Protocol):
         self.opening = self.loop.create_task(self._open(), name=f"link-{link.address}")
 
     def send(self, payload: bytes, waiter: Waiter, tag: object) -> None:
-        self.waiters.append((waiter, tag))
+        self.waiters.append((waiter, tag, self.loop.time()))
         self.outbox.append(payload)
         if self.ready and not self.flushing:
             self.flushing = True
@@ -249,7 +251,7 @@ class _Connection(asyncio.Protocol):
             if not self.ready:
                 self._welcome(reply)
             elif self.waiters:
-                waiter, tag = self.waiters.popleft()
+                waiter, tag, _ = self.waiters.popleft()
                 waiter.settle(tag, reply)
             else:
                 self.fail(ConnectionError(f"{self.link.address} answered a command never sent"))
@@ -280,7 +282,7 @@ class _Connection(asyncio.Protocol):
         if not self.opening.done() and self.opening is not asyncio.current_task():
             self.opening.cancel()
         waiters, self.waiters = self.waiters, deque()
-        for waiter, tag in waiters:
+        for waiter, tag, _ in waiters:
             waiter.settle(tag, exc)
 
 
@@ -367,6 +369,13 @@ class Write:
             self.owner.link(peer).reset(f"no answer from {peer.name} within {self.owner.timeout:g} s")
 
 
+class Backlog(NamedTuple):
+    """What a member's listener has not answered yet (`Replicator.queues`)."""
+
+    waiting: int
+    oldest_s: float
+
+
 class Replicator:
     """This agent's streams to the members of the sets it is the primary of."""
 
@@ -385,10 +394,16 @@ class Replicator:
         self.on_member_failure: MemberFailure | None = None
         self._links: dict[str, Link] = {}
 
-    def queues(self) -> dict[str, int]:
-        """Commands sent to each member's listener (by address) not answered yet."""
-        return {address: len(link.connection.waiters) if link.connection is not None else 0
-                for address, link in self._links.items()}
+    def queues(self) -> dict[str, Backlog]:
+        """Per member's listener (by address): the commands sent to it not
+        answered yet, and for how long the oldest of them has waited (the
+        member's lag, 0 when nothing waits). Read at scrape time, on the loop."""
+        now = asyncio.get_running_loop().time()
+        out = {}
+        for address, link in self._links.items():
+            waiters = link.connection.waiters if link.connection is not None else None
+            out[address] = Backlog(len(waiters), now - waiters[0][2]) if waiters else Backlog(0, 0.0)
+        return out
 
     def link(self, peer: Peer) -> Link:
         link = self._links.get(peer.address)

@@ -304,10 +304,10 @@ class Store(ABC):
     async def delete_range(self, first: int, last: int) -> int:
         """Remove every record of ``[first, last]``; returns how many were removed."""
 
-    def disk_bytes(self) -> int | None:
-        """Bytes the store's files take on disk; None where it has none of its own
-        (a Redis server's are its own business)."""
-        return None
+    @abstractmethod
+    async def size_bytes(self) -> int:
+        """Bytes the store takes, as an operator sizes it: an embedded store's
+        files on disk, a Redis server's memory (`client_lib.api.metrics.STORE_BYTES`)."""
 
     def disk_syncs(self) -> Latency | None:
         """How long the syncs shared by concurrent writes took (``--fsync batch``

@@ -115,7 +115,9 @@ CONNECTIONS = Family("metaflow_agent_connections_total", "counter",
                      "--max-clients, timed out, dropped)", ("event",))
 KEYS = Family("metaflow_agent_keys", "gauge", "records the store holds (primaries' and backups')")
 STORE_BYTES = Family("metaflow_agent_store_bytes", "gauge",
-                     "bytes the store's files take on disk (an embedded LevelDB store; absent for Redis)")
+                     "bytes the store takes: LevelDB, its files on disk; Redis, the redis-server's "
+                     "used_memory (INFO memory: the data set it holds in memory, which maxmemory "
+                     "limits; a shared server's other users included)")
 BLOCKS_HELD = Family("metaflow_agent_blocks", "gauge", "blocks held, by role (primary, backup)", ("role",))
 REPLICATION = Family("metaflow_agent_replication_writes_total", "counter",
                      "replicated writes by outcome (streamed, acknowledged, not_acknowledged, resent, "
@@ -124,6 +126,9 @@ REPLICATION_WRITING = Family("metaflow_agent_replication_writes_in_flight", "gau
                              "writes under way: streamed and not yet acknowledged by every synced member")
 REPLICATION_QUEUE = Family("metaflow_agent_replication_queue", "gauge",
                            "commands sent to the backup not answered yet", ("backup",))
+REPLICATION_LAG = Family("metaflow_agent_replication_lag_seconds", "gauge",
+                         "seconds the oldest command sent to the backup (a write or a sync's copy) has "
+                         "waited for its answer; 0 when none waits", ("backup",))
 REPLICA_APPLIED = Family("metaflow_agent_replica_records_total", "counter",
                          "records this agent took as a backup, by how (applied, copied, copies_skipped)",
                          ("how",))
@@ -137,5 +142,5 @@ DISK_SYNC_SECONDS = Family("metaflow_agent_disk_sync_seconds", "histogram",
 
 AGENT: tuple[Family, ...] = (
     REQUESTS, COMPILED_REQUESTS, REQUEST_SECONDS, REJECTED, CONNECTIONS_OPEN, CONNECTIONS, KEYS, STORE_BYTES,
-    BLOCKS_HELD, REPLICATION, REPLICATION_WRITING, REPLICATION_QUEUE, REPLICA_APPLIED, SYNCS, MIGRATIONS,
-    DISK_SYNC_SECONDS)
+    BLOCKS_HELD, REPLICATION, REPLICATION_WRITING, REPLICATION_QUEUE, REPLICATION_LAG, REPLICA_APPLIED, SYNCS,
+    MIGRATIONS, DISK_SYNC_SECONDS)

@@ -5,12 +5,19 @@ answered them (the compiled lane for a plain SET or GET on LevelDB, on the
 worker threads or with ``--workers 0`` on the event loop; the Python path
 for the rest, or for all with ``--request-path python``), by exactly what
 was sent; the seconds histogram counts each command once, on whichever path
-ran it; and a metrics port that is taken stops the agent at start.
+ran it; a metrics port that is taken stops the agent at start; a Redis
+store's size is its server's memory; and a paused backup shows as the
+primary's replication lag, for as long as it is paused, and as 0 again once
+it answers.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +31,8 @@ from client_lib.cidr import Block
 from client_lib.mdid import mdid
 from mininet_scenarios.daemons import AgentProcess
 from nat_agent.ports import listen_port
+from tests.integration.test_replication import SPACE as REPLICATED
+from tests.integration.test_replication import _pair
 
 SPACE = Block.parse("100.64.0.0/10")
 HELD = Block.parse("100.64.0.0/11")
@@ -121,3 +130,57 @@ def test_writes_synced_in_groups_show_their_disk_sync_seconds(tmp_path: Path) ->
     synced = _delta(after, before, m.DISK_SYNC_SECONDS.name + "_count")
     assert synced >= 5
     assert _delta(after, before, m.DISK_SYNC_SECONDS.name + "_sum") > 0
+
+
+def test_a_redis_store_is_as_big_as_its_servers_memory(tmp_path: Path, redis_server: str,
+                                                        redis_prefix: str) -> None:
+    port = listen_port()
+    with AgentProcess(f"{redis_server}/0?prefix={redis_prefix}", "--metrics-port", str(port),
+                      own=[str(HELD)], log_path=tmp_path / "agent.log") as proc:
+        with redis.Redis(proc.host, proc.port, single_connection_client=True) as r:
+            for path in _paths(HELD, 5):
+                assert r.set(path, b"v" * 1000) is True
+        size = scrape(port)[(m.STORE_BYTES.name, ())]
+    with redis.Redis.from_url(redis_server) as server:
+        used = server.info("memory")["used_memory"]
+    assert 0.8 * used < size < 1.2 * used   # the same server, read a moment apart
+
+
+def test_a_paused_backup_shows_as_replication_lag_until_it_answers(tmp_path: Path,
+                                                                    cluster_secret: Path) -> None:
+    port = listen_port()
+    # A replication timeout far past the pause: the write waits instead of failing the block.
+    with AgentProcess(f"leveldb:{tmp_path / 'a'}", "--metrics-port", str(port), "--replication-timeout", "60",
+                      own=[str(REPLICATED)], log_path=tmp_path / "a.log", secret_file=cluster_secret) as a, \
+            AgentProcess(f"leveldb:{tmp_path / 'b'}", log_path=tmp_path / "b.log",
+                         secret_file=cluster_secret) as b:
+        _pair(a, b)
+        lag, queue = (m.REPLICATION_LAG.name, (("backup", b.replication),)), \
+            (m.REPLICATION_QUEUE.name, (("backup", b.replication),))
+        with redis.Redis(a.host, a.port, single_connection_client=True) as r:
+            assert r.set("/lag/warm", b"v") is True   # the link to b is up: what follows waits on b alone
+        assert scrape(port)[lag] == 0
+        assert b.proc is not None
+        os.kill(b.proc.pid, signal.SIGSTOP)
+        paused = time.monotonic()
+        try:
+            outcome: list[bool | None] = []
+
+            def write() -> None:
+                with redis.Redis(a.host, a.port, single_connection_client=True, socket_timeout=60) as r:
+                    outcome.append(r.set("/lag/x", b"while paused"))
+
+            writing = threading.Thread(target=write)
+            writing.start()
+            time.sleep(1.5)
+            during = scrape(port)
+            assert 1.0 < during[lag] <= time.monotonic() - paused
+            assert during[queue] == 1
+            time.sleep(0.5)
+            assert scrape(port)[lag] > during[lag] + 0.4   # it grows while the backup is paused
+        finally:
+            os.kill(b.proc.pid, signal.SIGCONT)
+        writing.join(30)
+        assert outcome == [True]   # acknowledged once the backup had it
+        after = scrape(port)
+        assert after[lag] == 0 and after[queue] == 0
