@@ -55,7 +55,13 @@ def test_a_new_rack_joins_the_running_fabric_and_takes_the_next_splits(tmp_path)
         assert all(tree.leaves[name].state == "idle" for name in rack)
         (added,) = mf.events("rack-added")
         assert added["switches"] == [whole.nodes[rack_switch]["dpid"]], added
-        assert not mf.events("server-not-joined")
+        # A rack discovered only in part when the topology first went quiet (LLDP
+        # finds a switch's links one by one; slower on a loaded machine) is
+        # refused once with the reason and tried again at the next change:
+        # only the new rack's servers may have been refused, and all of them
+        # have joined since (above).
+        refused = mf.events("server-not-joined")
+        assert {e["server"] for e in refused} <= rack, refused
         wait_for(lambda: mf.events("rack-programmed"), 30)
         assert mf.flow_counts()[rack_switch]["uprules"] > 0
 
