@@ -37,7 +37,7 @@ from controller.ofmsgs import (
 )
 from controller.settings import from_args
 from controller.settings import parser as settings_parser
-from controller.steps import ArpIn, LinkUp, PacketOut, SwitchError, SwitchUp, Tick
+from controller.steps import ArpIn, LinkUp, PacketOut, PortDown, SwitchError, SwitchUp, Tick
 from tests.unit.controller_world import FakeSwitch, World, sample_ids
 from topology.builders import fat_tree, port, storage_hosts, two_tier
 
@@ -237,9 +237,14 @@ def test_hybrid_mode_asks_for_unlocated_servers_out_of_edge_ports_until_they_ans
     world.post(ArpIn(*where, ArpMessage(g.nodes[first]["ip"], g.nodes[first]["mac"], GATEWAY, False)))
     world.run()
     assert world.core.inventory.hosts[g.nodes[first]["ip"]].dpid == where[0]
+    down = next(k for k, h in at.items() if h == servers[1])
+    world.post(PortDown(*down))   # a port that is down is not asked through
+    world.run()
     world.advance(2.0)
-    targets = {packet.Packet(p.data).get_protocol(arp.arp).dst_ip for p in _probes(world)}
-    assert targets == {g.nodes[s]["ip"] for s in servers[1:]}
+    again = _probes(world)
+    assert {packet.Packet(p.data).get_protocol(arp.arp).dst_ip for p in again} == {
+        g.nodes[s]["ip"] for s in servers[1:]}
+    assert {(p.dpid, p.port) for p in again} == set(at) - {down}
 
 
 def test_full_mode_never_probes():
