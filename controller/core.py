@@ -489,13 +489,16 @@ class MetaFlowCore:
         return []
 
     def _probe(self, now: float) -> list[Step]:
-        """Hybrid mode: ask for every registered storage server the data plane
-        does not reach yet, out of every edge port (`arp.probe`), every
-        PROBE_INTERVAL_S; its answer to the gateway locates it (`_arp`)."""
+        """Hybrid mode: ask for every storage server the data plane does not
+        reach yet, out of every edge port (`arp.probe`), every
+        PROBE_INTERVAL_S; its answer to the gateway locates it (`_arp`). Only
+        servers heard from lately (registered or beating, failed ones too,
+        which rejoin once located): a dead one is not asked for forever."""
         if self.settings.mode != "hybrid" or now - self._probed < PROBE_INTERVAL_S:
             return []
+        heard = max(self.settings.heartbeat_timeout_s, PROBE_INTERVAL_S)
         targets = sorted(s.data_ip for s in self.registry.servers.values()
-                         if not self.inventory.attached(s.data_ip))
+                         if now - s.last_seen <= heard and not self.inventory.attached(s.data_ip))
         if not targets:
             return []
         self._probed = now

@@ -245,6 +245,8 @@ def test_hybrid_mode_asks_for_unlocated_servers_out_of_edge_ports_until_they_ans
     assert {packet.Packet(p.data).get_protocol(arp.arp).dst_ip for p in again} == {
         g.nodes[s]["ip"] for s in servers[1:]}
     assert {(p.dpid, p.port) for p in again} == set(at) - {down}
+    world.advance(world.settings.heartbeat_timeout_s + 0.1)   # the rest fell silent: dead, not asked for
+    assert _probes(world) == []
 
 
 def test_full_mode_never_probes():
