@@ -44,7 +44,6 @@ from client_lib.api.rest import (
     Registered,
 )
 from client_lib.cidr import Block
-from client_lib.constants import COOKIE_NORMAL
 from client_lib.errors import Conflict, NotFound
 from controller import arp, ofmsgs
 from controller.build import build, build_saga
@@ -339,10 +338,9 @@ class MetaFlowCore:
         """A switch that refuses hybrid mode's NORMAL entry forwards nothing
         of the fabric's own traffic: said at connect, by name, not found
         later by lost packets. Other refusals are the shim's to count."""
-        refused = ofmsgs.refused_flow_mod(event.error_type, event.error_code, event.data)
-        if refused is not None and refused.cookie == COOKIE_NORMAL:
+        if ofmsgs.refuses_normal(event.error_type, event.error_code, event.data):
             self.world.event("normal-refused", logging.ERROR, switch=self.inventory.name(event.dpid),
-                             error=f"type {refused.error_type} code {refused.error_code}",
+                             error=f"type {event.error_type} code {event.error_code}",
                              note="hybrid mode needs the NORMAL action: this switch forwards only "
                                   "MetaFlow's entries; run it in full mode or replace it")
         return []

@@ -98,14 +98,14 @@ def test_hybrid_mode_names_a_switch_that_refuses_normal_at_connect(tmp_path: Pat
     try:
         api = ApiClient(f"http://127.0.0.1:{rest_port}", load_secret(secret), timeout=5)
         deadline = time.monotonic() + 30
-        while True:   # the OpenFlow port is open once REST answers (both start before the app runs)
+        while True:   # REST answers, then os-ken opens the OpenFlow port
             try:
                 api.call(REST.tree)
+                switch = RefusingSwitch(of_port)
                 break
-            except ApiError:
+            except (ApiError, ConnectionRefusedError):
                 assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()
                 time.sleep(0.2)
-        switch = RefusingSwitch(of_port)
         events: list[dict] = []
         while not events:
             switch.serve(0.5)

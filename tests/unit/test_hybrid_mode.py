@@ -31,7 +31,7 @@ from controller.ofmsgs import (
     base_messages,
     diff_messages,
     installed,
-    refused_flow_mod,
+    refuses_normal,
     resync_messages,
     route_messages,
 )
@@ -155,16 +155,18 @@ def test_full_to_hybrid_deletes_our_routes_and_catch_all_arp_and_back_again():
 # -- a switch that refuses NORMAL ------------------------------------------------------
 
 
-def test_the_refused_flow_mod_is_read_from_the_errors_data():
-    normal = next(m for m in base_messages("hybrid", GATEWAY) if m.cookie == COOKIE_NORMAL)
+def test_a_refused_normal_is_read_from_the_errors_data():
+    normal, arp_entry = (next(m for m in base_messages("hybrid", GATEWAY) if m.cookie == cookie_)
+                         for cookie_ in (COOKIE_NORMAL, COOKIE_BASE))
     wire = _wire(normal)
     for data in (wire, wire[:64]):   # OVS returns it whole; OF1.0 promises 64 bytes
-        refused = refused_flow_mod(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT, data)
-        assert refused is not None and (refused.cookie, refused.priority) == (COOKIE_NORMAL, 0)
-        assert (refused.error_type, refused.error_code) == (ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT)
-    assert refused_flow_mod(ofp.OFPET_BAD_ACTION, 0, wire[:63]) is None
+        assert refuses_normal(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT, data)
+    assert not refuses_normal(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT, wire[:63])
+    assert not refuses_normal(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT, _wire(arp_entry))
+    # A switch that holds this controller as a slave refuses every flow mod: the role, not NORMAL.
+    assert not refuses_normal(ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_EPERM, wire)
     barrier = parser.OFPBarrierRequest(None)
-    assert refused_flow_mod(ofp.OFPET_BAD_REQUEST, 0, _wire(barrier) + bytes(64)) is None
+    assert not refuses_normal(ofp.OFPET_BAD_REQUEST, 0, _wire(barrier) + bytes(64))
 
 
 def test_a_switch_refusing_normal_is_reported_by_name_at_connect(caplog):
