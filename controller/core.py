@@ -270,6 +270,10 @@ class MetaFlowCore:
         if isinstance(event, LinkUp):
             if inv.link_up(event.a, event.port_a, event.b, event.port_b):
                 self.last_change = self.clock()
+                for stray in inv.forget_hosts_at(((event.a, event.port_a), (event.b, event.port_b))):
+                    self.world.event("host-forgotten", logging.WARNING, ip=stray.ip,
+                                     at=f"{stray.dpid}:{stray.port}",
+                                     why="its port carries a switch-to-switch link")
             return []
         if isinstance(event, LinkDown):
             if inv.link_down(event.a, event.port_a, event.b, event.port_b):
@@ -350,8 +354,13 @@ class MetaFlowCore:
         reach yet, out of every edge port (`arp.probe`), every
         PROBE_INTERVAL_S; its answer to the gateway locates it (`_arp`). Only
         servers heard from lately (registered or beating, failed ones too,
-        which rejoin once located): a dead one is not asked for forever."""
-        if self.settings.mode != "hybrid" or now - self._probed < PROBE_INTERVAL_S:
+        which rejoin once located): a dead one is not asked for forever. Only
+        once the topology has been quiet for --settle: every switch then
+        holds the gateway entry, and LLDP has found the links, so a probe
+        leaves by host ports only and the answer is caught by the server's
+        own switch."""
+        if self.settings.mode != "hybrid" or now - self._probed < PROBE_INTERVAL_S \
+                or now - self.last_change < self.settings.settle_s:
             return []
         heard = max(self.settings.heartbeat_timeout_s, PROBE_INTERVAL_S)
         targets = sorted(s.data_ip for s in self.registry.servers.values()
