@@ -103,8 +103,12 @@ class MetaFlowCore:
     """Dispatch and tick policy; what the sagas share is `world`."""
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic,
-                 recorder: Recorder | None = None) -> None:
-        """`recorder`: where ended operations and moves are said (`controller.telemetry`)."""
+                 recorder: Recorder | None = None, term: int = 0, first_id: int = 1) -> None:
+        """`recorder`: where ended operations and moves are said (`controller.telemetry`).
+        `term`: the leader's (0: the one controller without etcd). `first_id`:
+        of the steps this core issues; a core that replaces another (a
+        takeover, a demotion) starts above the old one's, so a late outcome
+        of an old step is never taken for one of the new core's."""
         self.settings = settings
         self.clock = clock
         self.recorder = recorder or NoRecorder()
@@ -112,10 +116,11 @@ class MetaFlowCore:
         self.registry = Registry(settings.space)
         self.operations = Operations(self._issue)
         self.world = SagaWorld(settings, clock, self.registry, self.inventory, self.operations, self.recorder)
+        self.world.term = term
         self.graph: nx.Graph | None = None
         self.classification: Classification | None = None
         self.last_change = clock()
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(first_id)
         self._loose: dict[int, str] = {}   # steps no operation waits for: what they were
         self._routing: dict[str, set[int]] = {}
         """Hosts just learned: the route steps toward them not yet confirmed."""
@@ -207,6 +212,10 @@ class MetaFlowCore:
     def _issue(self, step: Step) -> int:
         step.id = next(self._ids)
         return step.id
+
+    def next_id(self) -> int:
+        """Above every step id this core issued: a successor core's `first_id`."""
+        return next(self._ids)
 
     def _loose_steps(self, steps: Iterable[Step], what: str) -> list[Step]:
         """Steps no operation waits for; a failure is only logged."""

@@ -168,3 +168,18 @@ def resync_messages(have: Table, have_routes: dict[str, int],
     changed, deleted = diff_routes(have_routes, want_routes)
     return (base_messages() + diff_messages(diff_tables(have, {e.match: e for e in want}))
             + route_messages(changed, deleted))
+
+
+def role_request(leading: bool) -> Any:
+    """The Nicira role request (NXT_ROLE_REQUEST) a controller sends a switch
+    before anything else: MASTER from the leader, SLAVE from a standby (whose
+    flow mods and packet-outs the switch then refuses, and which gets no
+    packet-ins, only port status)."""
+    return parser.NXTRoleRequest(None, ofp.NX_ROLE_MASTER if leading else ofp.NX_ROLE_SLAVE)
+
+
+def refuses_role(error_type: int, data: bytes) -> bool:
+    """An OpenFlow error that refuses our role request: a switch without the
+    Nicira extension (not Open vSwitch) answers with a bad-request error
+    carrying the start of our request, a vendor message (OFPT_VENDOR)."""
+    return error_type == ofp.OFPET_BAD_REQUEST and len(data) >= 2 and data[1] == ofp.OFPT_VENDOR
