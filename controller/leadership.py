@@ -33,6 +33,11 @@ TERM_SHIFT = 32
 of a newer leader is above every epoch of an older one."""
 MAX_TERM = (1 << 31) - 1
 """The highest term an epoch can carry (epochs stay below 2**63, a signed 64-bit integer)."""
+DEFAULT_ETCD_PREFIX = "/metaflow"
+"""etcd keys of one cluster start with it (`--etcd-prefix`); the leader's is `PREFIX/leader`."""
+DEFAULT_LEASE_TTL_S = 1
+"""The leader's lease (`--lease-ttl`): short, for the 3 s takeover target; etcd
+must allow it (its minimum is 1.5 election timeouts: docs/ha.md)."""
 MARGIN_SHARE = 0.2
 """Of the TTL, how much earlier than the lease's bound a leader stops leading."""
 
@@ -68,6 +73,8 @@ class Leadership:
     """The term while leading, or the last term led (0: never)."""
     leader_url: str | None = None
     """The leader's REST URL as etcd has it (this controller's own when leading)."""
+    own_url: str | None = None
+    """This controller's REST URL (`--advertise-url`): a standby never names itself as the leader."""
     etcd_reachable: bool = False
     reason: str = "not elected yet"
     """Why this controller is a standby (said in the view and the log)."""
