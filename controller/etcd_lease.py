@@ -143,7 +143,8 @@ class EtcdElection:
         was = self.leadership.etcd_reachable
         self.leadership.unreachable(f"{where.host}:{where.port}: {type(exc).__name__}")
         if was:
-            log.warning("etcd at %s:%d unreachable (%s); %s", where.host, where.port, exc,
+            log.warning("etcd at %s:%d unreachable (%s: %s); %s", where.host, where.port,
+                        type(exc).__name__, exc,
                         "leading until the lease runs out" if self.leadership.leads() else "standby")
         if self._lease is not None and not self.leadership.leads():
             self._lose("the lease ran out while etcd was unreachable")

@@ -76,8 +76,7 @@ class Leadership:
     own_url: str | None = None
     """This controller's REST URL (`--advertise-url`): a standby never names itself as the leader."""
     etcd_reachable: bool = False
-    reason: str = "not elected yet"
-    """Why this controller is a standby (said in the view and the log)."""
+    _reason: str = field(default="not elected yet", repr=False)
     takeovers: int = 0
     """How often this controller became the leader."""
     _until: float | None = field(default=None, repr=False)
@@ -93,7 +92,16 @@ class Leadership:
     @classmethod
     def alone(cls) -> Leadership:
         """The one controller without a coordination service: leads at term 0."""
-        return cls(None, reason="")
+        return cls(None)
+
+    @property
+    def reason(self) -> str:
+        """Why this controller is a standby (said in the view and the log); "" while leading."""
+        if self.leads():
+            return ""
+        if self._until is not None:
+            return "the lease ran out on this controller's clock"
+        return self._reason
 
     @property
     def coordinated(self) -> bool:
@@ -112,7 +120,7 @@ class Leadership:
     def elected(self, term: int, sent_at: float, url: str) -> None:
         """etcd created the leader key on our lease; `sent_at`: when the lease's grant was sent."""
         epoch_floor(term)   # refuses a term an epoch cannot carry
-        self.term, self.leader_url, self.etcd_reachable, self.reason = term, url, True, ""
+        self.term, self.leader_url, self.etcd_reachable = term, url, True
         self._until = self._bound(sent_at)
         self.takeovers += 1
 
@@ -125,19 +133,18 @@ class Leadership:
     def lost(self, reason: str) -> None:
         """The lease is gone (etcd said so, or it ran out on our clock)."""
         self._until = None
-        self.reason = reason
+        self._reason = reason
 
     def follow(self, leader_url: str | None) -> None:
         """A standby that reached etcd: the leader is `leader_url` (None: nobody yet)."""
         self.leader_url, self.etcd_reachable = leader_url, True
-        self.reason = f"following {leader_url}" if leader_url else "no leader yet: campaigning"
+        self._reason = f"following {leader_url}" if leader_url else "no leader yet: campaigning"
 
     def unreachable(self, why: str) -> None:
         """etcd did not answer: a standby stays one (and says so); a leader
         keeps leading only until its clock bound, which nothing extends now."""
         self.etcd_reachable = False
-        if not self.leads():
-            self.reason = f"etcd unreachable: {why}"
+        self._reason = f"etcd unreachable: {why}"
 
     def _bound(self, sent_at: float) -> float:
         assert self.ttl_s is not None and self.margin_s is not None

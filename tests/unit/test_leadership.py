@@ -66,8 +66,9 @@ def test_a_paused_leader_that_wakes_finds_it_leads_no_more_before_anything_else(
     clock = Clock()
     lead = Leadership(1.0, clock)
     lead.elected(3, 100.0, "u")
+    assert lead.reason == ""
     clock.now = 130.0   # SIGSTOP for half a minute
-    assert not lead.leads()
+    assert not lead.leads() and lead.reason == "the lease ran out on this controller's clock"
     lead.lost("the lease ran out")
     lead.renewed(130.0)   # a renewal of a lost lease does not bring it back
     assert not lead.leads() and lead.reason == "the lease ran out"
