@@ -59,6 +59,7 @@ from controller.steps import (
     ArpIn,
     CallAgent,
     Event,
+    HostsSeen,
     LinkDown,
     LinkUp,
     PacketOut,
@@ -77,6 +78,14 @@ from controller.steps import (
 from controller.telemetry import Gauges
 
 log = logging.getLogger("metaflow.controller.app")
+
+# os-ken's handshake handler reads `ofproto.OFPET_EXPERIMENTER` on every error a
+# switch sends, and OpenFlow 1.0 has no such error type: the AttributeError ends
+# the connection, so every refusal (a standby's LLDP packet-out refused by a
+# switch that holds it as slave, every few hundred milliseconds) cut the switch
+# off. OpenFlow 1.2's value never occurs in 1.0, so the comparison is just false.
+if not hasattr(ofproto_v1_0, "OFPET_EXPERIMENTER"):
+    ofproto_v1_0.OFPET_EXPERIMENTER = 0xFFFF
 
 TICK_S = 1.0
 SCRAPE_TIMEOUT_S = 5.0
@@ -109,6 +118,7 @@ class MetaFlowApp(app_manager.OSKenApp):
             if settings.etcd else Leadership.alone()
         self._leading = not settings.etcd
         """What the decision thread last acted as (`_follow_leadership`)."""
+        self.election: EtcdElection | None = None   # started once REST listens
         self.refused_role: set[int] = set()
         """Switches that refused the Nicira role request: run as their only controller."""
         self.metrics = ControllerMetrics(self._gauges, self.leadership)
@@ -137,11 +147,11 @@ class MetaFlowApp(app_manager.OSKenApp):
             thread.start()
         self.rest.start()
         log.info("REST API on %s:%d", settings.rest_host, settings.rest_port)
-        self.election: EtcdElection | None = None
         if settings.etcd:
             self.election = EtcdElection(settings.etcd, settings.etcd_prefix, settings.lease_ttl_s,
                                          settings.advertise_url, self.leadership,
-                                         lambda: self.inbox.put(_LEADERSHIP))
+                                         lambda: self.inbox.put(_LEADERSHIP),
+                                         lambda hosts: self.post(HostsSeen(hosts)))
             self.election.start()
             log.info("standby until elected: etcd %s, prefix %s, lease %d s", ",".join(settings.etcd),
                      settings.etcd_prefix, settings.lease_ttl_s)
@@ -205,6 +215,8 @@ class MetaFlowApp(app_manager.OSKenApp):
                 continue
             for step in steps:
                 self._execute(step)
+            if isinstance(item, Tick) and self._leading and self.election is not None:
+                self.election.publish(self.core.host_locations())
 
     def _follow_leadership(self) -> None:
         """On the decision thread, before anything else is handled: a change of

@@ -65,6 +65,7 @@ from controller.steps import (
     Event,
     FailNow,
     Heartbeat,
+    HostsSeen,
     LinkDown,
     LinkUp,
     PacketOut,
@@ -192,6 +193,8 @@ class MetaFlowCore:
             return self._tick()
         if isinstance(event, ArpIn):
             return self._arp(event)
+        if isinstance(event, HostsSeen):
+            return self._hosts_seen(event)
         if isinstance(event, (SwitchUp, SwitchDown, LinkUp, LinkDown, PortUp, PortDown)):
             return self._topology(event)
         if isinstance(event, Register):
@@ -339,6 +342,19 @@ class MetaFlowCore:
             else:
                 steps.append(packet)
         return steps
+
+    def _hosts_seen(self, event: HostsSeen) -> list[Step]:
+        """The leader's host locations (`controller.etcd_lease`), taken where this
+        core has no word of its own: a standby's, so that at a takeover it
+        knows where every server is without waiting for their ARP."""
+        for ip, mac, dpid, port in event.hosts:
+            if ip not in self.inventory.hosts and self.inventory.learn(ip, mac, dpid, port):
+                self.last_change = self.clock()
+        return []
+
+    def host_locations(self) -> tuple[tuple[str, str, int, int], ...]:
+        """What a leader publishes for the standbys (`HostsSeen`)."""
+        return tuple(sorted((h.ip, h.mac, h.dpid, h.port) for h in self.inventory.hosts.values()))
 
     def _confirmed(self, step: int) -> list[Step]:
         """A loose step is over (done or failed: a switch that does not answer

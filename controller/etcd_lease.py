@@ -16,6 +16,12 @@ one thread of a controller that talks to the coordination service.
 - etcd unreachable: each URL is tried in turn; the controller stays or
   becomes a standby (its bound runs out) and says so, and keeps retrying.
 
+- The leader also keeps `PREFIX/hosts` (where it located hosts: JSON
+  `[[ip, mac, dpid, port], ...]`) current, written only while the leader
+  key is still its own (a transaction on the key's create revision, which
+  is the term); a standby hands what it reads to `hosts_seen`, since a
+  standby hears no ARP a host sent before it started.
+
 No protocol of ours: the key, the lease and the transaction are etcd's
 own election recipe. `changed` is called after every change of leadership
 (the shim wakes its decision thread to act on it).
@@ -24,6 +30,7 @@ own election recipe. `changed` is called after every change of leadership
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import threading
 import time
@@ -43,15 +50,22 @@ log = logging.getLogger("metaflow.controller.etcd")
 API_PATH = "/v3/"
 """etcd 3.4's gateway path (given, so no discovery request is needed)."""
 MIN_REQUEST_TIMEOUT_S = 0.3
+Hosts = tuple[tuple[str, str, int, int], ...]
+"""(ip, mac, dpid, port) of every host the leader located."""
 
 
 class EtcdElection:
     def __init__(self, endpoints: tuple[str, ...], prefix: str, ttl_s: int, url: str,
                  leadership: Leadership, changed: Callable[[], None],
+                 hosts_seen: Callable[[Hosts], None] = lambda hosts: None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not endpoints:
             raise ValueError("an election needs at least one etcd URL")
-        self.key = f"{prefix}/leader"
+        self.key, self.hosts_key = f"{prefix}/leader", f"{prefix}/hosts"
+        self.hosts_seen = hosts_seen
+        self._to_publish: Hosts | None = None
+        self._published: Hosts | None = None
+        self._seen_revision = 0
         self.ttl_s, self.url, self.leadership = ttl_s, url, leadership
         self.changed, self.clock = changed, clock
         self.period_s = ttl_s / 3
@@ -73,6 +87,10 @@ class EtcdElection:
         if self._lease is not None:
             self._give_up("stopping")
 
+    def publish(self, hosts: Hosts) -> None:
+        """The leader's host locations, written at its next renewal if they changed."""
+        self._to_publish = hosts
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -85,7 +103,10 @@ class EtcdElection:
         client = self._clients[self._at]
         if self._lease is not None:
             self._renew(self._lease)
+            if self._lease is not None:
+                self._publish(client)
             return
+        self._read_hosts(client)
         found = client.get(self.key)
         if found:
             leader = _text(found[0])
@@ -109,6 +130,37 @@ class EtcdElection:
         self.leadership.elected(term, sent, self.url)
         log.warning("leading at term %d (lease %x, TTL %d s)", term, lease.id, self.ttl_s)
         self.changed()
+
+    def _publish(self, client: Etcd3Client) -> None:
+        hosts = self._to_publish
+        if hosts is None or hosts == self._published:
+            return
+        key = _encode(self.key)
+        answer: dict[str, Any] = dict(client.transaction({
+            "compare": [{"key": key, "result": "EQUAL", "target": "CREATE",
+                         "create_revision": self.leadership.term}],
+            "success": [{"request_put": {"key": _encode(self.hosts_key),
+                                         "value": _encode(json.dumps([list(h) for h in hosts]))}}],
+            "failure": []}))
+        if answer.get("succeeded"):
+            self._published = hosts
+
+    def _read_hosts(self, client: Etcd3Client) -> None:
+        found = client.get(self.hosts_key, metadata=True)
+        if not found:
+            return
+        value, meta = found[0]
+        revision = int(meta.get("mod_revision", 0))
+        if revision == self._seen_revision:
+            return
+        self._seen_revision = revision
+        try:
+            hosts = tuple((str(ip), str(mac), int(dpid), int(port))
+                          for ip, mac, dpid, port in json.loads(_text(value)))
+        except (ValueError, TypeError) as exc:
+            log.warning("%s: not a list of [ip, mac, dpid, port] (%s); ignored", self.hosts_key, exc)
+            return
+        self.hosts_seen(hosts)
 
     def _renew(self, lease: Lease) -> None:
         sent = self.clock()

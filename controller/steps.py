@@ -72,6 +72,15 @@ class ArpIn:
 
 
 @dataclass(frozen=True)
+class HostsSeen:
+    """Where the leader has located hosts, as it published them (a standby,
+    which hears no ARP a host sent before it started, learns them from this)."""
+
+    hosts: tuple[tuple[str, str, int, int], ...]
+    """(ip, mac, dpid, port) each."""
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passes: build once discovery settles, check heartbeats, start splits."""
 
@@ -127,7 +136,7 @@ class StepFailed:
     error: str
 
 
-Event = (SwitchUp | SwitchDown | LinkUp | LinkDown | PortDown | PortUp | ArpIn | Tick | Register
+Event = (SwitchUp | SwitchDown | LinkUp | LinkDown | PortDown | PortUp | ArpIn | HostsSeen | Tick | Register
          | Heartbeat | SplitNow | FailNow | DrainNow | StepDone | StepFailed)
 
 

@@ -253,6 +253,16 @@ class MetaFlowNet:
         self.wait_built()
         return time.monotonic() - started
 
+    def kill_leader(self) -> int:
+        """kill -9 of the leading controller (several controllers); its index."""
+        lead = self.leader()
+        self.controllers[lead].kill()
+        return lead
+
+    def revive_controller(self, index: int) -> None:
+        """Start a killed controller again, same ports and flags (it joins as a standby)."""
+        self.controllers[index].start()
+
     def kill_agent(self, server: str) -> AgentProcess:
         """kill -9 of storage server `server`'s agent (the controller's name
         for it), taken out of the scenario's hands (it would rightly complain
