@@ -221,9 +221,12 @@ bench-hotspot: setup
 	$(PY) -m benchmarks.hotspot --out benchmarks/results $(BENCH_HOTSPOT_ARGS)
 
 # Time from kill -9 of a primary to the first successful write of each of its
-# blocks, 20 kills detected by port-down and 20 by heartbeats (about 6 minutes).
+# blocks, 20 kills detected by port-down and 20 by heartbeats (about 6 minutes);
+# then two controllers on etcd, 10 times the leader and a primary killed at once:
+# the new leader's fail-over decision and the blocks serving again (about 4 minutes).
 bench-failover: setup
 	$(PY) -m benchmarks.failover --out benchmarks/results
+	$(PY) -m benchmarks.failover --leader-kill --kills 10 --out benchmarks/results
 
 # The file system: renaming a directory under full-path and inode keys, then
 # metaflow-fs on one agent beside the same mount on one central redis-server

@@ -233,6 +233,8 @@ class MetaFlowCore:
         # the 503s end): a build waits one heartbeat timeout for them, and one
         # not heard from by then counts as gone (its blocks' backups are promoted).
         new.build_after = self.clock() + self.settings.heartbeat_timeout_s
+        if term:
+            new.world.event("leader-elected", term=term, note="rebuilding from the agents and the switches")
         return new
 
     def next_id(self) -> int:

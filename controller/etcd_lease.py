@@ -1,7 +1,8 @@
 """Leadership through etcd (v3, over its HTTP gateway with `etcd3gw`): the
 one thread of a controller that talks to the coordination service.
 
-- A standby reads `PREFIX/leader` every third of the TTL. While it exists,
+- A standby reads `PREFIX/leader` every tenth of the TTL (a takeover is
+  the key's expiry plus at most this). While it exists,
   its value is the leader's REST URL (what a standby's 503 names); when it
   is gone, the standby campaigns: it takes a lease of `--lease-ttl` seconds
   and, in one transaction, creates the key on that lease only if it does not
@@ -50,6 +51,8 @@ log = logging.getLogger("metaflow.controller.etcd")
 API_PATH = "/v3/"
 """etcd 3.4's gateway path (given, so no discovery request is needed)."""
 MIN_REQUEST_TIMEOUT_S = 0.3
+STANDBY_READS = 10
+"""A standby reads the leader key this many times per TTL."""
 Hosts = tuple[tuple[str, str, int, int], ...]
 """(ip, mac, dpid, port) of every host the leader located."""
 
@@ -69,6 +72,9 @@ class EtcdElection:
         self.ttl_s, self.url, self.leadership = ttl_s, url, leadership
         self.changed, self.clock = changed, clock
         self.period_s = ttl_s / 3
+        """Between a leader's keepalives."""
+        self.read_s = ttl_s / STANDBY_READS
+        """Between a standby's reads of the leader key."""
         timeout = max(MIN_REQUEST_TIMEOUT_S, self.period_s)
         self._clients = [Etcd3Client(*etcd_endpoint(u), timeout=timeout, api_path=API_PATH)
                          for u in endpoints]
@@ -97,7 +103,7 @@ class EtcdElection:
                 self._round()
             except (Etcd3Exception, requests.RequestException, ValueError, KeyError) as exc:
                 self._unreachable(exc)
-            self._stop.wait(self.period_s)
+            self._stop.wait(self.period_s if self._lease is not None else self.read_s)
 
     def _round(self) -> None:
         client = self._clients[self._at]

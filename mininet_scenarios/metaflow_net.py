@@ -263,6 +263,27 @@ class MetaFlowNet:
         """Start a killed controller again, same ports and flags (it joins as a standby)."""
         self.controllers[index].start()
 
+    def standby(self, index: int, timeout: float = 60.0) -> None:
+        """Until controller `index` is a standby that knows every host the leader
+        located (published through etcd) and every switch."""
+        leader = self.apis[self.leader()]
+        want = {h.ip for h in leader.call(REST.topology).hosts}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                api = self.apis[index]
+                topology = api.call(REST.topology)
+                if api.call(REST.leadership).state == "standby" and want <= {h.ip for h in topology.hosts} \
+                        and len(topology.switches) == self.graph_switches():
+                    return
+            except MetaFlowError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"controller {index} is no ready standby within {timeout} s")
+
+    def graph_switches(self) -> int:
+        return sum(1 for _, d in self.graph.nodes(data=True) if d.get("kind") == "switch")
+
     def kill_agent(self, server: str) -> AgentProcess:
         """kill -9 of storage server `server`'s agent (the controller's name
         for it), taken out of the scenario's hands (it would rightly complain

@@ -21,7 +21,6 @@ import pytest
 
 from client_lib.api.rest import REST
 from client_lib.constants import COOKIE_BASE, COOKIE_METAFLOW, COOKIE_ROUTE
-from client_lib.errors import ApiError
 from mininet_scenarios.metaflow_net import MetaFlowNet
 from topology import builders
 
@@ -88,14 +87,6 @@ def _served_elsewhere(mf: MetaFlowNet, victim: str, blocks: list) -> bool:
     return all(any(h.covers(b) or b.covers(h) for h in held) for b in blocks)
 
 
-def _state(mf: MetaFlowNet, index: int) -> str | None:
-    """Controller `index`'s leadership state, None while it does not answer."""
-    try:
-        return mf.apis[index].call(REST.leadership).state
-    except ApiError:
-        return None
-
-
 def _events_since(mf: MetaFlowNet, since: float, kind: str) -> list[dict]:
     return [e for e in mf.events(kind) if e["t"] >= since]
 
@@ -128,8 +119,7 @@ def test_the_standby_takes_over_without_touching_a_flow_and_fails_over_a_server(
         # 2. The killed controller returns as a standby; the leader dies, and right
         #    after it a server holding primaries: the newest leader fails it over.
         mf.revive_controller(first)
-        wait_for(lambda: _state(mf, first) == "standby")
-        time.sleep(2.0)   # its view of hosts and links, from the leader's ARP and LLDP packet-ins
+        mf.standby(first)   # hosts from the leader's etcd record, links from its LLDP packet-ins
         servers = mf.view(REST.servers).servers
         victim = next(n for n, s in sorted(servers.items()) if s.blocks and not s.failed)
         blocks = servers[victim].blocks
