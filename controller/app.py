@@ -59,7 +59,6 @@ from controller.steps import (
     ArpIn,
     CallAgent,
     Event,
-    HostsSeen,
     LinkDown,
     LinkUp,
     PacketOut,
@@ -151,7 +150,7 @@ class MetaFlowApp(app_manager.OSKenApp):
             self.election = EtcdElection(settings.etcd, settings.etcd_prefix, settings.lease_ttl_s,
                                          settings.advertise_url, self.leadership,
                                          lambda: self.inbox.put(_LEADERSHIP),
-                                         lambda hosts: self.post(HostsSeen(hosts)))
+                                         self.post)
             self.election.start()
             log.info("standby until elected: etcd %s, prefix %s, lease %d s", ",".join(settings.etcd),
                      settings.etcd_prefix, settings.lease_ttl_s)
@@ -216,7 +215,7 @@ class MetaFlowApp(app_manager.OSKenApp):
             for step in steps:
                 self._execute(step)
             if isinstance(item, Tick) and self._leading and self.election is not None:
-                self.election.publish(self.core.host_locations())
+                self.election.publish(self.core.fabric_seen())
 
     def _follow_leadership(self) -> None:
         """On the decision thread, before anything else is handled: a change of

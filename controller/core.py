@@ -63,9 +63,9 @@ from controller.steps import (
     ArpIn,
     DrainNow,
     Event,
+    FabricSeen,
     FailNow,
     Heartbeat,
-    HostsSeen,
     LinkDown,
     LinkUp,
     PacketOut,
@@ -193,8 +193,8 @@ class MetaFlowCore:
             return self._tick()
         if isinstance(event, ArpIn):
             return self._arp(event)
-        if isinstance(event, HostsSeen):
-            return self._hosts_seen(event)
+        if isinstance(event, FabricSeen):
+            return self._fabric_seen(event)
         if isinstance(event, (SwitchUp, SwitchDown, LinkUp, LinkDown, PortUp, PortDown)):
             return self._topology(event)
         if isinstance(event, Register):
@@ -345,18 +345,24 @@ class MetaFlowCore:
                 steps.append(packet)
         return steps
 
-    def _hosts_seen(self, event: HostsSeen) -> list[Step]:
-        """The leader's host locations (`controller.etcd_lease`), taken where this
-        core has no word of its own: a standby's, so that at a takeover it
-        knows where every server is without waiting for their ARP."""
+    def _fabric_seen(self, event: FabricSeen) -> list[Step]:
+        """The leader's hosts and links (`controller.etcd_lease`), taken where
+        this core has no word of its own: a standby's, so that at a takeover
+        it knows every server and link without waiting for ARP or LLDP."""
+        changed = False
         for ip, mac, dpid, port in event.hosts:
-            if ip not in self.inventory.hosts and self.inventory.learn(ip, mac, dpid, port):
-                self.last_change = self.clock()
+            changed |= ip not in self.inventory.hosts and self.inventory.learn(ip, mac, dpid, port)
+        for a, port_a, b, port_b in event.links:
+            changed |= a in self.inventory.dpids and b in self.inventory.dpids \
+                and self.inventory.link_up(a, port_a, b, port_b)
+        if changed:
+            self.last_change = self.clock()
         return []
 
-    def host_locations(self) -> tuple[tuple[str, str, int, int], ...]:
-        """What a leader publishes for the standbys (`HostsSeen`)."""
-        return tuple(sorted((h.ip, h.mac, h.dpid, h.port) for h in self.inventory.hosts.values()))
+    def fabric_seen(self) -> FabricSeen:
+        """What a leader publishes for the standbys."""
+        return FabricSeen(tuple(sorted((h.ip, h.mac, h.dpid, h.port) for h in self.inventory.hosts.values())),
+                          tuple(sorted(self.inventory.links)))
 
     def _confirmed(self, step: int) -> list[Step]:
         """A loose step is over (done or failed: a switch that does not answer

@@ -17,11 +17,12 @@ one thread of a controller that talks to the coordination service.
 - etcd unreachable: each URL is tried in turn; the controller stays or
   becomes a standby (its bound runs out) and says so, and keeps retrying.
 
-- The leader also keeps `PREFIX/hosts` (where it located hosts: JSON
-  `[[ip, mac, dpid, port], ...]`) current, written only while the leader
-  key is still its own (a transaction on the key's create revision, which
-  is the term); a standby hands what it reads to `hosts_seen`, since a
-  standby hears no ARP a host sent before it started.
+- The leader also keeps `PREFIX/fabric` (the hosts it located and the
+  links it found: JSON ``{"hosts": [[ip, mac, dpid, port], ...], "links":
+  [[dpid, port, dpid, port], ...]}``) current, written only while the
+  leader key is still its own (a transaction on the key's create revision,
+  which is the term); a standby hands what it reads (`FabricSeen`) to
+  `fabric_seen`, since it hears no ARP a host sent before it started.
 
 No protocol of ours: the key, the lease and the transaction are etcd's
 own election recipe. `changed` is called after every change of leadership
@@ -31,7 +32,6 @@ own election recipe. `changed` is called after every change of leadership
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import threading
 import time
@@ -45,6 +45,7 @@ from etcd3gw.lease import Lease
 
 from controller.leadership import Leadership
 from controller.settings import etcd_endpoint
+from controller.steps import FabricSeen
 
 log = logging.getLogger("metaflow.controller.etcd")
 
@@ -53,21 +54,19 @@ API_PATH = "/v3/"
 MIN_REQUEST_TIMEOUT_S = 0.3
 STANDBY_READS = 10
 """A standby reads the leader key this many times per TTL."""
-Hosts = tuple[tuple[str, str, int, int], ...]
-"""(ip, mac, dpid, port) of every host the leader located."""
 
 
 class EtcdElection:
     def __init__(self, endpoints: tuple[str, ...], prefix: str, ttl_s: int, url: str,
                  leadership: Leadership, changed: Callable[[], None],
-                 hosts_seen: Callable[[Hosts], None] = lambda hosts: None,
+                 fabric_seen: Callable[[FabricSeen], None] = lambda seen: None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not endpoints:
             raise ValueError("an election needs at least one etcd URL")
-        self.key, self.hosts_key = f"{prefix}/leader", f"{prefix}/hosts"
-        self.hosts_seen = hosts_seen
-        self._to_publish: Hosts | None = None
-        self._published: Hosts | None = None
+        self.key, self.fabric_key = f"{prefix}/leader", f"{prefix}/fabric"
+        self.fabric_seen = fabric_seen
+        self._to_publish: FabricSeen | None = None
+        self._published: FabricSeen | None = None
         self._seen_revision = 0
         self.ttl_s, self.url, self.leadership = ttl_s, url, leadership
         self.changed, self.clock = changed, clock
@@ -93,9 +92,9 @@ class EtcdElection:
         if self._lease is not None:
             self._give_up("stopping")
 
-    def publish(self, hosts: Hosts) -> None:
-        """The leader's host locations, written at its next renewal if they changed."""
-        self._to_publish = hosts
+    def publish(self, seen: FabricSeen) -> None:
+        """The leader's hosts and links, written at its next renewal if they changed."""
+        self._to_publish = seen
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -112,7 +111,7 @@ class EtcdElection:
             if self._lease is not None:
                 self._publish(client)
             return
-        self._read_hosts(client)
+        self._read_fabric(client)
         found = client.get(self.key)
         if found:
             leader = _text(found[0])
@@ -138,21 +137,20 @@ class EtcdElection:
         self.changed()
 
     def _publish(self, client: Etcd3Client) -> None:
-        hosts = self._to_publish
-        if hosts is None or hosts == self._published:
+        seen = self._to_publish
+        if seen is None or seen == self._published:
             return
         key = _encode(self.key)
         answer: dict[str, Any] = dict(client.transaction({
             "compare": [{"key": key, "result": "EQUAL", "target": "CREATE",
                          "create_revision": self.leadership.term}],
-            "success": [{"request_put": {"key": _encode(self.hosts_key),
-                                         "value": _encode(json.dumps([list(h) for h in hosts]))}}],
+            "success": [{"request_put": {"key": _encode(self.fabric_key), "value": _encode(seen.to_json())}}],
             "failure": []}))
         if answer.get("succeeded"):
-            self._published = hosts
+            self._published = seen
 
-    def _read_hosts(self, client: Etcd3Client) -> None:
-        found = client.get(self.hosts_key, metadata=True)
+    def _read_fabric(self, client: Etcd3Client) -> None:
+        found = client.get(self.fabric_key, metadata=True)
         if not found:
             return
         value, meta = found[0]
@@ -161,12 +159,10 @@ class EtcdElection:
             return
         self._seen_revision = revision
         try:
-            hosts = tuple((str(ip), str(mac), int(dpid), int(port))
-                          for ip, mac, dpid, port in json.loads(_text(value)))
-        except (ValueError, TypeError) as exc:
-            log.warning("%s: not a list of [ip, mac, dpid, port] (%s); ignored", self.hosts_key, exc)
-            return
-        self.hosts_seen(hosts)
+            self.fabric_seen(FabricSeen.from_json(_text(value)))
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("%s: not {hosts: [[ip, mac, dpid, port]...], links: [[dpid, port, dpid, port]...]} "
+                        "(%s); ignored", self.fabric_key, exc)
 
     def _renew(self, lease: Lease) -> None:
         sent = self.clock()

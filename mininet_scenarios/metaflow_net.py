@@ -264,17 +264,19 @@ class MetaFlowNet:
         self.controllers[index].start()
 
     def standby(self, index: int, timeout: float = 60.0) -> None:
-        """Until controller `index` is a standby that knows every host the leader
-        located (published through etcd) and every switch."""
-        leader = self.apis[self.leader()]
-        want = {h.ip for h in leader.call(REST.topology).hosts}
+        """Until controller `index` is a standby that knows every switch, and
+        every host and link the leader knows (published through etcd)."""
+        leader = self.apis[self.leader()].call(REST.topology)
+        want = {h.ip for h in leader.hosts}
+        links = {frozenset([(a, pa), (b, pb)]) for a, pa, b, pb in leader.links}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 api = self.apis[index]
-                topology = api.call(REST.topology)
-                if api.call(REST.leadership).state == "standby" and want <= {h.ip for h in topology.hosts} \
-                        and len(topology.switches) == self.graph_switches():
+                seen = api.call(REST.topology)
+                if api.call(REST.leadership).state == "standby" and want <= {h.ip for h in seen.hosts} \
+                        and len(seen.switches) == self.graph_switches() \
+                        and links <= {frozenset([(a, pa), (b, pb)]) for a, pa, b, pb in seen.links}:
                     return
             except MetaFlowError:
                 pass
