@@ -130,6 +130,8 @@ class MetaFlowCore:
         self._held: list[tuple[set[str], PacketOut]] = []
         """ARP replies from or for such hosts, sent once none of them is in `_routing`."""
         self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
+        self._told_links: tuple[tuple[int, int, int, int], ...] = ()
+        """The links the leader last published (`FabricSeen`)."""
         self._grow_tried: tuple[float, int] | None = None
         """(last topology change, registrations) of the last new-rack attempt: tried once per state."""
         self.first_registration: float | None = None
@@ -279,6 +281,7 @@ class MetaFlowCore:
         inv = self.inventory
         if isinstance(event, SwitchUp):
             inv.switch_up(event.dpid)
+            self._take_told_links()
             self.last_change = self.clock()
             if self.planner is not None and event.dpid in self.planner.fabric.switches:
                 self.world.event("switch-resync", dpid=event.dpid)
@@ -352,12 +355,17 @@ class MetaFlowCore:
         changed = False
         for ip, mac, dpid, port in event.hosts:
             changed |= ip not in self.inventory.hosts and self.inventory.learn(ip, mac, dpid, port)
-        for a, port_a, b, port_b in event.links:
-            changed |= a in self.inventory.dpids and b in self.inventory.dpids \
-                and self.inventory.link_up(a, port_a, b, port_b)
-        if changed:
+        self._told_links = event.links
+        if self._take_told_links() or changed:
             self.last_change = self.clock()
         return []
+
+    def _take_told_links(self) -> bool:
+        """The leader's links between switches connected here (a switch that
+        connects later gets its links when it does); True if one was news."""
+        dpids = self.inventory.dpids
+        return any([self.inventory.link_up(*link) for link in self._told_links
+                    if link[0] in dpids and link[2] in dpids])
 
     def fabric_seen(self) -> FabricSeen:
         """What a leader publishes for the standbys."""

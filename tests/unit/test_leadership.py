@@ -200,9 +200,12 @@ def test_a_standby_takes_the_leaders_hosts_and_links_where_it_has_none_of_its_ow
     assert core.handle(seen) == []
     assert core.inventory.hosts["10.0.0.1"].dpid == 3 and core.inventory.hosts["10.0.0.2"].port == 2
     assert core.inventory.links == {(3, 5, 4, 5)}
+    core.handle(SwitchUp(7))   # connects later: its link is taken then
+    assert core.inventory.links == {(3, 5, 4, 5), (3, 6, 7, 1)}
     assert core.last_change == 150.0 > before
     assert core.fabric_seen() == FabricSeen((("10.0.0.1", "00:00:00:00:00:01", 3, 1),
-                                             ("10.0.0.2", "00:00:00:00:00:02", 4, 2)), ((3, 5, 4, 5),))
+                                             ("10.0.0.2", "00:00:00:00:00:02", 4, 2)),
+                                            ((3, 5, 4, 5), (3, 6, 7, 1)))
     assert FabricSeen.from_json(seen.to_json()) == seen
     for bad in ('[]', '{"hosts": [["10.0.0.2", "m", 4]], "links": []}', '{"hosts": []}', 'nope'):
         with pytest.raises((ValueError, TypeError, KeyError)):
