@@ -7,7 +7,8 @@ whole time and compared with what they held before); then the killed
 controller comes back as a standby, the leader is killed again and, right
 after it, a storage server holding primaries: the new leader fails it over
 (its backups promoted). No client sees an error it does not retry past,
-and no acknowledged write is lost.
+and no acknowledged write is lost. A split the leader left in flight is
+aborted by the next one, from what the source agent holds.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import warnings
 
 import pytest
 
+from client_lib.api.admin import ADMIN
 from client_lib.api.rest import REST
 from client_lib.constants import COOKIE_BASE, COOKIE_METAFLOW, COOKIE_ROUTE
 from mininet_scenarios.metaflow_net import MetaFlowNet
+from tests.e2e.test_metaflow_e2e import _mid_split, _quietly
 from topology import builders
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -138,3 +141,33 @@ def test_the_standby_takes_over_without_touching_a_flow_and_fails_over_a_server(
         result = mf.verify_acked(tmp_path, [])
         assert result["missing"] == result["wrong"] == 0, result
         assert decided <= TAKEOVER_S + 2.0, f"fail-over decided {decided:.2f} s after the leader's death"
+
+
+@pytest.mark.timeout(600)
+def test_a_split_the_old_leader_left_in_flight_is_aborted_by_the_new_one(tmp_path):
+    """The leader dies while a split copies: the new leader's rebuild finds the
+    migration on the source agent and aborts it (today's restart path), so no
+    block stays frozen and every write succeeds afterwards."""
+    with MetaFlowNet(GRAPH, controllers=2, capacity=1_000_000, workdir=tmp_path, mgmt_subnet=MGMT_SUBNET,
+                     controller_args=["--no-auto-split", "--migration-lease", "30"]) as mf:
+        results = mf.collect(mf.start_clients(2000, tmp_path, read_back=False, concurrency=16))
+        assert all(r["errors"] == 0 for r in results), results
+        servers = mf.view(REST.servers).servers
+        source = max((n for n, s in servers.items() if s.state == "busy"), key=lambda n: servers[n].keys)
+        leader = mf.apis[mf.leader()]
+        splitting = threading.Thread(target=lambda: _quietly(lambda: leader.call(REST.split, name=source)))
+        splitting.start()
+        step = _mid_split(mf)
+        killed_at = time.monotonic()
+        mf.kill_leader()
+        mf.leader(timeout=30)
+        splitting.join(10)
+        wait_for(lambda: _events_since(mf, killed_at, "network-built"))
+        agent = mf.running.agents[mf.running.topo.graph_names[source]]
+        wait_for(lambda: not agent.admin.call(ADMIN.health).frozen, 15)
+        assert _events_since(mf, killed_at, "leftover-migrations") or step != "copy" \
+            or not agent.admin.call(ADMIN.migrations).migrations
+        results = mf.run_clients(300, tmp_path, start=10_000)
+        assert all(r["errors"] == 0 and r["read_back"] == r["written"] == 300 for r in results), results
+        result = mf.verify_acked(tmp_path, [])
+        assert result["missing"] == result["wrong"] == 0, result
