@@ -54,7 +54,7 @@ from controller.rack import grow_rack, rack_saga
 from controller.rebalance import rebalance_saga
 from controller.registry import Registry, Server
 from controller.repair import repair_saga
-from controller.routing import diff_routes, host_routes
+from controller.routing import diff_routes, mode_routes
 from controller.saga import Operation, Operations, Saga
 from controller.settings import Settings
 from controller.split import split_saga
@@ -78,6 +78,7 @@ from controller.steps import (
     StepDone,
     StepFailed,
     SwitchDown,
+    SwitchError,
     SwitchUp,
     Tick,
 )
@@ -97,7 +98,11 @@ LIVE_SETTINGS = frozenset({
 """The `Settings` a running controller takes from a reload (SIGHUP): thresholds,
 timeouts, limits and switches of policy, each read when it is next used. The
 rest shape what is already built or bound (the space, the replica count, the
-bootstrap, the addresses, the secret) and take a restart."""
+bootstrap, the addresses, the secret, the mode) and take a restart."""
+
+PROBE_INTERVAL_S = 2.0
+"""Hybrid mode: how often a storage server not located yet is asked for
+(`arp.probe` out of every edge port)."""
 
 
 class MetaFlowCore:
@@ -132,6 +137,7 @@ class MetaFlowCore:
         self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
         self._told_links: tuple[tuple[int, int, int, int], ...] = ()
         """The links the leader last published (`FabricSeen`)."""
+        self._probed = float("-inf")   # hybrid mode: when the last probes went out
         self._grow_tried: tuple[float, int] | None = None
         """(last topology change, registrations) of the last new-rack attempt: tried once per state."""
         self.first_registration: float | None = None
@@ -192,13 +198,15 @@ class MetaFlowCore:
         if isinstance(event, (StepDone, StepFailed)):
             return self._outcome(event)
         if isinstance(event, Tick):
-            return self._tick()
+            return [*self._probe(self.clock()), *self._tick()]
         if isinstance(event, ArpIn):
             return self._arp(event)
         if isinstance(event, FabricSeen):
             return self._fabric_seen(event)
         if isinstance(event, (SwitchUp, SwitchDown, LinkUp, LinkDown, PortUp, PortDown)):
             return self._topology(event)
+        if isinstance(event, SwitchError):
+            return self._refused(event)
         if isinstance(event, Register):
             try:
                 return self._register(event)
@@ -280,14 +288,15 @@ class MetaFlowCore:
     def _topology(self, event: Event) -> list[Step]:
         inv = self.inventory
         if isinstance(event, SwitchUp):
-            inv.switch_up(event.dpid)
+            inv.switch_up(event.dpid, event.ports, event.name)
             self._take_told_links()
             self.last_change = self.clock()
             if self.planner is not None and event.dpid in self.planner.fabric.switches:
                 self.world.event("switch-resync", dpid=event.dpid)
                 return self.start("resync", f"s{event.dpid}", set(),
                                   lambda op: self.world.resync([event.dpid]))
-            return self._loose_steps([SendFlows(dpid=event.dpid, messages=ofmsgs.base_messages())],
+            base = ofmsgs.base_messages(self.settings.mode, self.settings.gateway_ip)
+            return self._loose_steps([SendFlows(dpid=event.dpid, messages=base)],
                                      f"base flows of {event.dpid}")
         if isinstance(event, SwitchDown):
             inv.switch_down(event.dpid)
@@ -297,6 +306,10 @@ class MetaFlowCore:
         if isinstance(event, LinkUp):
             if inv.link_up(event.a, event.port_a, event.b, event.port_b):
                 self.last_change = self.clock()
+                for stray in inv.forget_hosts_at(((event.a, event.port_a), (event.b, event.port_b))):
+                    self.world.event("host-forgotten", logging.WARNING, ip=stray.ip,
+                                     at=f"{stray.dpid}:{stray.port}",
+                                     why="its port carries a switch-to-switch link")
             return []
         if isinstance(event, LinkDown):
             if inv.link_down(event.a, event.port_a, event.b, event.port_b):
@@ -332,7 +345,9 @@ class MetaFlowCore:
                 pending = {s.id for s in steps if isinstance(s, SendFlows)}
                 if pending:
                     self._routing[message.sender_ip] = pending
-        reply = arp.answer(message, self.inventory.mac_of, self.settings.gateway_ip)
+        # Hybrid mode answers the gateway only: the fabric resolves its hosts itself.
+        mac_of = self.inventory.mac_of if self.settings.mode == "full" else _nobody
+        reply = arp.answer(message, mac_of, self.settings.gateway_ip)
         if reply is not None:
             packet = PacketOut(dpid=event.dpid, port=event.port, data=reply)
             self._issue(packet)
@@ -383,6 +398,43 @@ class MetaFlowCore:
         self._held = [(waits, packet) for waits, packet in self._held if waits & self._routing.keys()]
         return released
 
+    def _refused(self, event: SwitchError) -> list[Step]:
+        """A switch that refuses hybrid mode's NORMAL entry forwards nothing
+        of the fabric's own traffic: said at connect, by name, not found
+        later by lost packets. Other refusals are the shim's to count."""
+        if ofmsgs.refuses_normal(event.error_type, event.error_code, event.data):
+            self.world.event("normal-refused", logging.ERROR, switch=self.inventory.name(event.dpid),
+                             error=f"type {event.error_type} code {event.error_code}",
+                             note="hybrid mode needs the NORMAL action: this switch forwards only "
+                                  "MetaFlow's entries; run it in full mode or replace it")
+        return []
+
+    def _probe(self, now: float) -> list[Step]:
+        """Hybrid mode: ask for every storage server the data plane does not
+        reach yet, out of every edge port (`arp.probe`), every
+        PROBE_INTERVAL_S; its answer to the gateway locates it (`_arp`). Only
+        servers heard from lately (registered or beating, failed ones too,
+        which rejoin once located): a dead one is not asked for forever. Only
+        once the topology has been quiet for --settle: every switch then
+        holds the gateway entry, and LLDP has found the links, so a probe
+        leaves by host ports only and the answer is caught by the server's
+        own switch."""
+        if self.settings.mode != "hybrid" or now - self._probed < PROBE_INTERVAL_S \
+                or now - self.last_change < self.settings.settle_s:
+            return []
+        heard = max(self.settings.heartbeat_timeout_s, PROBE_INTERVAL_S)
+        targets = sorted(s.data_ip for s in self.registry.servers.values()
+                         if now - s.last_seen <= heard and not self.inventory.attached(s.data_ip))
+        if not targets:
+            return []
+        self._probed = now
+        ports = self.inventory.edge_ports()
+        steps: list[Step] = [PacketOut(dpid=dpid, port=port, data=arp.probe(ip, self.settings.gateway_ip))
+                             for ip in targets for dpid, port in ports]
+        for step in steps:
+            self._issue(step)
+        return steps
+
     def missing(self) -> list[str]:
         """What keeps the network from being built: servers not located yet."""
         return sorted(s.name for s in self.registry.live() if s.data_ip not in self.inventory.hosts)
@@ -396,7 +448,7 @@ class MetaFlowCore:
 
     def _refresh_routes(self) -> list[Step]:
         self.graph = self.graph_now()
-        new = host_routes(self.graph)
+        new = mode_routes(self.graph, self.settings.mode)
         steps: list[Step] = []
         for dpid, table in new.items():
             changed, deleted = diff_routes(self.world.routes.get(dpid, {}), table)
@@ -755,3 +807,8 @@ class MetaFlowCore:
             return steps
         return steps + self.start("failover", name, {name},
                                   lambda op: failover_saga(self.world, op, name, reason), reply)
+
+
+def _nobody(ip: str) -> str | None:
+    """No host's MAC: what hybrid mode answers ARP for (only the gateway)."""
+    return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from btree.bootstrap import Bootstrap
 from btree.flows import DEFAULT_TABLE_BUDGET
@@ -28,11 +29,21 @@ from client_lib.errors import InvalidArgument
 from client_lib.version import add_version_flag
 from controller.leadership import DEFAULT_ETCD_PREFIX, DEFAULT_LEASE_TTL_S
 
+# -- hybrid mode (issue 25) --------------------------------------------------------
+Mode = Literal["full", "hybrid"]
+"""full: MetaFlow forwards everything (host routes, every ARP, drop the rest);
+hybrid: MetaFlow adds its own entries to a fabric that forwards on its own
+(NORMAL below them). ARCHITECTURE.md, "Flow table layout"."""
+MODES: tuple[Mode, ...] = get_args(Mode)
+# -- end hybrid mode -----------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Settings:
     space: Block = Block.parse(DEFAULT_SPACE_CIDR)
     gateway_ip: str = DEFAULT_GATEWAY
+    mode: Mode = "full"
+    """What MetaFlow installs on the switches (`MODES`); not live: a restart."""
     bounds: SplitBounds = SplitBounds()
     capacity: int | None = None
     """Keys per server before a split; None: each agent's own --capacity."""
@@ -111,6 +122,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--space", default=DEFAULT_SPACE_CIDR, help="the MetaDataID space")
     p.add_argument("--gateway", default=DEFAULT_GATEWAY,
                    help="virtual gateway address clients route the space to (ARP answered here)")
+    p.add_argument("--mode", default="full", choices=MODES,
+                   help="full: MetaFlow forwards everything (host routes, every ARP answered, the rest "
+                        "dropped); hybrid: only MetaFlow's entries, the gateway's ARP and LLDP, above one "
+                        "lowest-priority NORMAL entry: the switches' own forwarding carries the rest")
     p.add_argument("--split", default="0.4,0.6", help="split bounds low,high")
     p.add_argument("--capacity", type=int, default=None,
                    help="keys per server before a split (default: each agent's --capacity)")
@@ -216,6 +231,7 @@ def from_args(args: argparse.Namespace) -> Settings:
                     imbalance_threshold=args.imbalance_threshold, rebalance=not args.no_rebalance,
                     churn_per_rebalance=args.churn_per_rebalance, churn_per_minute=args.churn_per_minute,
                     table_budget=args.table_budget or None,
+                    mode=args.mode,
                     of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
                     rest_port=args.rest_port, metrics_port=args.metrics_port, open_reads=args.open_reads,
                     secret=secret, etcd=etcd, etcd_prefix=args.etcd_prefix.rstrip("/"),
