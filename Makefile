@@ -177,6 +177,11 @@ check-install: apt
 demo: setup
 	$(PY) -m mininet_scenarios.demo $(DEMO_ARGS)
 
+# Hybrid mode, two controllers on etcd, the leader (and a storage server) killed
+# mid-run: the standby takes over and fails the server over (docs/ha.md).
+demo-ha: setup
+	$(PY) -m mininet_scenarios.demo_ha $(DEMO_HA_ARGS)
+
 # The planner on the paper's simulation setting (no emulation).
 plan: setup
 	$(VENV)/bin/metaflowctl plan --topology fattree --k 32 --servers 2000

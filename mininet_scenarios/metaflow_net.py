@@ -145,7 +145,14 @@ class MetaFlowNet:
     def _start_controller(self, scenario: Scenario):
         if not self.controller_later:
             self._launch(scenario)
-        return lambda: self.controller.stop() if self.controller else None  # whichever runs at teardown
+        return self._stop_controllers
+
+    def _stop_controllers(self) -> None:
+        """Whichever controllers run at teardown, then etcd."""
+        for controller in self.controllers or ([self.controller] if self.controller else []):
+            controller.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
 
     def _launch(self, scenario: Scenario) -> None:
         extra = [*self.controller_args, "--gateway", scenario.gateway, "--space", scenario.space,
@@ -154,14 +161,15 @@ class MetaFlowNet:
             extra += ["--capacity", str(self.capacity)]
         assert scenario.secret_file is not None
         if len(self.rest_ports) > 1:
-            return self._start_controllers(scenario, extra)
+            self._start_controllers(scenario, extra)
+            return
         self.controller = ControllerProcess(self.of_port, scenario.mgmt.root_ip, self.rest_port,
                                             scenario.secret_file,
                                             self.logdir / f"controller-{self.rest_port}.log", extra).start()
         self.api = ApiClient(f"http://{scenario.mgmt.root_ip}:{self.rest_port}",
                              load_secret(scenario.secret_file), timeout=120)
 
-    def _start_controllers(self, scenario: Scenario, extra: list[str]):
+    def _start_controllers(self, scenario: Scenario, extra: list[str]) -> None:
         """etcd, then every controller on it (`controllers` > 1)."""
         assert scenario.secret_file is not None
         self.etcd = EtcdProcess(self.logdir / f"etcd-{self.rest_port}").start()
@@ -175,13 +183,6 @@ class MetaFlowNet:
                                                       scenario.secret_file, log_path, argv).start())
             self.apis.append(ApiClient(url, secret, timeout=120))
         self.controller, self.api = self.controllers[0], self.apis[0]
-
-        def stop() -> None:
-            for controller in self.controllers:
-                controller.stop()
-            if self.etcd is not None:
-                self.etcd.stop()
-        return stop
 
     def urls(self) -> list[str]:
         """Every controller's REST URL on the management network."""
