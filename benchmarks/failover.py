@@ -51,7 +51,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -157,25 +158,33 @@ def summarize_leader(trials: list[dict[str, Any]]) -> dict[str, Any]:
     return {"leader-kill": row}
 
 
+@contextmanager
+def _cluster(mgmt_subnet: str, controller_args: list[str], controllers: int = 1) -> Iterator[MetaFlowNet]:
+    """The benchmark's fabric, with data to re-replicate after each kill."""
+    with tempfile.TemporaryDirectory(prefix="mffailover") as tmp:
+        with MetaFlowNet(builders.fat_tree(4, servers=8), capacity=1_000_000, workdir=Path(tmp),
+                         controllers=controllers, controller_args=["--no-auto-split", *controller_args],
+                         mgmt_subnet=mgmt_subnet) as mf:
+            mf.run_clients(250, Path(tmp), read_back=False)
+            yield mf
+
+
 def run_leader(kills: int, seed: int, settle_timeout: float = 60.0, mgmt_subnet: str = DEFAULT_SUBNET,
                say: Callable[[str], object] = print) -> dict[str, Any]:
     rng = random.Random(seed)
     trials: list[dict[str, Any]] = []
     started = time.monotonic()
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="mffailover") as tmp:
-        with MetaFlowNet(builders.fat_tree(4, servers=8), capacity=1_000_000, workdir=Path(tmp),
-                         controllers=2, controller_args=["--no-auto-split"], mgmt_subnet=mgmt_subnet) as mf:
-            mf.run_clients(250, Path(tmp), read_back=False)
-            mf.standby(1 - mf.leader())
-            say(f"leader-kill benchmark: k=4 fat-tree, 8 servers, r={mf.replicas}, 2 controllers, etcd lease "
-                f"{mf.lease_ttl} s; {kills} kills")
-            for n in range(kills):
-                result = leader_trial(mf, rng, settle_timeout)
-                trials.append(result)
-                say(f"kill {n + 1:3d}/{kills} leader {result['old_leader']} + {result['victim']}: elected "
-                    f"{result['elected_s']} s, fail-over decided {result['decided_s']} s, slowest block "
-                    f"{result['max_s']} s; settled in {result['settle_s']} s")
+    with _cluster(mgmt_subnet, [], controllers=2) as mf:
+        mf.standby(1 - mf.leader())
+        say(f"leader-kill benchmark: k=4 fat-tree, 8 servers, r={mf.replicas}, 2 controllers, etcd lease "
+            f"{mf.lease_ttl} s; {kills} kills")
+        for n in range(kills):
+            result = leader_trial(mf, rng, settle_timeout)
+            trials.append(result)
+            say(f"kill {n + 1:3d}/{kills} leader {result['old_leader']} + {result['victim']}: elected "
+                f"{result['elected_s']} s, fail-over decided {result['decided_s']} s, slowest block "
+                f"{result['max_s']} s; settled in {result['settle_s']} s")
     return {"mode": "leader-kill", "kills": kills, "seed": seed, "cpus": os.cpu_count(),
             "loadavg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "date": time.strftime("%Y-%m-%d", time.gmtime()),
@@ -228,20 +237,16 @@ def run(kills: int, seed: int, heartbeat_timeout: float = 1.0, settle_timeout: f
     trials: list[dict[str, Any]] = []
     started = time.monotonic()
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="mffailover") as tmp:
-        with MetaFlowNet(builders.fat_tree(4, servers=8), capacity=1_000_000, workdir=Path(tmp),
-                         controller_args=["--no-auto-split", "--heartbeat-timeout", str(heartbeat_timeout)],
-                         mgmt_subnet=mgmt_subnet) as mf:
-            mf.run_clients(250, Path(tmp), read_back=False)   # data to re-replicate after each kill
-            say(f"fail-over benchmark: k=4 fat-tree, 8 servers, r={mf.replicas}, heartbeat timeout "
-                f"{heartbeat_timeout} s; {kills} kills per detection")
-            for n in range(2 * kills):
-                result = trial(mf, rng, DETECTIONS[n % 2], settle_timeout)
-                trials.append(result)
-                say(f"kill {n + 1:3d}/{2 * kills} {result['detection']:9s} {result['victim']}: "
-                    f"{result['blocks']} blocks, slowest {result['max_s']} s (detection "
-                    f"{result['detection_s']} s, fail-over {result['failover_s']} s, client "
-                    f"{result['client_s']} s); settled in {result['settle_s']} s")
+    with _cluster(mgmt_subnet, ["--heartbeat-timeout", str(heartbeat_timeout)]) as mf:
+        say(f"fail-over benchmark: k=4 fat-tree, 8 servers, r={mf.replicas}, heartbeat timeout "
+            f"{heartbeat_timeout} s; {kills} kills per detection")
+        for n in range(2 * kills):
+            result = trial(mf, rng, DETECTIONS[n % 2], settle_timeout)
+            trials.append(result)
+            say(f"kill {n + 1:3d}/{2 * kills} {result['detection']:9s} {result['victim']}: "
+                f"{result['blocks']} blocks, slowest {result['max_s']} s (detection "
+                f"{result['detection_s']} s, fail-over {result['failover_s']} s, client "
+                f"{result['client_s']} s); settled in {result['settle_s']} s")
     return {"kills_per_detection": kills, "seed": seed, "heartbeat_timeout_s": heartbeat_timeout,
             "cpus": os.cpu_count(), "loadavg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "seconds": round(time.monotonic() - started, 1), "summary": summarize(trials), "trials": trials}

@@ -24,7 +24,7 @@ from client_lib.api.admin import ADMIN
 from client_lib.api.rest import REST
 from client_lib.constants import COOKIE_BASE, COOKIE_METAFLOW, COOKIE_ROUTE
 from mininet_scenarios.metaflow_net import MetaFlowNet
-from tests.e2e.test_metaflow_e2e import _mid_split, _quietly
+from tests.e2e.test_metaflow_e2e import _mid_split, _quietly, wait_for
 from topology import builders
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -73,14 +73,6 @@ class FlowWatch:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def wait_for(probe, seconds: float = 30.0):
-    deadline = time.monotonic() + seconds
-    while not (value := probe()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-    return value
 
 
 def _served_elsewhere(mf: MetaFlowNet, victim: str, blocks: list) -> bool:
