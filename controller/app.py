@@ -235,6 +235,10 @@ class MetaFlowApp(app_manager.OSKenApp):
                         len(self.datapaths))
         for dp in list(self.datapaths.values()):
             self._claim_role(dp, leads)
+        if leads:   # a tick the moment the rebuild may run, not up to TICK_S after it
+            wake = threading.Timer(max(0.0, self.core.build_after - time.monotonic()), self.post, (Tick(),))
+            wake.daemon = True
+            wake.start()
 
     def _claim_role(self, dp: Any, leading: bool) -> None:
         """The role request, and what the role hears (`ofmsgs.async_config`)."""
