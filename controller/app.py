@@ -52,7 +52,7 @@ from controller.core import MetaFlowCore
 from controller.etcd_lease import EtcdElection
 from controller.leadership import Leadership
 from controller.metrics import ControllerMetrics
-from controller.rest import RestApi, RestServer
+from controller.rest import RestApi, RestServer, not_leader
 from controller.settings import Settings
 from controller.steps import (
     Answer,
@@ -65,6 +65,7 @@ from controller.steps import (
     PortDown,
     PortUp,
     ReadFlows,
+    Request,
     SendFlows,
     Step,
     StepDone,
@@ -201,6 +202,11 @@ class MetaFlowApp(app_manager.OSKenApp):
                 return
             self._follow_leadership()
             if item is _LEADERSHIP:
+                continue
+            if isinstance(item, Request) and not self._leading:
+                # Let in while this controller led, handled after it stopped: not a standby's to decide.
+                assert isinstance(item.reply, Future)
+                item.reply.set_result(not_leader(self.leadership))
                 continue
             if isinstance(item, _Query):
                 try:
