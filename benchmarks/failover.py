@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from client_lib.api.rest import REST
+from client_lib.cidr import Block
 from mininet_scenarios.metaflow_net import MetaFlowNet
 from mininet_scenarios.mgmt import DEFAULT_SUBNET
 from mininet_scenarios.nemesis import back_in_service, settled
@@ -127,7 +128,7 @@ def leader_trial(mf: MetaFlowNet, rng: random.Random, settle_timeout: float) -> 
     events = [e for e in mf.events() if e["t"] >= killed_at]
     elected = next((e["t"] for e in events if e["event"] == "leader-elected"), None)
     decided = next((e["t"] for e in events if e["event"] in DECIDED
-                    and (e.get("server") == victim or e.get("block") in {str(b) for b in blocks})), None)
+                    and (e.get("server") == victim or _overlaps(e.get("block"), blocks))), None)
     mf.revive_agent(agent)
     if not back_in_service(mf, victim, settle_timeout):
         raise RuntimeError(f"{victim} did not rejoin: {mf.view(REST.servers).servers.get(victim)}")
@@ -139,6 +140,14 @@ def leader_trial(mf: MetaFlowNet, rng: random.Random, settle_timeout: float) -> 
             "max_s": round(max(times), 3) if times else None, "old_leader": old, "new_leader": new,
             "elected_s": _since(elected, killed_at), "decided_s": _since(decided, killed_at),
             "settle_s": settle_s}
+
+
+def _overlaps(block: str | None, blocks: list[Block]) -> bool:
+    """`block` (an event's, as text) is one of `blocks`, or a part or a whole of one."""
+    if block is None:
+        return False
+    mine = Block.parse(block)
+    return any(mine.covers(b) or b.covers(mine) for b in blocks)
 
 
 def summarize_leader(trials: list[dict[str, Any]]) -> dict[str, Any]:

@@ -92,6 +92,8 @@ TICK_S = 1.0
 SCRAPE_TIMEOUT_S = 5.0
 """How long a scrape waits for the decision loop to read the core."""
 AGENT_WORKERS = 32
+TIMER_SLACK_S = 0.02
+"""A timer may fire a little before its time; a tick meant for a deadline comes this much after it."""
 RECONFIGURE_WAIT_S = 10.0
 """How long a reload waits for the decision thread (which never waits on the network)."""
 
@@ -242,7 +244,8 @@ class MetaFlowApp(app_manager.OSKenApp):
         for dp in list(self.datapaths.values()):
             self._claim_role(dp, leads)
         if leads:   # a tick the moment the rebuild may run, not up to TICK_S after it
-            wake = threading.Timer(max(0.0, self.core.build_after - time.monotonic()), self.post, (Tick(),))
+            due = max(0.0, self.core.build_after - time.monotonic()) + TIMER_SLACK_S
+            wake = threading.Timer(due, self.post, (Tick(),))
             wake.daemon = True
             wake.start()
 
