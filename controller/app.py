@@ -117,7 +117,7 @@ class MetaFlowApp(app_manager.OSKenApp):
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.settings = settings
-        self.leadership = Leadership(settings.lease_ttl_s, own_url=settings.advertise_url) \
+        self.leadership = Leadership(settings.lease_ttl_s, own_url=settings.rest_url) \
             if settings.etcd else Leadership.alone()
         self._leading = not settings.etcd
         """What the decision thread last acted as (`_follow_leadership`)."""
@@ -152,7 +152,7 @@ class MetaFlowApp(app_manager.OSKenApp):
         log.info("REST API on %s:%d", settings.rest_host, settings.rest_port)
         if settings.etcd:
             self.election = EtcdElection(settings.etcd, settings.etcd_prefix, settings.lease_ttl_s,
-                                         settings.advertise_url, self.leadership,
+                                         settings.rest_url, self.leadership,
                                          lambda: self.inbox.put(_LEADERSHIP),
                                          self.post)
             self.election.start()

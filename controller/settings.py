@@ -94,8 +94,14 @@ class Settings:
     etcd_prefix: str = DEFAULT_ETCD_PREFIX
     lease_ttl_s: int = DEFAULT_LEASE_TTL_S
     advertise_url: str = ""
-    """This controller's REST URL as agents reach it (the leader key's value)."""
+    """--advertise-url as given ("": the default, `rest_url`)."""
     # -- end of leadership --
+
+    @property
+    def rest_url(self) -> str:
+        """This controller's REST URL as agents reach it (the leader key's value):
+        --advertise-url, or http://REST-HOST:REST-PORT."""
+        return self.advertise_url or f"http://{self.rest_host}:{self.rest_port}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -248,8 +254,9 @@ def _leadership(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
     if not args.etcd_prefix.startswith("/") or args.etcd_prefix.rstrip("/") == "":
         raise InvalidArgument(f"--etcd-prefix must be an absolute key path such as /metaflow, "
                               f"not {args.etcd_prefix!r}")
-    advertise = args.advertise_url.rstrip("/") or f"http://{args.rest_host}:{args.rest_port}"
-    checked("--advertise-url", etcd_endpoint, advertise)
+    advertise = args.advertise_url.rstrip("/")
+    if advertise:
+        checked("--advertise-url", etcd_endpoint, advertise)
     return etcd, advertise
 
 

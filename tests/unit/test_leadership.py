@@ -3,6 +3,7 @@ in epochs, the role requests. Pure: the clock is a variable."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,10 @@ from os_ken.ofproto import ofproto_v1_0_parser as parser
 
 from btree.replicas import Replicas
 from btree.tree import LogicalBTree
+from client_lib.api.auth import write_secret
 from client_lib.cidr import Block
+from client_lib.errors import InvalidArgument
+from controller import settings as controller_settings
 from controller.core import MetaFlowCore
 from controller.leadership import MAX_TERM, TERM_SHIFT, Leadership, State, epoch_floor, term_of
 from controller.ofmsgs import async_config, refused_as_slave, refuses_role, role_request
@@ -213,3 +217,26 @@ def test_a_standby_takes_the_leaders_hosts_and_links_where_it_has_none_of_its_ow
     clock.now = 160.0
     core.handle(seen)   # nothing new: the topology stays settled
     assert core.last_change == 150.0
+
+
+def test_the_leadership_flags_are_checked_and_the_advertised_url_defaults_to_the_rest_address(
+        tmp_path: Path) -> None:
+    secret = str(write_secret(tmp_path / "secret"))
+
+    def parse(*flags: str) -> Settings:
+        argv = ["--secret-file", secret, "--rest-host", "10.0.0.9", *flags]
+        args = controller_settings.parser().parse_args(argv)
+        return controller_settings.from_args(args)
+
+    alone = parse()
+    assert alone.etcd == () and alone.rest_url == "http://10.0.0.9:8080"
+    ha = parse("--etcd", "http://a:2379, http://b:2379/", "--etcd-prefix", "/mf/", "--advertise-url",
+               "http://c1:8080/")
+    assert ha.etcd == ("http://a:2379", "http://b:2379") and ha.etcd_prefix == "/mf"
+    assert ha.rest_url == "http://c1:8080" and ha.lease_ttl_s == 1
+    bad = [(("--etcd", "a:2379"), "--etcd"), (("--etcd", "http://a:2379", "--lease-ttl", "0"), "--lease-ttl"),
+           (("--etcd-prefix", "metaflow"), "--etcd-prefix"), (("--etcd-prefix", "/"), "--etcd-prefix"),
+           (("--advertise-url", "https://c1:8080"), "--advertise-url")]
+    for flags, named in bad:
+        with pytest.raises(InvalidArgument, match=named):
+            parse(*flags)
