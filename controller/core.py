@@ -63,6 +63,7 @@ from controller.steps import (
     ArpIn,
     DrainNow,
     Event,
+    FabricSeen,
     FailNow,
     Heartbeat,
     LinkDown,
@@ -108,29 +109,40 @@ class MetaFlowCore:
     """Dispatch and tick policy; what the sagas share is `world`."""
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic,
-                 recorder: Recorder | None = None) -> None:
-        """`recorder`: where ended operations and moves are said (`controller.telemetry`)."""
+                 recorder: Recorder | None = None, term: int = 0, first_id: int = 1,
+                 inventory: Inventory | None = None) -> None:
+        """`recorder`: where ended operations and moves are said (`controller.telemetry`).
+        `term`: the leader's (0: the one controller without etcd). `first_id`:
+        of the steps this core issues; a core that replaces another (a
+        takeover, a demotion) starts above the old one's, so a late outcome
+        of an old step is never taken for one of the new core's. `inventory`:
+        the fabric as already seen (`successor`)."""
         self.settings = settings
         self.clock = clock
         self.recorder = recorder or NoRecorder()
-        self.inventory = Inventory(settings.space, settings.gateway_ip)
+        self.inventory = inventory or Inventory(settings.space, settings.gateway_ip)
         self.registry = Registry(settings.space)
         self.operations = Operations(self._issue)
         self.world = SagaWorld(settings, clock, self.registry, self.inventory, self.operations, self.recorder)
+        self.world.term = term
         self.graph: nx.Graph | None = None
         self.classification: Classification | None = None
         self.last_change = clock()
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(first_id)
         self._loose: dict[int, str] = {}   # steps no operation waits for: what they were
         self._routing: dict[str, set[int]] = {}
         """Hosts just learned: the route steps toward them not yet confirmed."""
         self._held: list[tuple[set[str], PacketOut]] = []
         """ARP replies from or for such hosts, sent once none of them is in `_routing`."""
         self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
+        self._told_links: tuple[tuple[int, int, int, int], ...] = ()
+        """The links the leader last published (`FabricSeen`)."""
         self._probed = float("-inf")   # hybrid mode: when the last probes went out
         self._grow_tried: tuple[float, int] | None = None
         """(last topology change, registrations) of the last new-rack attempt: tried once per state."""
         self.first_registration: float | None = None
+        self.build_after = 0.0
+        """No build before this time (a successor's: the agents' time to find it)."""
         self.watch = LoadWatch(settings.load_poll_s, self.registry, self.inventory)
         self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
@@ -189,13 +201,15 @@ class MetaFlowCore:
             return [*self._probe(self.clock()), *self._tick()]
         if isinstance(event, ArpIn):
             return self._arp(event)
+        if isinstance(event, FabricSeen):
+            return self._fabric_seen(event)
         if isinstance(event, (SwitchUp, SwitchDown, LinkUp, LinkDown, PortUp, PortDown)):
             return self._topology(event)
         if isinstance(event, SwitchError):
             return self._refused(event)
         if isinstance(event, Register):
             try:
-                return self._register(event)
+                return self._register(event) + self._build_due()
             except (Conflict, NotFound, ValueError) as exc:
                 return [self._issue_answer(event.reply, exc)]
         if isinstance(event, Heartbeat):
@@ -215,6 +229,27 @@ class MetaFlowCore:
     def _issue(self, step: Step) -> int:
         step.id = next(self._ids)
         return step.id
+
+    def successor(self, term: int) -> MetaFlowCore:
+        """A fresh core for a change of leadership (`controller.app`): it keeps
+        the fabric as seen (switches, links, ports, hosts, and when they last
+        changed) and forgets everything decided (registry, tree, replica sets,
+        operations). A new leader rebuilds those from the agents' registrations
+        and the switches' tables exactly as a restarted controller does
+        (`controller.build`); a demoted one waits as a standby."""
+        new = MetaFlowCore(self.settings, self.clock, self.recorder, term, self.next_id(), self.inventory)
+        new.last_change = self.last_change
+        # The agents find a new leader on their own (their next heartbeat after
+        # the 503s end): a build waits one heartbeat timeout for them, and one
+        # not heard from by then counts as gone (its blocks' backups are promoted).
+        new.build_after = self.clock() + self.settings.heartbeat_timeout_s
+        if term:
+            new.world.event("leader-elected", term=term, note="rebuilding from the agents and the switches")
+        return new
+
+    def next_id(self) -> int:
+        """Above every step id this core issued: a successor core's `first_id`."""
+        return next(self._ids)
 
     def _loose_steps(self, steps: Iterable[Step], what: str) -> list[Step]:
         """Steps no operation waits for; a failure is only logged."""
@@ -254,6 +289,7 @@ class MetaFlowCore:
         inv = self.inventory
         if isinstance(event, SwitchUp):
             inv.switch_up(event.dpid, event.ports, event.name)
+            self._take_told_links()
             self.last_change = self.clock()
             if self.planner is not None and event.dpid in self.planner.fabric.switches:
                 self.world.event("switch-resync", dpid=event.dpid)
@@ -326,6 +362,30 @@ class MetaFlowCore:
             else:
                 steps.append(packet)
         return steps
+
+    def _fabric_seen(self, event: FabricSeen) -> list[Step]:
+        """The leader's hosts and links (`controller.etcd_lease`), taken where
+        this core has no word of its own: a standby's, so that at a takeover
+        it knows every server and link without waiting for ARP or LLDP."""
+        changed = False
+        for ip, mac, dpid, port in event.hosts:
+            changed |= ip not in self.inventory.hosts and self.inventory.learn(ip, mac, dpid, port)
+        self._told_links = event.links
+        if self._take_told_links() or changed:
+            self.last_change = self.clock()
+        return []
+
+    def _take_told_links(self) -> bool:
+        """The leader's links between switches connected here (a switch that
+        connects later gets its links when it does); True if one was news."""
+        dpids = self.inventory.dpids
+        return any([self.inventory.link_up(*link) for link in self._told_links
+                    if link[0] in dpids and link[2] in dpids])
+
+    def fabric_seen(self) -> FabricSeen:
+        """What a leader publishes for the standbys."""
+        return FabricSeen(tuple(sorted((h.ip, h.mac, h.dpid, h.port) for h in self.inventory.hosts.values())),
+                          tuple(sorted(self.inventory.links)))
 
     def _confirmed(self, step: int) -> list[Step]:
         """A loose step is over (done or failed: a switch that does not answer
@@ -413,7 +473,7 @@ class MetaFlowCore:
         name = answer.name
         if answer.roles and self.registry[name].suspended and self._backed_up(name):
             steps = self._fail(name, "restarted: its store may hold writes its sets never acknowledged")
-            return [*steps, self._issue_answer(event.reply, Registered(name, []))]
+            return [*steps, self._issue_answer(event.reply, Registered(name, [], self.world.term))]
         return [*grown, self._issue_answer(event.reply, answer)]
 
     def _backed_up(self, name: str) -> bool:
@@ -431,17 +491,18 @@ class MetaFlowCore:
                          name=server.name, ip=server.data_ip, new=new, roles=len(server.roles),
                          suspended=server.suspended, failed=server.failed)
         if self.tree is None:
-            return Registered(server.name, None), []
+            return Registered(server.name, None, self.world.term), []
         if not self.world.in_tree(server.name):
-            return Registered(server.name, []), self._join(server)
+            return Registered(server.name, [], self.world.term), self._join(server)
         if server.failed:
             if cut_off or self.operations.involving(server.name) or self.tree.blocks(server.name):
-                return Registered(server.name, []), []   # not back on the data plane, or its fail-over runs
+                # not back on the data plane, or its fail-over runs
+                return Registered(server.name, [], self.world.term), []
             self.world.event("server-rejoined", server=server.name, was=server.failed, note="empty, idle")
             server.failed = None
             self.tree.join(server.name, self.tree.parent(server.name) or "")
-            return Registered(server.name, []), []
-        return Registered(server.name, self.world.roles_of(server.name)), []
+            return Registered(server.name, [], self.world.term), []
+        return Registered(server.name, self.world.roles_of(server.name), self.world.term), []
 
     def _join(self, server: Server) -> list[Step]:
         """A server the built network does not know (new, or dead while this
@@ -519,7 +580,7 @@ class MetaFlowCore:
     def _tick(self) -> list[Step]:
         now = self.clock()
         if self.tree is None:
-            if now - self.last_change >= self.settings.settle_s:
+            if now - self.last_change >= self.settings.settle_s and now >= self.build_after:
                 return self._build(now)
             return []
         steps: list[Step] = []
@@ -541,6 +602,13 @@ class MetaFlowCore:
                     steps += self._start_split(server.name)
                     busy = self.operations.reserved()
         return steps
+
+    def _build_due(self) -> list[Step]:
+        """A successor (`build_after` set) builds at the registration that finds
+        its wait over, not at the next tick, up to a second later."""
+        if self.tree is None and self.build_after and self.clock() >= self.build_after:
+            return self._tick()
+        return []
 
     def _build(self, now: float) -> list[Step]:
         """Map the network and program every switch (`controller.build`), once
