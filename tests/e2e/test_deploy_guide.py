@@ -1,0 +1,234 @@
+"""docs/deploy.md's walkthrough, run as the page shows it: the guide is the test.
+
+Every ``bash`` block of the section "Walkthrough: a fabric by hand" is taken
+from the page (`docs.guide_blocks`) and run in order, each in a shell of its
+own after the page's variables block, with the MetaFlow programs of this
+tree first on PATH. After each step the test checks what the page says it
+did, from outside: Open vSwitch's settings, a ping, the controller's views,
+the value read back. The page's clean-up block runs first (it must be safe
+with nothing to clean) and always at the end, and then nothing of the
+walkthrough may be left: no bridge, namespace, interface, process or file.
+A command changed in the page is the command run here, and a step the checks
+below name must still be in the page.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from client_lib.api.auth import load_secret
+from client_lib.api.clients import ApiClient
+from client_lib.api.rest import REST
+from client_lib.cidr import Block as Cidr
+from client_lib.constants import DEFAULT_SPACE_CIDR, OPENFLOW_PORT, REST_PORT
+from docs.guide_blocks import DEPLOY_PAGE, Block, Guide, deploy_walkthrough
+from mininet_scenarios.syscmd import link_names, ovs_bridges
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = "mfw-"
+"""Every name the walkthrough gives a bridge, namespace or interface starts so (the page says)."""
+BRIDGES = ("mfw-core", "mfw-e1", "mfw-e2")
+STEP_TIMEOUT = 180.0
+"""Seconds one block may take: the page's own waits are shorter (60 s at most)."""
+SETTLED = 60.0
+"""Seconds a check waits for the state the page describes to show in the controller's views."""
+
+
+def guide() -> Guide:
+    return deploy_walkthrough(DEPLOY_PAGE.read_text())
+
+
+def _environment() -> dict[str, str]:
+    """This tree's programs first: the venv's console scripts import what PYTHONPATH names."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def run_block(page: Guide, block: Block, timeout: float = STEP_TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """One block in a shell of its own; its output is kept for the failure message."""
+    return subprocess.run(["bash", "-c", page.script(block)], env=_environment(), cwd="/",
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+
+
+def variable(page: Guide, name: str) -> str:
+    """A variable as the page's variables block defines it."""
+    shown = subprocess.run(["bash", "-c", page.script(page.variables) + f'printf %s "${{{name}}}"'],
+                           env=_environment(), capture_output=True, text=True, check=True)
+    return shown.stdout
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
+
+def eventually(what: str, probe: Callable[[], bool], timeout: float = SETTLED) -> None:
+    """Polls `probe` until it holds; fails naming `what` the page promised."""
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.5)
+
+
+@dataclass
+class Walk:
+    """What the checks need: the page, its directory and management network."""
+
+    page: Guide
+    mfw: Path
+    mgmt: str
+    outputs: dict[str, str]
+
+    def api(self) -> ApiClient:
+        return ApiClient(f"http://{self.mgmt}.11:{REST_PORT}", load_secret(self.mfw / "etc" / "secret"),
+                         timeout=10)
+
+
+def in_ns(ns: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True, text=True, timeout=30)
+
+
+# -- what the page says after each step ------------------------------------------------
+
+
+def check_fabric(walk: Walk) -> None:
+    for bridge in BRIDGES:
+        assert sh("ovs-vsctl", "get", "bridge", bridge, "protocols") == "[OpenFlow10]"
+        assert sh("ovs-vsctl", "get-fail-mode", bridge) == "secure"
+        assert sh("ovs-vsctl", "get", "bridge", bridge, "datapath_type") == "netdev"
+    assert sh("ovs-vsctl", "get", "interface", "mfw-core-e1", "ofport") == "1"
+    assert sh("ovs-vsctl", "get", "interface", "mfw-e2-core", "ofport") == "10"
+
+
+def check_hosts(walk: Walk) -> None:
+    for ns, address in (("mfw-s1", "10.0.0.1"), ("mfw-s2", "10.0.0.2"), ("mfw-cl", "10.0.0.9")):
+        assert f"inet {address}/8" in in_ns(ns, "ip", "-4", "addr", "show", "eth0").stdout
+    assert "100.64.0.0/10 via 10.255.255.254" in in_ns("mfw-cl", "ip", "route").stdout
+
+
+def check_normal(walk: Walk) -> None:
+    """The pings of the block answered (it would have failed otherwise) through the
+    operator's NORMAL entry alone: no controller has said a word yet."""
+    assert "3 received" in walk.outputs["normal"]
+    for bridge in BRIDGES:
+        flows = sh("ovs-ofctl", "-O", "OpenFlow10", "dump-flows", bridge)
+        assert "actions=NORMAL" in flows and "priority=0" in flows
+
+
+def check_management(walk: Walk) -> None:
+    for ns, n in (("mfw-c1", 21), ("mfw-s1", 11), ("mfw-s2", 1)):
+        assert in_ns(ns, "ping", "-c", "1", "-W", "2", f"{walk.mgmt}.{n}").returncode == 0, (ns, n)
+
+
+def check_controller(walk: Walk) -> None:
+    target = f"tcp:{walk.mgmt}.11:{OPENFLOW_PORT}"
+
+    def connected() -> bool:
+        rows = json.loads(sh("ovs-vsctl", "--format=json", "--columns=is_connected", "find", "controller",
+                             f"target={json.dumps(target)}"))["data"]
+        return len(rows) == len(BRIDGES) and all(row == [True] for row in rows)
+
+    eventually(f"every bridge connected to the controller at {target}", connected)
+    assert len(walk.api().call(REST.topology).switches) == len(BRIDGES)
+
+
+def check_agent_s1(walk: Walk) -> None:
+    tree = walk.api().call(REST.tree)
+    assert tree.built and set(tree.leaves) == {"s1"}
+    assert tree.leaves["s1"].blocks == [Cidr.parse(DEFAULT_SPACE_CIDR)]
+    assert "tree built" in walk.outputs["agent-s1"]
+
+
+def check_agent_s2(walk: Walk) -> None:
+    assert set(walk.api().call(REST.servers).servers) == {"s1", "s2"}
+
+    def backed_up() -> bool:
+        servers = walk.api().call(REST.servers).servers
+        return sorted(map(str, servers["s2"].backups)) == sorted(map(str, servers["s1"].blocks))
+
+    eventually("s2 holds the second copy of every block of s1", backed_up)
+
+
+def check_client(walk: Walk) -> None:
+    assert walk.outputs["client"].strip().splitlines()[-1] == "from the walkthrough"
+
+
+STEP_CHECKS: dict[str, Callable[[Walk], None]] = {
+    "fabric": check_fabric,
+    "hosts": check_hosts,
+    "normal": check_normal,
+    "management": check_management,
+    "controller": check_controller,
+    "agent-s1": check_agent_s1,
+    "agent-s2": check_agent_s2,
+    "client": check_client,
+}
+
+
+def leftovers(mfw: Path) -> dict[str, list[str]]:
+    """What of the walkthrough is still on the machine, by kind; empty when nothing is."""
+    named = [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.startswith(PREFIX)]
+    processes = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if str(mfw).encode() in argv and int(entry.name) != os.getpid():
+            shown = argv.replace(b"\0", b" ").decode(errors="replace")
+            processes.append(f"{entry.name} {shown}")
+    found = {
+        "bridges": [b for b in ovs_bridges() if b.startswith(PREFIX)],
+        "interfaces": [i for i in link_names() if i.startswith(PREFIX)],
+        "netns": named,
+        "processes": processes,
+        "files": [str(mfw)] if mfw.exists() else [],
+    }
+    return {kind: names for kind, names in found.items() if names}
+
+
+def _failed(block: Block, result: subprocess.CompletedProcess[str]) -> str:
+    return (f"guide step {block.name!r} (docs/deploy.md line {block.line}) exited {result.returncode}\n"
+            f"--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}")
+
+
+def _logs(mfw: Path) -> str:
+    logs = sorted((mfw / "log").glob("*.log")) if (mfw / "log").exists() else []
+    return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}" for log in logs)
+
+
+@pytest.mark.timeout(900)
+def test_the_deploy_walkthrough_runs_as_written():
+    page = guide()
+    missing = sorted(set(STEP_CHECKS) - {block.name for block in page.steps})
+    assert not missing, f"steps checked here are gone from the page: {missing}"
+    walk = Walk(page, Path(variable(page, "MFW")), variable(page, "MGMT"), {})
+    assert str(walk.mfw).startswith("/tmp/mfw") and walk.mgmt.count(".") == 2
+
+    first = run_block(page, page.cleanup)
+    assert first.returncode == 0, _failed(page.cleanup, first)
+    before = leftovers(walk.mfw)
+    assert not before, f"the page's clean-up left something of an earlier run: {before}"
+    try:
+        for block in page.steps:
+            result = run_block(page, block)
+            assert result.returncode == 0, _failed(block, result) + "\n" + _logs(walk.mfw)
+            walk.outputs[block.name] = result.stdout
+            check = STEP_CHECKS.get(block.name)
+            if check is not None:
+                check(walk)
+    finally:
+        last = run_block(page, page.cleanup)
+    assert last.returncode == 0, _failed(page.cleanup, last)
+    assert not leftovers(walk.mfw), leftovers(walk.mfw)
