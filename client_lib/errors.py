@@ -78,3 +78,17 @@ class NotFound(ApiError):
 class Conflict(ApiError):
     """409: the request contradicts the current state (ownership, a name
     registered to another server, a migration in another state)."""
+
+
+class NotLeader(ApiError):
+    """503: the controller asked is a standby (another controller holds the
+    lease); `leader` is the REST URL of the one that does, when it knows it.
+    A caller with several controller URLs moves there (or to the next URL)."""
+
+    STATUS = 503
+
+    def __init__(self, message: str, status: int | None = STATUS, leader: str | None = None) -> None:
+        if leader and leader not in message:
+            message = f"{message} (the leader is {leader})"
+        super().__init__(message, status)
+        self.leader = leader or None

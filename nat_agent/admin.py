@@ -23,11 +23,17 @@ where every client can reach port 9000 by design: signatures keep
 strangers from changing anything, but a port they cannot reach is also
 one they cannot flood.
 
+The term fence (`nat_agent.fence`): a call that carries a leader
+controller's term (signed, `Call.term`) lower than the highest the agent has
+seen is refused 409 before its handler runs, whatever the route; a higher
+one is kept (and saved) first.
+
 Statuses (`client_lib.server.api.status_of`): 400 malformed or impossible
-request, 401 not signed, 404 unknown migration or import, 409 contradicts
-the current ownership (`OwnershipError`: an assignment older than the epoch
-held, a sync of a block this agent is not the primary of at that epoch) or
-a migration's state, 502 the other agent of a migration failed or is not
+request, 401 not signed, 404 unknown migration or import, 409 from an
+older leader (the term fence), or contradicts the current ownership
+(`OwnershipError`: an assignment older than the epoch held, a sync of a
+block this agent is not the primary of at that epoch) or a migration's
+state, 502 the other agent of a migration failed or is not
 of this cluster (`MigrationError`).
 """
 
@@ -122,6 +128,7 @@ class AdminApi:
                                        request.headers, body)
         if isinstance(call, Call):
             try:
+                await self.agent.admit_term(call.term, str(call.route))
                 response = self.dispatcher.reply(call, await self.handlers[call.route](call))
             except Exception as exc:
                 response = self.dispatcher.fail(call, exc)

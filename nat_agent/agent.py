@@ -13,6 +13,10 @@ A restarted agent that has a controller comes back *suspended*
 serves nothing and applies no replication until the controller says what
 it may hold (an exclusive assignment), because the controller may have
 declared it failed and given its blocks to others meanwhile.
+
+The state document also keeps the highest leadership term the agent has
+seen (`nat_agent.fence`), so a restarted agent still refuses calls from a
+leader controller older than one it obeyed.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from client_lib.api.admin import (
 )
 from client_lib.cidr import Block
 from client_lib.errors import Conflict, InvalidArgument, NotFound
+from nat_agent.fence import TermFence
 from nat_agent.ownership import Ownership, solo_role
 from nat_agent.store import Record, Store
 
@@ -133,6 +138,7 @@ class Agent:
         self.inflight = InFlight()
         self.imports: dict[str, Import] = {}
         self.started = time.monotonic()
+        self.fence = TermFence()
         self._changing = asyncio.Lock()  # one change of roles at a time: each awaits the store
 
     # -- roles, persisted ----------------------------------------------------
@@ -141,9 +147,12 @@ class Agent:
         """Roles at start: the primary of a set of one for each block of `own`
         if given (and persisted), else what the store remembers from the
         previous run, else none. `suspended`: serve nothing until the
-        controller says what to hold."""
+        controller says what to hold. The kept term is always restored."""
+        state = await self.store.load_state() or {}
+        term = state.get("term", 0)
+        self.fence = TermFence(term if isinstance(term, int) and term > 0 else 0)
         if own is None:
-            roles = self._restored(await self.store.load_state() or {})
+            roles = self._restored(state)
             if roles:
                 log.info("restored %d roles from the store%s", len(roles),
                          "; suspended until the controller confirms them" if suspended else "")
@@ -184,7 +193,15 @@ class Agent:
         return roles
 
     async def _persist(self) -> None:
-        await self.store.save_state({"roles": codec.to_json(self.ownership.roles)})
+        await self.store.save_state({"roles": codec.to_json(self.ownership.roles), "term": self.fence.term})
+
+    async def admit_term(self, term: int | None, what: str) -> None:
+        """The term fence (`nat_agent.fence`): StaleTerm (409) for `what`
+        from an older leader; a newer term is saved before `what` acts."""
+        if self.fence.admit(term, what):
+            async with self._changing:
+                await self._persist()
+            log.info("leadership term %d: refusing anything from an older leader", self.fence.term)
 
     def check_block(self, block: Block) -> None:
         """A block of another space can never be served here: bad input (400)."""

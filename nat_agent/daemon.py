@@ -41,6 +41,7 @@ from client_lib import sdnotify
 from client_lib.api.admin import Stats
 from client_lib.api.auth import Verifier, load_secret, server_authority
 from client_lib.api.clients import DEFAULT_TIMEOUT
+from client_lib.api.leaders import controller_urls
 from client_lib.cidr import Block
 from client_lib.config import ROLES, add_config_flag, checked, parse, rereader
 from client_lib.constants import ADMIN_PORT, MAX_VALUE, METAFLOW_PORT, REPLICATION_PORT
@@ -147,10 +148,11 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds an idle client connection is kept open")
     p.add_argument("--max-clients", type=int, default=4096, help="open client connections")
     p.add_argument("--queue-num", type=int, default=9000, help="NFQUEUE number (nfqueue mode)")
-    p.add_argument("--controller", default=None,
+    p.add_argument("--controller", default=None, metavar="URL[,URL...]",
                    help="controller base URL (e.g. http://10.255.0.1:8080); register and heartbeat. "
                         "With it, the agent starts suspended (serving nothing) until the "
-                        "controller says which roles it holds")
+                        "controller says which roles it holds. Several, separated by commas: "
+                        "controllers of which one leads; the agent follows the leader")
     p.add_argument("--heartbeat", type=float, default=0.25,
                    help="seconds between heartbeats (the controller declares a silent server "
                         "failed after a few missed ones)")
@@ -186,6 +188,7 @@ def from_args(args: argparse.Namespace) -> argparse.Namespace:
             "`python -c 'from client_lib.api.auth import write_secret; write_secret(\"FILE\")'`, "
             "and give the same file to the controller and every agent")
     args.secret = checked("--secret-file", load_secret, args.secret_file)
+    args.controller = controller_urls(args.controller) if args.controller else None
     for flag in ("peer_timeout", "replication_timeout", "heartbeat"):
         if not getattr(args, flag) > 0:
             raise InvalidArgument(f"--{flag.replace('_', '-')} must be positive")
@@ -317,9 +320,9 @@ async def run(args: argparse.Namespace, reread: Callable[[], argparse.Namespace]
                  " (suspended until the controller answers)" if agent.ownership.suspended else "")
         serving = f"serving on {args.listen[0]}:{args.listen[1]}"
         if registrar is not None:
-            sdnotify.status(f"{serving}; registering with the controller at {args.controller}")
+            sdnotify.status(f"{serving}; registering with the controller at {', '.join(args.controller)}")
             await _until_registered(registrar, stop)
-            serving += f", registered with the controller at {args.controller}"
+            serving += f", registered with the controller at {registrar.controller.base_url}"
         if not stop.is_set():
             sdnotify.ready(serving)
         await stop.wait()

@@ -34,6 +34,18 @@ to its controller (the answers are signed). What the answers mean:
 
 A controller that is down is not an agent error: we log once per outage
 and keep trying every interval, serving clients all the while.
+
+Several controllers (``--controller URL,URL...``; one leader elected
+through etcd, the others standbys): the agent talks to one at a time
+(`client_lib.api.leaders`). When it gets no answer (refused, timed out) or
+a 503 `NotLeader`, it moves on, to the leader the standby names if any,
+else to the next URL, and registers there (a new leader may know nothing
+of us, as after a controller's restart). A standby that names a leader
+is followed at once; everything else waits the interval. Each move is
+logged once per trouble, not once per heartbeat. An answer to a
+registration whose term (`Registered.term`) is older than one the agent
+has seen comes from a leader that was deposed: its roles are not adopted
+and the agent moves on (`nat_agent.fence`).
 """
 
 from __future__ import annotations
@@ -41,12 +53,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 from client_lib.api.admin import AssignRequest
 from client_lib.api.clients import AsyncApiClient
+from client_lib.api.leaders import Leaders, moves_on
 from client_lib.api.rest import REST, Heartbeat, Registered, Registration
-from client_lib.errors import ApiError, AuthError, Conflict, InvalidArgument, NotFound
+from client_lib.errors import ApiError, AuthError, Conflict, InvalidArgument, NotFound, NotLeader
 from nat_agent.agent import Agent
+from nat_agent.fence import StaleTerm
 
 log = logging.getLogger("metaflow.agent.registration")
 
@@ -57,12 +72,16 @@ STOP_WAIT_S = 0.5
 
 
 class Registrar:
-    def __init__(self, agent: Agent, controller: str, secret: bytes, interval: float = 0.25) -> None:
+    def __init__(self, agent: Agent, controllers: str | Sequence[str], secret: bytes,
+                 interval: float = 0.25) -> None:
+        """`controllers`: one base URL, or several (`client_lib.api.leaders`)."""
         ident = agent.identity
         if not (ident.data_ip and ident.data_mac):
             raise ValueError("registration needs the data-plane address and MAC")
         self.agent = agent
-        self.controller = AsyncApiClient(controller, secret, timeout=max(1.0, interval))
+        self.leaders = Leaders([controllers] if isinstance(controllers, str) else controllers)
+        self._secret = secret
+        self._clients: dict[str, AsyncApiClient] = {}
         self.interval = interval
         self.registered = False
         self.heartbeats = 0
@@ -70,6 +89,7 @@ class Registrar:
         self._stopping = False
         self._trouble: str | None = None
         self._told = 0.0
+        self._hopped = False
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="registrar")
@@ -86,6 +106,14 @@ class Registrar:
             await asyncio.wait([self._task], timeout=STOP_WAIT_S)
         self._task = None
 
+    @property
+    def controller(self) -> AsyncApiClient:
+        """The client of the controller we talk to now."""
+        url = self.leaders.current
+        if url not in self._clients:
+            self._clients[url] = AsyncApiClient(url, self._secret, timeout=max(1.0, self.interval))
+        return self._clients[url]
+
     def registration(self) -> Registration:
         ident, agent = self.agent.identity, self.agent
         assert ident.data_ip and ident.data_mac  # checked in __init__
@@ -95,11 +123,19 @@ class Registrar:
                             ident.replication, ownership.roles, ownership.suspended)
 
     async def _run(self) -> None:
-        base = self.controller.base_url
         while not self._stopping:
+            base = self.controller.base_url
             try:
                 await self._once()
                 self._fine(f"registration with the controller at {base} works again")
+            except NotLeader as exc:
+                self.registered = False
+                if self._follow(exc.leader, base, f"the controller at {base} is not the leader ({exc})"):
+                    continue
+            except StaleTerm as exc:
+                self.registered = False
+                self._move("stale", logging.WARNING, None, base,
+                           f"the controller at {base} is an older leader; not adopting its answer ({exc})")
             except Conflict as exc:
                 self.registered = False
                 self._report("conflict", logging.ERROR,
@@ -114,9 +150,28 @@ class Registrar:
                              f"retrying every {self.interval:g} s")
             except ApiError as exc:
                 self.registered = False
-                self._report("down", logging.WARNING,
-                             f"controller at {base} unreachable ({exc}); retrying every {self.interval:g} s")
+                if moves_on(exc) and self.leaders.several:
+                    self._move("down", logging.WARNING, None, base,
+                               f"controller at {base} unreachable ({exc})")
+                else:
+                    self._report("down", logging.WARNING, f"controller at {base} unreachable ({exc}); "
+                                 f"retrying every {self.interval:g} s")
+            self._hopped = False
             await asyncio.sleep(self.interval)
+
+    def _follow(self, leader: str | None, base: str, why: str) -> bool:
+        """Move on after a NotLeader; True to try the named leader at once
+        (once in a row: two standbys naming each other wait the interval)."""
+        now = bool(leader) and leader != base and not self._hopped
+        self._move("not-leader", logging.INFO, leader, base, why)
+        self._hopped = now
+        return now
+
+    def _move(self, trouble: str, level: int, leader: str | None, base: str, why: str) -> None:
+        """Leave the controller at `base` for the next one (or `leader`), logged once per trouble."""
+        nxt = self.leaders.move(leader)
+        self._report(trouble, level, f"{why}; trying {nxt}" + ("" if nxt != base else
+                                                              f" again every {self.interval:g} s"))
 
     async def _once(self) -> None:
         if self.registered:
@@ -131,6 +186,7 @@ class Registrar:
                 log.info("the controller forgot us; registering again")
                 self.registered = False
         answer = await self.controller.call(REST.register, self.registration())
+        await self.agent.admit_term(answer.term, "the answer to our registration")
         self.registered = True
         log.info("registered with the controller at %s as %s%s", self.controller.base_url,
                  self.agent.identity.name, "" if answer.roles is not None else

@@ -17,6 +17,14 @@ status and the body, so the caller also knows it reached a holder of the
 secret and not whatever answers at that address: an agent that streams
 records to a migration target checks this before sending the first one.
 
+A leader controller (one of several, elected through etcd) also sends its
+term, ``X-MetaFlow-Term: <decimal>``, and the signature then covers it too
+(appended to the signed material as ``"term", <decimal>``): an agent keeps
+the highest term it has seen and refuses a call from an older leader, and
+nobody can lower or strip the term of a signed request without breaking
+its signature. A request without the header signs exactly as before, so a
+single controller and ``metaflowctl`` are unchanged.
+
 Why HMAC and not TLS: the control plane is a handful of processes on a
 management network, every message is small JSON, and the standard library
 does all of it, so the client package stays dependency-free. What it does
@@ -41,6 +49,8 @@ from client_lib.errors import AuthError, InvalidArgument
 SCHEME = "MetaFlow-HMAC-SHA256"
 AUTH_HEADER = "Authorization"
 SIGNATURE_HEADER = "X-MetaFlow-Signature"
+TERM_HEADER = "X-MetaFlow-Term"
+"""The sender's leadership term (a leader controller's calls only)."""
 MIN_SECRET_BYTES = 16
 WINDOW_S = 60.0
 """How far a request's timestamp may be from the server's clock (and so how
@@ -96,6 +106,24 @@ def _digest(secret: bytes, *parts: str | bytes) -> str:
     return mac.hexdigest()
 
 
+def _term_parts(term: int | None) -> tuple[str, ...]:
+    """What a term adds to the signed material: nothing without one, so a
+    request without a term signs as it always did."""
+    return () if term is None else ("term", str(term))
+
+
+def header_term(headers: Mapping[str, str]) -> int | None:
+    """The term a request's `TERM_HEADER` carries (None: absent), whatever
+    the header's case; AuthError for anything but a non-negative decimal,
+    which no signer sends. Not verified: `Verifier.verify` does that."""
+    value = _header(headers, TERM_HEADER)
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit()):
+        raise AuthError(f"{TERM_HEADER}: {value[:40]!r} is not a term (a non-negative integer)", 401)
+    return int(value)
+
+
 def _body_hash(body: bytes) -> bytes:
     return hashlib.sha256(body).digest()
 
@@ -121,13 +149,20 @@ class Signer:
         self._clock = clock
 
     def sign(self, authority: str, method: str, path: str, query: str,
-             body: bytes) -> tuple[dict[str, str], str]:
-        """Headers to send (``Host`` among them: it is signed), and the nonce
-        to check the response against. `authority`: the server's host:port."""
+             body: bytes, term: int | None = None) -> tuple[dict[str, str], str]:
+        """Headers to send (``Host`` among them: it is signed, and
+        `TERM_HEADER` when there is a term), and the nonce to check the
+        response against. `authority`: the server's host:port."""
+        if term is not None and term < 0:
+            raise InvalidArgument(f"a term is a non-negative integer, not {term}")
         ts = str(int(self._clock()))
         nonce = secrets.token_hex(16)
-        sig = _digest(self._secret, "request", authority, method, path, query, ts, nonce, _body_hash(body))
-        return {"Host": authority, AUTH_HEADER: f"{SCHEME} ts={ts},nonce={nonce},sig={sig}"}, nonce
+        sig = _digest(self._secret, "request", authority, method, path, query, ts, nonce, _body_hash(body),
+                      *_term_parts(term))
+        headers = {"Host": authority, AUTH_HEADER: f"{SCHEME} ts={ts},nonce={nonce},sig={sig}"}
+        if term is not None:
+            headers[TERM_HEADER] = str(term)
+        return headers, nonce
 
     def check_response(self, nonce: str, status: int, body: bytes, headers: Mapping[str, str],
                        where: str) -> None:
@@ -153,13 +188,20 @@ class Verifier:
 
     def check(self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes) -> str:
         """The request's nonce if it is signed, fresh and not a replay; else AuthError (401)."""
+        return self.verify(method, path, query, headers, body)[0]
+
+    def verify(self, method: str, path: str, query: str, headers: Mapping[str, str],
+               body: bytes) -> tuple[str, int | None]:
+        """As `check`, and the request's signed term (None: it carries none)."""
         fields = _fields(_header(headers, AUTH_HEADER), SCHEME)
         ts, nonce, sig = fields.get("ts", ""), fields.get("nonce", ""), fields.get("sig", "")
         if not (ts.isdigit() and nonce and sig):
             raise AuthError(f"{method} {path}: not signed; send {AUTH_HEADER}: {SCHEME} "
                             "with the cluster's secret (--secret-file)", 401)
+        term = header_term(headers)
         host = _header(headers, "Host")
-        want = _digest(self._secret, "request", host, method, path, query, ts, nonce, _body_hash(body))
+        want = _digest(self._secret, "request", host, method, path, query, ts, nonce, _body_hash(body),
+                       *_term_parts(term))
         if not hmac.compare_digest(sig, want):
             raise AuthError(f"{method} {path}: bad signature (a different secret?)", 401)
         if self._authority is not None and host != self._authority:
@@ -173,7 +215,7 @@ class Verifier:
         if nonce in self._seen:
             raise AuthError(f"{method} {path}: nonce already used (a replayed request)", 401)
         self._seen[nonce] = now + 2 * self._window
-        return nonce
+        return nonce, term
 
     def response_headers(self, nonce: str, status: int, body: bytes) -> dict[str, str]:
         sig = _digest(self._secret, "response", nonce, str(status), _body_hash(body))

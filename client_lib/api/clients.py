@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from client_lib.api import codec
-from client_lib.api.auth import Signer
+from client_lib.api.auth import TERM_HEADER, Signer
 from client_lib.api.route import Route
-from client_lib.errors import ApiError, AuthError, Conflict, InvalidArgument, NotFound
+from client_lib.errors import ApiError, AuthError, Conflict, InvalidArgument, NotFound, NotLeader
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -50,7 +50,11 @@ class _Surface:
     """What both clients share: the base URL, the signer, and turning a
     route call into bytes and an answer back into a value."""
 
-    def __init__(self, base_url: str, secret: bytes | None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, base_url: str, secret: bytes | None, timeout: float = DEFAULT_TIMEOUT,
+                 term: int | None = None) -> None:
+        """`term`: the leadership term of the controller this client calls
+        for, sent signed on every request (None: no term; a single
+        controller's and `metaflowctl`'s calls). It may be changed later."""
         url = urlsplit(base_url.rstrip("/"))
         if url.scheme != "http" or not url.hostname:
             raise InvalidArgument(f"API address must look like http://HOST:PORT, not {base_url!r}")
@@ -60,6 +64,7 @@ class _Surface:
         self.prefix = url.path
         self.timeout = timeout
         self._signer = Signer(secret) if secret is not None else None
+        self.term = term
 
     def _timeout(self, route: Route[Any, Any]) -> float:
         return max(self.timeout, LONG_TIMEOUT) if route.waits else self.timeout
@@ -74,8 +79,10 @@ class _Surface:
         nonce = None
         if self._signer is not None:
             signed, nonce = self._signer.sign(f"{self.host}:{self.port}", route.method, unquote(path), "",
-                                              payload)
+                                              payload, self.term)
             headers.update(signed)
+        elif self.term is not None:
+            headers[TERM_HEADER] = str(self.term)
         return _Request(route.method, path, payload, headers, nonce, f"{route.method} {self.base_url}{path}")
 
     def _answer(self, route: Route[Req, Resp], request: _Request, status: int,
@@ -91,11 +98,16 @@ class _Surface:
 
 
 def _error(where: str, status: int, body: bytes) -> ApiError:
+    leader = None
     try:
-        message = json.loads(body).get("error") or body[:300].decode(errors="replace")
+        answer = json.loads(body)
+        message = answer.get("error") or body[:300].decode(errors="replace")
+        leader = answer.get("leader") if isinstance(answer.get("leader"), str) else None
     except (ValueError, AttributeError):
         message = body[:300].decode(errors="replace")
     text = f"{where}: HTTP {status}: {message}"
+    if status == NotLeader.STATUS:
+        return NotLeader(text, status, leader)
     kind = {401: AuthError, 403: AuthError, 404: NotFound, 409: Conflict}.get(status, ApiError)
     return kind(text, status)
 

@@ -55,6 +55,10 @@ class Registered:
     has no word yet, e.g. it is rebuilding; keep what you hold, suspended if
     suspended, until an exclusive ``/assign``). [] for a server declared
     failed: it drops everything and rejoins empty."""
+    term: int = 0
+    """The leadership term of the controller that answered (0: a single
+    controller without etcd). An agent that has seen a higher term does
+    not adopt these roles: the answer comes from an older leader."""
 
 
 @dataclass(frozen=True)

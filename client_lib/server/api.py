@@ -16,6 +16,7 @@ Status of an exception raised by a handler:
 | `CodecError`, `InvalidArgument` (a malformed request) | 400 |
 | `NotFound`, `KeyError` | 404 |
 | `Conflict`, any other `ValueError` (contradicts the current state) | 409 |
+| `NotLeader` (a standby controller; the body names the leader) | 503 |
 | `ApiError` (a peer this server called failed) | 502 |
 | anything else (a bug; logged with its traceback) | 500 |
 """
@@ -28,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from client_lib.api import codec
-from client_lib.api.auth import Verifier
+from client_lib.api.auth import Verifier, header_term
 from client_lib.api.route import Route
-from client_lib.errors import ApiError, AuthError, Conflict, InvalidArgument, NotFound
+from client_lib.errors import ApiError, AuthError, Conflict, InvalidArgument, NotFound, NotLeader
 
 log = logging.getLogger("metaflow.api")
 
@@ -43,6 +44,8 @@ class ErrorBody:
     """What every failed call answers."""
 
     error: str
+    leader: str | None = None
+    """With 503 (`NotLeader`): the REST URL of the leader controller, when known."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class Call:
     params: dict[str, str]
     body: Any
     nonce: str | None
+    term: int | None = None
+    """The caller's leadership term, covered by its signature (None: it
+    sent none; with no verifier, the header as sent)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,8 @@ def status_of(exc: BaseException) -> int:
         return 404
     if isinstance(exc, (Conflict, ValueError)):
         return 409
+    if isinstance(exc, NotLeader):
+        return NotLeader.STATUS
     if isinstance(exc, ApiError):
         return 502
     return 500
@@ -97,12 +105,14 @@ class Dispatcher:
     def resolve(self, method: str, path: str, query: str, headers: Mapping[str, str],
                 body: bytes) -> Call | Response:
         """The call to hand to a handler, or the response that refuses it."""
-        nonce, refusal = None, None
-        if self.verifier is not None:
-            try:
-                nonce = self.verifier.check(method, path, query, headers, body)
-            except AuthError as exc:
-                refusal = exc
+        nonce, term, refusal = None, None, None
+        try:
+            if self.verifier is not None:
+                nonce, term = self.verifier.verify(method, path, query, headers, body)
+            else:
+                term = header_term(headers)
+        except AuthError as exc:
+            refusal = exc
         route, params = self._find(method, path)
         if route is None:
             allowed = sorted({r.method for r in self.routes if r.match(r.method, path) is not None})
@@ -118,7 +128,7 @@ class Dispatcher:
             request = (codec.loads(route.request, body) if route.request is not None else None)
         except codec.CodecError as exc:
             return self._refuse(nonce, 400, f"{route}: {exc}")
-        return Call(route, params, request, nonce)
+        return Call(route, params, request, nonce, term)
 
     def reply(self, call: Call, result: object) -> Response:
         if not isinstance(result, call.route.response):
@@ -132,7 +142,8 @@ class Dispatcher:
             log.error("%s failed", call.route, exc_info=exc)
         else:
             log.warning("%s -> %d: %s", call.route, status, message_of(exc))
-        return self._signed(call.nonce, status, codec.dumps(ErrorBody(message_of(exc))))
+        leader = exc.leader if isinstance(exc, NotLeader) else None
+        return self._signed(call.nonce, status, codec.dumps(ErrorBody(message_of(exc), leader)))
 
     def _find(self, method: str, path: str) -> tuple[Route[Any, Any] | None, dict[str, str]]:
         for route in self.routes:
@@ -193,4 +204,4 @@ def wsgi_app(dispatcher: Dispatcher, handle: Handler) -> WsgiApp:
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
             405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
-            500: "Internal Server Error", 502: "Bad Gateway"}
+            500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}

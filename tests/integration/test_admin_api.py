@@ -6,6 +6,7 @@ them)."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import subprocess
@@ -18,11 +19,11 @@ import pytest
 
 from client_lib.api import codec
 from client_lib.api.admin import ADMIN, AssignRequest, CountRequest, DisownRequest, MigrateRequest, Role
-from client_lib.api.auth import Signer, load_secret, write_secret
+from client_lib.api.auth import TERM_HEADER, Signer, load_secret, write_secret
 from client_lib.api.clients import ApiClient
 from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, RetryPolicy
-from client_lib.errors import ApiError, AuthError, NotFound
+from client_lib.errors import ApiError, AuthError, Conflict, NotFound
 from client_lib.mdid import mdid
 from mininet_scenarios.daemons import ROOT, AgentProcess
 from tests.integration.fake_api import Listener
@@ -60,8 +61,10 @@ def _send(proc: AgentProcess, method: str, path: str, body: bytes = b"",
         conn.close()
 
 
-def _signed(proc: AgentProcess, method: str, path: str, body: bytes) -> dict[str, str]:
-    headers, _nonce = Signer(proc.secret).sign(urlsplit(proc.admin_url).netloc, method, path, "", body)
+def _signed(proc: AgentProcess, method: str, path: str, body: bytes,
+            term: int | None = None) -> dict[str, str]:
+    headers, _nonce = Signer(proc.secret).sign(urlsplit(proc.admin_url).netloc, method, path, "", body,
+                                               term)
     return headers
 
 
@@ -192,6 +195,41 @@ def test_typed_routes_count_assign_disown_and_refuse_bad_requests(agent: AgentPr
 def _daemon(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "nat_agent.daemon", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=30)
+
+
+def test_calls_from_an_older_leader_are_refused_also_after_a_restart(tmp_path: Path) -> None:
+    """The term fence: a leader of term 5 assigns; a call carrying term 3 (a
+    deposed leader that does not know it yet) is refused 409 and changes
+    nothing, whatever it asks, also once the agent restarted; a call without
+    a term (metaflowctl, one controller) is not fenced; and the term cannot
+    be lowered in transit (it is signed)."""
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", log_path=tmp_path / "agent.log") as proc:
+        role = Role(SPACE, (5 << 32) | 1, True, [proc.member()])
+        leader, deposed = (ApiClient(proc.admin_url, proc.secret, term=t) for t in (5, 3))
+        leader.call(ADMIN.assign, AssignRequest([role], exclusive=True))
+        with _client(proc) as client:
+            client.put(PATHS[0], b"kept")
+
+        newer = AssignRequest([dataclasses.replace(role, epoch=role.epoch + 1)])   # newer epoch, older term
+
+        def refused() -> None:
+            with pytest.raises(Conflict, match=r"POST /assign: from an older leader: term 3 < 5") as caught:
+                deposed.call(ADMIN.assign, newer)
+            assert caught.value.status == 409
+            with pytest.raises(Conflict, match=r"POST /disown: from an older leader: term 3 < 5"):
+                deposed.call(ADMIN.disown, DisownRequest([SPACE]))
+            health = proc.call(ADMIN.health)
+            assert health.roles == [role] and health.keys == 1
+
+        refused()
+        headers = _signed(proc, "POST", "/disown", codec.dumps(DisownRequest([SPACE])), term=5)
+        headers[TERM_HEADER] = "6"   # raised in transit: not signed so
+        assert _send(proc, "POST", "/disown", codec.dumps(DisownRequest([SPACE])), headers)[0] == 401
+        proc.stop()
+        proc.start()
+        refused()
+        assert proc.call(ADMIN.health).roles == [role]   # the unfenced call works
+        assert "refusing anything from an older leader" in proc.log()
 
 
 def test_the_daemon_refuses_to_start_without_a_usable_secret(tmp_path: Path) -> None:

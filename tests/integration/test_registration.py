@@ -21,13 +21,15 @@ import pytest
 
 from client_lib.api.admin import ADMIN, AssignRequest, Member, Role
 from client_lib.api.auth import load_secret, write_secret
+from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST, Ack, Heartbeat, Registered, Registration
 from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, RetryPolicy, Unavailable
-from client_lib.errors import Conflict, NotFound
+from client_lib.errors import Conflict, NotFound, NotLeader
 from client_lib.mdid import mdid
 from client_lib.server.api import Call
 from mininet_scenarios.daemons import ROOT, AgentProcess
+from nat_agent.ports import listen_port
 from tests.integration.fake_api import FakeApi, Listener
 
 OWN = Block.parse("100.64.0.0/12")
@@ -42,14 +44,18 @@ class Controller:
         self.forget = threading.Event()
         self.refusals_left = 0
         self.roles: list[Role] | None = None   # what registrations are answered with
+        self.term = 0                          # the leadership term they are answered with
+        self.standby_for: str | None = None    # set: a standby, naming this leader ("": none known)
 
     def handle(self, call: Call) -> object:
+        if self.standby_for is not None:
+            raise NotLeader("this controller is a standby", leader=self.standby_for or None)
         if call.route is REST.register:
             if self.refusals_left:
                 self.refusals_left -= 1
                 raise Conflict(f"{call.body.name} is bound to another server (10.0.0.99)", 409)
             self.registrations.append(call.body)
-            return Registered(call.body.name, self.roles)
+            return Registered(call.body.name, self.roles, self.term)
         if call.route is REST.heartbeat:
             if self.forget.is_set():
                 self.forget.clear()
@@ -177,3 +183,75 @@ def test_a_restarted_agent_serves_nothing_until_the_controller_says_what_it_hold
             _until(lambda: not agent.call(ADMIN.health).suspended)
             health = agent.call(ADMIN.health)
             assert health.roles == [] and health.keys == 0
+
+
+# -- several controllers, one leader ---------------------------------------------
+
+def test_an_agent_follows_the_leader_a_standby_names(tmp_path: Path, cluster_secret: Path) -> None:
+    """Two controller URLs, the first a standby naming the second: the agent
+    registers with the second. When leadership moves back, the new leader
+    (which knows nothing of the agent) gets a registration too; each move is
+    logged once, not once per heartbeat."""
+    secret = load_secret(cluster_secret)
+    first, second = Controller(), Controller()
+    with FakeApi(REST.ALL, secret, first.handle) as one, FakeApi(REST.ALL, secret, second.handle) as two:
+        first.standby_for = two.url
+        with _agent(tmp_path, f"{one.url},{two.url}", cluster_secret) as agent:
+            _until(lambda: len(second.beats) >= 3)
+            assert first.registrations == [] and len(second.registrations) == 1
+            assert [c.route for c in one.calls] == [REST.register]   # asked once, then followed
+            first.standby_for, second.standby_for = None, one.url      # a takeover
+            _until(lambda: len(first.beats) >= 3)
+            assert len(first.registrations) == 1 and first.registrations[0].name == agent.name
+            beats = len(second.beats)
+            time.sleep(0.5)
+            assert len(second.beats) == beats   # it talks to one controller at a time
+    moves = [line for line in agent.log().splitlines() if "is not the leader" in line]
+    assert len(moves) == 2, moves
+    assert f"trying {two.url}" in moves[0] and f"trying {one.url}" in moves[1]
+
+
+def test_an_agent_moves_past_a_controller_that_does_not_answer(tmp_path: Path,
+                                                               cluster_secret: Path) -> None:
+    """No answer at all (nothing listens) moves the agent to the next URL; a
+    standby that knows no leader too."""
+    secret = load_secret(cluster_secret)
+    lost, leader = Controller(), Controller()
+    lost.standby_for = ""
+    dead = f"http://127.0.0.1:{listen_port()}"
+    with FakeApi(REST.ALL, secret, lost.handle) as standby, FakeApi(REST.ALL, secret, leader.handle) as api, \
+            _agent(tmp_path, f"{dead},{standby.url},{api.url}", cluster_secret) as agent:
+        _until(lambda: len(leader.beats) >= 2)
+    assert len(leader.registrations) == 1 and lost.registrations == []
+    assert f"controller at {dead} unreachable" in agent.log()
+    assert f"the controller at {standby.url} is not the leader" in agent.log()
+
+
+def test_a_registration_answer_from_an_older_leader_is_not_adopted(tmp_path: Path,
+                                                                   cluster_secret: Path) -> None:
+    """The agent obeyed a leader of term 5 (an exclusive /assign): an answer
+    to its registration at term 3 (a deposed leader) changes nothing, also
+    after a restart (the term is saved with the roles); one at term 6 is
+    adopted."""
+    controller = Controller()
+    with FakeApi(REST.ALL, load_secret(cluster_secret), controller.handle) as api:
+        agent = _agent(tmp_path, api.url, cluster_secret, own=False)
+        role = Role(OWN, (5 << 32) | 1, True, [agent.member()])
+        with agent:
+            _until(lambda: len(controller.beats) >= 1)
+            ApiClient(agent.admin_url, agent.secret, term=5).call(
+                ADMIN.assign, AssignRequest([role], exclusive=True))
+            controller.roles, controller.term = [], 3   # "declared failed", says the old leader
+            controller.forget.set()
+            _until(lambda: "older leader" in agent.log())
+            time.sleep(0.5)
+            health = agent.call(ADMIN.health)
+            assert health.roles == [role] and not health.suspended
+            agent.kill()
+            agent.start()
+            _until(lambda: agent.log().count("older leader") >= 2)
+            assert agent.call(ADMIN.health).roles == [role]   # suspended, but nothing dropped
+            newer = Role(OWN, (6 << 32) | 1, True, [agent.member()])
+            controller.roles, controller.term = [newer], 6
+            _until(lambda: agent.call(ADMIN.health).roles == [newer])
+            assert not agent.call(ADMIN.health).suspended

@@ -24,15 +24,19 @@ from client_lib.api.admin import (
 from client_lib.api.auth import (
     AUTH_HEADER,
     SIGNATURE_HEADER,
+    TERM_HEADER,
     Signer,
     Verifier,
+    _body_hash,
+    _digest,
     load_secret,
     write_secret,
 )
+from client_lib.api.clients import ApiClient, _error
 from client_lib.api.rest import REST, Registration, TreeView
 from client_lib.api.route import Route
 from client_lib.cidr import Block
-from client_lib.errors import AuthError, Conflict, InvalidArgument, NotFound
+from client_lib.errors import AuthError, Conflict, InvalidArgument, NotFound, NotLeader
 from client_lib.server.api import Call, Dispatcher, ErrorBody, Response, status_of
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -162,6 +166,35 @@ def test_tampered_or_unsigned_requests_are_refused(tamper: str) -> None:
     assert caught.value.status == 401
 
 
+def test_a_request_without_a_term_signs_as_before_and_one_with_a_term_covers_it() -> None:
+    clock = Clock()
+    signer, verifier = Signer(SECRET, clock), Verifier(SECRET, clock=clock)
+    plain, nonce = signer.sign(HOST, "POST", "/assign", "", b"{}")
+    assert TERM_HEADER not in plain
+    sig = plain[AUTH_HEADER].rpartition("sig=")[2]   # the formula of every release before terms
+    assert sig == _digest(SECRET, "request", HOST, "POST", "/assign", "", str(int(clock.now)), nonce,
+                          _body_hash(b"{}"))
+    assert verifier.verify("POST", "/assign", "", plain, b"{}") == (nonce, None)
+    termed, nonce = signer.sign(HOST, "POST", "/assign", "", b"{}", term=7)
+    assert termed[TERM_HEADER] == "7" and termed[AUTH_HEADER].rpartition("sig=")[2] != sig
+    assert verifier.verify("POST", "/assign", "", termed, b"{}") == (nonce, 7)
+    with pytest.raises(InvalidArgument):
+        signer.sign(HOST, "POST", "/assign", "", b"{}", term=-1)
+
+
+@pytest.mark.parametrize("tamper", ["lowered", "raised", "stripped", "added", "garbage"])
+def test_the_term_cannot_be_changed_stripped_or_added(tamper: str) -> None:
+    signer, verifier = Signer(SECRET), Verifier(SECRET)
+    headers, _ = signer.sign(HOST, "POST", "/assign", "", b"{}", term=None if tamper == "added" else 5)
+    if tamper == "stripped":
+        del headers[TERM_HEADER]
+    else:
+        headers[TERM_HEADER] = {"lowered": "4", "raised": "6", "added": "5", "garbage": "5x"}[tamper]
+    with pytest.raises(AuthError) as caught:
+        verifier.verify("POST", "/assign", "", headers, b"{}")
+    assert caught.value.status == 401
+
+
 def test_responses_are_signed_for_the_request_nonce() -> None:
     signer, verifier = Signer(SECRET), Verifier(SECRET)
     headers, nonce = signer.sign(HOST, "GET", "/health", "", b"")
@@ -249,6 +282,45 @@ def test_dispatcher_signs_results_and_maps_exceptions() -> None:
         assert failed.status == status == status_of(exc)
         assert dataclasses.asdict(codec.loads(ErrorBody, failed.body))["error"]
         Signer(SECRET).check_response(nonce, status, failed.body, failed.headers, "test")
+
+
+def test_dispatcher_hands_the_verified_term_to_the_handler() -> None:
+    dispatcher = Dispatcher(ADMIN.ALL, Verifier(SECRET))
+    headers, _ = Signer(SECRET).sign(HOST, "GET", "/health", "", b"", term=9)
+    assert _call(dispatcher.resolve("GET", "/health", "", headers, b"")).term == 9
+    assert _call(dispatcher.resolve("GET", "/health", "", _signed("GET", "/health")[0], b"")).term is None
+    termed, _ = Signer(SECRET).sign(HOST, "GET", "/health", "", b"", term=3)
+    lowered = {k.lower(): v for k, v in termed.items()}
+    assert _call(dispatcher.resolve("GET", "/health", "", lowered, b"")).term == 3
+    unsigned = Dispatcher(ADMIN.ALL, None)
+    assert _call(unsigned.resolve("GET", "/health", "", {TERM_HEADER: "4"}, b"")).term == 4
+
+
+def test_not_leader_is_503_and_names_the_leader_both_ways() -> None:
+    dispatcher = Dispatcher(REST.ALL, Verifier(SECRET))
+    headers, nonce = _signed("POST", "/register", b"{}")
+    call = Call(REST.register, {}, None, nonce)
+    failed = dispatcher.fail(call, NotLeader("this controller is a standby", leader="http://10.255.0.9:8080"))
+    assert failed.status == 503 == status_of(NotLeader("x"))
+    body = codec.loads(ErrorBody, failed.body)
+    assert body.leader == "http://10.255.0.9:8080" and "the leader is http://10.255.0.9:8080" in body.error
+    Signer(SECRET).check_response(nonce, 503, failed.body, failed.headers, "test")
+    error = _error("POST http://c1/register", failed.status, failed.body)
+    assert isinstance(error, NotLeader) and error.status == 503
+    assert error.leader == "http://10.255.0.9:8080" and str(error).count("http://10.255.0.9:8080") == 1
+    unknown = _error("POST http://c1/register", 503, codec.dumps(ErrorBody("standby; no leader yet")))
+    assert isinstance(unknown, NotLeader) and unknown.leader is None
+    assert not isinstance(_error("x", 502, b"{}"), NotLeader)
+
+
+def test_clients_carry_their_term() -> None:
+    client = ApiClient("http://10.255.0.3:9001", SECRET, term=4)
+    request = client._prepare(ADMIN.health, None, {})
+    assert request.headers[TERM_HEADER] == "4"
+    assert _call(Dispatcher(ADMIN.ALL, Verifier(SECRET)).resolve(
+        request.method, request.path, "", request.headers, request.body)).term == 4
+    client.term = None
+    assert TERM_HEADER not in client._prepare(ADMIN.health, None, {}).headers
 
 
 def test_auth_header_names_are_case_insensitive() -> None:

@@ -32,6 +32,7 @@ from client_lib.config import (
 )
 from client_lib.errors import InvalidArgument
 from controller.ctl import main as metaflowctl
+from nat_agent.daemon import parse_args as parse_agent_args
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "deploy" / "examples"
@@ -254,6 +255,16 @@ def test_check_config_shows_the_file_s_values_as_written(tmp_path: Path,
     assert '\ncentral-redis = "127.0.0.1:6400"  # file\n' in capsys.readouterr().out
 
 
+def test_several_controllers_are_one_string_separated_by_commas(tmp_path: Path, secret: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    urls = "http://10.255.0.1:8080,http://10.255.0.2:8080"
+    path = _file(tmp_path, f'role = "agent"\nsecret-file = "{secret}"\ncontroller = "{urls}"\n')
+    assert metaflowctl(["check-config", str(path)]) == 0
+    assert f'\ncontroller = "{urls}"  # file\n' in capsys.readouterr().out
+    args = parse_agent_args(["--secret-file", str(secret), "--controller", f"{urls}/,http://10.255.0.1:8080"])
+    assert args.controller == urls.split(",")
+
+
 @pytest.mark.parametrize(("text", "argv", "message"), [
     ('of-port = "x"\n', [], "key 'of-port': must be an integer"),              # guessed: the controller's
     ('secret-file = "{secret}"\nheartbeat-timeout = 0\n', [],
@@ -261,6 +272,8 @@ def test_check_config_shows_the_file_s_values_as_written(tmp_path: Path,
     ('role = "agent"\nworkers = 65\nsecret-file = "{secret}"\n', [],
      "key 'workers': --workers must be between 0 and 64"),
     ('role = "fs"\nmountpoint = "/mnt"\nroot = 0\n', [], "key 'root': --root must be 1 or"),
+    ('role = "agent"\nsecret-file = "{secret}"\ncontroller = "http://10.0.0.1:8080,10.0.0.2:8080"\n', [],
+     "key 'controller': --controller: '10.0.0.2:8080' is not a controller URL"),
     ('role = "fs"\nmountpoint = "/mnt"\nattr-timeout = -1\n', [], "key 'attr-timeout': --attr-timeout must"),
     ('role = "agent"\n', ["--role", "fs"], "key 'role': this file is for 'agent', not the fs"),
     ('role = "router"\n', [], "key 'role': must be one of 'controller', 'agent', 'fs', not 'router'"),

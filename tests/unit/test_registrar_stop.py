@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from client_lib.api.leaders import Leaders
 from client_lib.errors import ApiError
 from nat_agent.registration import Registrar
 
@@ -36,10 +37,12 @@ def test_stop_ends_a_loop_that_swallows_its_cancellation() -> None:
         registrar.agent = SimpleNamespace(store=store, ownership=ownership,
                                           identity=SimpleNamespace(name="a"))  # type: ignore[assignment]
         controller = SwallowingController()
-        registrar.controller = controller   # type: ignore[assignment]
+        registrar.leaders = Leaders([controller.base_url])
+        registrar._clients = {controller.base_url: controller}   # type: ignore[dict-item]
         registrar.registration = lambda: None   # type: ignore[method-assign,assignment,return-value]
         registrar.interval, registrar.registered, registrar.heartbeats = 0.01, True, 0
         registrar._task, registrar._stopping, registrar._trouble, registrar._told = None, False, None, 0.0
+        registrar._hopped = False
         registrar.start()
         await asyncio.sleep(0.05)
         await asyncio.wait_for(registrar.stop(), 5)
