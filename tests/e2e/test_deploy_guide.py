@@ -127,8 +127,13 @@ def check_normal(walk: Walk) -> None:
 
 
 def check_management(walk: Walk) -> None:
-    for ns, n in (("mfw-c1", 21), ("mfw-s1", 11), ("mfw-s2", 1)):
+    for ns, n in (("mfw-c1", 21), ("mfw-s1", 11), ("mfw-s2", 1), ("mfw-etcd", 11)):
         assert in_ns(ns, "ping", "-c", "1", "-W", "2", f"{walk.mgmt}.{n}").returncode == 0, (ns, n)
+
+
+def check_etcd(walk: Walk) -> None:
+    health = in_ns("mfw-c1", "etcdctl", "--endpoints", f"http://{walk.mgmt}.5:2379", "endpoint", "health")
+    assert health.returncode == 0, health.stderr
 
 
 def check_controller(walk: Walk) -> None:
@@ -169,6 +174,7 @@ STEP_CHECKS: dict[str, Callable[[Walk], None]] = {
     "hosts": check_hosts,
     "normal": check_normal,
     "management": check_management,
+    "etcd": check_etcd,
     "controller": check_controller,
     "agent-s1": check_agent_s1,
     "agent-s2": check_agent_s2,
