@@ -73,6 +73,7 @@ UPRULE_PRIORITY: Final = 1999
 HOST_ROUTE_PRIORITY: Final = 1000
 ARP_PRIORITY: Final = 900
 TABLE_MISS_PRIORITY: Final = 0
+"""Full mode: drop; hybrid mode: NORMAL (the switch's own forwarding)."""
 LLDP_PRIORITY: Final = 0xFFFF
 
 COOKIE_METAFLOW: Final = 0x4D46
@@ -80,4 +81,7 @@ COOKIE_METAFLOW: Final = 0x4D46
 COOKIE_ROUTE: Final = 0x4D52
 """"MR": host routes for physical addresses."""
 COOKIE_BASE: Final = 0x4D42
-""""MB": LLDP, ARP and table-miss entries."""
+""""MB": LLDP, ARP and (full mode) the drop-all entry."""
+COOKIE_NORMAL: Final = 0x4D4E
+""""MN": hybrid mode's lowest-priority entry, everything else to NORMAL; its
+own cookie, so a switch's refusal of NORMAL is recognized in the error."""

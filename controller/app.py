@@ -57,6 +57,7 @@ from controller.steps import (
     StepDone,
     StepFailed,
     SwitchDown,
+    SwitchError,
     SwitchUp,
     Tick,
     Wait,
@@ -282,7 +283,11 @@ class MetaFlowApp(app_manager.OSKenApp):
         if ev.state == MAIN_DISPATCHER:
             self.datapaths[dp.id] = dp
             log.info("switch %s connected", dp.id)
-            self.post(SwitchUp(dp.id))
+            ofp = dp.ofproto
+            ports = tuple(sorted(p for p in dp.ports if p <= ofp.OFPP_MAX))
+            local = dp.ports.get(ofp.OFPP_LOCAL)
+            name = local.name.decode(errors="replace").rstrip("\0") if local is not None else ""
+            self.post(SwitchUp(dp.id, ports, name))
         elif self.datapaths.pop(dp.id, None) is not None:
             log.warning("switch %s disconnected", dp.id)
             with self.lock:
@@ -297,10 +302,12 @@ class MetaFlowApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPErrorMsg, MAIN_DISPATCHER)
     def _error(self, ev: Any) -> None:
         """A switch refused something (a flow mod over its table, a bad
-        match): counted per switch; the barrier after it still decides the step."""
+        match): counted per switch; the barrier after it still decides the step.
+        The core judges what was refused (hybrid mode's NORMAL is said loudly)."""
         msg = ev.msg
         self.metrics.refused(msg.datapath.id)
         log.warning("switch %s: OpenFlow error type %s code %s", msg.datapath.id, msg.type, msg.code)
+        self.post(SwitchError(msg.datapath.id, msg.type, msg.code, bytes(msg.data)))
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
     def _barrier(self, ev: Any) -> None:

@@ -32,7 +32,7 @@ from btree.tree import LogicalBTree, State
 from client_lib.api.admin import ADMIN, Role
 from client_lib.cidr import Block
 from controller import migrations
-from controller.routing import host_routes
+from controller.routing import mode_routes
 from controller.saga import Saga, StepError
 from controller.steps import CallAgent
 from controller.world import SagaWorld
@@ -72,7 +72,7 @@ def build(world: SagaWorld, graph: nx.Graph) -> Built | None:
         for block, owner in tree.partition():
             place(world, block, owner)
     planner = FlowPlanner(tree, fabric, minimize=world.settings.minimize)
-    world.plan_flows(planner, host_routes(graph))
+    world.plan_flows(planner, mode_routes(graph, world.settings.mode))
     replicas.check()
     world.event("network-built", switches=len(fabric.switches), servers=len(tree.leaves()),
                 busy=len(tree.leaves_in(State.BUSY)), restored=restored.claimed,

@@ -44,6 +44,7 @@ from client_lib.api.rest import (
     Registered,
 )
 from client_lib.cidr import Block
+from client_lib.constants import COOKIE_NORMAL
 from client_lib.errors import Conflict, NotFound
 from controller import arp, ofmsgs
 from controller.build import build, build_saga
@@ -54,7 +55,7 @@ from controller.rack import grow_rack, rack_saga
 from controller.rebalance import rebalance_saga
 from controller.registry import Registry, Server
 from controller.repair import repair_saga
-from controller.routing import diff_routes, host_routes
+from controller.routing import diff_routes, mode_routes
 from controller.saga import Operation, Operations, Saga
 from controller.settings import Settings
 from controller.split import split_saga
@@ -77,6 +78,7 @@ from controller.steps import (
     StepDone,
     StepFailed,
     SwitchDown,
+    SwitchError,
     SwitchUp,
     Tick,
 )
@@ -96,7 +98,11 @@ LIVE_SETTINGS = frozenset({
 """The `Settings` a running controller takes from a reload (SIGHUP): thresholds,
 timeouts, limits and switches of policy, each read when it is next used. The
 rest shape what is already built or bound (the space, the replica count, the
-bootstrap, the addresses, the secret) and take a restart."""
+bootstrap, the addresses, the secret, the mode) and take a restart."""
+
+PROBE_INTERVAL_S = 2.0
+"""Hybrid mode: how often a storage server not located yet is asked for
+(`arp.probe` out of every edge port)."""
 
 
 class MetaFlowCore:
@@ -122,6 +128,7 @@ class MetaFlowCore:
         self._held: list[tuple[set[str], PacketOut]] = []
         """ARP replies from or for such hosts, sent once none of them is in `_routing`."""
         self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
+        self._probed = float("-inf")   # hybrid mode: when the last probes went out
         self._grow_tried: tuple[float, int] | None = None
         """(last topology change, registrations) of the last new-rack attempt: tried once per state."""
         self.first_registration: float | None = None
@@ -185,6 +192,8 @@ class MetaFlowCore:
             return self._arp(event)
         if isinstance(event, (SwitchUp, SwitchDown, LinkUp, LinkDown, PortUp, PortDown)):
             return self._topology(event)
+        if isinstance(event, SwitchError):
+            return self._refused(event)
         if isinstance(event, Register):
             try:
                 return self._register(event)
@@ -245,13 +254,14 @@ class MetaFlowCore:
     def _topology(self, event: Event) -> list[Step]:
         inv = self.inventory
         if isinstance(event, SwitchUp):
-            inv.switch_up(event.dpid)
+            inv.switch_up(event.dpid, event.ports, event.name)
             self.last_change = self.clock()
             if self.planner is not None and event.dpid in self.planner.fabric.switches:
                 self.world.event("switch-resync", dpid=event.dpid)
                 return self.start("resync", f"s{event.dpid}", set(),
                                   lambda op: self.world.resync([event.dpid]))
-            return self._loose_steps([SendFlows(dpid=event.dpid, messages=ofmsgs.base_messages())],
+            base = ofmsgs.base_messages(self.settings.mode, self.settings.gateway_ip)
+            return self._loose_steps([SendFlows(dpid=event.dpid, messages=base)],
                                      f"base flows of {event.dpid}")
         if isinstance(event, SwitchDown):
             inv.switch_down(event.dpid)
@@ -296,7 +306,9 @@ class MetaFlowCore:
                 pending = {s.id for s in steps if isinstance(s, SendFlows)}
                 if pending:
                     self._routing[message.sender_ip] = pending
-        reply = arp.answer(message, self.inventory.mac_of, self.settings.gateway_ip)
+        # Hybrid mode answers the gateway only: the fabric resolves its hosts itself.
+        mac_of = self.inventory.mac_of if self.settings.mode == "full" else _nobody
+        reply = arp.answer(message, mac_of, self.settings.gateway_ip)
         if reply is not None:
             packet = PacketOut(dpid=event.dpid, port=event.port, data=reply)
             self._issue(packet)
@@ -336,7 +348,7 @@ class MetaFlowCore:
 
     def _refresh_routes(self) -> list[Step]:
         self.graph = self.graph_now()
-        new = host_routes(self.graph)
+        new = mode_routes(self.graph, self.settings.mode)
         steps: list[Step] = []
         for dpid, table in new.items():
             changed, deleted = diff_routes(self.world.routes.get(dpid, {}), table)
@@ -464,13 +476,44 @@ class MetaFlowCore:
 
     # -- the tick: build, fail over, poll, repair, split -------------------------------
 
+    def _refused(self, event: SwitchError) -> list[Step]:
+        """A switch that refuses hybrid mode's NORMAL entry forwards nothing
+        of the fabric's own traffic: said at connect, by name, not found
+        later by lost packets. Other refusals are the shim's to count."""
+        refused = ofmsgs.refused_flow_mod(event.error_type, event.error_code, event.data)
+        if refused is not None and refused.cookie == COOKIE_NORMAL:
+            self.world.event("normal-refused", logging.ERROR, switch=self.inventory.name(event.dpid),
+                             error=f"type {refused.error_type} code {refused.error_code}",
+                             note="hybrid mode needs the NORMAL action: this switch forwards only "
+                                  "MetaFlow's entries; run it in full mode or replace it")
+        return []
+
+    def _probe(self, now: float) -> list[Step]:
+        """Hybrid mode: ask for every registered storage server the data plane
+        does not reach yet, out of every edge port (`arp.probe`), every
+        PROBE_INTERVAL_S; its answer to the gateway locates it (`_arp`)."""
+        if self.settings.mode != "hybrid" or now - self._probed < PROBE_INTERVAL_S:
+            return []
+        targets = sorted(s.data_ip for s in self.registry.servers.values()
+                         if not self.inventory.attached(s.data_ip))
+        if not targets:
+            return []
+        self._probed = now
+        ports = self.inventory.edge_ports()
+        steps: list[Step] = [PacketOut(dpid=dpid, port=port, data=arp.probe(ip, self.settings.gateway_ip))
+                             for ip in targets for dpid, port in ports]
+        for step in steps:
+            self._issue(step)
+        return steps
+
     def _tick(self) -> list[Step]:
         now = self.clock()
+        probes = self._probe(now)
         if self.tree is None:
             if now - self.last_change >= self.settings.settle_s:
-                return self._build(now)
-            return []
-        steps: list[Step] = []
+                return probes + self._build(now)
+            return probes
+        steps: list[Step] = probes
         for server in self.registry.silent(now, self.settings.heartbeat_timeout_s):
             steps += self._fail(server.name, f"no heartbeat for {now - server.last_seen:.1f} s")
         leaves = set(self.tree.leaves())   # once per tick, not once per server
@@ -694,3 +737,8 @@ class MetaFlowCore:
             return steps
         return steps + self.start("failover", name, {name},
                                   lambda op: failover_saga(self.world, op, name, reason), reply)
+
+
+def _nobody(ip: str) -> str | None:
+    """No host's MAC: what hybrid mode answers ARP for (only the gateway)."""
+    return None

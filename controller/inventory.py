@@ -1,7 +1,9 @@
 """What the controller has discovered of the network: switches, links, hosts.
 
-Switches and links come from OpenFlow (features, LLDP); hosts from the ARP
-frames the switches send up. ARP is unauthenticated, so the inventory only
+Switches, their ports and links come from OpenFlow (features, port status,
+LLDP); hosts from the ARP frames the switches send up (in hybrid mode only
+those for the gateway: clients asking for it, servers answering the
+controller's probes, sent out of `edge_ports`). ARP is unauthenticated, so the inventory only
 believes what cannot be a takeover:
 
 - a frame from a port that carries a switch-to-switch link is not a host;
@@ -42,14 +44,22 @@ class Inventory:
         self.links: set[Link] = set()
         self.hosts: dict[str, Host] = {}      # by IP
         self.down_ports: set[tuple[int, int]] = set()
+        self.ports: dict[int, set[int]] = {}
+        """Each switch's physical ports, from its features and port status."""
+        self.names: dict[int, str] = {}
+        """Each switch's own name (its local port's), to report it by."""
 
     # -- switches and links --------------------------------------------------------
 
-    def switch_up(self, dpid: int) -> None:
+    def switch_up(self, dpid: int, ports: tuple[int, ...] = (), name: str = "") -> None:
         self.dpids.add(dpid)
+        self.ports[dpid] = set(ports)
+        if name:
+            self.names[dpid] = name
 
     def switch_down(self, dpid: int) -> None:
         self.dpids.discard(dpid)
+        self.ports.pop(dpid, None)
         self.links = {link for link in self.links if dpid not in (link[0], link[2])}
 
     def link_up(self, a: int, pa: int, b: int, pb: int) -> bool:
@@ -69,6 +79,19 @@ class Inventory:
 
     def port_up(self, dpid: int, port: int) -> None:
         self.down_ports.discard((dpid, port))
+        if dpid in self.ports:
+            self.ports[dpid].add(port)
+
+    def edge_ports(self) -> list[tuple[int, int]]:
+        """(dpid, port) of every port that is up and carries no
+        switch-to-switch link: where hosts can be."""
+        skip = self.down_ports | {end for a, pa, b, pb in self.links for end in ((a, pa), (b, pb))}
+        return sorted((dpid, port) for dpid in self.dpids for port in self.ports.get(dpid, ())
+                      if (dpid, port) not in skip)
+
+    def name(self, dpid: int) -> str:
+        """How a switch is reported: its own name and dpid."""
+        return f"{self.names[dpid]} (dpid {dpid})" if dpid in self.names else f"dpid {dpid}"
 
     def is_link_port(self, dpid: int, port: int) -> bool:
         return any((dpid, port) in ((a, pa), (b, pb)) for a, pa, b, pb in self.links)

@@ -7,13 +7,18 @@ valve_of: the shim attaches the datapath when it sends them), so the core
 returns them in its steps, and tests check the exact matches, priorities and
 actions, or apply them to a fake switch, with no switch at all.
 
-Layout (ARCHITECTURE.md, "Flow table layout"):
+Layout (ARCHITECTURE.md, "Flow table layout"), full mode:
 
     2000+len  ip, tcp|udp, tp_dst=9000, nw_dst=prefix  -> [set dl_dst], output
     1999      ip, tcp|udp, tp_dst=9000                  -> output uplink (by ID bits)
     1000      ip, nw_dst=host/32                        -> output
      900      arp                                       -> controller
        0      (any)                                     -> drop (never flood)
+
+Hybrid mode keeps the MetaFlow entries and LLDP, and replaces the rest:
+
+     900      arp, nw_dst=gateway (the ARP target)      -> controller
+       0      (any)                                     -> NORMAL (cookie "MN")
 
 A MetaFlow entry is two flow mods, one per transport protocol. Diffs go out
 adds first, then modifies, then deletes, so no packet meets a hole between
@@ -23,8 +28,10 @@ an old entry leaving and its replacement arriving.
 from __future__ import annotations
 
 import ipaddress
+import struct
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from os_ken.ofproto import ofproto_v1_0, ofproto_v1_0_parser
 
@@ -34,6 +41,7 @@ from client_lib.constants import (
     ARP_PRIORITY,
     COOKIE_BASE,
     COOKIE_METAFLOW,
+    COOKIE_NORMAL,
     COOKIE_ROUTE,
     HOST_ROUTE_PRIORITY,
     LLDP_PRIORITY,
@@ -42,6 +50,7 @@ from client_lib.constants import (
 )
 from controller.load import EntryCount
 from controller.routing import diff_routes
+from controller.settings import Mode
 
 ETH_TYPE_IP = 0x0800
 ETH_TYPE_ARP = 0x0806
@@ -105,18 +114,61 @@ def route_messages(routes: dict[str, int], delete: Sequence[str] = ()) -> list[A
     return out
 
 
-def base_messages() -> list[Any]:
-    """What every switch holds from the start: LLDP and ARP to the controller
-    (discovery and address answers), and drop for the rest. No wipe: a
+@dataclass(frozen=True)
+class BaseEntry:
+    """One of the entries every switch holds besides MetaFlow's and the
+    routes: what `base_entries` wants, and what `installed` reads back (by
+    cookie), so a re-sync deletes ours that the mode no longer wants and
+    nothing else."""
+
+    priority: int
+    dl_type: int | None = None
+    """None: any frame."""
+    nw_dst: str | None = None
+    """Under dl_type ARP, OF1.0's nw_dst is the ARP target address."""
+    out: int | None = None
+    """An output port (OFPP_CONTROLLER, OFPP_NORMAL); None: drop."""
+    cookie: int = COOKIE_BASE
+
+    @property
+    def key(self) -> tuple[int, int | None, str | None]:
+        """What makes two entries one on a switch (OF1.0: match and priority)."""
+        return self.priority, self.dl_type, self.nw_dst
+
+
+def base_entries(mode: Mode, gateway_ip: str) -> list[BaseEntry]:
+    """Full mode: LLDP and every ARP to the controller (discovery and address
+    answers), drop for the rest. Hybrid mode: LLDP, and only ARP whose target
+    is the gateway (clients asking for it, servers answering our probes); the
+    rest goes to the switch's own forwarding, NORMAL, at the lowest priority."""
+    lldp = BaseEntry(LLDP_PRIORITY, ETH_TYPE_LLDP, out=ofp.OFPP_CONTROLLER)
+    if mode == "full":
+        return [lldp, BaseEntry(ARP_PRIORITY, ETH_TYPE_ARP, out=ofp.OFPP_CONTROLLER),
+                BaseEntry(TABLE_MISS_PRIORITY)]
+    return [lldp, BaseEntry(ARP_PRIORITY, ETH_TYPE_ARP, gateway_ip, ofp.OFPP_CONTROLLER),
+            BaseEntry(TABLE_MISS_PRIORITY, out=ofp.OFPP_NORMAL, cookie=COOKIE_NORMAL)]
+
+
+def _base_match(dl_type: int | None, nw_dst: str | None) -> Any:
+    fields: dict[str, int] = {} if dl_type is None else {"dl_type": dl_type}
+    if nw_dst is not None:
+        fields["nw_dst"] = int(ipaddress.IPv4Address(nw_dst))
+    return parser.OFPMatch(**fields)
+
+
+def base_messages(mode: Mode, gateway_ip: str) -> list[Any]:
+    """What every switch holds from the start (`base_entries`). No wipe: a
     switch that reconnects, or a restarted controller, must not interrupt
-    the traffic its entries carry; `resync_messages` fixes differences."""
-    to_controller = [parser.OFPActionOutput(ofp.OFPP_CONTROLLER, 0xFFFF)]
-    lldp = _flow_mod(parser.OFPMatch(dl_type=ETH_TYPE_LLDP), ofp.OFPFC_ADD, LLDP_PRIORITY,
-                     to_controller, COOKIE_BASE)
-    arp = _flow_mod(parser.OFPMatch(dl_type=ETH_TYPE_ARP), ofp.OFPFC_ADD, ARP_PRIORITY,
-                    to_controller, COOKIE_BASE)
-    miss = _flow_mod(parser.OFPMatch(), ofp.OFPFC_ADD, TABLE_MISS_PRIORITY, [], COOKIE_BASE)
-    return [lldp, arp, miss]
+    the traffic its entries carry; `resync_messages` fixes differences. An
+    operator's entry with the same match and priority (a pre-installed
+    priority-0 NORMAL) is replaced by ours, never deleted."""
+    return [_base_add(entry) for entry in base_entries(mode, gateway_ip)]
+
+
+def _base_add(entry: BaseEntry) -> Any:
+    actions = [] if entry.out is None else [parser.OFPActionOutput(entry.out, 0xFFFF)]
+    match = _base_match(entry.dl_type, entry.nw_dst)
+    return _flow_mod(match, ofp.OFPFC_ADD, entry.priority, actions, entry.cookie)
 
 
 def _output(actions: list[Any]) -> int | None:
@@ -142,29 +194,81 @@ def entry_counts(stats: list[Any]) -> list[EntryCount]:
     return out
 
 
-def installed(stats: list[Any]) -> tuple[Table, dict[str, int]]:
-    """Our MetaFlow entries and host routes among one switch's flow stats
-    (recognized by cookie; the tcp half of each MetaFlow pair is enough)."""
-    table: Table = {}
-    routes: dict[str, int] = {}
+class Held(NamedTuple):
+    """Ours among one switch's flow stats, recognized by cookie."""
+
+    table: Table
+    routes: dict[str, int]
+    base: set[tuple[int, int | None, str | None]]
+    """`BaseEntry.key`s."""
+
+
+def _base_key(priority: int, match: Any) -> tuple[int, int | None, str | None]:
+    wild = match.wildcards
+    dl_type = None if wild & ofp.OFPFW_DL_TYPE else match.dl_type
+    exact_dst = (wild & ofp.OFPFW_NW_DST_MASK) >> ofp.OFPFW_NW_DST_SHIFT == 0
+    return priority, dl_type, str(ipaddress.IPv4Address(match.nw_dst)) if exact_dst else None
+
+
+def installed(stats: list[Any]) -> Held:
+    """Our MetaFlow entries, host routes and base entries among one switch's
+    flow stats (the tcp half of each MetaFlow pair is enough)."""
+    held = Held({}, {}, set())
     for stat in stats:
         match, out = stat.match, _output(stat.actions)
-        if out is None:
+        if stat.cookie in (COOKIE_BASE, COOKIE_NORMAL):
+            held.base.add(_base_key(stat.priority, match))
+        elif out is None:
             continue   # not a shape we write: the resync's add replaces it
-        if stat.cookie == COOKIE_METAFLOW and match.nw_proto == PROTOCOLS[0]:
+        elif stat.cookie == COOKIE_METAFLOW and match.nw_proto == PROTOCOLS[0]:
             dl_dst = next((":".join(f"{b:02x}" for b in a.dl_addr) for a in stat.actions
                            if hasattr(a, "dl_addr")), None)
             entry = FlowEntry(stat.priority, _destination(match), out, dl_dst)
-            table[entry.match] = entry
+            held.table[entry.match] = entry
         elif stat.cookie == COOKIE_ROUTE:
-            routes[str(ipaddress.IPv4Address(match.nw_dst))] = out
-    return table, routes
+            held.routes[str(ipaddress.IPv4Address(match.nw_dst))] = out
+    return held
 
 
-def resync_messages(have: Table, have_routes: dict[str, int],
-                    want: list[FlowEntry], want_routes: dict[str, int]) -> list[Any]:
+def resync_messages(have: Held, want: list[FlowEntry], want_routes: dict[str, int],
+                    base: list[BaseEntry]) -> list[Any]:
     """Bring a switch from what it holds to what it should hold, touching
-    only the entries that differ."""
-    changed, deleted = diff_routes(have_routes, want_routes)
-    return (base_messages() + diff_messages(diff_tables(have, {e.match: e for e in want}))
-            + route_messages(changed, deleted))
+    only the entries that differ; base entries of ours that `base` (the
+    mode's) no longer has are deleted, an operator's never (not our cookie)."""
+    changed, deleted = diff_routes(have.routes, want_routes)
+    stale = have.base - {entry.key for entry in base}
+    return ([_base_add(entry) for entry in base]
+            + diff_messages(diff_tables(have.table, {e.match: e for e in want}))
+            + route_messages(changed, deleted)
+            + [_flow_mod(_base_match(*key[1:]), ofp.OFPFC_DELETE_STRICT, key[0], [], COOKIE_BASE)
+               for key in sorted(stale, key=repr)])
+
+
+# -- a switch that refuses what we sent (OFPT_ERROR) -----------------------------------
+
+_FLOW_MOD_HEAD = struct.Struct("!BBHI40sQHHHH")
+"""The first 64 bytes of an OF1.0 flow mod, which an error message carries
+at least of the request it refuses: header, match, cookie, command,
+timeouts, priority."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A flow mod a switch refused, as the error tells it."""
+
+    cookie: int
+    priority: int
+    error_type: int
+    error_code: int
+
+
+def refused_flow_mod(error_type: int, error_code: int, data: bytes) -> Refused | None:
+    """The flow mod an OFPT_ERROR refuses (its data begins with the request),
+    or None when the refused request is not a flow mod."""
+    if len(data) < _FLOW_MOD_HEAD.size:
+        return None
+    version, msg_type, _length, _xid, _match, cookie, _cmd, _idle, _hard, priority = \
+        _FLOW_MOD_HEAD.unpack_from(data)
+    if version != ofp.OFP_VERSION or msg_type != ofp.OFPT_FLOW_MOD:
+        return None
+    return Refused(cookie, priority, error_type, error_code)

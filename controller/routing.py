@@ -9,6 +9,9 @@ toward the host's edge switch; where several neighbours are equally close
 different destinations spread over the uplinks while each destination's
 path stays fixed (no reordering). Following strictly decreasing distance
 makes every route loop-free by construction.
+
+In hybrid mode (`mode_routes`) the fabric forwards ordinary traffic on its
+own: no routes, and only the gateway's ARP is answered.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 
 import networkx as nx
 
+from controller.settings import Mode
 from topology.builders import port
 from topology.classify import hop_distances
 
@@ -45,6 +49,12 @@ def host_routes(g: nx.Graph) -> Routes:
             closer = [n for n in adjacency[switch] if distance.get(n) == dist - 1]
             routes[g.nodes[switch]["dpid"]][data["ip"]] = port(g, switch, _pick(closer, data["ip"]))
     return routes
+
+
+def mode_routes(g: nx.Graph, mode: Mode) -> Routes:
+    """The host routes a mode installs: in hybrid mode none (the switches'
+    own forwarding, NORMAL, carries physical addresses)."""
+    return host_routes(g) if mode == "full" else {}
 
 
 def diff_routes(old: dict[str, int], new: dict[str, int]) -> tuple[dict[str, int], list[str]]:

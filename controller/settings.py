@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from btree.bootstrap import Bootstrap
 from btree.flows import DEFAULT_TABLE_BUDGET
@@ -26,11 +27,21 @@ from client_lib.constants import (
 from client_lib.errors import InvalidArgument
 from client_lib.version import add_version_flag
 
+# -- hybrid mode (issue 25) --------------------------------------------------------
+Mode = Literal["full", "hybrid"]
+"""full: MetaFlow forwards everything (host routes, every ARP, drop the rest);
+hybrid: MetaFlow adds its own entries to a fabric that forwards on its own
+(NORMAL below them). ARCHITECTURE.md, "Flow table layout"."""
+MODES: tuple[Mode, ...] = get_args(Mode)
+# -- end hybrid mode -----------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Settings:
     space: Block = Block.parse(DEFAULT_SPACE_CIDR)
     gateway_ip: str = DEFAULT_GATEWAY
+    mode: Mode = "full"
+    """What MetaFlow installs on the switches (`MODES`); not live: a restart."""
     bounds: SplitBounds = SplitBounds()
     capacity: int | None = None
     """Keys per server before a split; None: each agent's own --capacity."""
@@ -101,6 +112,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--space", default=DEFAULT_SPACE_CIDR, help="the MetaDataID space")
     p.add_argument("--gateway", default=DEFAULT_GATEWAY,
                    help="virtual gateway address clients route the space to (ARP answered here)")
+    p.add_argument("--mode", default="full", choices=MODES,
+                   help="full: MetaFlow forwards everything (host routes, every ARP answered, the rest "
+                        "dropped); hybrid: only MetaFlow's entries, the gateway's ARP and LLDP, above one "
+                        "lowest-priority NORMAL entry: the switches' own forwarding carries the rest")
     p.add_argument("--split", default="0.4,0.6", help="split bounds low,high")
     p.add_argument("--capacity", type=int, default=None,
                    help="keys per server before a split (default: each agent's --capacity)")
@@ -180,7 +195,8 @@ def from_args(args: argparse.Namespace) -> Settings:
                         ("--imbalance-threshold", args.imbalance_threshold)):
         if not 0 <= share <= 1:
             raise InvalidArgument(f"{flag} must lie in [0, 1], not {share}")
-    return Settings(space=space, gateway_ip=args.gateway, bounds=bounds, capacity=args.capacity,
+    return Settings(space=space, gateway_ip=args.gateway, mode=args.mode, bounds=bounds,
+                    capacity=args.capacity,
                     bootstrap=bootstrap, replicas=args.replicas, sync_rate=args.sync_rate,
                     max_syncs=args.max_syncs, settle_s=args.settle, locate_timeout_s=args.locate_timeout,
                     heartbeat_timeout_s=args.heartbeat_timeout,

@@ -27,6 +27,10 @@ from controller.arp import ArpMessage
 @dataclass(frozen=True)
 class SwitchUp:
     dpid: int
+    ports: tuple[int, ...] = ()
+    """Its physical ports (features reply)."""
+    name: str = ""
+    """Its own name (the local port's: the bridge's, on Open vSwitch)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,16 @@ class PortDown:
 class PortUp:
     dpid: int
     port: int
+
+
+@dataclass(frozen=True)
+class SwitchError:
+    """A switch refused a request (OFPT_ERROR); `data` begins with the request."""
+
+    dpid: int
+    error_type: int
+    error_code: int
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -127,7 +141,7 @@ class StepFailed:
     error: str
 
 
-Event = (SwitchUp | SwitchDown | LinkUp | LinkDown | PortDown | PortUp | ArpIn | Tick | Register
+Event = (SwitchUp | SwitchDown | SwitchError | LinkUp | LinkDown | PortDown | PortUp | ArpIn | Tick | Register
          | Heartbeat | SplitNow | FailNow | DrainNow | StepDone | StepFailed)
 
 

@@ -160,6 +160,10 @@ class SagaWorld:
         return [SendFlows(dpid=dpid, messages=ofmsgs.diff_messages(change))
                 for dpid, change in diff.items() if dpid in self._inventory.dpids]
 
+    def base_entries(self) -> list[ofmsgs.BaseEntry]:
+        """What every switch holds besides MetaFlow's entries, in this mode."""
+        return ofmsgs.base_entries(self.settings.mode, self.settings.gateway_ip)
+
     def resync(self, dpids: Iterable[int]) -> Saga:
         """Read what the switches hold and send each only its differences:
         after a restart, a reconnect, or a diff of unknown fate. Traffic that
@@ -178,10 +182,9 @@ class SagaWorld:
         for dpid, have in zip(targets, stats, strict=True):
             if have is None:
                 continue
-            table, routes = ofmsgs.installed(have)
             want = list(planner.table(dpid).values())
             sends.append(SendFlows(dpid=dpid, messages=ofmsgs.resync_messages(
-                table, routes, want, self.routes.get(dpid, {}))))
+                ofmsgs.installed(have), want, self.routes.get(dpid, {}), self.base_entries())))
         try:
             yield sends
         except StepError as failed:

@@ -51,7 +51,7 @@ def test_a_scrape_shows_the_fabric_the_servers_and_the_blocks_as_the_core_holds_
     assert value(samples, m.SWITCHES_CONNECTED.name) == len(world.switches)
     assert value(samples, m.NETWORK_BUILT.name) == 1
     for dpid, switch in world.switches.items():   # what the switch really holds
-        table, _ = ofmsgs.installed(switch.stats())
+        table = ofmsgs.installed(switch.stats()).table
         assert value(samples, m.SWITCH_ENTRIES.name, switch=str(dpid)) == len(table)
     assert value(samples, m.TABLE_BUDGET.name) == world.settings.table_budget
     tree = world.tree

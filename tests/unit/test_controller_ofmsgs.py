@@ -15,6 +15,7 @@ from client_lib.cidr import Block
 from client_lib.constants import UPRULE_PRIORITY
 from controller import arp as arp_answers
 from controller.ofmsgs import (
+    base_entries,
     base_messages,
     diff_messages,
     installed,
@@ -63,7 +64,7 @@ def test_uprules_match_their_slice_and_diffs_are_ordered_add_modify_delete():
 
 
 def test_base_flows_never_flood_and_never_wipe():
-    lldp, arp_rule, miss = base_messages()
+    lldp, arp_rule, miss = base_messages("full", "10.255.255.254")
     assert all(m.command == ofp.OFPFC_ADD for m in (lldp, arp_rule, miss))
     assert arp_rule.match.dl_type == 0x0806 and arp_rule.actions[0].port == ofp.OFPP_CONTROLLER
     assert lldp.match.dl_type == 0x88CC
@@ -133,12 +134,15 @@ def test_reading_back_a_switch_and_resyncing_touches_only_differences():
                FlowEntry(2011, Block.parse("100.64.0.0/11"), 1),
                FlowEntry(UPRULE_PRIORITY, Block.parse("100.64.0.0/10"), 3)]
     routes = {"10.0.0.1": 1, "10.0.0.2": 4}
-    sent = base_messages() + diff_messages(SwitchDiff(add=entries)) + route_messages(routes)
-    table, have_routes = installed(_as_stats(sent))
-    assert table == {e.match: e for e in entries} and have_routes == routes
-    assert len(resync_messages(table, have_routes, entries, routes)) == 3  # just the base flows
+    base = base_entries("full", "10.255.255.254")
+    sent = (base_messages("full", "10.255.255.254") + diff_messages(SwitchDiff(add=entries))
+            + route_messages(routes))
+    held = installed(_as_stats(sent))
+    assert held.table == {e.match: e for e in entries} and held.routes == routes
+    assert held.base == {e.key for e in base}
+    assert len(resync_messages(held, entries, routes, base)) == 3  # just the base flows
     moved = [FlowEntry(2012, Block.parse("100.96.0.0/12"), 5, "00:00:00:00:00:05"), entries[2]]
-    mods = resync_messages(table, have_routes, moved, {"10.0.0.1": 1})[3:]
+    mods = resync_messages(held, moved, {"10.0.0.1": 1}, base)[3:]
     assert [(m.command, m.priority) for m in mods] == [
         (ofp.OFPFC_MODIFY_STRICT, 2012)] * 2 + [(ofp.OFPFC_DELETE_STRICT, 2011)] * 2 + [
         (ofp.OFPFC_DELETE_STRICT, 1000)]
