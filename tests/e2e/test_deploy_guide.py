@@ -107,6 +107,7 @@ def check_fabric(walk: Walk) -> None:
         assert sh("ovs-vsctl", "get", "bridge", bridge, "protocols") == "[OpenFlow10]"
         assert sh("ovs-vsctl", "get-fail-mode", bridge) == "secure"
         assert sh("ovs-vsctl", "get", "bridge", bridge, "datapath_type") == "netdev"
+        assert sh("ovs-vsctl", "get-controller", bridge) == f"tcp:{walk.mgmt}.11:{OPENFLOW_PORT}"
     assert sh("ovs-vsctl", "get", "interface", "mfw-core-e1", "ofport") == "1"
     assert sh("ovs-vsctl", "get", "interface", "mfw-e2-core", "ofport") == "10"
 
@@ -146,6 +147,17 @@ def check_controller(walk: Walk) -> None:
 
     eventually(f"every bridge connected to the controller at {target}", connected)
     assert len(walk.api().call(REST.topology).switches) == len(BRIDGES)
+    assert "3 received" in walk.outputs["controller"]
+    _hybrid_tables()
+
+
+def _hybrid_tables() -> None:
+    """Hybrid mode: the lowest entry still hands everything to NORMAL, and nothing drops."""
+    for bridge in BRIDGES:
+        flows = sh("ovs-ofctl", "-O", "OpenFlow10", "dump-flows", bridge).splitlines()
+        lowest = [f for f in flows if "priority=0" in f]
+        assert lowest and all(f.endswith("actions=NORMAL") for f in lowest), (bridge, flows)
+        assert not [f for f in flows if "actions=drop" in f or f.rstrip().endswith("actions=")], flows
 
 
 def check_agent_s1(walk: Walk) -> None:
