@@ -69,14 +69,26 @@ class Replicas:
     epoch: int = 0
     """The last epoch handed out."""
     sets: dict[Block, ReplicaSet] = field(default_factory=dict)
+    floor: int = 0
+    """No epoch handed out is at or below it: a leader with term T sets
+    `T << 32` (`controller.leadership.epoch_floor`), so its epochs are above
+    every epoch of an older leader; 0 for the one controller without etcd."""
 
     def __post_init__(self) -> None:
         if self.r < 1:
             raise ValueError(f"a block needs at least one copy, not {self.r}")
+        if self.floor < 0:
+            raise ValueError(f"an epoch floor cannot be negative, not {self.floor}")
+        self.epoch = max(self.epoch, self.floor)
 
     def next_epoch(self) -> int:
-        self.epoch += 1
+        self.epoch = max(self.epoch, self.floor) + 1
         return self.epoch
+
+    def continue_from(self, claimed: int) -> None:
+        """A rebuild from the agents' claims: go on above the highest epoch
+        claimed, and never below the floor."""
+        self.epoch = max(claimed, self.floor)
 
     def domain(self, leaf: str) -> str | None:
         """A leaf's failure domain: its parent in the tree (its edge switch)."""

@@ -12,6 +12,17 @@ ticks) and carries out the steps the core returns:
   cluster's secret), whose answer returns as an event;
 - `PacketOut`, `Answer`: sent or handed over at once.
 
+Among several controllers (`--etcd`, `controller.leadership`), every step
+toward a switch or an agent is carried out only while `Leadership.leads()`
+says so, checked right before it leaves; a standby's core still hears the
+switches (port status, switches coming and going) but its steps are
+dropped. On every change of leadership the decision thread replaces the
+core with its `successor` (the fabric as seen, nothing decided): a new
+leader first sends the Nicira role MASTER to every switch, then rebuilds
+from the agents and the switches' tables as a restarted controller does;
+a demoted one sends SLAVE and waits. A switch that connects gets its role
+request before anything else.
+
 The decision thread never waits on the network, so a split's copy, a slow
 agent or a silent switch never holds up a heartbeat, a failure or a view.
 """
@@ -36,8 +47,10 @@ from os_ken.topology import event as topo_event
 from client_lib.api.auth import Verifier, server_authority
 from client_lib.api.clients import ApiClient
 from client_lib.errors import MetaFlowError
-from controller import arp, views
+from controller import arp, ofmsgs, views
 from controller.core import MetaFlowCore
+from controller.etcd_lease import EtcdElection
+from controller.leadership import Leadership
 from controller.metrics import ControllerMetrics
 from controller.rest import RestApi, RestServer
 from controller.settings import Settings
@@ -83,6 +96,8 @@ class _Query:
 
 
 _STOP = object()
+_LEADERSHIP = object()
+"""Wakes the decision thread to act on a change of leadership."""
 
 
 class MetaFlowApp(app_manager.OSKenApp):
@@ -91,7 +106,13 @@ class MetaFlowApp(app_manager.OSKenApp):
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.settings = settings
-        self.metrics = ControllerMetrics(self._gauges)
+        self.leadership = Leadership(settings.lease_ttl_s, own_url=settings.advertise_url) \
+            if settings.etcd else Leadership.alone()
+        self._leading = not settings.etcd
+        """What the decision thread last acted as (`_follow_leadership`)."""
+        self.refused_role: set[int] = set()
+        """Switches that refused the Nicira role request: run as their only controller."""
+        self.metrics = ControllerMetrics(self._gauges, self.leadership)
         self.core = MetaFlowCore(settings, recorder=self.metrics)
         self.inbox: queue.Queue[object] = queue.Queue()
         self.datapaths: dict[int, Any] = {}
@@ -106,7 +127,7 @@ class MetaFlowApp(app_manager.OSKenApp):
             log.info("metrics on %s:%d", settings.rest_host, settings.metrics_port)
         self.agents = ThreadPoolExecutor(AGENT_WORKERS, thread_name_prefix="agent-call")
         verifier = Verifier(settings.secret, server_authority(settings.rest_host, settings.rest_port))
-        api = RestApi(self.query, self.post, verifier, settings.open_reads)
+        api = RestApi(self.query, self.post, verifier, settings.open_reads, self.leadership)
         self.rest = RestServer(api, settings.rest_host, settings.rest_port)
         # Not `self.threads`: that is os-ken's list, to which it adds its own event loop,
         # which never ends; `close` waited 5 s for it on every stop.
@@ -117,6 +138,14 @@ class MetaFlowApp(app_manager.OSKenApp):
             thread.start()
         self.rest.start()
         log.info("REST API on %s:%d", settings.rest_host, settings.rest_port)
+        self.election: EtcdElection | None = None
+        if settings.etcd:
+            self.election = EtcdElection(settings.etcd, settings.etcd_prefix, settings.lease_ttl_s,
+                                         settings.advertise_url, self.leadership,
+                                         lambda: self.inbox.put(_LEADERSHIP))
+            self.election.start()
+            log.info("standby until elected: etcd %s, prefix %s, lease %d s", ",".join(settings.etcd),
+                     settings.etcd_prefix, settings.lease_ttl_s)
 
     # -- the queue ------------------------------------------------------------------
 
@@ -147,6 +176,8 @@ class MetaFlowApp(app_manager.OSKenApp):
         """Stop serving REST, stop deciding, let in-flight agent calls end."""
         self._running = False
         self.rest.close()
+        if self.election is not None:
+            self.election.close()
         if self._stop_metrics is not None:
             self._stop_metrics()
         self.inbox.put(_STOP)
@@ -159,6 +190,9 @@ class MetaFlowApp(app_manager.OSKenApp):
             item = self.inbox.get()
             if item is _STOP:
                 return
+            self._follow_leadership()
+            if item is _LEADERSHIP:
+                continue
             if isinstance(item, _Query):
                 try:
                     item.result.set_result(item.fn(self.core))
@@ -172,6 +206,31 @@ class MetaFlowApp(app_manager.OSKenApp):
                 continue
             for step in steps:
                 self._execute(step)
+
+    def _follow_leadership(self) -> None:
+        """On the decision thread, before anything else is handled: a change of
+        leadership replaces the core (`MetaFlowCore.successor`) and tells every
+        switch our role, the MASTER request ahead of any flow mod."""
+        leads = self.leadership.leads()
+        if leads == self._leading:
+            return
+        self._leading = leads
+        self.core = self.core.successor(self.leadership.term if leads else 0)
+        if leads:
+            log.warning("taking over at term %d: MASTER on %d switches, rebuilding from the agents",
+                        self.leadership.term, len(self.datapaths))
+        else:
+            log.warning("standby (%s): SLAVE on %d switches; decisions dropped", self.leadership.reason,
+                        len(self.datapaths))
+        for dp in list(self.datapaths.values()):
+            self._claim_role(dp, leads)
+
+    def _claim_role(self, dp: Any, leading: bool) -> None:
+        if dp.id in self.refused_role:
+            return
+        msg = ofmsgs.role_request(leading)
+        msg.datapath = dp
+        dp.send_msg(msg)
 
     def _clock(self) -> None:
         """Ticks for the core, and step deadlines (barriers, flow stats)."""
@@ -198,6 +257,8 @@ class MetaFlowApp(app_manager.OSKenApp):
     # -- carrying out steps -------------------------------------------------------------
 
     def _execute(self, step: Step) -> None:
+        if not isinstance(step, (Answer, Wait)) and not self._may_act(step):
+            return
         if isinstance(step, Answer):
             reply = step.reply
             assert isinstance(reply, Future)
@@ -213,12 +274,24 @@ class MetaFlowApp(app_manager.OSKenApp):
         else:
             log.error("no way to carry out %r", step)
 
+    def _may_act(self, step: Step) -> bool:
+        """The gate of every step toward a switch or an agent: only a leader
+        within its lease acts (`Leadership.leads`), and only once the decision
+        thread acts as one (its core is a leader's); a standby's steps are dropped."""
+        if self._leading and self.leadership.leads():
+            return True
+        log.debug("not leading: %s dropped", type(step).__name__)
+        return False
+
     def _call_agent(self, step: CallAgent) -> None:
         timeout = self.settings.agent_timeout_s
+        term = self.leadership.term if self.leadership.coordinated else None
         try:
             assert step.route is not None
-            result = ApiClient(step.url, self.settings.secret, timeout).call(step.route, step.body,
-                                                                              **step.params)
+            if not self._may_act(step):   # queued behind others while the lease ran out
+                raise MetaFlowError("this controller no longer leads")
+            result = ApiClient(step.url, self.settings.secret, timeout, term).call(step.route, step.body,
+                                                                                    **step.params)
         except MetaFlowError as exc:
             self.post(StepFailed(step.id, str(exc)))
         except Exception as exc:  # a bug in a call must still end the step
@@ -287,6 +360,8 @@ class MetaFlowApp(app_manager.OSKenApp):
             ports = tuple(sorted(p for p in dp.ports if p <= ofp.OFPP_MAX))
             local = dp.ports.get(ofp.OFPP_LOCAL)
             name = local.name.decode(errors="replace").rstrip("\0") if local is not None else ""
+            if self.leadership.coordinated:
+                self._claim_role(dp, self.leadership.leads())
             self.post(SwitchUp(dp.id, ports, name))
         elif self.datapaths.pop(dp.id, None) is not None:
             log.warning("switch %s disconnected", dp.id)
@@ -305,6 +380,11 @@ class MetaFlowApp(app_manager.OSKenApp):
         match): counted per switch; the barrier after it still decides the step.
         The core judges what was refused (hybrid mode's NORMAL is said loudly)."""
         msg = ev.msg
+        if self.leadership.coordinated and ofmsgs.refuses_role(msg.type, bytes(msg.data or b"")):
+            self.refused_role.add(msg.datapath.id)
+            log.error("switch %s refused the Nicira role request (not Open vSwitch?): it takes flow mods "
+                      "from every controller connected to it; give it this controller only", msg.datapath.id)
+            return
         self.metrics.refused(msg.datapath.id)
         log.warning("switch %s: OpenFlow error type %s code %s", msg.datapath.id, msg.type, msg.code)
         self.post(SwitchError(msg.datapath.id, msg.type, msg.code, bytes(msg.data)))

@@ -32,6 +32,7 @@ from btree.tree import LogicalBTree, State
 from client_lib.api.admin import ADMIN, Role
 from client_lib.cidr import Block
 from controller import migrations
+from controller.leadership import epoch_floor
 from controller.routing import mode_routes
 from controller.saga import Saga, StepError
 from controller.steps import CallAgent
@@ -64,7 +65,7 @@ def build(world: SagaWorld, graph: nx.Graph) -> Built | None:
     except TopologyError as exc:
         world.event("topology-not-mappable", logging.WARNING, reason=str(exc))
         return None
-    replicas = Replicas(tree, world.settings.replicas)
+    replicas = Replicas(tree, world.settings.replicas, floor=epoch_floor(world.term))
     world.install(tree, replicas)
     restored = restore(world, tree, replicas)
     if not tree.leaves_in(State.BUSY):
@@ -97,7 +98,7 @@ def restore(world: SagaWorld, tree: LogicalBTree, replicas: Replicas) -> Restore
                                    not _synced(c[0], c[1]), c[1]))
     if not claims:
         return Restored()
-    replicas.epoch = max(role.epoch for role, _ in claims)
+    replicas.continue_from(max(role.epoch for role, _ in claims))
     accepted: list[tuple[Block, str, Role]] = []
     for role, name in claims:
         newer = [b for b, _, _ in accepted if b.covers(role.block) or role.block.covers(b)]

@@ -109,19 +109,26 @@ class MetaFlowCore:
     """Dispatch and tick policy; what the sagas share is `world`."""
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic,
-                 recorder: Recorder | None = None) -> None:
-        """`recorder`: where ended operations and moves are said (`controller.telemetry`)."""
+                 recorder: Recorder | None = None, term: int = 0, first_id: int = 1,
+                 inventory: Inventory | None = None) -> None:
+        """`recorder`: where ended operations and moves are said (`controller.telemetry`).
+        `term`: the leader's (0: the one controller without etcd). `first_id`:
+        of the steps this core issues; a core that replaces another (a
+        takeover, a demotion) starts above the old one's, so a late outcome
+        of an old step is never taken for one of the new core's. `inventory`:
+        the fabric as already seen (`successor`)."""
         self.settings = settings
         self.clock = clock
         self.recorder = recorder or NoRecorder()
-        self.inventory = Inventory(settings.space, settings.gateway_ip)
+        self.inventory = inventory or Inventory(settings.space, settings.gateway_ip)
         self.registry = Registry(settings.space)
         self.operations = Operations(self._issue)
         self.world = SagaWorld(settings, clock, self.registry, self.inventory, self.operations, self.recorder)
+        self.world.term = term
         self.graph: nx.Graph | None = None
         self.classification: Classification | None = None
         self.last_change = clock()
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(first_id)
         self._loose: dict[int, str] = {}   # steps no operation waits for: what they were
         self._routing: dict[str, set[int]] = {}
         """Hosts just learned: the route steps toward them not yet confirmed."""
@@ -216,6 +223,21 @@ class MetaFlowCore:
     def _issue(self, step: Step) -> int:
         step.id = next(self._ids)
         return step.id
+
+    def successor(self, term: int) -> MetaFlowCore:
+        """A fresh core for a change of leadership (`controller.app`): it keeps
+        the fabric as seen (switches, links, ports, hosts, and when they last
+        changed) and forgets everything decided (registry, tree, replica sets,
+        operations). A new leader rebuilds those from the agents' registrations
+        and the switches' tables exactly as a restarted controller does
+        (`controller.build`); a demoted one waits as a standby."""
+        new = MetaFlowCore(self.settings, self.clock, self.recorder, term, self.next_id(), self.inventory)
+        new.last_change = self.last_change
+        return new
+
+    def next_id(self) -> int:
+        """Above every step id this core issued: a successor core's `first_id`."""
+        return next(self._ids)
 
     def _loose_steps(self, steps: Iterable[Step], what: str) -> list[Step]:
         """Steps no operation waits for; a failure is only logged."""
@@ -373,7 +395,7 @@ class MetaFlowCore:
         name = answer.name
         if answer.roles and self.registry[name].suspended and self._backed_up(name):
             steps = self._fail(name, "restarted: its store may hold writes its sets never acknowledged")
-            return [*steps, self._issue_answer(event.reply, Registered(name, []))]
+            return [*steps, self._issue_answer(event.reply, Registered(name, [], self.world.term))]
         return [*grown, self._issue_answer(event.reply, answer)]
 
     def _backed_up(self, name: str) -> bool:
@@ -391,17 +413,18 @@ class MetaFlowCore:
                          name=server.name, ip=server.data_ip, new=new, roles=len(server.roles),
                          suspended=server.suspended, failed=server.failed)
         if self.tree is None:
-            return Registered(server.name, None), []
+            return Registered(server.name, None, self.world.term), []
         if not self.world.in_tree(server.name):
-            return Registered(server.name, []), self._join(server)
+            return Registered(server.name, [], self.world.term), self._join(server)
         if server.failed:
             if cut_off or self.operations.involving(server.name) or self.tree.blocks(server.name):
-                return Registered(server.name, []), []   # not back on the data plane, or its fail-over runs
+                # not back on the data plane, or its fail-over runs
+                return Registered(server.name, [], self.world.term), []
             self.world.event("server-rejoined", server=server.name, was=server.failed, note="empty, idle")
             server.failed = None
             self.tree.join(server.name, self.tree.parent(server.name) or "")
-            return Registered(server.name, []), []
-        return Registered(server.name, self.world.roles_of(server.name)), []
+            return Registered(server.name, [], self.world.term), []
+        return Registered(server.name, self.world.roles_of(server.name), self.world.term), []
 
     def _join(self, server: Server) -> list[Step]:
         """A server the built network does not know (new, or dead while this

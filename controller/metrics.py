@@ -24,6 +24,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from client_lib.api import metrics as m
+from controller.leadership import Leadership
 from controller.telemetry import Gauges
 
 STATES = ("idle", "busy", "failed", "unplaced")
@@ -73,6 +74,22 @@ class StateCollector(Collector):
         yield _gauge(m.MIGRATION_LEASE, g.migration_lease_s)
 
 
+class LeadershipCollector(Collector):
+    """This controller's leadership (`controller.leadership`), read at each
+    scrape off the leadership itself, as the leadership view is."""
+
+    def __init__(self, lead: Leadership) -> None:
+        self.lead = lead
+
+    def collect(self) -> Iterator[Metric]:
+        yield _gauge(m.LEADER, int(self.lead.leads()))
+        yield _gauge(m.TERM, self.lead.term)
+        yield _gauge(m.ETCD_REACHABLE, int(self.lead.etcd_reachable))
+        takeovers = CounterMetricFamily(m.TAKEOVERS.name.removesuffix("_total"), m.TAKEOVERS.help)
+        takeovers.add_metric([], self.lead.takeovers)
+        yield takeovers
+
+
 def _gauge(family: m.Family, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(family.name, family.help, value=value)
 
@@ -88,7 +105,8 @@ class ControllerMetrics:
     """The controller's registry: the core's `Recorder`, the shim's counters,
     and the state read at each scrape through `read`."""
 
-    def __init__(self, read: Callable[[], Gauges]) -> None:
+    def __init__(self, read: Callable[[], Gauges], lead: Leadership | None = None) -> None:
+        """`lead`: this controller's leadership (None: the one controller without etcd)."""
         disable_created_metrics()   # a `_created` series per counter doubles the series for nothing we use
         self.registry = CollectorRegistry()
         self.operations = _counter(m.OPERATIONS, self.registry)
@@ -99,6 +117,7 @@ class ControllerMetrics:
         self.flow_mods_refused = _counter(m.FLOW_MODS_REFUSED, self.registry)
         self.barrier_seconds = _histogram(m.BARRIER_SECONDS, self.registry)
         self.registry.register(StateCollector(read))
+        self.registry.register(LeadershipCollector(lead or Leadership.alone()))
 
     # -- the core's Recorder -------------------------------------------------------------
 

@@ -272,3 +272,18 @@ def refused_flow_mod(error_type: int, error_code: int, data: bytes) -> Refused |
     if version != ofp.OFP_VERSION or msg_type != ofp.OFPT_FLOW_MOD:
         return None
     return Refused(cookie, priority, error_type, error_code)
+
+
+def role_request(leading: bool) -> Any:
+    """The Nicira role request (NXT_ROLE_REQUEST) a controller sends a switch
+    before anything else: MASTER from the leader, SLAVE from a standby (whose
+    flow mods and packet-outs the switch then refuses, and which gets no
+    packet-ins, only port status)."""
+    return parser.NXTRoleRequest(None, ofp.NX_ROLE_MASTER if leading else ofp.NX_ROLE_SLAVE)
+
+
+def refuses_role(error_type: int, data: bytes) -> bool:
+    """An OpenFlow error that refuses our role request: a switch without the
+    Nicira extension (not Open vSwitch) answers with a bad-request error
+    carrying the start of our request, a vendor message (OFPT_VENDOR)."""
+    return error_type == ofp.OFPET_BAD_REQUEST and len(data) >= 2 and data[1] == ofp.OFPT_VENDOR

@@ -21,10 +21,11 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from client_lib.api.auth import Verifier
 from client_lib.api.rest import REST
-from client_lib.errors import ApiError
+from client_lib.errors import ApiError, NotLeader
 from client_lib.server.api import Call, Dispatcher, wsgi_app
 from controller import views
 from controller.core import MetaFlowCore
+from controller.leadership import Leadership
 from controller.steps import DrainNow, FailNow, Heartbeat, Register, SplitNow
 
 log = logging.getLogger("metaflow.controller.rest")
@@ -41,9 +42,13 @@ Post = Callable[[Asked], None]
 
 
 class RestApi:
-    def __init__(self, query: Query, post: Post, verifier: Verifier, open_reads: bool) -> None:
+    def __init__(self, query: Query, post: Post, verifier: Verifier, open_reads: bool,
+                 leadership: Leadership | None = None) -> None:
+        """`leadership`: a standby answers every changing route 503 `NotLeader`
+        (None: the one controller, always leading)."""
         self._query = query
         self._post = post
+        self._leadership = leadership or Leadership.alone()
         routes: dict[object, Callable[[MetaFlowCore], object]] = {
             REST.topology: views.topology_view, REST.tree: views.tree_view,
             REST.flows: views.flows_view, REST.servers: views.servers_view,
@@ -56,6 +61,12 @@ class RestApi:
 
     def handle(self, call: Call) -> object:
         route = call.route
+        if route is REST.leadership:
+            return views.leadership_view(self._leadership)
+        if route.changes and not self._leadership.leads():
+            lead = self._leadership
+            leader = lead.leader_url if lead.leader_url != lead.own_url else None
+            raise NotLeader(f"this controller is a standby ({lead.reason})", leader=leader)
         if route in self._views:
             return _wait(self._query(self._views[route]), QUICK_S, route)
         if route is REST.register:

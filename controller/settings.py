@@ -8,6 +8,7 @@ gives it to the core. Nothing reads a module global.
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -26,6 +27,7 @@ from client_lib.constants import (
 )
 from client_lib.errors import InvalidArgument
 from client_lib.version import add_version_flag
+from controller.leadership import DEFAULT_ETCD_PREFIX, DEFAULT_LEASE_TTL_S
 
 # -- hybrid mode (issue 25) --------------------------------------------------------
 Mode = Literal["full", "hybrid"]
@@ -86,6 +88,14 @@ class Settings:
     """Prometheus metrics on the --rest-host at this port (`controller.metrics`); 0: none."""
     open_reads: bool = False
     secret: bytes = field(default=b"", repr=False)
+    # -- leadership among controllers (issue 25, `controller.leadership`) --
+    etcd: tuple[str, ...] = ()
+    """etcd client URLs; empty: the one controller without etcd (the default)."""
+    etcd_prefix: str = DEFAULT_ETCD_PREFIX
+    lease_ttl_s: int = DEFAULT_LEASE_TTL_S
+    advertise_url: str = ""
+    """This controller's REST URL as agents reach it (the leader key's value)."""
+    # -- end of leadership --
 
 
 def parser() -> argparse.ArgumentParser:
@@ -164,6 +174,20 @@ def parser() -> argparse.ArgumentParser:
                    help="of the keys stored, the share one rebalance (all its moves) may move")
     p.add_argument("--churn-per-minute", type=float, default=0.2,
                    help="of the keys stored, the share rebalancing may move in any 60 s")
+    # -- leadership among controllers (issue 25) --
+    p.add_argument("--etcd", default="",
+                   help="etcd client URLs, comma-separated (http://HOST:PORT,...): run as one of several "
+                        "controllers, the one holding etcd's lease leads; empty: the one controller, "
+                        "no etcd")
+    p.add_argument("--etcd-prefix", default=DEFAULT_ETCD_PREFIX,
+                   help="etcd key prefix; the leader key is PREFIX/leader")
+    p.add_argument("--lease-ttl", type=int, default=DEFAULT_LEASE_TTL_S,
+                   help="seconds of the leader's etcd lease (renewed every third of it); etcd refuses a TTL "
+                        "below its minimum, 1.5 election timeouts rounded up (see docs/ha.md)")
+    p.add_argument("--advertise-url", default="",
+                   help="this controller's REST URL as agents reach it, stored in etcd while it leads "
+                        "(default: http://REST-HOST:REST-PORT)")
+    # -- end of leadership --
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
 
@@ -195,6 +219,7 @@ def from_args(args: argparse.Namespace) -> Settings:
                         ("--imbalance-threshold", args.imbalance_threshold)):
         if not 0 <= share <= 1:
             raise InvalidArgument(f"{flag} must lie in [0, 1], not {share}")
+    etcd, advertise = _leadership(args)
     return Settings(space=space, gateway_ip=args.gateway, mode=args.mode, bounds=bounds,
                     capacity=args.capacity,
                     bootstrap=bootstrap, replicas=args.replicas, sync_rate=args.sync_rate,
@@ -209,4 +234,31 @@ def from_args(args: argparse.Namespace) -> Settings:
                     table_budget=args.table_budget or None,
                     of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
                     rest_port=args.rest_port, metrics_port=args.metrics_port, open_reads=args.open_reads,
-                    secret=secret)
+                    secret=secret, etcd=etcd, etcd_prefix=args.etcd_prefix.rstrip("/"),
+                    lease_ttl_s=args.lease_ttl, advertise_url=advertise)
+
+
+def _leadership(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
+    """The etcd URLs and the advertised REST URL, checked (issue 25)."""
+    etcd = tuple(u.strip().rstrip("/") for u in args.etcd.split(",") if u.strip())
+    for url in etcd:
+        checked("--etcd", etcd_endpoint, url)
+    if etcd and args.lease_ttl < 1:
+        raise InvalidArgument(f"--lease-ttl must be at least 1 s, not {args.lease_ttl}")
+    if not args.etcd_prefix.startswith("/") or args.etcd_prefix.rstrip("/") == "":
+        raise InvalidArgument(f"--etcd-prefix must be an absolute key path such as /metaflow, "
+                              f"not {args.etcd_prefix!r}")
+    advertise = args.advertise_url.rstrip("/") or f"http://{args.rest_host}:{args.rest_port}"
+    checked("--advertise-url", etcd_endpoint, advertise)
+    return etcd, advertise
+
+
+def etcd_endpoint(url: str) -> tuple[str, int]:
+    """(host, port) of an http://HOST:PORT URL; ValueError names what is wrong."""
+    match = _HTTP_ENDPOINT.fullmatch(url)
+    if match is None or not 0 < int(match["port"]) < 65536:
+        raise ValueError(f"{url!r} must look like http://HOST:PORT")
+    return match["host"], int(match["port"])
+
+
+_HTTP_ENDPOINT = re.compile(r"http://(?P<host>[A-Za-z0-9.\-]+):(?P<port>[0-9]{1,5})/?")

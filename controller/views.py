@@ -13,6 +13,7 @@ from client_lib.api.rest import (
     FlowInfo,
     FlowsView,
     HostInfo,
+    LeadershipView,
     LeafInfo,
     LoadView,
     OperationInfo,
@@ -27,6 +28,7 @@ from client_lib.api.rest import (
 )
 from controller.core import MetaFlowCore
 from controller.drain import holdings
+from controller.leadership import Leadership
 from controller.telemetry import Gauges, ServerGauges
 from controller.watch import owner_loads
 
@@ -116,6 +118,13 @@ def drains_view(core: MetaFlowCore) -> DrainsView:
                               round((drain.finished or now) - drain.started, 3),
                               running[0].step if running else "", drain.reason)
     return DrainsView(out)
+
+
+def leadership_view(lead: Leadership) -> LeadershipView:
+    """Read off the leadership itself, not the core: a standby's or a stuck
+    decision loop's answer still says who leads."""
+    return LeadershipView(lead.state.value, lead.term, lead.leader_url, lead.etcd_reachable,
+                          lead.coordinated, lead.reason, lead.takeovers)
 
 
 def gauges(core: MetaFlowCore) -> Gauges:

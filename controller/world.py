@@ -90,6 +90,9 @@ class SagaWorld:
         """Servers being drained or drained (`controller.drain`); a controller
         restart forgets them (the drain is not resumed)."""
         self.churn = ChurnLimit(settings.churn_per_rebalance, settings.churn_per_minute, clock)
+        self.term = 0
+        """The leader's term (`controller.leadership`): a build's epochs start
+        above `term << 32`; 0 for the one controller without etcd."""
 
     # -- what a build maps ------------------------------------------------------------
 

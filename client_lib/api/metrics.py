@@ -85,6 +85,13 @@ OPERATION_AGE = Family("metaflow_operation_oldest_age_seconds", "gauge",
                        "seconds the oldest running operation of the kind has run", ("kind",))
 MIGRATION_LEASE = Family("metaflow_migration_lease_seconds", "gauge",
                          "how long a copied migration may wait for its commit (--migration-lease)")
+LEADER = Family("metaflow_controller_leader", "gauge",
+                "1 while this controller leads (always, without etcd), 0 while it is a standby")
+TERM = Family("metaflow_controller_term", "gauge", "the term this controller leads or last led (0: never)")
+TAKEOVERS = Family("metaflow_controller_takeovers_total", "counter",
+                   "times this controller became the leader")
+ETCD_REACHABLE = Family("metaflow_controller_etcd_reachable", "gauge",
+                        "1 while etcd answers (always 0 without --etcd)")
 MOVES = Family("metaflow_moves_total", "counter",
                "moves of blocks to a new replica set, by kind (split, merge, rebalance) and result",
                ("kind", "result"))
@@ -94,7 +101,8 @@ CONTROLLER: tuple[Family, ...] = (
     SWITCHES_CONNECTED, NETWORK_BUILT, REPLICAS, SWITCH_ENTRIES, TABLE_BUDGET, FLOW_MODS, FLOW_MODS_REFUSED,
     BARRIER_SECONDS, SERVERS, SERVER_KEYS, SERVER_LOAD, HEARTBEAT_AGE, OLDEST_HEARTBEAT, HEARTBEAT_TIMEOUT,
     BLOCKS, BLOCKS_UNBACKED, BLOCKS_NOT_SERVING, IMBALANCE, IMBALANCE_THRESHOLD, DATA_LOST, OPERATIONS,
-    OPERATION_SECONDS, OPERATIONS_RUNNING, OPERATION_AGE, MIGRATION_LEASE, MOVES, MOVE_SECONDS)
+    OPERATION_SECONDS, OPERATIONS_RUNNING, OPERATION_AGE, MIGRATION_LEASE, MOVES, MOVE_SECONDS,
+    LEADER, TERM, TAKEOVERS, ETCD_REACHABLE)
 
 # -- an agent --------------------------------------------------------------------------
 

@@ -260,6 +260,23 @@ class Outcome:
     detail: dict[str, object]
 
 
+@dataclass(frozen=True)
+class LeadershipView:
+    """This controller's part among several (issue 25; `controller.leadership`):
+    `state` leader or standby, the leader's `term` (0: never led), the
+    leader's REST URL as etcd has it, whether etcd answers, why this one is
+    a standby. The one controller without etcd: leader at term 0, not
+    `coordinated`."""
+
+    state: str
+    term: int
+    leader: str | None
+    etcd_reachable: bool
+    coordinated: bool
+    reason: str = ""
+    takeovers: int = 0
+
+
 # -- routes ----------------------------------------------------------------------
 
 
@@ -293,6 +310,10 @@ class REST:
     drains: Route[None, DrainsView] = Route(
         "GET", "/metaflow/drains", None, DrainsView, changes=False,
         summary="drains under way, done or stopped, with what each server still holds")
+    leadership: Route[None, LeadershipView] = Route(
+        "GET", "/metaflow/leadership", None, LeadershipView, changes=False,
+        summary="leader or standby, the term, the leader's URL, whether etcd answers "
+                "(a standby serves it too)")
     register = Route(
         "POST", "/metaflow/agents", Registration, Registered, changes=True,
         summary="an agent registers")

@@ -44,7 +44,8 @@ RULE: dict[str, set[str]] = {
     "client_lib.fs.mount": {"client_lib", "client_lib.fs", "pyfuse3", "trio"},
     "btree": {"client_lib", "sortedcontainers"},
     "topology": {"btree", "client_lib", "networkx"},
-    "controller": _CONTRACT | _CORE | {"os_ken", "networkx", "sortedcontainers", "prometheus_client"},
+    "controller": _CONTRACT | _CORE | {"os_ken", "networkx", "sortedcontainers", "prometheus_client",
+                                       "etcd3gw", "requests"},
     "nat_agent": _CONTRACT | {"aiohttp", "uvloop", "plyvel", "netfilterqueue", "sortedcontainers",
                               "prometheus_client"},
     "mininet_scenarios": _CONTRACT | _FILE_SYSTEM | _CORE | _DAEMONS | {"mininet", "networkx", "os_ken"},
@@ -61,7 +62,7 @@ NO_IO = ("socket", "asyncio", "urllib", "http", "subprocess", "aiohttp", "plyvel
 (os-ken's OpenFlow message classes and packet library are pure and allowed)."""
 PURE_CONTROLLER = ("core", "world", "views", "watch", "saga", "build", "split", "move", "failover", "repair",
                    "rebalance", "migrations", "oracles", "load", "inventory", "registry", "steps",
-                   "settings", "ofmsgs", "routing", "arp", "telemetry")
+                   "settings", "ofmsgs", "routing", "arp", "telemetry", "leadership")
 
 
 def _modules() -> dict[str, Path]:

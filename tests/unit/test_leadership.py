@@ -1,0 +1,156 @@
+"""Leadership without etcd: the clock bound that gates every step, the term
+in epochs, the role requests. Pure: the clock is a variable."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from os_ken.ofproto import ofproto_common
+from os_ken.ofproto import ofproto_v1_0 as ofp
+from os_ken.ofproto import ofproto_v1_0_parser as parser
+
+from btree.replicas import Replicas
+from btree.tree import LogicalBTree
+from client_lib.cidr import Block
+from controller.leadership import MAX_TERM, TERM_SHIFT, Leadership, State, epoch_floor, term_of
+from controller.ofmsgs import refuses_role, role_request
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_one_controller_without_etcd_always_leads_at_term_0() -> None:
+    alone = Leadership.alone()
+    assert alone.leads() and alone.state is State.LEADER and alone.term == 0 and not alone.coordinated
+
+
+def test_a_leader_leads_until_its_last_accepted_keepalive_plus_ttl_less_the_margin() -> None:
+    clock = Clock()
+    lead = Leadership(2.0, clock, margin_s=0.5)
+    assert not lead.leads() and lead.state is State.STANDBY
+    lead.elected(7, sent_at=100.0, url="http://c1:8080")
+    assert lead.leads() and lead.term == 7 and lead.takeovers == 1
+    clock.now = 101.49
+    assert lead.leads()
+    clock.now = 101.5   # 100 + 2 - 0.5
+    assert not lead.leads()
+
+
+def test_a_renewal_counts_from_when_it_was_sent_not_when_its_answer_came() -> None:
+    clock = Clock()
+    lead = Leadership(3.0, clock, margin_s=0.0)
+    lead.elected(1, 100.0, "u")
+    # Sent at 101, answered (say after a pause) at 110: the bound is 104, long gone.
+    clock.now = 110.0
+    lead.renewed(sent_at=101.0)
+    assert not lead.leads()
+
+
+def test_a_late_answer_to_an_older_keepalive_never_shortens_the_bound() -> None:
+    clock = Clock()
+    lead = Leadership(3.0, clock, margin_s=0.0)
+    lead.elected(1, 100.0, "u")
+    lead.renewed(102.0)
+    lead.renewed(101.0)
+    clock.now = 104.9
+    assert lead.leads()
+
+
+def test_a_paused_leader_that_wakes_finds_it_leads_no_more_before_anything_else() -> None:
+    clock = Clock()
+    lead = Leadership(1.0, clock)
+    lead.elected(3, 100.0, "u")
+    assert lead.reason == ""
+    clock.now = 130.0   # SIGSTOP for half a minute
+    assert not lead.leads() and lead.reason == "the lease ran out on this controller's clock"
+    lead.lost("the lease ran out")
+    lead.renewed(130.0)   # a renewal of a lost lease does not bring it back
+    assert not lead.leads() and lead.reason == "the lease ran out"
+
+
+def test_etcd_unreachable_is_said_by_a_standby_and_not_hidden_by_a_leader() -> None:
+    clock = Clock()
+    lead = Leadership(2.0, clock)
+    lead.unreachable("connection refused")
+    assert not lead.etcd_reachable and "etcd unreachable: connection refused" in lead.reason
+    lead.elected(4, 100.0, "u")
+    lead.unreachable("timeout")
+    assert lead.leads() and not lead.etcd_reachable   # until its bound, then standby
+    clock.now = 102.0
+    assert not lead.leads()
+
+
+def test_a_standby_follows_the_leader_it_read() -> None:
+    lead = Leadership(2.0, Clock())
+    lead.follow("http://c2:8080")
+    assert lead.leader_url == "http://c2:8080" and lead.etcd_reachable and not lead.leads()
+    lead.follow(None)
+    assert "campaigning" in lead.reason
+
+
+@pytest.mark.parametrize(("ttl", "margin"), [(0.0, None), (-1.0, None), (1.0, 1.0), (1.0, -0.1)])
+def test_bad_ttl_or_margin_is_refused(ttl: float, margin: float | None) -> None:
+    with pytest.raises(ValueError, match="TTL|margin"):
+        Leadership(ttl, Clock(), margin_s=margin)
+
+
+def test_the_term_is_the_high_half_of_every_epoch() -> None:
+    assert epoch_floor(0) == 0 and epoch_floor(5) == 5 << TERM_SHIFT
+    assert term_of(epoch_floor(5) + 17) == 5 and term_of(12) == 0
+    assert epoch_floor(MAX_TERM) < 2 ** 63
+    for bad in (-1, MAX_TERM + 1):
+        with pytest.raises(ValueError, match="term"):
+            epoch_floor(bad)
+    with pytest.raises(ValueError, match="term"):
+        Leadership(1.0, Clock()).elected(MAX_TERM + 1, 100.0, "u")
+
+
+def _tree() -> LogicalBTree:
+    return LogicalBTree(Block.parse("100.64.0.0/10"), "root", {"root": ["e1"], "e1": ["a", "b"]})
+
+
+def test_a_new_leaders_epochs_are_above_every_epoch_of_an_older_one() -> None:
+    old = Replicas(_tree(), 1)
+    for _ in range(1000):
+        old.next_epoch()
+    assert term_of(old.epoch) == 0
+    new = Replicas(_tree(), 1, floor=epoch_floor(2))
+    first = new.next_epoch()
+    assert first == (2 << TERM_SHIFT) + 1 and first > old.epoch and term_of(first) == 2
+
+
+def test_a_rebuild_keeps_the_higher_of_the_claims_and_the_floor() -> None:
+    replicas = Replicas(_tree(), 1, floor=epoch_floor(3))
+    replicas.continue_from(epoch_floor(2) + 40)   # claims of an older leader
+    assert replicas.next_epoch() == epoch_floor(3) + 1
+    replicas.continue_from(epoch_floor(4) + 9)    # a claim above the floor (a later leader's) wins
+    assert replicas.next_epoch() == epoch_floor(4) + 10
+    with pytest.raises(ValueError, match="floor"):
+        Replicas(_tree(), 1, floor=-1)
+
+
+def test_the_role_requests_are_nicira_master_and_slave_on_the_wire() -> None:
+    for leading, role in ((True, ofp.NX_ROLE_MASTER), (False, ofp.NX_ROLE_SLAVE)):
+        msg = role_request(leading)
+        assert isinstance(msg, parser.NXTRoleRequest) and msg.role == role
+        msg.datapath = SimpleNamespace(ofproto=ofp, ofproto_parser=parser, id=1)
+        msg.set_xid(9)
+        msg.serialize()
+        wire = bytes(msg.buf)
+        assert wire[1] == ofp.OFPT_VENDOR
+        assert int.from_bytes(wire[8:12], "big") == ofproto_common.NX_EXPERIMENTER_ID
+        assert int.from_bytes(wire[-4:], "big") == role
+
+
+def test_a_switch_without_the_nicira_extension_is_told_from_other_errors() -> None:
+    request = bytes([1, ofp.OFPT_VENDOR, 0, 20])
+    assert refuses_role(ofp.OFPET_BAD_REQUEST, request)
+    assert not refuses_role(ofp.OFPET_FLOW_MOD_FAILED, request)
+    assert not refuses_role(ofp.OFPET_BAD_REQUEST, bytes([1, ofp.OFPT_FLOW_MOD, 0, 72]))
+    assert not refuses_role(ofp.OFPET_BAD_REQUEST, b"")
