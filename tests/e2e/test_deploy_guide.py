@@ -83,16 +83,46 @@ def eventually(what: str, probe: Callable[[], bool], timeout: float = SETTLED) -
 
 @dataclass
 class Walk:
-    """What the checks need: the page, its directory and management network."""
+    """What the checks need: the page, its directory and management network, each step's
+    output, and the leader as the controllers step found it."""
 
     page: Guide
     mfw: Path
     mgmt: str
     outputs: dict[str, str]
+    leader: str = ""
+    term: int = 0
 
-    def api(self) -> ApiClient:
-        return ApiClient(f"http://{self.mgmt}.11:{REST_PORT}", load_secret(self.mfw / "etc" / "secret"),
-                         timeout=10)
+    def controller(self, n: int) -> str:
+        """Controller `n`'s REST URL (the page's advertise-url)."""
+        return f"http://{self.mgmt}.1{n}:{REST_PORT}"
+
+    def target(self, url: str) -> str:
+        """The OpenFlow target of the controller at REST URL `url`."""
+        return f"tcp:{url.split('//')[1].split(':')[0]}:{OPENFLOW_PORT}"
+
+    def api(self, url: str | None = None) -> ApiClient:
+        """The leader's REST API (the one the controllers step found), or `url`'s."""
+        return ApiClient(url or self.leader, load_secret(self.mfw / "etc" / "secret"), timeout=10)
+
+    def roles(self) -> dict[str, list[tuple[str, bool]]]:
+        """Role and connection of each of the page's controller targets, one per bridge."""
+        rows = json.loads(sh("ovs-vsctl", "--format=json", "--columns=target,role,is_connected",
+                             "list", "controller"))["data"]
+        out: dict[str, list[tuple[str, bool]]] = {}
+        for target, role, connected in rows:
+            if target.startswith(f"tcp:{self.mgmt}."):
+                out.setdefault(target, []).append((role if isinstance(role, str) else "", connected is True))
+        return out
+
+    def masters(self, leader: str) -> bool:
+        """Every bridge has the controller at `leader` as its connected master, the other as a
+        connected slave."""
+        roles, want = self.roles(), self.target(leader)
+        expected = {target: "master" if target == want else "slave" for target in roles}
+        return len(roles) == 2 and all(
+            len(held) == len(BRIDGES) and all(up and role == expected[target] for role, up in held)
+            for target, held in roles.items())
 
 
 def in_ns(ns: str, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -107,7 +137,8 @@ def check_fabric(walk: Walk) -> None:
         assert sh("ovs-vsctl", "get", "bridge", bridge, "protocols") == "[OpenFlow10]"
         assert sh("ovs-vsctl", "get-fail-mode", bridge) == "secure"
         assert sh("ovs-vsctl", "get", "bridge", bridge, "datapath_type") == "netdev"
-        assert sh("ovs-vsctl", "get-controller", bridge) == f"tcp:{walk.mgmt}.11:{OPENFLOW_PORT}"
+        assert sh("ovs-vsctl", "get-controller", bridge).split() == [
+            f"tcp:{walk.mgmt}.11:{OPENFLOW_PORT}", f"tcp:{walk.mgmt}.12:{OPENFLOW_PORT}"]
     assert sh("ovs-vsctl", "get", "interface", "mfw-core-e1", "ofport") == "1"
     assert sh("ovs-vsctl", "get", "interface", "mfw-e2-core", "ofport") == "10"
 
@@ -137,17 +168,24 @@ def check_etcd(walk: Walk) -> None:
     assert health.returncode == 0, health.stderr
 
 
-def check_controller(walk: Walk) -> None:
-    target = f"tcp:{walk.mgmt}.11:{OPENFLOW_PORT}"
+def _etcd_leader(walk: Walk) -> str:
+    got = in_ns("mfw-c1", "etcdctl", "--endpoints", f"http://{walk.mgmt}.5:2379", "get", "--print-value-only",
+                "/metaflow/leader")
+    return got.stdout.strip()
 
-    def connected() -> bool:
-        rows = json.loads(sh("ovs-vsctl", "--format=json", "--columns=is_connected", "find", "controller",
-                             f"target={json.dumps(target)}"))["data"]
-        return len(rows) == len(BRIDGES) and all(row == [True] for row in rows)
 
-    eventually(f"every bridge connected to the controller at {target}", connected)
+def check_controllers(walk: Walk) -> None:
+    walk.leader = _etcd_leader(walk)
+    assert walk.leader in (walk.controller(1), walk.controller(2))
+    assert f"leader: {walk.leader}" in walk.outputs["controllers"]
+    views = {n: walk.api(walk.controller(n)).call(REST.leadership) for n in (1, 2)}
+    assert sorted(v.state for v in views.values()) == ["leader", "standby"], views
+    assert all(v.coordinated and v.leader == walk.leader for v in views.values()), views
+    walk.term = next(v.term for v in views.values() if v.state == "leader")
+    assert walk.term > 0
+    eventually("the leader master on every bridge, the other a slave", lambda: walk.masters(walk.leader))
     assert len(walk.api().call(REST.topology).switches) == len(BRIDGES)
-    assert "3 received" in walk.outputs["controller"]
+    assert "3 received" in walk.outputs["controllers"]
     _hybrid_tables()
 
 
@@ -181,16 +219,35 @@ def check_client(walk: Walk) -> None:
     assert walk.outputs["client"].strip().splitlines()[-1] == "from the walkthrough"
 
 
+def check_leader_killed(walk: Walk) -> None:
+    out = walk.outputs["leader-killed"]
+    new = _etcd_leader(walk)
+    assert f"leader before: {walk.leader}" in out and f"leader after: {new}" in out
+    assert new in (walk.controller(1), walk.controller(2)) and new != walk.leader
+    view = walk.api(new).call(REST.leadership)
+    assert view.state == "leader" and view.term > walk.term, view
+    eventually("the new leader master on every bridge", lambda: all(
+        held and all(connected and role == "master" for role, connected in held)
+        for held in [walk.roles().get(walk.target(new), [])]))
+    assert ["from the walkthrough", "after the takeover"] == [
+        line for line in out.splitlines() if line in ("from the walkthrough", "after the takeover")]
+    servers = walk.api(new).call(REST.servers).servers
+    assert set(servers) == {"s1", "s2"} and not [n for n, s in servers.items() if s.failed], servers
+    assert "3 received" in out
+    _hybrid_tables()
+
+
 STEP_CHECKS: dict[str, Callable[[Walk], None]] = {
     "fabric": check_fabric,
     "hosts": check_hosts,
     "normal": check_normal,
     "management": check_management,
     "etcd": check_etcd,
-    "controller": check_controller,
+    "controllers": check_controllers,
     "agent-s1": check_agent_s1,
     "agent-s2": check_agent_s2,
     "client": check_client,
+    "leader-killed": check_leader_killed,
 }
 
 
