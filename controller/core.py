@@ -44,7 +44,6 @@ from client_lib.api.rest import (
     Registered,
 )
 from client_lib.cidr import Block
-from client_lib.constants import COOKIE_NORMAL
 from client_lib.errors import Conflict, NotFound
 from controller import arp, ofmsgs
 from controller.build import build, build_saga
@@ -194,7 +193,7 @@ class MetaFlowCore:
         if isinstance(event, (StepDone, StepFailed)):
             return self._outcome(event)
         if isinstance(event, Tick):
-            return self._tick()
+            return [*self._probe(self.clock()), *self._tick()]
         if isinstance(event, ArpIn):
             return self._arp(event)
         if isinstance(event, (SwitchUp, SwitchDown, LinkUp, LinkDown, PortUp, PortDown)):
@@ -357,6 +356,38 @@ class MetaFlowCore:
         self._held = [(waits, packet) for waits, packet in self._held if waits & self._routing.keys()]
         return released
 
+    def _refused(self, event: SwitchError) -> list[Step]:
+        """A switch that refuses hybrid mode's NORMAL entry forwards nothing
+        of the fabric's own traffic: said at connect, by name, not found
+        later by lost packets. Other refusals are the shim's to count."""
+        if ofmsgs.refuses_normal(event.error_type, event.error_code, event.data):
+            self.world.event("normal-refused", logging.ERROR, switch=self.inventory.name(event.dpid),
+                             error=f"type {event.error_type} code {event.error_code}",
+                             note="hybrid mode needs the NORMAL action: this switch forwards only "
+                                  "MetaFlow's entries; run it in full mode or replace it")
+        return []
+
+    def _probe(self, now: float) -> list[Step]:
+        """Hybrid mode: ask for every storage server the data plane does not
+        reach yet, out of every edge port (`arp.probe`), every
+        PROBE_INTERVAL_S; its answer to the gateway locates it (`_arp`). Only
+        servers heard from lately (registered or beating, failed ones too,
+        which rejoin once located): a dead one is not asked for forever."""
+        if self.settings.mode != "hybrid" or now - self._probed < PROBE_INTERVAL_S:
+            return []
+        heard = max(self.settings.heartbeat_timeout_s, PROBE_INTERVAL_S)
+        targets = sorted(s.data_ip for s in self.registry.servers.values()
+                         if now - s.last_seen <= heard and not self.inventory.attached(s.data_ip))
+        if not targets:
+            return []
+        self._probed = now
+        ports = self.inventory.edge_ports()
+        steps: list[Step] = [PacketOut(dpid=dpid, port=port, data=arp.probe(ip, self.settings.gateway_ip))
+                             for ip in targets for dpid, port in ports]
+        for step in steps:
+            self._issue(step)
+        return steps
+
     def missing(self) -> list[str]:
         """What keeps the network from being built: servers not located yet."""
         return sorted(s.name for s in self.registry.live() if s.data_ip not in self.inventory.hosts)
@@ -499,44 +530,13 @@ class MetaFlowCore:
 
     # -- the tick: build, fail over, poll, repair, split -------------------------------
 
-    def _refused(self, event: SwitchError) -> list[Step]:
-        """A switch that refuses hybrid mode's NORMAL entry forwards nothing
-        of the fabric's own traffic: said at connect, by name, not found
-        later by lost packets. Other refusals are the shim's to count."""
-        refused = ofmsgs.refused_flow_mod(event.error_type, event.error_code, event.data)
-        if refused is not None and refused.cookie == COOKIE_NORMAL:
-            self.world.event("normal-refused", logging.ERROR, switch=self.inventory.name(event.dpid),
-                             error=f"type {refused.error_type} code {refused.error_code}",
-                             note="hybrid mode needs the NORMAL action: this switch forwards only "
-                                  "MetaFlow's entries; run it in full mode or replace it")
-        return []
-
-    def _probe(self, now: float) -> list[Step]:
-        """Hybrid mode: ask for every registered storage server the data plane
-        does not reach yet, out of every edge port (`arp.probe`), every
-        PROBE_INTERVAL_S; its answer to the gateway locates it (`_arp`)."""
-        if self.settings.mode != "hybrid" or now - self._probed < PROBE_INTERVAL_S:
-            return []
-        targets = sorted(s.data_ip for s in self.registry.servers.values()
-                         if not self.inventory.attached(s.data_ip))
-        if not targets:
-            return []
-        self._probed = now
-        ports = self.inventory.edge_ports()
-        steps: list[Step] = [PacketOut(dpid=dpid, port=port, data=arp.probe(ip, self.settings.gateway_ip))
-                             for ip in targets for dpid, port in ports]
-        for step in steps:
-            self._issue(step)
-        return steps
-
     def _tick(self) -> list[Step]:
         now = self.clock()
-        probes = self._probe(now)
         if self.tree is None:
             if now - self.last_change >= self.settings.settle_s:
-                return probes + self._build(now)
-            return probes
-        steps: list[Step] = probes
+                return self._build(now)
+            return []
+        steps: list[Step] = []
         for server in self.registry.silent(now, self.settings.heartbeat_timeout_s):
             steps += self._fail(server.name, f"no heartbeat for {now - server.last_seen:.1f} s")
         leaves = set(self.tree.leaves())   # once per tick, not once per server

@@ -171,6 +171,27 @@ def _base_add(entry: BaseEntry) -> Any:
     return _flow_mod(match, ofp.OFPFC_ADD, entry.priority, actions, entry.cookie)
 
 
+# -- a switch that refuses what we sent (OFPT_ERROR) -----------------------------------
+
+_FLOW_MOD_HEAD = struct.Struct("!BBHI40sQHHHH")
+"""The first 64 bytes of an OF1.0 flow mod, which an error message carries
+at least of the request it refuses: header, match, cookie, command,
+timeouts, priority."""
+
+
+def refuses_normal(error_type: int, error_code: int, data: bytes) -> bool:
+    """The error refuses hybrid mode's NORMAL entry itself: its data begins
+    with the refused request, a flow mod with that entry's cookie. Not a
+    permission error (EPERM), which a switch answers to every flow mod of a
+    controller it holds as a slave: that refuses the role, not the action."""
+    if len(data) < _FLOW_MOD_HEAD.size or (error_type, error_code) == (ofp.OFPET_BAD_REQUEST,
+                                                                        ofp.OFPBRC_EPERM):
+        return False
+    version, msg_type, _length, _xid, _match, cookie, _cmd, _idle, _hard, _priority = \
+        _FLOW_MOD_HEAD.unpack_from(data)
+    return version == ofp.OFP_VERSION and msg_type == ofp.OFPT_FLOW_MOD and cookie == COOKIE_NORMAL
+
+
 def _output(actions: list[Any]) -> int | None:
     return next((a.port for a in actions if hasattr(a, "port")), None)
 
@@ -242,36 +263,6 @@ def resync_messages(have: Held, want: list[FlowEntry], want_routes: dict[str, in
             + route_messages(changed, deleted)
             + [_flow_mod(_base_match(*key[1:]), ofp.OFPFC_DELETE_STRICT, key[0], [], COOKIE_BASE)
                for key in sorted(stale, key=repr)])
-
-
-# -- a switch that refuses what we sent (OFPT_ERROR) -----------------------------------
-
-_FLOW_MOD_HEAD = struct.Struct("!BBHI40sQHHHH")
-"""The first 64 bytes of an OF1.0 flow mod, which an error message carries
-at least of the request it refuses: header, match, cookie, command,
-timeouts, priority."""
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A flow mod a switch refused, as the error tells it."""
-
-    cookie: int
-    priority: int
-    error_type: int
-    error_code: int
-
-
-def refused_flow_mod(error_type: int, error_code: int, data: bytes) -> Refused | None:
-    """The flow mod an OFPT_ERROR refuses (its data begins with the request),
-    or None when the refused request is not a flow mod."""
-    if len(data) < _FLOW_MOD_HEAD.size:
-        return None
-    version, msg_type, _length, _xid, _match, cookie, _cmd, _idle, _hard, priority = \
-        _FLOW_MOD_HEAD.unpack_from(data)
-    if version != ofp.OFP_VERSION or msg_type != ofp.OFPT_FLOW_MOD:
-        return None
-    return Refused(cookie, priority, error_type, error_code)
 
 
 def role_request(leading: bool) -> Any:

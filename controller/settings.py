@@ -220,8 +220,7 @@ def from_args(args: argparse.Namespace) -> Settings:
         if not 0 <= share <= 1:
             raise InvalidArgument(f"{flag} must lie in [0, 1], not {share}")
     etcd, advertise = _leadership(args)
-    return Settings(space=space, gateway_ip=args.gateway, mode=args.mode, bounds=bounds,
-                    capacity=args.capacity,
+    return Settings(space=space, gateway_ip=args.gateway, bounds=bounds, capacity=args.capacity,
                     bootstrap=bootstrap, replicas=args.replicas, sync_rate=args.sync_rate,
                     max_syncs=args.max_syncs, settle_s=args.settle, locate_timeout_s=args.locate_timeout,
                     heartbeat_timeout_s=args.heartbeat_timeout,
@@ -232,6 +231,7 @@ def from_args(args: argparse.Namespace) -> Settings:
                     imbalance_threshold=args.imbalance_threshold, rebalance=not args.no_rebalance,
                     churn_per_rebalance=args.churn_per_rebalance, churn_per_minute=args.churn_per_minute,
                     table_budget=args.table_budget or None,
+                    mode=args.mode,
                     of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
                     rest_port=args.rest_port, metrics_port=args.metrics_port, open_reads=args.open_reads,
                     secret=secret, etcd=etcd, etcd_prefix=args.etcd_prefix.rstrip("/"),

@@ -6,6 +6,12 @@ up, has every host announce itself with one ARP (hosts are otherwise
 silent, and the controller learns attachments from ARP packet-ins), and
 waits until the controller has built the B-tree and programmed the switches.
 
+In hybrid mode (`mode="hybrid"`) only the clients announce themselves (they
+ARP for the gateway, as they must before any request); the controller finds
+the storage servers with its own ARP probes. With `controller_later`, the
+fabric comes up without a controller (forwarding on its `operator_flows`,
+e.g. ``priority=0,actions=NORMAL``) and `start_controller` starts it.
+
     with MetaFlowNet(builders.fat_tree(4, servers=8), capacity=2000) as mf:
         mf.api.call(REST.tree)   # the controller's REST API, signed with the cluster's secret
         mf.flow_counts()         # MetaFlow entries per switch, read from OVS itself
@@ -93,12 +99,18 @@ class MetaFlowNet:
                  replicas: int = DEFAULT_REPLICAS, controller_args: Sequence[str] = (),
                  agent_args: Sequence[str] = (), build_timeout: float = 60.0,
                  workdir: Path | None = None, mgmt_subnet: str = DEFAULT_SUBNET,
-                 silent_clients: bool = False) -> None:
+                 silent_clients: bool = False, mode: str = "full", operator_flows: Sequence[str] = (),
+                 controller_later: bool = False) -> None:
         """`mgmt_subnet`: the management network's; another one lets this
         network run beside another scenario on the same machine.
         `silent_clients`: clients are not announced, so their first packet
-        is also the controller's first word of them (a test of that path)."""
+        is also the controller's first word of them (a test of that path).
+        `mode`: the controller's --mode. `operator_flows`: see `Scenario`.
+        `controller_later`: bring the fabric up without a controller."""
         self.graph = graph
+        self.mode = mode
+        self.operator_flows = tuple(operator_flows)
+        self.controller_later = controller_later
         self.silent_clients = silent_clients
         self.capacity = capacity
         self.replicas = replicas
@@ -118,8 +130,13 @@ class MetaFlowNet:
     # -- bring-up -------------------------------------------------------------
 
     def _start_controller(self, scenario: Scenario):
+        if not self.controller_later:
+            self._launch(scenario)
+        return lambda: self.controller.stop() if self.controller else None  # whichever runs at teardown
+
+    def _launch(self, scenario: Scenario) -> None:
         extra = [*self.controller_args, "--gateway", scenario.gateway, "--space", scenario.space,
-                 "--replicas", str(self.replicas)]
+                 "--replicas", str(self.replicas), "--mode", self.mode]
         if self.capacity:
             extra += ["--capacity", str(self.capacity)]
         assert scenario.secret_file is not None
@@ -128,24 +145,43 @@ class MetaFlowNet:
                                             self.logdir / f"controller-{self.rest_port}.log", extra).start()
         self.api = ApiClient(f"http://{scenario.mgmt.root_ip}:{self.rest_port}",
                              load_secret(scenario.secret_file), timeout=120)
-        return lambda: self.controller.stop()  # whichever controller runs at teardown
 
     def __enter__(self) -> MetaFlowNet:
         started = time.monotonic()
         self.scenario = Scenario(self.graph, controller=("127.0.0.1", self.of_port),
                                  rest_port=self.rest_port, store=self.store,
                                  start_controller=self._start_controller, agent_args=self.agent_args,
-                                 mgmt_subnet=self.mgmt_subnet)
+                                 mgmt_subnet=self.mgmt_subnet, operator_flows=self.operator_flows,
+                                 await_controller=not self.controller_later)
         self.scenario.__enter__()
         try:
             self.timings["scenario_up_s"] = round(time.monotonic() - started, 2)
-            self.announce()
-            self.wait_built(every_host=True)
-            self.timings["network_built_s"] = round(time.monotonic() - started, 2)
+            if not self.controller_later:
+                self._until_built(started)
         except BaseException:
             self.scenario.__exit__(*sys.exc_info())
             raise
         return self
+
+    def _until_built(self, started: float) -> None:
+        self.announce()
+        self.wait_built(every_host=True)
+        self.timings["network_built_s"] = round(time.monotonic() - started, 2)
+
+    def start_controller(self) -> float:
+        """With `controller_later`: start the controller on the running fabric
+        and wait until every switch has connected and the network is built;
+        returns the seconds that took."""
+        started = time.monotonic()
+        scenario = self.running
+        if self.controller is not None:
+            raise RuntimeError("the controller is already running")
+        self._launch(scenario)
+        assert scenario.net is not None
+        if not scenario.net.waitConnected(scenario.connect_timeout):
+            raise RuntimeError("the switches did not connect to the controller started later")
+        self._until_built(started)
+        return time.monotonic() - started
 
     def __exit__(self, *exc) -> None:
         if self.scenario is not None:
@@ -159,8 +195,10 @@ class MetaFlowNet:
         return self.scenario
 
     def announced(self) -> list[str]:
-        """The hosts `announce` speaks for."""
-        return self.hosts("storage") if self.silent_clients else self.hosts()
+        """The hosts `announce` speaks for (in hybrid mode not the storage
+        servers: the controller's probes find them)."""
+        storage = [] if self.mode == "hybrid" else self.hosts("storage")
+        return storage if self.silent_clients else storage + self.hosts("client")
 
     def announce(self) -> None:
         """One ARP per host: forget the gateway's address and ping it (the
@@ -234,9 +272,11 @@ class MetaFlowNet:
         every announced host is located too: the build needs only the
         servers, and a client whose ARP is still on its way is unreachable
         (the controller never floods). Not after a controller restart: a
-        host cut off by then cannot be located."""
+        host cut off by then cannot be located. The storage servers are
+        always among them (hybrid mode's probes find those not announced)."""
         scenario = self.running
-        want = {scenario.host(node).IP() for node in self.announced()} if every_host else set()
+        located = set(self.announced()) | set(self.hosts("storage"))
+        want = {scenario.host(node).IP() for node in located} if every_host else set()
         deadline = time.monotonic() + self.build_timeout
         while time.monotonic() < deadline:
             try:

@@ -9,11 +9,11 @@ controller meant to install.
 from __future__ import annotations
 
 import re
-import subprocess
 
 from btree.flows import FlowEntry, Table
 from client_lib.cidr import Block
 from client_lib.constants import METAFLOW_BASE_PRIORITY, METAFLOW_PORT, UPRULE_PRIORITY
+from mininet_scenarios.syscmd import ofctl
 
 _PRIORITY = re.compile(r"priority=(\d+)")
 _NW_DST = re.compile(r"nw_dst=([\d.]+)(?:/(\d+))?")
@@ -46,5 +46,4 @@ def parse_dump(text: str) -> Table:
 
 
 def dump(bridge: str) -> str:
-    return subprocess.run(["ovs-ofctl", "-O", "OpenFlow10", "dump-flows", bridge],
-                          check=True, capture_output=True, text=True).stdout
+    return ofctl("dump-flows", bridge)

@@ -19,8 +19,11 @@ Bring-up, in order (each phase's seconds end up in `timings`):
    offload off on its data interface (without it TCP through the userspace
    datapath hangs), IPv6 off (no stray router solicitations for the
    controller to see), and its ``-mgmt`` interface.
-4. ``switches``: the bridges start; with a controller, wait until every
-   switch has connected to it.
+4. ``switches``: the bridges start, each given the `operator_flows` (an
+   operator's own entries, e.g. ``priority=0,actions=NORMAL`` for a fabric
+   that forwards on its own: hybrid mode); with a controller, and unless
+   `await_controller` is off (a controller started later), wait until
+   every switch has connected to it.
 5. ``routes``: each client routes the MetaDataID `space` via `gateway`, a
    virtual address in the hosts' subnet whose ARP only the controller
    answers (default 10.255.255.254, which the builders never hand out).
@@ -75,7 +78,7 @@ from mininet_scenarios.hostns import HostNamespace
 from mininet_scenarios.interrupts import SignalsHeld, SigtermAsInterrupt
 from mininet_scenarios.leaks import leaks, netns_inode, sweep, unique_prefix
 from mininet_scenarios.mgmt import DEFAULT_SUBNET, ManagementNetwork
-from mininet_scenarios.syscmd import vsctl
+from mininet_scenarios.syscmd import ofctl, vsctl
 from mininet_scenarios.topos import HOST_NETWORK, GraphTopo, host_number, mininet_name
 from nat_agent.rules import DEFAULT_MODE
 from topology import builders
@@ -110,15 +113,19 @@ class Scenario:
                  space: str = str(DEFAULT_SPACE), gateway: str = DEFAULT_GATEWAY,
                  mgmt_subnet: str = DEFAULT_SUBNET, prefix: str | None = None,
                  agent_args: Sequence[str] = (), connect_timeout: float = 30.0,
-                 agent_timeout: float = 30.0) -> None:
+                 agent_timeout: float = 30.0, operator_flows: Sequence[str] = (),
+                 await_controller: bool = True) -> None:
         """`controller` is the OpenFlow controller's address as seen from the
         root namespace (OVS runs there), None for no controller (then
         `fail_mode` must be "standalone"). `rest_port`: the controller's REST
         port on `mgmt.root_ip`; agents register there when given.
-        `agent_args` are appended to every agent's command line."""
+        `agent_args` are appended to every agent's command line.
+        `operator_flows` (``ovs-ofctl add-flow`` syntax) are added to every
+        bridge as soon as it exists, before a controller that is not running
+        yet can connect (`await_controller` False: nothing waits for it)."""
         if fail_mode not in ("secure", "standalone"):
             raise ValueError(f"fail_mode must be 'secure' or 'standalone', got {fail_mode!r}")
-        if controller is None and fail_mode == "secure":
+        if controller is None and fail_mode == "secure" and not operator_flows:
             raise ValueError("without a controller, switches in fail_mode 'secure' forward nothing")
         if store not in STORES:
             raise ValueError(f"store must be one of {sorted(STORES)}, got {store!r}")
@@ -141,6 +148,8 @@ class Scenario:
         self.agent_args = tuple(agent_args)
         self.connect_timeout = connect_timeout
         self.agent_timeout = agent_timeout
+        self.operator_flows = tuple(operator_flows)
+        self.await_controller = await_controller
         self.net: Mininet | None = None
         self.workdir: Path | None = None
         self.secret_file: Path | None = None
@@ -193,7 +202,11 @@ class Scenario:
             net = self._build()
         with self._timed("switches"):
             net.start()
-            if self.controller is not None and not net.waitConnected(self.connect_timeout):
+            for switch in net.switches:
+                for flow in self.operator_flows:
+                    ofctl("add-flow", switch.name, flow)
+            if self.controller is not None and self.await_controller \
+                    and not net.waitConnected(self.connect_timeout):
                 stray = [s.name for s in net.switches if not s.connected()]
                 raise RuntimeError(f"switches {stray} did not connect to the controller at "
                                    f"{self.controller[0]}:{self.controller[1]} in {self.connect_timeout} s")

@@ -15,6 +15,16 @@ def vsctl(*argv: str) -> str:
     return _run("ovs-vsctl", "--timeout=10", *argv)
 
 
+def ofctl(*argv: str) -> str:
+    """Run ``ovs-ofctl -O OpenFlow10 argv`` (the only version MetaFlow's switches speak)."""
+    return _run("ovs-ofctl", "-O", "OpenFlow10", *argv)
+
+
+def appctl(*argv: str) -> str:
+    """Run ``ovs-appctl argv`` (e.g. ``ofproto/trace``: which entries a packet would take)."""
+    return _run("ovs-appctl", *argv)
+
+
 def link_names() -> list[str]:
     """Interface names in the root namespace (``ip -o link`` prints 'N: name@peer: ...')."""
     return [line.split(":")[1].strip().split("@")[0] for line in ip("-o", "link", "show").splitlines()]

@@ -31,13 +31,13 @@ from controller.ofmsgs import (
     base_messages,
     diff_messages,
     installed,
-    refused_flow_mod,
+    refuses_normal,
     resync_messages,
     route_messages,
 )
 from controller.settings import from_args
 from controller.settings import parser as settings_parser
-from controller.steps import ArpIn, LinkUp, PacketOut, SwitchError, SwitchUp, Tick
+from controller.steps import ArpIn, LinkUp, PacketOut, PortDown, SwitchError, SwitchUp, Tick
 from tests.unit.controller_world import FakeSwitch, World, sample_ids
 from topology.builders import fat_tree, port, storage_hosts, two_tier
 
@@ -155,16 +155,18 @@ def test_full_to_hybrid_deletes_our_routes_and_catch_all_arp_and_back_again():
 # -- a switch that refuses NORMAL ------------------------------------------------------
 
 
-def test_the_refused_flow_mod_is_read_from_the_errors_data():
-    normal = next(m for m in base_messages("hybrid", GATEWAY) if m.cookie == COOKIE_NORMAL)
+def test_a_refused_normal_is_read_from_the_errors_data():
+    normal, arp_entry = (next(m for m in base_messages("hybrid", GATEWAY) if m.cookie == cookie_)
+                         for cookie_ in (COOKIE_NORMAL, COOKIE_BASE))
     wire = _wire(normal)
     for data in (wire, wire[:64]):   # OVS returns it whole; OF1.0 promises 64 bytes
-        refused = refused_flow_mod(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT, data)
-        assert refused is not None and (refused.cookie, refused.priority) == (COOKIE_NORMAL, 0)
-        assert (refused.error_type, refused.error_code) == (ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT)
-    assert refused_flow_mod(ofp.OFPET_BAD_ACTION, 0, wire[:63]) is None
+        assert refuses_normal(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT, data)
+    assert not refuses_normal(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT, wire[:63])
+    assert not refuses_normal(ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT, _wire(arp_entry))
+    # A switch that holds this controller as a slave refuses every flow mod: the role, not NORMAL.
+    assert not refuses_normal(ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_EPERM, wire)
     barrier = parser.OFPBarrierRequest(None)
-    assert refused_flow_mod(ofp.OFPET_BAD_REQUEST, 0, _wire(barrier) + bytes(64)) is None
+    assert not refuses_normal(ofp.OFPET_BAD_REQUEST, 0, _wire(barrier) + bytes(64))
 
 
 def test_a_switch_refusing_normal_is_reported_by_name_at_connect(caplog):
@@ -237,9 +239,16 @@ def test_hybrid_mode_asks_for_unlocated_servers_out_of_edge_ports_until_they_ans
     world.post(ArpIn(*where, ArpMessage(g.nodes[first]["ip"], g.nodes[first]["mac"], GATEWAY, False)))
     world.run()
     assert world.core.inventory.hosts[g.nodes[first]["ip"]].dpid == where[0]
+    down = next(k for k, h in at.items() if h == servers[1])
+    world.post(PortDown(*down))   # a port that is down is not asked through
+    world.run()
     world.advance(2.0)
-    targets = {packet.Packet(p.data).get_protocol(arp.arp).dst_ip for p in _probes(world)}
-    assert targets == {g.nodes[s]["ip"] for s in servers[1:]}
+    again = _probes(world)
+    assert {packet.Packet(p.data).get_protocol(arp.arp).dst_ip for p in again} == {
+        g.nodes[s]["ip"] for s in servers[1:]}
+    assert {(p.dpid, p.port) for p in again} == set(at) - {down}
+    world.advance(world.settings.heartbeat_timeout_s + 0.1)   # the rest fell silent: dead, not asked for
+    assert _probes(world) == []
 
 
 def test_full_mode_never_probes():
