@@ -226,11 +226,12 @@ class MetaFlowApp(app_manager.OSKenApp):
             self._claim_role(dp, leads)
 
     def _claim_role(self, dp: Any, leading: bool) -> None:
+        """The role request, and what the role hears (`ofmsgs.async_config`)."""
         if dp.id in self.refused_role:
             return
-        msg = ofmsgs.role_request(leading)
-        msg.datapath = dp
-        dp.send_msg(msg)
+        for msg in (ofmsgs.role_request(leading), ofmsgs.async_config()):
+            msg.datapath = dp
+            dp.send_msg(msg)
 
     def _clock(self) -> None:
         """Ticks for the core, and step deadlines (barriers, flow stats)."""
@@ -380,6 +381,9 @@ class MetaFlowApp(app_manager.OSKenApp):
         match): counted per switch; the barrier after it still decides the step.
         The core judges what was refused (hybrid mode's NORMAL is said loudly)."""
         msg = ev.msg
+        if self.leadership.coordinated and not self._leading and ofmsgs.refused_as_slave(msg.type, msg.code):
+            log.debug("switch %s refused a standby's message, as it should", msg.datapath.id)
+            return
         if self.leadership.coordinated and ofmsgs.refuses_role(msg.type, bytes(msg.data or b"")):
             self.refused_role.add(msg.datapath.id)
             log.error("switch %s refused the Nicira role request (not Open vSwitch?): it takes flow mods "

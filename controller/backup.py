@@ -49,7 +49,7 @@ from client_lib.api.admin import (
     encode_records,
 )
 from client_lib.api.auth import load_secret
-from client_lib.api.clients import ApiClient
+from client_lib.api.clients import ApiClient, LeaderClient
 from client_lib.api.rest import REST
 from client_lib.api.route import Route
 from client_lib.cidr import Block
@@ -332,8 +332,9 @@ def _check_counts(restorer: Restorer, manifest: Manifest, force: bool) -> None:
 def add_arguments(p: argparse.ArgumentParser, command: str) -> Callable[[argparse.Namespace], int]:
     """`command`'s arguments (snapshot or restore); how to run it."""
     p.add_argument("dir", type=Path, help="the snapshot's directory")
-    p.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="URL",
-                   help=f"the controller's REST API (default {DEFAULT_CONTROLLER})")
+    p.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="URL[,URL...]",
+                   help=f"the controller's REST API (default {DEFAULT_CONTROLLER}); several, "
+                        "separated by commas: the controllers of which one leads")
     p.add_argument("--secret-file", required=True, metavar="FILE",
                    help="the cluster's secret: records are read and written only with it")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per API call")
@@ -364,7 +365,7 @@ def _run(args: argparse.Namespace, work: Callable[[ApiClient, Agents], Manifest]
     started = time.monotonic()
     try:
         secret = load_secret(args.secret_file)
-        controller = ApiClient(args.controller, secret, timeout=args.timeout)
+        controller = LeaderClient(args.controller, secret, timeout=args.timeout)
         manifest = work(controller, lambda url: ApiClient(url, secret, timeout=args.timeout))
     except (MetaFlowError, OSError) as exc:
         print(f"metaflowctl {args.command}: {exc}", file=sys.stderr)

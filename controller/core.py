@@ -138,6 +138,8 @@ class MetaFlowCore:
         self._grow_tried: tuple[float, int] | None = None
         """(last topology change, registrations) of the last new-rack attempt: tried once per state."""
         self.first_registration: float | None = None
+        self.build_after = 0.0
+        """No build before this time (a successor's: the agents' time to find it)."""
         self.watch = LoadWatch(settings.load_poll_s, self.registry, self.inventory)
         self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
@@ -232,6 +234,10 @@ class MetaFlowCore:
         (`controller.build`); a demoted one waits as a standby."""
         new = MetaFlowCore(self.settings, self.clock, self.recorder, term, self.next_id(), self.inventory)
         new.last_change = self.last_change
+        # The agents find a new leader on their own (their next heartbeat after
+        # the 503s end): a build waits one heartbeat timeout for them, and one
+        # not heard from by then counts as gone (its blocks' backups are promoted).
+        new.build_after = self.clock() + self.settings.heartbeat_timeout_s
         return new
 
     def next_id(self) -> int:
@@ -533,7 +539,7 @@ class MetaFlowCore:
     def _tick(self) -> list[Step]:
         now = self.clock()
         if self.tree is None:
-            if now - self.last_change >= self.settings.settle_s:
+            if now - self.last_change >= self.settings.settle_s and now >= self.build_after:
                 return self._build(now)
             return []
         steps: list[Step] = []

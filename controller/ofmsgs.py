@@ -273,6 +273,25 @@ def role_request(leading: bool) -> Any:
     return parser.NXTRoleRequest(None, ofp.NX_ROLE_MASTER if leading else ofp.NX_ROLE_SLAVE)
 
 
+def async_config() -> Any:
+    """What each role hears (Nicira NXT_SET_ASYNC_CONFIG; masks are [master or
+    equal, slave]): a slave hears the packet-ins of the controller-bound
+    entries too (ARP, and the leader's LLDP), so a standby keeps its view
+    of hosts and links current without sending a thing, and a takeover
+    starts from the fabric as it is; port status for both, flow removals
+    for the master only."""
+    packet_in = (1 << ofp.OFPR_NO_MATCH) | (1 << ofp.OFPR_ACTION)
+    port_status = (1 << ofp.OFPPR_ADD) | (1 << ofp.OFPPR_DELETE) | (1 << ofp.OFPPR_MODIFY)
+    removed = (1 << ofp.OFPRR_IDLE_TIMEOUT) | (1 << ofp.OFPRR_HARD_TIMEOUT) | (1 << ofp.OFPRR_DELETE)
+    return parser.NXTSetAsyncConfig(None, [packet_in, packet_in], [port_status, port_status], [removed, 0])
+
+
+def refused_as_slave(error_type: int, code: int) -> bool:
+    """The error a switch answers a slave's flow mod or packet-out with (EPERM):
+    expected from a standby (os-ken's LLDP discovery keeps trying)."""
+    return error_type == ofp.OFPET_BAD_REQUEST and code == ofp.OFPBRC_EPERM
+
+
 def refuses_role(error_type: int, data: bytes) -> bool:
     """An OpenFlow error that refuses our role request: a switch without the
     Nicira extension (not Open vSwitch) answers with a bad-request error

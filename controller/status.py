@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from client_lib.api import codec
 from client_lib.api.admin import ADMIN, CountRequest
 from client_lib.api.auth import load_secret
-from client_lib.api.clients import ApiClient
+from client_lib.api.clients import ApiClient, LeaderClient
 from client_lib.api.rest import (
     REST,
     EventsView,
@@ -226,8 +226,9 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 def add_controller_arguments(p: argparse.ArgumentParser) -> None:
     """Where the controller's REST API is and how to sign for it: every
     subcommand that talks to the controller takes these."""
-    p.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="URL",
-                   help=f"the controller's REST API (default {DEFAULT_CONTROLLER})")
+    p.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="URL[,URL...]",
+                   help=f"the controller's REST API (default {DEFAULT_CONTROLLER}); several, "
+                        "separated by commas: the controllers of which one leads")
     p.add_argument("--secret-file", default=None, metavar="FILE",
                    help="the cluster's secret (metaflowctl secret FILE makes one); without it, "
                         "only a controller started with --open-reads answers")
@@ -235,9 +236,10 @@ def add_controller_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def controller_client(args: argparse.Namespace) -> ApiClient:
-    """The signed client of `add_controller_arguments`' controller."""
+    """The signed client of `add_controller_arguments`' controller (of the
+    leader, when several are given)."""
     secret = load_secret(args.secret_file) if args.secret_file else None
-    return ApiClient(args.controller, secret, timeout=args.timeout)
+    return LeaderClient(args.controller, secret, timeout=args.timeout)
 
 
 def failed(command: str, args: argparse.Namespace, exc: MetaFlowError) -> int:
@@ -266,11 +268,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         secret = load_secret(args.secret_file) if args.secret_file else None
         agent = (lambda url: ApiClient(url, secret, timeout=args.timeout)) if args.blocks else None
-        status = fetch(controller_client(args), agent)
+        controller = controller_client(args)
+        status = fetch(controller, agent)
     except MetaFlowError as exc:
         return failed("status", args, exc)
     if args.json:
         print(json.dumps(codec.to_json(status), indent=1))
     else:
-        print(format_status(status, args.controller, args.events, args.flows), end="")
+        print(format_status(status, controller.base_url, args.events, args.flows), end="")
     return 0

@@ -15,6 +15,10 @@ e.g. ``priority=0,actions=NORMAL``) and `start_controller` starts it.
     with MetaFlowNet(builders.fat_tree(4, servers=8), capacity=2000) as mf:
         mf.api.call(REST.tree)   # the controller's REST API, signed with the cluster's secret
         mf.flow_counts()         # MetaFlow entries per switch, read from OVS itself
+
+With `controllers=2` (or more) it runs several controllers and one etcd
+(`mininet_scenarios.etcd`): every bridge has every controller as a target,
+every agent every controller's URL, and `view` reads the leader's.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
@@ -39,9 +43,10 @@ from client_lib.api.rest import REST
 from client_lib.api.route import Route
 from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_REPLICAS
-from client_lib.errors import ApiError
+from client_lib.errors import ApiError, MetaFlowError
 from mininet_scenarios import ofdump
 from mininet_scenarios.daemons import AgentProcess
+from mininet_scenarios.etcd import EtcdProcess
 from mininet_scenarios.mgmt import DEFAULT_SUBNET
 from mininet_scenarios.scenario import Scenario
 from nat_agent.ports import listen_port
@@ -100,13 +105,16 @@ class MetaFlowNet:
                  agent_args: Sequence[str] = (), build_timeout: float = 60.0,
                  workdir: Path | None = None, mgmt_subnet: str = DEFAULT_SUBNET,
                  silent_clients: bool = False, mode: str = "full", operator_flows: Sequence[str] = (),
-                 controller_later: bool = False) -> None:
+                 controller_later: bool = False, controllers: int = 1, lease_ttl: int = 1) -> None:
         """`mgmt_subnet`: the management network's; another one lets this
         network run beside another scenario on the same machine.
         `silent_clients`: clients are not announced, so their first packet
         is also the controller's first word of them (a test of that path).
         `mode`: the controller's --mode. `operator_flows`: see `Scenario`.
-        `controller_later`: bring the fabric up without a controller."""
+        `controller_later`: bring the fabric up without a controller.
+        `controllers`: how many run (more than one: with etcd, one leads)."""
+        if controllers < 1:
+            raise ValueError(f"at least one controller, not {controllers}")
         self.graph = graph
         self.mode = mode
         self.operator_flows = tuple(operator_flows)
@@ -119,10 +127,15 @@ class MetaFlowNet:
         self.controller_args = list(controller_args)
         self.build_timeout = build_timeout
         self.mgmt_subnet = mgmt_subnet
-        self.of_port = listen_port()
-        self.rest_port = listen_port()
+        self.of_ports = [listen_port() for _ in range(controllers)]
+        self.rest_ports = [listen_port() for _ in range(controllers)]
+        self.of_port, self.rest_port = self.of_ports[0], self.rest_ports[0]
+        self.lease_ttl = lease_ttl
         self.logdir = workdir or Path("/tmp")
         self.controller: ControllerProcess | None = None
+        self.controllers: list[ControllerProcess] = []
+        self.apis: list[ApiClient] = []
+        self.etcd: EtcdProcess | None = None
         self.scenario: Scenario | None = None
         self.api: ApiClient | None = None
         self.timings: dict[str, float] = {}
@@ -130,21 +143,66 @@ class MetaFlowNet:
     # -- bring-up -------------------------------------------------------------
 
     def _start_controller(self, scenario: Scenario):
-        if not self.controller_later:
-            self._launch(scenario)
-        return lambda: self.controller.stop() if self.controller else None  # whichever runs at teardown
+        stop_all = None if self.controller_later else self._launch(scenario)
+        # several controllers: theirs and etcd's stop; one: whichever runs at teardown
+        return stop_all or (lambda: self.controller.stop() if self.controller else None)
 
-    def _launch(self, scenario: Scenario) -> None:
+    def _launch(self, scenario: Scenario) -> Callable[[], None] | None:
         extra = [*self.controller_args, "--gateway", scenario.gateway, "--space", scenario.space,
                  "--replicas", str(self.replicas), "--mode", self.mode]
         if self.capacity:
             extra += ["--capacity", str(self.capacity)]
         assert scenario.secret_file is not None
+        if len(self.rest_ports) > 1:
+            return self._start_controllers(scenario, extra)
         self.controller = ControllerProcess(self.of_port, scenario.mgmt.root_ip, self.rest_port,
                                             scenario.secret_file,
                                             self.logdir / f"controller-{self.rest_port}.log", extra).start()
         self.api = ApiClient(f"http://{scenario.mgmt.root_ip}:{self.rest_port}",
                              load_secret(scenario.secret_file), timeout=120)
+        return None
+
+    def _start_controllers(self, scenario: Scenario, extra: list[str]):
+        """etcd, then every controller on it (`controllers` > 1)."""
+        assert scenario.secret_file is not None
+        self.etcd = EtcdProcess(self.logdir / f"etcd-{self.rest_port}").start()
+        secret = load_secret(scenario.secret_file)
+        for of_port, url in zip(self.of_ports, self.urls(), strict=True):
+            rest_port = int(url.rsplit(":", 1)[1])
+            argv = [*extra, "--etcd", self.etcd.url, "--lease-ttl", str(self.lease_ttl),
+                    "--advertise-url", url]
+            log_path = self.logdir / f"controller-{rest_port}.log"
+            self.controllers.append(ControllerProcess(of_port, scenario.mgmt.root_ip, rest_port,
+                                                      scenario.secret_file, log_path, argv).start())
+            self.apis.append(ApiClient(url, secret, timeout=120))
+        self.controller, self.api = self.controllers[0], self.apis[0]
+
+        def stop() -> None:
+            for controller in self.controllers:
+                controller.stop()
+            if self.etcd is not None:
+                self.etcd.stop()
+        return stop
+
+    def urls(self) -> list[str]:
+        """Every controller's REST URL on the management network."""
+        return [f"http://{self.running.mgmt.root_ip}:{port}" for port in self.rest_ports]
+
+    def leader(self, timeout: float = 30.0) -> int:
+        """The index of the controller that leads (waits until one does)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, api in enumerate(self.apis):
+                proc = self.controllers[i].proc
+                try:
+                    alive = proc is not None and proc.poll() is None
+                    if alive and api.call(REST.leadership).state == "leader":
+                        return i
+                except (MetaFlowError, OSError):
+                    continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no controller leads within {timeout} s")
+            time.sleep(0.05)
 
     def __enter__(self) -> MetaFlowNet:
         started = time.monotonic()
@@ -152,7 +210,10 @@ class MetaFlowNet:
                                  rest_port=self.rest_port, store=self.store,
                                  start_controller=self._start_controller, agent_args=self.agent_args,
                                  mgmt_subnet=self.mgmt_subnet, operator_flows=self.operator_flows,
-                                 await_controller=not self.controller_later)
+                                 await_controller=not self.controller_later,
+                                 standby_controllers=[("127.0.0.1", p) for p in self.of_ports[1:]])
+        if len(self.rest_ports) > 1:
+            self.scenario.rest_urls = tuple(self.urls())
         self.scenario.__enter__()
         try:
             self.timings["scenario_up_s"] = round(time.monotonic() - started, 2)
@@ -298,7 +359,9 @@ class MetaFlowNet:
                 if d.get("kind") == "host" and (role is None or d.get("role") == role)]
 
     def view(self, route: Route[None, Resp]) -> Resp:
-        """One of the controller's REST views (`REST.tree`, `REST.servers`, ...)."""
+        """One of the controller's REST views (`REST.tree`, `REST.servers`, ...); the leader's."""
+        if len(self.apis) > 1:
+            self.api = self.apis[self.leader()]
         assert self.api is not None
         return self.api.call(route)
 

@@ -114,7 +114,8 @@ class Scenario:
                  mgmt_subnet: str = DEFAULT_SUBNET, prefix: str | None = None,
                  agent_args: Sequence[str] = (), connect_timeout: float = 30.0,
                  agent_timeout: float = 30.0, operator_flows: Sequence[str] = (),
-                 await_controller: bool = True) -> None:
+                 await_controller: bool = True, standby_controllers: Sequence[tuple[str, int]] = (),
+                 rest_urls: Sequence[str] = ()) -> None:
         """`controller` is the OpenFlow controller's address as seen from the
         root namespace (OVS runs there), None for no controller (then
         `fail_mode` must be "standalone"). `rest_port`: the controller's REST
@@ -122,7 +123,10 @@ class Scenario:
         `agent_args` are appended to every agent's command line.
         `operator_flows` (``ovs-ofctl add-flow`` syntax) are added to every
         bridge as soon as it exists, before a controller that is not running
-        yet can connect (`await_controller` False: nothing waits for it)."""
+        yet can connect (`await_controller` False: nothing waits for it).
+        `standby_controllers`: more OpenFlow targets of every bridge (several
+        controllers, one leader: issue 25); `rest_urls`: every controller's
+        REST URL, for the agents' --controller (default: the one at `rest_port`)."""
         if fail_mode not in ("secure", "standalone"):
             raise ValueError(f"fail_mode must be 'secure' or 'standalone', got {fail_mode!r}")
         if controller is None and fail_mode == "secure" and not operator_flows:
@@ -138,6 +142,8 @@ class Scenario:
         self.topo = GraphTopo(graph, prefix=self.prefix)
         self.mgmt = ManagementNetwork(self.prefix, mgmt_subnet)
         self.controller = controller
+        self.standby_controllers = tuple(standby_controllers)
+        self.rest_urls = tuple(rest_urls)
         self.fail_mode = fail_mode
         self.start_controller = start_controller
         self.rest_port = rest_port
@@ -222,8 +228,8 @@ class Scenario:
         net = self.net = Mininet(topo=self.topo, switch=switch, host=Host, link=OVSLink, controller=None,
                                  build=False, autoSetMacs=False, autoStaticArp=False, cleanup=False)
         if self.controller is not None:
-            ip, port = self.controller
-            net.addController(f"{self.prefix}c", controller=RemoteController, ip=ip, port=port)
+            for i, (ip, port) in enumerate([self.controller, *self.standby_controllers]):
+                net.addController(f"{self.prefix}c{i or ''}", controller=RemoteController, ip=ip, port=port)
         net.build()
         for node in builders.hosts(self.graph):
             self._set_up_host(node)
@@ -242,8 +248,8 @@ class Scenario:
     def _start_agents(self, workdir: Path, secret_file: Path,
                       nodes: Sequence[str] | None = None) -> None:
         """One agent per storage host (of `nodes`, default all), awaited until /health answers."""
-        controller = (["--controller", f"http://{self.mgmt.root_ip}:{self.rest_port}"]
-                      if self.rest_port else [])
+        urls = self.rest_urls or ([f"http://{self.mgmt.root_ip}:{self.rest_port}"] if self.rest_port else [])
+        controller = ["--controller", ",".join(urls)] if urls else []
         started = []
         for node in builders.storage_hosts(self.graph) if nodes is None else nodes:
             name = self.topo.names[node]

@@ -19,12 +19,14 @@ import asyncio
 import http.client
 import json
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from client_lib.api import codec
 from client_lib.api.auth import TERM_HEADER, Signer
+from client_lib.api.leaders import Leaders, controller_urls, moves_on
 from client_lib.api.route import Route
 from client_lib.errors import ApiError, AuthError, Conflict, InvalidArgument, NotFound, NotLeader
 
@@ -55,6 +57,12 @@ class _Surface:
         """`term`: the leadership term of the controller this client calls
         for, sent signed on every request (None: no term; a single
         controller's and `metaflowctl`'s calls). It may be changed later."""
+        self._address(base_url)
+        self.timeout = timeout
+        self._signer = Signer(secret) if secret is not None else None
+        self.term = term
+
+    def _address(self, base_url: str) -> None:
         url = urlsplit(base_url.rstrip("/"))
         if url.scheme != "http" or not url.hostname:
             raise InvalidArgument(f"API address must look like http://HOST:PORT, not {base_url!r}")
@@ -62,9 +70,6 @@ class _Surface:
         self.host = url.hostname
         self.port = url.port or 80
         self.prefix = url.path
-        self.timeout = timeout
-        self._signer = Signer(secret) if secret is not None else None
-        self.term = term
 
     def _timeout(self, route: Route[Any, Any]) -> float:
         return max(self.timeout, LONG_TIMEOUT) if route.waits else self.timeout
@@ -128,6 +133,30 @@ class ApiClient(_Surface):
         finally:
             conn.close()
         return self._answer(route, request, response.status, headers, data)
+
+
+class LeaderClient(ApiClient):
+    """An `ApiClient` of whichever of several controllers leads: a call the
+    current one does not answer, or answers `NotLeader`, is sent again to
+    the next (`client_lib.api.leaders`: the leader named, else the next
+    URL), one more time than there are URLs at most (so a named leader
+    outside the list is reached too). For `metaflowctl` (``--controller
+    URL,URL``); with one URL it is exactly an `ApiClient`."""
+
+    def __init__(self, urls: str | Sequence[str], secret: bytes | None,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.leaders = Leaders(controller_urls(urls))
+        super().__init__(self.leaders.current, secret, timeout)
+
+    def call(self, route: Route[Req, Resp], body: Req | None = None, **params: str) -> Resp:
+        for _ in range(len(self.leaders.urls) if self.leaders.several else 0):
+            try:
+                return super().call(route, body, **params)
+            except ApiError as exc:
+                if not moves_on(exc):
+                    raise
+                self._address(self.leaders.move(exc.leader if isinstance(exc, NotLeader) else None))
+        return super().call(route, body, **params)
 
 
 class AsyncApiClient(_Surface):

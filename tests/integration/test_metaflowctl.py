@@ -37,11 +37,12 @@ from client_lib.api.rest import (
     TreeView,
 )
 from client_lib.cidr import Block
-from client_lib.errors import NotFound
+from client_lib.errors import NotFound, NotLeader
 from client_lib.server.api import Call, Dispatcher, wsgi_app
 from controller.ctl import main
 from controller.status import Status
 from mininet_scenarios.daemons import ROOT
+from nat_agent.ports import listen_port
 
 SECRET = "0123456789abcdef0123456789abcdef"
 B = Block.parse
@@ -213,6 +214,23 @@ def test_status_without_a_secret_reads_open_views(controller: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _status(capsys, "--controller", controller)
     assert code == 0 and "4 servers" in out
+
+
+def test_status_asks_the_leader_of_several_controllers(controller: str, secret_file: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``--controller A,B,C``: a dead one is passed, a standby's NotLeader is
+    followed to the leader it names (here not even among the URLs given)."""
+    def standby(call: Call) -> object:
+        raise NotLeader("this controller is a standby", leader=controller)
+
+    dead = f"http://127.0.0.1:{listen_port()}"
+    for other in _serve(REST.ALL, standby):
+        code, out, err = _status(capsys, "--controller", f"{dead},{other}", "--secret-file", str(secret_file),
+                                 "--timeout", "2")
+        assert (code, err) == (0, "")
+        assert out.splitlines()[0] == f"controller {controller}" and "4 servers" in out
+        code, _, err = _status(capsys, "--controller", f"{dead},{dead}/", "--timeout", "2")
+        assert code == 2 and "connection refused" in err
 
 
 def test_status_of_an_unreachable_or_unreadable_controller(tmp_path: Path,

@@ -13,8 +13,11 @@ from os_ken.ofproto import ofproto_v1_0_parser as parser
 from btree.replicas import Replicas
 from btree.tree import LogicalBTree
 from client_lib.cidr import Block
+from controller.core import MetaFlowCore
 from controller.leadership import MAX_TERM, TERM_SHIFT, Leadership, State, epoch_floor, term_of
-from controller.ofmsgs import refuses_role, role_request
+from controller.ofmsgs import async_config, refused_as_slave, refuses_role, role_request
+from controller.settings import Settings
+from controller.steps import LinkUp, SwitchUp
 
 
 class Clock:
@@ -154,3 +157,31 @@ def test_a_switch_without_the_nicira_extension_is_told_from_other_errors() -> No
     assert not refuses_role(ofp.OFPET_FLOW_MOD_FAILED, request)
     assert not refuses_role(ofp.OFPET_BAD_REQUEST, bytes([1, ofp.OFPT_FLOW_MOD, 0, 72]))
     assert not refuses_role(ofp.OFPET_BAD_REQUEST, b"")
+
+
+def test_a_slave_hears_packet_ins_and_port_status_but_no_flow_removals() -> None:
+    msg = async_config()
+    assert isinstance(msg, parser.NXTSetAsyncConfig)
+    both = (1 << ofp.OFPR_NO_MATCH) | (1 << ofp.OFPR_ACTION)
+    assert msg.packet_in_mask == [both, both] and msg.flow_removed_mask[1] == 0
+    assert msg.port_status_mask[1] == 0b111
+    msg.datapath = SimpleNamespace(ofproto=ofp, ofproto_parser=parser, id=1)
+    msg.set_xid(3)
+    msg.serialize()
+    assert bytes(msg.buf)[1] == ofp.OFPT_VENDOR
+    assert refused_as_slave(ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_EPERM)
+    assert not refused_as_slave(ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPBRC_EPERM)
+
+
+def test_a_successor_core_keeps_the_fabric_forgets_the_decisions_and_waits_for_the_agents() -> None:
+    clock = Clock()
+    old = MetaFlowCore(Settings(heartbeat_timeout_s=1.5), clock)
+    old.handle(SwitchUp(1))
+    old.handle(LinkUp(1, 1, 2, 1))
+    ids_before = old.next_id()
+    clock.now = 200.0
+    new = old.successor(term=6)
+    assert new.inventory is old.inventory and 1 in new.inventory.dpids and new.inventory.links
+    assert new.world.term == 6 and new.registry.servers == {} and new.tree is None
+    assert new.last_change == old.last_change and new.build_after == 201.5
+    assert new.next_id() > ids_before
