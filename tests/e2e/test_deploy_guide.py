@@ -237,6 +237,14 @@ def check_leader_killed(walk: Walk) -> None:
     _hybrid_tables()
 
 
+def check_server_killed(walk: Walk) -> None:
+    out = walk.outputs["server-killed"].splitlines()
+    assert out[:2] == ["from the walkthrough", "after the takeover"], out[:2]
+    servers = walk.api(_etcd_leader(walk)).call(REST.servers).servers
+    assert servers["s1"].failed, servers["s1"]
+    assert servers["s2"].blocks == [Cidr.parse(DEFAULT_SPACE_CIDR)], servers["s2"]
+
+
 STEP_CHECKS: dict[str, Callable[[Walk], None]] = {
     "fabric": check_fabric,
     "hosts": check_hosts,
@@ -248,6 +256,7 @@ STEP_CHECKS: dict[str, Callable[[Walk], None]] = {
     "agent-s2": check_agent_s2,
     "client": check_client,
     "leader-killed": check_leader_killed,
+    "server-killed": check_server_killed,
 }
 
 
@@ -297,7 +306,9 @@ def test_the_deploy_walkthrough_runs_as_written():
     assert not before, f"the page's clean-up left something of an earlier run: {before}"
     try:
         for block in page.steps:
+            started = time.monotonic()
             result = run_block(page, block)
+            print(f"guide step {block.name}: {time.monotonic() - started:.1f} s")
             assert result.returncode == 0, _failed(block, result) + "\n" + _logs(walk.mfw)
             walk.outputs[block.name] = result.stdout
             check = STEP_CHECKS.get(block.name)
