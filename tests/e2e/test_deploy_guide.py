@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -293,7 +294,7 @@ def _logs(mfw: Path) -> str:
 
 
 @pytest.mark.timeout(900)
-def test_the_deploy_walkthrough_runs_as_written():
+def test_the_deploy_walkthrough_runs_as_written(tmp_path):
     page = guide()
     missing = sorted(set(STEP_CHECKS) - {block.name for block in page.steps})
     assert not missing, f"steps checked here are gone from the page: {missing}"
@@ -315,6 +316,8 @@ def test_the_deploy_walkthrough_runs_as_written():
             if check is not None:
                 check(walk)
     finally:
+        if (walk.mfw / "log").exists():   # the clean-up removes them; kept for a failure's post-mortem
+            shutil.copytree(walk.mfw / "log", tmp_path / "logs")
         last = run_block(page, page.cleanup)
     assert last.returncode == 0, _failed(page.cleanup, last)
     assert not leftovers(walk.mfw), leftovers(walk.mfw)
