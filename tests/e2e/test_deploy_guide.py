@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,7 @@ class Walk:
     outputs: dict[str, str]
     leader: str = ""
     term: int = 0
+    tables: dict[str, set[str]] = field(default_factory=dict)
 
     def controller(self, n: int) -> str:
         """Controller `n`'s REST URL (the page's advertise-url)."""
@@ -185,6 +187,13 @@ def check_controllers(walk: Walk) -> None:
     walk.term = next(v.term for v in views.values() if v.state == "leader")
     assert walk.term > 0
     eventually("the leader master on every bridge, the other a slave", lambda: walk.masters(walk.leader))
+    standby = next(walk.controller(n) for n, v in views.items() if v.state == "standby")
+
+    def same_links() -> bool:
+        leader, other = (sorted(walk.api(url).call(REST.topology).links) for url in (walk.leader, standby))
+        return len(leader) == 2 and other == leader
+
+    eventually("the standby sees both links the leader sees (its view kept current)", same_links)
     assert len(walk.api().call(REST.topology).switches) == len(BRIDGES)
     assert "3 received" in walk.outputs["controllers"]
     _hybrid_tables()
@@ -216,8 +225,18 @@ def check_agent_s2(walk: Walk) -> None:
     eventually("s2 holds the second copy of every block of s1", backed_up)
 
 
+def tables() -> dict[str, set[str]]:
+    """Every bridge's entries, without their counters and ages."""
+    return {bridge: {re.sub(r"(duration|n_packets|n_bytes|idle_age|hard_age)=[^,]*, ", "", line.strip())
+                     for line in sh("ovs-ofctl", "-O", "OpenFlow10", "dump-flows", bridge).splitlines()[1:]}
+            for bridge in BRIDGES}
+
+
 def check_client(walk: Walk) -> None:
     assert walk.outputs["client"].strip().splitlines()[-1] == "from the walkthrough"
+    walk.tables = tables()
+    assert all(any("0x4d46" in entry for entry in held) for bridge, held in walk.tables.items()
+               if bridge != "mfw-e2"), walk.tables
 
 
 def check_leader_killed(walk: Walk) -> None:
@@ -234,6 +253,10 @@ def check_leader_killed(walk: Walk) -> None:
         line for line in out.splitlines() if line in ("from the walkthrough", "after the takeover")]
     servers = walk.api(new).call(REST.servers).servers
     assert set(servers) == {"s1", "s2"} and not [n for n, s in servers.items() if s.failed], servers
+    after = tables()
+    changed = {bridge: {"gone": sorted(walk.tables[bridge] - held), "new": sorted(held - walk.tables[bridge])}
+               for bridge, held in after.items() if held != walk.tables[bridge]}
+    assert not changed, f"the takeover changed flow tables: {changed}"
     assert "3 received" in out
     _hybrid_tables()
 
