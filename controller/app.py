@@ -52,7 +52,7 @@ from controller.core import MetaFlowCore
 from controller.etcd_lease import EtcdElection
 from controller.leadership import Leadership
 from controller.metrics import ControllerMetrics
-from controller.rest import RestApi, RestServer
+from controller.rest import RestApi, RestServer, not_leader
 from controller.settings import Settings
 from controller.steps import (
     Answer,
@@ -65,6 +65,7 @@ from controller.steps import (
     PortDown,
     PortUp,
     ReadFlows,
+    Request,
     SendFlows,
     Step,
     StepDone,
@@ -79,10 +80,20 @@ from controller.telemetry import Gauges
 
 log = logging.getLogger("metaflow.controller.app")
 
+# os-ken's handshake handler reads `ofproto.OFPET_EXPERIMENTER` on every error a
+# switch sends, and OpenFlow 1.0 has no such error type: the AttributeError ends
+# the connection, so every refusal (a standby's LLDP packet-out refused by a
+# switch that holds it as slave, every few hundred milliseconds) cut the switch
+# off. OpenFlow 1.2's value never occurs in 1.0, so the comparison is just false.
+if not hasattr(ofproto_v1_0, "OFPET_EXPERIMENTER"):
+    ofproto_v1_0.OFPET_EXPERIMENTER = 0xFFFF
+
 TICK_S = 1.0
 SCRAPE_TIMEOUT_S = 5.0
 """How long a scrape waits for the decision loop to read the core."""
 AGENT_WORKERS = 32
+TIMER_SLACK_S = 0.02
+"""A timer may fire a little before its time; a tick meant for a deadline comes this much after it."""
 RECONFIGURE_WAIT_S = 10.0
 """How long a reload waits for the decision thread (which never waits on the network)."""
 
@@ -110,6 +121,7 @@ class MetaFlowApp(app_manager.OSKenApp):
             if settings.etcd else Leadership.alone()
         self._leading = not settings.etcd
         """What the decision thread last acted as (`_follow_leadership`)."""
+        self.election: EtcdElection | None = None   # started once REST listens
         self.refused_role: set[int] = set()
         """Switches that refused the Nicira role request: run as their only controller."""
         self.metrics = ControllerMetrics(self._gauges, self.leadership)
@@ -138,11 +150,11 @@ class MetaFlowApp(app_manager.OSKenApp):
             thread.start()
         self.rest.start()
         log.info("REST API on %s:%d", settings.rest_host, settings.rest_port)
-        self.election: EtcdElection | None = None
         if settings.etcd:
             self.election = EtcdElection(settings.etcd, settings.etcd_prefix, settings.lease_ttl_s,
                                          settings.advertise_url, self.leadership,
-                                         lambda: self.inbox.put(_LEADERSHIP))
+                                         lambda: self.inbox.put(_LEADERSHIP),
+                                         self.post)
             self.election.start()
             log.info("standby until elected: etcd %s, prefix %s, lease %d s", ",".join(settings.etcd),
                      settings.etcd_prefix, settings.lease_ttl_s)
@@ -193,6 +205,11 @@ class MetaFlowApp(app_manager.OSKenApp):
             self._follow_leadership()
             if item is _LEADERSHIP:
                 continue
+            if isinstance(item, Request) and not self._leading:
+                # Let in while this controller led, handled after it stopped: not a standby's to decide.
+                assert isinstance(item.reply, Future)
+                item.reply.set_result(not_leader(self.leadership))
+                continue
             if isinstance(item, _Query):
                 try:
                     item.result.set_result(item.fn(self.core))
@@ -206,6 +223,8 @@ class MetaFlowApp(app_manager.OSKenApp):
                 continue
             for step in steps:
                 self._execute(step)
+            if isinstance(item, Tick) and self._leading and self.election is not None:
+                self.election.publish(self.core.fabric_seen())
 
     def _follow_leadership(self) -> None:
         """On the decision thread, before anything else is handled: a change of
@@ -224,6 +243,11 @@ class MetaFlowApp(app_manager.OSKenApp):
                         len(self.datapaths))
         for dp in list(self.datapaths.values()):
             self._claim_role(dp, leads)
+        if leads:   # a tick the moment the rebuild may run, not up to TICK_S after it
+            due = max(0.0, self.core.build_after - time.monotonic()) + TIMER_SLACK_S
+            wake = threading.Timer(due, self.post, (Tick(),))
+            wake.daemon = True
+            wake.start()
 
     def _claim_role(self, dp: Any, leading: bool) -> None:
         """The role request, and what the role hears (`ofmsgs.async_config`)."""

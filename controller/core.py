@@ -63,6 +63,7 @@ from controller.steps import (
     ArpIn,
     DrainNow,
     Event,
+    FabricSeen,
     FailNow,
     Heartbeat,
     LinkDown,
@@ -134,6 +135,8 @@ class MetaFlowCore:
         self._held: list[tuple[set[str], PacketOut]] = []
         """ARP replies from or for such hosts, sent once none of them is in `_routing`."""
         self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
+        self._told_links: tuple[tuple[int, int, int, int], ...] = ()
+        """The links the leader last published (`FabricSeen`)."""
         self._probed = float("-inf")   # hybrid mode: when the last probes went out
         self._grow_tried: tuple[float, int] | None = None
         """(last topology change, registrations) of the last new-rack attempt: tried once per state."""
@@ -198,13 +201,15 @@ class MetaFlowCore:
             return [*self._probe(self.clock()), *self._tick()]
         if isinstance(event, ArpIn):
             return self._arp(event)
+        if isinstance(event, FabricSeen):
+            return self._fabric_seen(event)
         if isinstance(event, (SwitchUp, SwitchDown, LinkUp, LinkDown, PortUp, PortDown)):
             return self._topology(event)
         if isinstance(event, SwitchError):
             return self._refused(event)
         if isinstance(event, Register):
             try:
-                return self._register(event)
+                return self._register(event) + self._build_due()
             except (Conflict, NotFound, ValueError) as exc:
                 return [self._issue_answer(event.reply, exc)]
         if isinstance(event, Heartbeat):
@@ -238,6 +243,8 @@ class MetaFlowCore:
         # the 503s end): a build waits one heartbeat timeout for them, and one
         # not heard from by then counts as gone (its blocks' backups are promoted).
         new.build_after = self.clock() + self.settings.heartbeat_timeout_s
+        if term:
+            new.world.event("leader-elected", term=term, note="rebuilding from the agents and the switches")
         return new
 
     def next_id(self) -> int:
@@ -282,6 +289,7 @@ class MetaFlowCore:
         inv = self.inventory
         if isinstance(event, SwitchUp):
             inv.switch_up(event.dpid, event.ports, event.name)
+            self._take_told_links()
             self.last_change = self.clock()
             if self.planner is not None and event.dpid in self.planner.fabric.switches:
                 self.world.event("switch-resync", dpid=event.dpid)
@@ -298,6 +306,10 @@ class MetaFlowCore:
         if isinstance(event, LinkUp):
             if inv.link_up(event.a, event.port_a, event.b, event.port_b):
                 self.last_change = self.clock()
+                for stray in inv.forget_hosts_at(((event.a, event.port_a), (event.b, event.port_b))):
+                    self.world.event("host-forgotten", logging.WARNING, ip=stray.ip,
+                                     at=f"{stray.dpid}:{stray.port}",
+                                     why="its port carries a switch-to-switch link")
             return []
         if isinstance(event, LinkDown):
             if inv.link_down(event.a, event.port_a, event.b, event.port_b):
@@ -351,6 +363,30 @@ class MetaFlowCore:
                 steps.append(packet)
         return steps
 
+    def _fabric_seen(self, event: FabricSeen) -> list[Step]:
+        """The leader's hosts and links (`controller.etcd_lease`), taken where
+        this core has no word of its own: a standby's, so that at a takeover
+        it knows every server and link without waiting for ARP or LLDP."""
+        changed = False
+        for ip, mac, dpid, port in event.hosts:
+            changed |= ip not in self.inventory.hosts and self.inventory.learn(ip, mac, dpid, port)
+        self._told_links = event.links
+        if self._take_told_links() or changed:
+            self.last_change = self.clock()
+        return []
+
+    def _take_told_links(self) -> bool:
+        """The leader's links between switches connected here (a switch that
+        connects later gets its links when it does); True if one was news."""
+        dpids = self.inventory.dpids
+        return any([self.inventory.link_up(*link) for link in self._told_links
+                    if link[0] in dpids and link[2] in dpids])
+
+    def fabric_seen(self) -> FabricSeen:
+        """What a leader publishes for the standbys."""
+        return FabricSeen(tuple(sorted((h.ip, h.mac, h.dpid, h.port) for h in self.inventory.hosts.values())),
+                          tuple(sorted(self.inventory.links)))
+
     def _confirmed(self, step: int) -> list[Step]:
         """A loose step is over (done or failed: a switch that does not answer
         must not keep a host unreachable): release what waited only for it."""
@@ -378,8 +414,13 @@ class MetaFlowCore:
         reach yet, out of every edge port (`arp.probe`), every
         PROBE_INTERVAL_S; its answer to the gateway locates it (`_arp`). Only
         servers heard from lately (registered or beating, failed ones too,
-        which rejoin once located): a dead one is not asked for forever."""
-        if self.settings.mode != "hybrid" or now - self._probed < PROBE_INTERVAL_S:
+        which rejoin once located): a dead one is not asked for forever. Only
+        once the topology has been quiet for --settle: every switch then
+        holds the gateway entry, and LLDP has found the links, so a probe
+        leaves by host ports only and the answer is caught by the server's
+        own switch."""
+        if self.settings.mode != "hybrid" or now - self._probed < PROBE_INTERVAL_S \
+                or now - self.last_change < self.settings.settle_s:
             return []
         heard = max(self.settings.heartbeat_timeout_s, PROBE_INTERVAL_S)
         targets = sorted(s.data_ip for s in self.registry.servers.values()
@@ -561,6 +602,13 @@ class MetaFlowCore:
                     steps += self._start_split(server.name)
                     busy = self.operations.reserved()
         return steps
+
+    def _build_due(self) -> list[Step]:
+        """A successor (`build_after` set) builds at the registration that finds
+        its wait over, not at the next tick, up to a second later."""
+        if self.tree is None and self.build_after and self.clock() >= self.build_after:
+            return self._tick()
+        return []
 
     def _build(self, now: float) -> list[Step]:
         """Map the network and program every switch (`controller.build`), once

@@ -1,7 +1,8 @@
 """Leadership through etcd (v3, over its HTTP gateway with `etcd3gw`): the
 one thread of a controller that talks to the coordination service.
 
-- A standby reads `PREFIX/leader` every third of the TTL. While it exists,
+- A standby reads `PREFIX/leader` every tenth of the TTL (a takeover is
+  the key's expiry plus at most this). While it exists,
   its value is the leader's REST URL (what a standby's 503 names); when it
   is gone, the standby campaigns: it takes a lease of `--lease-ttl` seconds
   and, in one transaction, creates the key on that lease only if it does not
@@ -15,6 +16,13 @@ one thread of a controller that talks to the coordination service.
   revoked, so a standby need not wait for it to expire).
 - etcd unreachable: each URL is tried in turn; the controller stays or
   becomes a standby (its bound runs out) and says so, and keeps retrying.
+
+- The leader also keeps `PREFIX/fabric` (the hosts it located and the
+  links it found: JSON ``{"hosts": [[ip, mac, dpid, port], ...], "links":
+  [[dpid, port, dpid, port], ...]}``) current, written only while the
+  leader key is still its own (a transaction on the key's create revision,
+  which is the term); a standby hands what it reads (`FabricSeen`) to
+  `fabric_seen`, since it hears no ARP a host sent before it started.
 
 No protocol of ours: the key, the lease and the transaction are etcd's
 own election recipe. `changed` is called after every change of leadership
@@ -37,24 +45,35 @@ from etcd3gw.lease import Lease
 
 from controller.leadership import Leadership
 from controller.settings import etcd_endpoint
+from controller.steps import FabricSeen
 
 log = logging.getLogger("metaflow.controller.etcd")
 
 API_PATH = "/v3/"
 """etcd 3.4's gateway path (given, so no discovery request is needed)."""
 MIN_REQUEST_TIMEOUT_S = 0.3
+STANDBY_READS = 10
+"""A standby reads the leader key this many times per TTL."""
 
 
 class EtcdElection:
     def __init__(self, endpoints: tuple[str, ...], prefix: str, ttl_s: int, url: str,
                  leadership: Leadership, changed: Callable[[], None],
+                 fabric_seen: Callable[[FabricSeen], None] = lambda seen: None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not endpoints:
             raise ValueError("an election needs at least one etcd URL")
-        self.key = f"{prefix}/leader"
+        self.key, self.fabric_key = f"{prefix}/leader", f"{prefix}/fabric"
+        self.fabric_seen = fabric_seen
+        self._to_publish: FabricSeen | None = None
+        self._published: FabricSeen | None = None
+        self._seen_revision = 0
         self.ttl_s, self.url, self.leadership = ttl_s, url, leadership
         self.changed, self.clock = changed, clock
         self.period_s = ttl_s / 3
+        """Between a leader's keepalives."""
+        self.read_s = ttl_s / STANDBY_READS
+        """Between a standby's reads of the leader key."""
         timeout = max(MIN_REQUEST_TIMEOUT_S, self.period_s)
         self._clients = [Etcd3Client(*etcd_endpoint(u), timeout=timeout, api_path=API_PATH)
                          for u in endpoints]
@@ -73,19 +92,26 @@ class EtcdElection:
         if self._lease is not None:
             self._give_up("stopping")
 
+    def publish(self, seen: FabricSeen) -> None:
+        """The leader's hosts and links, written at its next renewal if they changed."""
+        self._to_publish = seen
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self._round()
             except (Etcd3Exception, requests.RequestException, ValueError, KeyError) as exc:
                 self._unreachable(exc)
-            self._stop.wait(self.period_s)
+            self._stop.wait(self.period_s if self._lease is not None else self.read_s)
 
     def _round(self) -> None:
         client = self._clients[self._at]
         if self._lease is not None:
             self._renew(self._lease)
+            if self._lease is not None:
+                self._publish(client)
             return
+        self._read_fabric(client)
         found = client.get(self.key)
         if found:
             leader = _text(found[0])
@@ -109,6 +135,34 @@ class EtcdElection:
         self.leadership.elected(term, sent, self.url)
         log.warning("leading at term %d (lease %x, TTL %d s)", term, lease.id, self.ttl_s)
         self.changed()
+
+    def _publish(self, client: Etcd3Client) -> None:
+        seen = self._to_publish
+        if seen is None or seen == self._published:
+            return
+        key = _encode(self.key)
+        answer: dict[str, Any] = dict(client.transaction({
+            "compare": [{"key": key, "result": "EQUAL", "target": "CREATE",
+                         "create_revision": self.leadership.term}],
+            "success": [{"request_put": {"key": _encode(self.fabric_key), "value": _encode(seen.to_json())}}],
+            "failure": []}))
+        if answer.get("succeeded"):
+            self._published = seen
+
+    def _read_fabric(self, client: Etcd3Client) -> None:
+        found = client.get(self.fabric_key, metadata=True)
+        if not found:
+            return
+        value, meta = found[0]
+        revision = int(meta.get("mod_revision", 0))
+        if revision == self._seen_revision:
+            return
+        self._seen_revision = revision
+        try:
+            self.fabric_seen(FabricSeen.from_json(_text(value)))
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("%s: not {hosts: [[ip, mac, dpid, port]...], links: [[dpid, port, dpid, port]...]} "
+                        "(%s); ignored", self.fabric_key, exc)
 
     def _renew(self, lease: Lease) -> None:
         sent = self.clock()

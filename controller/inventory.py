@@ -69,6 +69,16 @@ class Inventory:
         self.links.add((a, pa, b, pb))
         return True
 
+    def forget_hosts_at(self, ends: tuple[tuple[int, int], ...]) -> list[Host]:
+        """Forget the hosts located at ports now known to carry a link: a frame
+        that reached a switch over a link LLDP had not found yet (hybrid mode:
+        a server's answer forwarded NORMAL before its own switch held the
+        gateway entry) located its sender there by mistake."""
+        gone = [h for h in self.hosts.values() if (h.dpid, h.port) in ends]
+        for host in gone:
+            del self.hosts[host.ip]
+        return gone
+
     def link_down(self, a: int, pa: int, b: int, pb: int) -> bool:
         before = len(self.links)
         self.links -= {(a, pa, b, pb), (b, pb, a, pa)}

@@ -64,9 +64,7 @@ class RestApi:
         if route is REST.leadership:
             return views.leadership_view(self._leadership)
         if route.changes and not self._leadership.leads():
-            lead = self._leadership
-            leader = lead.leader_url if lead.leader_url != lead.own_url else None
-            raise NotLeader(f"this controller is a standby ({lead.reason})", leader=leader)
+            raise not_leader(self._leadership)
         if route in self._views:
             return _wait(self._query(self._views[route]), QUICK_S, route)
         if route is REST.register:
@@ -92,6 +90,12 @@ class RestApi:
         if isinstance(value, BaseException):
             raise value
         return value
+
+
+def not_leader(lead: Leadership) -> NotLeader:
+    """A standby's answer to a change (503), naming the leader unless that is itself."""
+    leader = lead.leader_url if lead.leader_url != lead.own_url else None
+    return NotLeader(f"this controller is a standby ({lead.reason})", leader=leader)
 
 
 def _wait(future: Future[object], timeout: float, route: object) -> object:

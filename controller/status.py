@@ -29,6 +29,7 @@ from client_lib.api.rest import (
     EventsView,
     FlowInfo,
     FlowsView,
+    LeadershipView,
     LoadView,
     OperationsView,
     ServersView,
@@ -55,6 +56,8 @@ class Status:
     blocks: dict[str, dict[str, float | None]] = field(default_factory=dict)
     """Requests a second per block of each live server, from its agent (None:
     the agent did not answer); empty unless asked for."""
+    leadership: LeadershipView | None = None
+    """Leader or standby, and the term (None: a controller from before issue 25)."""
 
 
 def fetch(client: ApiClient, agent: Callable[[str], ApiClient] | None = None) -> Status:
@@ -63,7 +66,8 @@ def fetch(client: ApiClient, agent: Callable[[str], ApiClient] | None = None) ->
     servers = client.call(REST.servers)
     status = Status(tree=client.call(REST.tree), servers=servers,
                     load=client.call(REST.load), flows=client.call(REST.flows),
-                    operations=client.call(REST.operations), events=client.call(REST.events))
+                    operations=client.call(REST.operations), events=client.call(REST.events),
+                    leadership=client.call(REST.leadership))
     if agent is None:
         return status
     per_block = {name: block_loads(agent(s.admin_url), s.blocks)
@@ -108,13 +112,22 @@ def _headline(status: Status, controller: str) -> str:
     unbacked = _unbacked(status.servers)
     copies = f"; {unbacked} block{'s' if unbacked != 1 else ''} without a live backup" if unbacked else ""
     load = status.load
-    lines = [f"controller {controller}",
+    lines = [f"controller {controller}{_leadership(status.leadership)}",
              f"{built}; {servers}; {len(status.flows.switches)} switches with {entries} "
              f"MetaFlow entries; {running} operation{'s' if running != 1 else ''} under way{copies}"]
     if load.servers:
         lines.append(f"load {sum(load.servers.values()):.0f} packets/s to servers; max/mean "
                      f"{load.max_over_mean:.2f}, imbalance factor {load.imbalance:.3f}")
     return "\n".join(lines)
+
+
+def _leadership(view: LeadershipView | None) -> str:
+    """The headline's word on leadership: nothing for the one controller without etcd."""
+    if view is None or not view.coordinated:
+        return ""
+    if view.state == "leader":
+        return f": leader, term {view.term}" + ("" if view.etcd_reachable else " (etcd unreachable)")
+    return f": STANDBY ({view.reason}); the leader is {view.leader or 'unknown'}"
 
 
 def _unbacked(view: ServersView) -> int:

@@ -15,6 +15,7 @@ switch applies is exactly what a real switch receives.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +87,29 @@ class ArpIn:
 
 
 @dataclass(frozen=True)
+class FabricSeen:
+    """The fabric as the leader has found it, as it published it
+    (`controller.etcd_lease`): a standby, which hears no ARP a host sent
+    before it started and no LLDP of a link until the leader's next round,
+    learns them from this."""
+
+    hosts: tuple[tuple[str, str, int, int], ...] = ()
+    """(ip, mac, dpid, port) each."""
+    links: tuple[tuple[int, int, int, int], ...] = ()
+    """(dpid, port, dpid, port) each."""
+
+    def to_json(self) -> str:
+        return json.dumps({"hosts": [list(h) for h in self.hosts], "links": [list(k) for k in self.links]})
+
+    @classmethod
+    def from_json(cls, text: str) -> FabricSeen:
+        """As `to_json` wrote it; ValueError, TypeError or KeyError if it is not."""
+        record = json.loads(text)
+        hosts = tuple((str(ip), str(mac), int(dpid), int(port)) for ip, mac, dpid, port in record["hosts"])
+        return cls(hosts, tuple((int(a), int(pa), int(b), int(pb)) for a, pa, b, pb in record["links"]))
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passes: build once discovery settles, check heartbeats, start splits."""
 
@@ -141,7 +165,8 @@ class StepFailed:
     error: str
 
 
-Event = (SwitchUp | SwitchDown | SwitchError | LinkUp | LinkDown | PortDown | PortUp | ArpIn | Tick | Register
+Event = (SwitchUp | SwitchDown | SwitchError | LinkUp | LinkDown | PortDown | PortUp | ArpIn | FabricSeen
+         | Tick | Register
          | Heartbeat | SplitNow | FailNow | DrainNow | StepDone | StepFailed)
 
 

@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
@@ -143,26 +143,33 @@ class MetaFlowNet:
     # -- bring-up -------------------------------------------------------------
 
     def _start_controller(self, scenario: Scenario):
-        stop_all = None if self.controller_later else self._launch(scenario)
-        # several controllers: theirs and etcd's stop; one: whichever runs at teardown
-        return stop_all or (lambda: self.controller.stop() if self.controller else None)
+        if not self.controller_later:
+            self._launch(scenario)
+        return self._stop_controllers
 
-    def _launch(self, scenario: Scenario) -> Callable[[], None] | None:
+    def _stop_controllers(self) -> None:
+        """Whichever controllers run at teardown, then etcd."""
+        for controller in self.controllers or ([self.controller] if self.controller else []):
+            controller.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
+
+    def _launch(self, scenario: Scenario) -> None:
         extra = [*self.controller_args, "--gateway", scenario.gateway, "--space", scenario.space,
                  "--replicas", str(self.replicas), "--mode", self.mode]
         if self.capacity:
             extra += ["--capacity", str(self.capacity)]
         assert scenario.secret_file is not None
         if len(self.rest_ports) > 1:
-            return self._start_controllers(scenario, extra)
+            self._start_controllers(scenario, extra)
+            return
         self.controller = ControllerProcess(self.of_port, scenario.mgmt.root_ip, self.rest_port,
                                             scenario.secret_file,
                                             self.logdir / f"controller-{self.rest_port}.log", extra).start()
         self.api = ApiClient(f"http://{scenario.mgmt.root_ip}:{self.rest_port}",
                              load_secret(scenario.secret_file), timeout=120)
-        return None
 
-    def _start_controllers(self, scenario: Scenario, extra: list[str]):
+    def _start_controllers(self, scenario: Scenario, extra: list[str]) -> None:
         """etcd, then every controller on it (`controllers` > 1)."""
         assert scenario.secret_file is not None
         self.etcd = EtcdProcess(self.logdir / f"etcd-{self.rest_port}").start()
@@ -176,13 +183,6 @@ class MetaFlowNet:
                                                       scenario.secret_file, log_path, argv).start())
             self.apis.append(ApiClient(url, secret, timeout=120))
         self.controller, self.api = self.controllers[0], self.apis[0]
-
-        def stop() -> None:
-            for controller in self.controllers:
-                controller.stop()
-            if self.etcd is not None:
-                self.etcd.stop()
-        return stop
 
     def urls(self) -> list[str]:
         """Every controller's REST URL on the management network."""
@@ -291,6 +291,39 @@ class MetaFlowNet:
         self.announce()
         self.wait_built()
         return time.monotonic() - started
+
+    def kill_leader(self) -> int:
+        """kill -9 of the leading controller (several controllers); its index."""
+        lead = self.leader()
+        self.controllers[lead].kill()
+        return lead
+
+    def revive_controller(self, index: int) -> None:
+        """Start a killed controller again, same ports and flags (it joins as a standby)."""
+        self.controllers[index].start()
+
+    def standby(self, index: int, timeout: float = 60.0) -> None:
+        """Until controller `index` is a standby that knows every switch, and
+        every host and link the leader knows (published through etcd)."""
+        leader = self.apis[self.leader()].call(REST.topology)
+        want = {h.ip for h in leader.hosts}
+        links = {frozenset([(a, pa), (b, pb)]) for a, pa, b, pb in leader.links}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                api = self.apis[index]
+                seen = api.call(REST.topology)
+                if api.call(REST.leadership).state == "standby" and want <= {h.ip for h in seen.hosts} \
+                        and len(seen.switches) == self.graph_switches() \
+                        and links <= {frozenset([(a, pa), (b, pb)]) for a, pa, b, pb in seen.links}:
+                    return
+            except MetaFlowError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"controller {index} is no ready standby within {timeout} s")
+
+    def graph_switches(self) -> int:
+        return sum(1 for _, d in self.graph.nodes(data=True) if d.get("kind") == "switch")
 
     def kill_agent(self, server: str) -> AgentProcess:
         """kill -9 of storage server `server`'s agent (the controller's name

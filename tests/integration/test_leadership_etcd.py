@@ -71,13 +71,13 @@ class Pair:
         return time.monotonic() - start
 
     def leader(self) -> int:
-        """The one leader's index, once exactly one leads."""
+        """The one leader's index, once exactly one leads and the other follows it."""
         found: list[int] = []
 
         def one() -> bool:
             views = [self.view(i) for i in range(2)]
             found[:] = [i for i, v in enumerate(views) if v is not None and v.state == "leader"]
-            return len(found) == 1 and all(v is not None for v in views)
+            return len(found) == 1 and all(v is not None and v.leader == self.url(found[0]) for v in views)
         self.wait("exactly one leader", one)
         return found[0]
 

@@ -27,6 +27,7 @@ from client_lib.api.rest import (
     EventsView,
     FlowInfo,
     FlowsView,
+    LeadershipView,
     LeafInfo,
     LoadView,
     OperationInfo,
@@ -40,7 +41,7 @@ from client_lib.cidr import Block
 from client_lib.errors import NotFound, NotLeader
 from client_lib.server.api import Call, Dispatcher, wsgi_app
 from controller.ctl import main
-from controller.status import Status
+from controller.status import Status, format_status
 from mininet_scenarios.daemons import ROOT
 from nat_agent.ports import listen_port
 
@@ -72,11 +73,13 @@ STATUS = Status(
               FlowInfo(2011, B("100.96.0.0/11"), 2, "02:00:00:00:00:02")]}),
     operations=OperationsView([OperationInfo("split-7", "split", "h2", "copying", 12.34)]),
     events=EventsView([{"t": 100.0 + i, "event": f"event-{i}", "server": "h2", "n": i} for i in range(12)]),
+    leadership=LeadershipView("leader", 7, "http://10.255.0.254:8080", True, True),
 )
 
 VIEWS: dict[Any, object] = {REST.tree: STATUS.tree, REST.servers: STATUS.servers, REST.load: STATUS.load,
                             REST.flows: STATUS.flows,
-                            REST.operations: STATUS.operations, REST.events: STATUS.events}
+                            REST.operations: STATUS.operations, REST.events: STATUS.events,
+                            REST.leadership: STATUS.leadership}
 
 
 class _Quiet(WSGIRequestHandler):
@@ -135,7 +138,7 @@ def test_status_summarizes_every_view(controller: str, secret_file: Path,
     code, out, err = _status(capsys, "--controller", controller, "--secret-file", str(secret_file))
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0] == f"controller {controller}"
+    assert lines[0] == f"controller {controller}: leader, term 7"
     assert lines[1] == ("tree built (root core, 4 leaves); 4 servers (2 busy, 1 failed, 1 idle); "
                         "2 switches with 3 MetaFlow entries; 1 operation under way; "
                         "1 block without a live backup")
@@ -228,7 +231,7 @@ def test_status_asks_the_leader_of_several_controllers(controller: str, secret_f
         code, out, err = _status(capsys, "--controller", f"{dead},{other}", "--secret-file", str(secret_file),
                                  "--timeout", "2")
         assert (code, err) == (0, "")
-        assert out.splitlines()[0] == f"controller {controller}" and "4 servers" in out
+        assert out.splitlines()[0] == f"controller {controller}: leader, term 7" and "4 servers" in out
         code, _, err = _status(capsys, "--controller", f"{dead},{dead}/", "--timeout", "2")
         assert code == 2 and "connection refused" in err
 
@@ -305,3 +308,13 @@ def test_the_benchmarks_subcommands_come_from_the_installed_entry_points() -> No
     for command, option in (("plan", "--table-budget"), ("bench", "--schemes")):
         helped = _run("from controller.ctl import main", f"main(['{command}', '--help'])")
         assert helped.returncode == 0 and option in helped.stdout, helped.stderr
+
+
+def test_status_of_a_standby_says_so_and_names_the_leader() -> None:
+    standby = Status(**{**vars(STATUS), "leadership": LeadershipView(
+        "standby", 0, "http://10.255.0.2:8080", False, True, "etcd unreachable: 10.255.0.9:2379: timeout")})
+    first = format_status(standby, "http://10.255.0.1:8080").splitlines()[0]
+    assert first == ("controller http://10.255.0.1:8080: STANDBY (etcd unreachable: 10.255.0.9:2379: "
+                     "timeout); the leader is http://10.255.0.2:8080")
+    alone = Status(**{**vars(STATUS), "leadership": LeadershipView("leader", 0, None, False, False)})
+    assert format_status(alone, "c").splitlines()[0] == "controller c"

@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks.bench import TARGETS, aggregate, mdtest_targets, paired_ratio, targets
 from benchmarks.bench_report import format_report
+from benchmarks.failover import LEADER_TARGET_S, summarize_leader
 from benchmarks.mix import MixedOps, entries, mdtest_entries
 from client_lib.mdid import normalize_path
 
@@ -134,3 +135,15 @@ def test_publish_writes_the_json_and_the_plot_and_prints_the_report(tmp_path, ca
     assert (tmp_path / "out" / "thing.json").read_text() == '{\n  "a": 1\n}\n'
     assert (tmp_path / "out" / "thing.png").read_bytes() == b"png"
     assert capsys.readouterr().out.startswith("a is 1\n\nwritten: ")
+
+
+def test_the_leader_kill_summary_judges_the_decision_p99_against_3_s() -> None:
+    trials = [{"decided_s": d, "elected_s": 1.0, "first_ok_s": {"b": d + 0.2}, "unserved_blocks": 0}
+              for d in (2.0, 2.5, 2.9)]
+    row = summarize_leader(trials)["leader-kill"]
+    assert row["decided_p50_s"] == 2.5 and row["decided_p99_s"] == 2.9 and row["target_met"]
+    assert row["serving_max_s"] == 3.1 and row["target_p99_s"] == LEADER_TARGET_S
+    late = summarize_leader([*trials, {"decided_s": None, "elected_s": None, "first_ok_s": {"b": None},
+                                       "unserved_blocks": 1}])["leader-kill"]
+    assert not late["target_met"] and late["undecided"] == 1 and late["unserved_blocks"] == 1
+    assert not summarize_leader([{**trials[0], "decided_s": 3.2}])["leader-kill"]["target_met"]

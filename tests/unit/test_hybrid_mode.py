@@ -219,8 +219,9 @@ def test_hybrid_mode_asks_for_unlocated_servers_out_of_edge_ports_until_they_ans
     g = two_tier(core=1, edges=2, servers_per_edge=2, clients_per_edge=1)
     world = World(g, mode="hybrid")
     at = _connect(world)
-    assert _probes(world) == []   # nobody registered: nobody to look for
     world.register_all()
+    assert _probes(world) == []   # not before the topology has been quiet for --settle
+    world.advance(world.settings.settle_s)
     probes = _probes(world)
     servers = storage_hosts(g)
     assert {(p.dpid, p.port) for p in probes} == set(at)   # every host port, no inter-switch link
@@ -255,7 +256,35 @@ def test_full_mode_never_probes():
     world = World(two_tier(core=1, edges=2, servers_per_edge=2, clients_per_edge=1))
     _connect(world)
     world.register_all()
+    world.advance(world.settings.settle_s)
     assert _probes(world) == []
+
+
+def test_a_server_located_at_a_port_lldp_later_finds_a_link_is_forgotten_and_asked_for_again():
+    g = two_tier(core=1, edges=2, servers_per_edge=2, clients_per_edge=1)
+    world = World(g, mode="hybrid")
+    _connect(world)
+    world.register_all()
+    server = storage_hosts(g)[0]
+    core_switch = next(s for s in g if g.nodes[s].get("layer") == "core")
+    edge = next(n for n in g.neighbors(core_switch))
+    wrong = (g.nodes[core_switch]["dpid"], port(g, core_switch, edge))
+    world.post(ArpIn(*wrong, ArpMessage(g.nodes[server]["ip"], g.nodes[server]["mac"], GATEWAY, False)))
+    world.run()   # refused: the link is known, and a link's port is no host's
+    assert g.nodes[server]["ip"] not in world.core.inventory.hosts
+    inv = world.core.inventory
+    inv.link_down(*wrong, g.nodes[edge]["dpid"], port(g, edge, core_switch))   # as if not found yet
+    world.post(ArpIn(*wrong, ArpMessage(g.nodes[server]["ip"], g.nodes[server]["mac"], GATEWAY, False)))
+    world.run()
+    assert inv.hosts[g.nodes[server]["ip"]].dpid == wrong[0]   # mislocated
+    world.post(LinkUp(*wrong, g.nodes[edge]["dpid"], port(g, edge, core_switch)))
+    world.run()
+    assert g.nodes[server]["ip"] not in inv.hosts
+    (event,) = [e for e in world.core.events if e["event"] == "host-forgotten"]
+    assert event["at"] == f"{wrong[0]}:{wrong[1]}"
+    world.advance(world.settings.settle_s)
+    asked = {packet.Packet(p.data).get_protocol(arp.arp).dst_ip for p in _probes(world)}
+    assert g.nodes[server]["ip"] in asked
 
 
 @pytest.fixture

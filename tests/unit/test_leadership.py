@@ -17,7 +17,7 @@ from controller.core import MetaFlowCore
 from controller.leadership import MAX_TERM, TERM_SHIFT, Leadership, State, epoch_floor, term_of
 from controller.ofmsgs import async_config, refused_as_slave, refuses_role, role_request
 from controller.settings import Settings
-from controller.steps import LinkUp, SwitchUp
+from controller.steps import FabricSeen, LinkUp, SwitchUp
 
 
 class Clock:
@@ -185,3 +185,31 @@ def test_a_successor_core_keeps_the_fabric_forgets_the_decisions_and_waits_for_t
     assert new.world.term == 6 and new.registry.servers == {} and new.tree is None
     assert new.last_change == old.last_change and new.build_after == 201.5
     assert new.next_id() > ids_before
+
+
+def test_a_standby_takes_the_leaders_hosts_and_links_where_it_has_none_of_its_own() -> None:
+    clock = Clock()
+    core = MetaFlowCore(Settings(), clock)
+    for dpid in (3, 4):
+        core.handle(SwitchUp(dpid))
+    core.inventory.learn("10.0.0.1", "00:00:00:00:00:01", 3, 1)   # heard its ARP itself
+    before = core.last_change
+    clock.now = 150.0
+    seen = FabricSeen((("10.0.0.1", "00:00:00:00:00:01", 9, 9), ("10.0.0.2", "00:00:00:00:00:02", 4, 2)),
+                      ((3, 5, 4, 5), (3, 6, 7, 1)))   # switch 7 has not connected here: not taken
+    assert core.handle(seen) == []
+    assert core.inventory.hosts["10.0.0.1"].dpid == 3 and core.inventory.hosts["10.0.0.2"].port == 2
+    assert core.inventory.links == {(3, 5, 4, 5)}
+    core.handle(SwitchUp(7))   # connects later: its link is taken then
+    assert core.inventory.links == {(3, 5, 4, 5), (3, 6, 7, 1)}
+    assert core.last_change == 150.0 > before
+    assert core.fabric_seen() == FabricSeen((("10.0.0.1", "00:00:00:00:00:01", 3, 1),
+                                             ("10.0.0.2", "00:00:00:00:00:02", 4, 2)),
+                                            ((3, 5, 4, 5), (3, 6, 7, 1)))
+    assert FabricSeen.from_json(seen.to_json()) == seen
+    for bad in ('[]', '{"hosts": [["10.0.0.2", "m", 4]], "links": []}', '{"hosts": []}', 'nope'):
+        with pytest.raises((ValueError, TypeError, KeyError)):
+            FabricSeen.from_json(bad)
+    clock.now = 160.0
+    core.handle(seen)   # nothing new: the topology stays settled
+    assert core.last_change == 150.0

@@ -1,0 +1,66 @@
+"""A takeover without a network: the standby's core becomes the leader's
+successor, the agents register with it, and it rebuilds as a restarted
+controller does (fake switches and agents: `controller_world`). Its epochs
+carry its term, it removes no flow entry, it waits one heartbeat timeout for
+the agents and builds at the first registration after that, and a server
+that never registered is failed over (its backups promoted)."""
+
+from __future__ import annotations
+
+from controller.leadership import epoch_floor, term_of
+from tests.unit.controller_world import World
+from topology.builders import fat_tree
+
+TERM = 9
+
+
+def _flows(world: World) -> dict[int, set[tuple[object, ...]]]:
+    return {dpid: {(key, tuple(map(repr, flow.actions))) for key, flow in s.flows.items()}
+            for dpid, s in world.switches.items()}
+
+
+def test_a_successor_rebuilds_from_the_agents_without_removing_an_entry_and_at_its_term() -> None:
+    world = World(fat_tree(4, servers=8), replicas=2, heartbeat_timeout_s=1.0)
+    world.boot()
+    before = _flows(world)
+    old = world.core
+    assert old.replicas is not None and term_of(old.replicas.epoch) == 0
+
+    world.core = old.successor(TERM)
+    assert world.core.events[-1]["event"] == "leader-elected"
+    world.register_all()
+    assert world.core.tree is None   # one heartbeat timeout for the agents first
+    world.advance(1.0)
+    first = next(iter(world.agents.values()))
+    world.register(first)   # the first registration after the wait builds at once
+    world.run()
+    assert world.core.tree is not None
+    assert any(e["event"] == "network-built" and e["restored"] for e in world.core.events)
+    after = _flows(world)
+    for dpid, entries in before.items():
+        assert entries <= after[dpid], f"switch {dpid} lost {sorted(map(str, entries - after[dpid]))[:3]}"
+    assert world.core.replicas is not None and world.core.replicas.floor == epoch_floor(TERM)
+
+
+def test_a_server_that_never_registers_with_the_new_leader_is_failed_over_at_its_term() -> None:
+    world = World(fat_tree(4, servers=8), replicas=2, heartbeat_timeout_s=1.0)
+    world.boot()
+    tree = world.tree
+    victim = next(leaf for leaf in tree.leaves() if tree.blocks(leaf))
+    blocks = tree.blocks(victim)
+    world.agents[victim].dead = True   # killed with the leader
+
+    world.core = world.core.successor(TERM)
+    world.register_all()
+    world.advance(1.0)
+    world.tick()
+    world.run()
+    promoted = [e for e in world.core.events if e["event"] == "promoted-at-rebuild"]
+    assert {e["block"] for e in promoted} == {str(b) for b in blocks}
+    sets = world.core.replicas
+    assert sets is not None
+    for block in blocks:
+        held = next(s for b, s in sets.sets.items() if b.covers(block) or block.covers(b))
+        assert victim not in held.members and term_of(held.epoch) == TERM
+        agent = world.agents[held.primary]
+        assert any(term_of(role.epoch) == TERM for role in agent.role_list())
