@@ -95,6 +95,9 @@ class Walk:
     leader: str = ""
     term: int = 0
     tables: dict[str, set[str]] = field(default_factory=dict)
+    misses: list[str] = field(default_factory=list)
+    """Targets of the issue missed: the test fails on them at the end, after every step
+    has run and been checked (a miss does not hide what the later steps would show)."""
 
     def controller(self, n: int) -> str:
         """Controller `n`'s REST URL (the page's advertise-url)."""
@@ -256,7 +259,8 @@ def check_leader_killed(walk: Walk) -> None:
     after = tables()
     changed = {bridge: {"gone": sorted(walk.tables[bridge] - held), "new": sorted(held - walk.tables[bridge])}
                for bridge, held in after.items() if held != walk.tables[bridge]}
-    assert not changed, f"the takeover changed flow tables: {changed}"
+    if changed:
+        walk.misses.append(f"the takeover changed flow tables (issue 25: no entry removed): {changed}")
     assert "3 received" in out
     _hybrid_tables()
 
@@ -344,3 +348,4 @@ def test_the_deploy_walkthrough_runs_as_written(tmp_path):
         last = run_block(page, page.cleanup)
     assert last.returncode == 0, _failed(page.cleanup, last)
     assert not leftovers(walk.mfw), leftovers(walk.mfw)
+    assert not walk.misses, "\n".join(walk.misses)
