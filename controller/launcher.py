@@ -29,7 +29,6 @@ from typing import Protocol
 
 from os_ken import cfg
 from os_ken.base import app_manager
-from os_ken.ofproto import ofproto_v1_0
 
 from client_lib import sdnotify
 from client_lib.config import ROLES, parse, rereader
@@ -39,16 +38,6 @@ from controller.core import LIVE_SETTINGS
 from controller.settings import Settings, from_args, parser
 
 log = logging.getLogger("metaflow.controller")
-
-# os-ken's own error handler (ofp_handler.OFPHandler.error_msg_handler) compares
-# every error's type with its ofproto module's OFPET_EXPERIMENTER, which
-# OpenFlow 1.0's lacks: the first error a switch sent (a standby's packet-out
-# refused as a slave's, a refused NORMAL) raised AttributeError in the
-# connection's receive loop and closed it, and the switch reconnected to
-# meet the same fate. OpenFlow 1.0 has no experimenter errors, and its error
-# types are small, so OF 1.2's value never matches one.
-if not hasattr(ofproto_v1_0, "OFPET_EXPERIMENTER"):
-    ofproto_v1_0.OFPET_EXPERIMENTER = 0xFFFF
 
 SIGNAL_SLICE_S = 0.2
 """How long the main thread waits for a queued signal before it checks again."""

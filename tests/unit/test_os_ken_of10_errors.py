@@ -1,10 +1,11 @@
 """An OpenFlow 1.0 error must not close the switch's connection.
 
 os-ken's handler of every error message reads `OFPET_EXPERIMENTER` from the
-connection's ofproto module, which OpenFlow 1.0's lacks; before the launcher
+connection's ofproto module, which OpenFlow 1.0's lacks; before controller.app
 supplied it, a standby's first refused packet-out (two controllers on Open
-vSwitch) raised AttributeError in the receive loop and the connection died,
-over and over. Run here on os-ken's real handler and a real OF 1.0 error.
+vSwitch, the deploy walkthrough) raised AttributeError in the receive loop and
+the connection died, over and over. Run here on os-ken's real handler and a
+real OF 1.0 error.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from types import SimpleNamespace
 from os_ken.controller.ofp_handler import OFPHandler
 from os_ken.ofproto import ofproto_v1_0, ofproto_v1_0_parser
 
-import controller.launcher  # noqa: F401  (supplies the constant, as the daemon does)
+import controller.app  # noqa: F401  (supplies the constant, as the daemon does)
 
 
 def test_os_kens_error_handler_takes_an_of10_error():
