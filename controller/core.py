@@ -440,10 +440,19 @@ class MetaFlowCore:
         return sorted(s.name for s in self.registry.live() if s.data_ip not in self.inventory.hosts)
 
     def graph_now(self) -> nx.Graph:
+        """The fabric as discovered, with its located hosts. In hybrid mode only
+        storage servers: a client is located only if it happens to ARP for the
+        gateway, so letting clients shape the classification made the tree
+        depend on timing, and a new leader that saw a client the old one had
+        not built another tree and rewrote the flow tables (the deploy guide's
+        test caught a takeover removing up-rules). Clients need no location
+        there: their replies go NORMAL."""
         storage = {s.data_ip: s.name for s in self.registry.servers.values()}
+        hybrid = self.settings.mode == "hybrid"
         hosts = [(storage.get(h.ip, f"h{h.ip}"), h.dpid, h.port, h.mac, h.ip,
                   "storage" if h.ip in storage else "client")
-                 for h in self.inventory.hosts.values() if h.dpid in self.inventory.dpids]
+                 for h in self.inventory.hosts.values()
+                 if h.dpid in self.inventory.dpids and not (hybrid and h.ip not in storage)]
         return discovered_graph(self.inventory.dpids, self.inventory.links, hosts)
 
     def _refresh_routes(self) -> list[Step]:

@@ -323,3 +323,22 @@ def test_hybrid_mode_answers_arp_for_the_gateway_only(hybrid):
     (reply,) = replies
     answer = arp_frames.parse(reply.data)
     assert answer is not None and answer.sender_ip == GATEWAY and answer.sender_mac == GATEWAY_MAC
+
+
+def test_hybrid_mode_leaves_clients_out_of_the_classified_fabric(hybrid):
+    """A client is located in hybrid mode only when it ARPs for the gateway: if it
+    shaped the graph, two controllers (or a restart) that saw different clients
+    would build different trees, and a takeover would rewrite the tables."""
+    world = hybrid
+    g = world.graph
+    client = next(n for n, d in g.nodes(data=True) if d.get("role") == "client")
+    (edge,) = list(g.neighbors(client))
+    before = world.core.graph_now()
+    world.post(ArpIn(g.nodes[edge]["dpid"], port(g, edge, client),
+                     ArpMessage(g.nodes[client]["ip"], g.nodes[client]["mac"], GATEWAY, True)))
+    world.run()
+    assert g.nodes[client]["ip"] in world.core.inventory.hosts   # located...
+    after = world.core.graph_now()
+    assert sorted(after.nodes) == sorted(before.nodes)           # ...and still not in the fabric
+    assert not [n for n, d in after.nodes(data=True) if d.get("role") == "client"]
+    assert {d.get("role") for n, d in after.nodes(data=True) if d.get("kind") == "host"} == {"storage"}
