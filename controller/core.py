@@ -125,6 +125,8 @@ class MetaFlowCore:
         self._grow_tried: tuple[float, int] | None = None
         """(last topology change, registrations) of the last new-rack attempt: tried once per state."""
         self.first_registration: float | None = None
+        self._awake_since = float("-inf")
+        """When the controller last woke from a stall (`Tick.stalled_s`): silence is counted from then."""
         self.watch = LoadWatch(settings.load_poll_s, self.registry, self.inventory)
         self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
@@ -180,7 +182,7 @@ class MetaFlowCore:
         if isinstance(event, (StepDone, StepFailed)):
             return self._outcome(event)
         if isinstance(event, Tick):
-            return self._tick()
+            return self._tick(event)
         if isinstance(event, ArpIn):
             return self._arp(event)
         if isinstance(event, (SwitchUp, SwitchDown, LinkUp, LinkDown, PortUp, PortDown)):
@@ -464,14 +466,20 @@ class MetaFlowCore:
 
     # -- the tick: build, fail over, poll, repair, split -------------------------------
 
-    def _tick(self) -> list[Step]:
+    def _tick(self, tick: Tick) -> list[Step]:
         now = self.clock()
+        if tick.stalled_s > 0:
+            # Its own pause is not the servers' silence: each gets one heartbeat timeout from now.
+            self._awake_since = now
+            self.world.event("controller-stalled", logging.WARNING, seconds=round(tick.stalled_s, 2),
+                             grace=self.settings.heartbeat_timeout_s)
         if self.tree is None:
             if now - self.last_change >= self.settings.settle_s:
                 return self._build(now)
             return []
         steps: list[Step] = []
-        for server in self.registry.silent(now, self.settings.heartbeat_timeout_s):
+        timeout = self.settings.heartbeat_timeout_s
+        for server in self.registry.silent(now, timeout) if now - self._awake_since > timeout else []:
             steps += self._fail(server.name, f"no heartbeat for {now - server.last_seen:.1f} s")
         leaves = set(self.tree.leaves())   # once per tick, not once per server
         for server in self.registry.live():

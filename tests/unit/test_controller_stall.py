@@ -1,0 +1,63 @@
+"""A controller that was itself stopped (SIGSTOP, a paused VM) must not take
+its own absence for the servers' silence: on waking, the heartbeats of the
+pause are still unread, and a tick that failed every server over would turn
+one pause into a fail-over of the whole cluster (found by the nemesis)."""
+
+from __future__ import annotations
+
+from controller.steps import Tick
+from tests.unit.controller_world import World
+from topology.builders import fat_tree
+
+
+def _booted() -> World:
+    world = World(fat_tree(4, servers=8), replicas=2)
+    world.boot()
+    world.heartbeats()
+    return world
+
+
+def _failed(world: World) -> set[str]:
+    return {s.name for s in world.core.registry.servers.values() if s.failed}
+
+
+def test_a_stalled_controller_grants_every_server_one_heartbeat_timeout() -> None:
+    world = _booted()
+    timeout = world.settings.heartbeat_timeout_s
+    world.advance(3 * timeout)              # stopped: nothing heard, nothing ticked
+    world.post(Tick(stalled_s=3 * timeout))
+    world.run()
+    assert _failed(world) == set()
+    assert [e["seconds"] for e in world.core.events if e["event"] == "controller-stalled"] == [3 * timeout]
+    world.advance(timeout / 2)              # still within the grace: nobody beat yet
+    world.tick()
+    assert _failed(world) == set()
+    world.heartbeats()                      # the beats of the pause arrive
+    world.advance(timeout / 2 + 0.1)
+    world.tick()
+    assert _failed(world) == set()
+
+
+def test_a_server_that_stays_silent_after_the_grace_is_failed_over() -> None:
+    world = _booted()
+    timeout = world.settings.heartbeat_timeout_s
+    victim = sorted(world.agents)[0]
+    world.agents[victim].dead = True        # it died while the controller was stopped
+    world.advance(3 * timeout)
+    world.post(Tick(stalled_s=3 * timeout))
+    world.run()
+    world.heartbeats()
+    assert _failed(world) == set()
+    world.advance(timeout + 0.1)            # the grace is over; the others beat on
+    world.heartbeats()
+    world.tick()
+    assert _failed(world) == {victim}
+
+
+def test_without_a_stall_the_same_silence_is_every_servers_own() -> None:
+    """The tick of a controller that ran all along fails every silent server:
+    the grace is only for a stall the shim measured."""
+    world = _booted()
+    world.advance(3 * world.settings.heartbeat_timeout_s)
+    world.tick()
+    assert _failed(world) == set(world.agents)
