@@ -479,7 +479,14 @@ class MetaFlowCore:
             return []
         steps: list[Step] = []
         timeout = self.settings.heartbeat_timeout_s
-        for server in self.registry.silent(now, timeout) if now - self._awake_since > timeout else []:
+        silent = self.registry.silent(now, timeout) if now - self._awake_since > timeout else []
+        if len(silent) > 1 and len(silent) == len(self.registry.live()):
+            # Every server silent at once: the controller is the one cut off (and were they all
+            # down, no fail-over could help): it fails nobody over, and counts again from now.
+            self._awake_since = now
+            self.world.event("controller-deaf", logging.WARNING, servers=len(silent), grace=timeout)
+            silent = []
+        for server in silent:
             steps += self._fail(server.name, f"no heartbeat for {now - server.last_seen:.1f} s")
         leaves = set(self.tree.leaves())   # once per tick, not once per server
         for server in self.registry.live():

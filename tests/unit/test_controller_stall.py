@@ -54,10 +54,44 @@ def test_a_server_that_stays_silent_after_the_grace_is_failed_over() -> None:
     assert _failed(world) == {victim}
 
 
-def test_without_a_stall_the_same_silence_is_every_servers_own() -> None:
-    """The tick of a controller that ran all along fails every silent server:
-    the grace is only for a stall the shim measured."""
+def test_without_a_stall_a_silent_server_is_failed_over() -> None:
+    """The grace is only for a stall the shim measured: a server silent while
+    the others beat is failed over at the next tick past the timeout."""
     world = _booted()
-    world.advance(3 * world.settings.heartbeat_timeout_s)
+    victim = sorted(world.agents)[0]
+    world.agents[victim].dead = True
+    world.advance(world.settings.heartbeat_timeout_s + 0.1)
+    world.heartbeats()
     world.tick()
-    assert _failed(world) == set(world.agents)
+    assert _failed(world) == {victim}
+
+
+def test_a_controller_that_hears_no_server_at_all_fails_none_over() -> None:
+    """A controller cut from every agent (its management link down) saw each
+    silent at once and failed them all over, whose copies were then all
+    "lost" (found by the nemesis). Hearing nobody, it is the one cut off."""
+    world = _booted()
+    timeout = world.settings.heartbeat_timeout_s
+    for _ in range(3):                      # a long cut: tick after tick, nobody is heard
+        world.advance(timeout + 0.5)
+        world.tick()
+    assert _failed(world) == set()
+    assert any(e["event"] == "controller-deaf" for e in world.core.events)
+    world.heartbeats()                      # the cut heals
+    world.advance(timeout / 2)
+    world.heartbeats()
+    world.tick()
+    assert _failed(world) == set()
+
+
+def test_when_one_server_still_beats_the_silent_ones_are_failed_over() -> None:
+    """Deafness is hearing nobody; a controller that hears one server takes
+    the others' silence for theirs (a cut from all but one is not told apart)."""
+    world = _booted()
+    speaker = sorted(world.agents)[0]
+    for name, agent in world.agents.items():
+        agent.dead = name != speaker
+    world.advance(world.settings.heartbeat_timeout_s + 0.1)
+    world.heartbeats()
+    world.tick()
+    assert _failed(world) == set(world.agents) - {speaker}
