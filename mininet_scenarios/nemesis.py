@@ -92,6 +92,7 @@ from client_lib.api.rest import REST, ServerInfo
 from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_REPLICAS
 from client_lib.errors import ApiError
+from controller.app import TICK_S
 from controller.settings import Settings as ControllerSettings
 from mininet_scenarios import linearizability
 from mininet_scenarios.daemons import ROOT, AgentProcess
@@ -120,6 +121,10 @@ HEARTBEAT_TIMEOUT_S = ControllerSettings.heartbeat_timeout_s
 PAUSE_FACTORS = (1.5, 0.5, 4.0, 0.9, 2.5)
 """A pause or a cut lasts one of these times the heartbeat timeout, in turn for each kind of fault:
 from well below it (nothing is failed over) to well above (the victim is)."""
+AFTERMATH_S = 2 * HEARTBEAT_TIMEOUT_S + TICK_S
+"""After a pause or a cut, the controller's grace (two heartbeat timeouts)
+and one tick: a server it fails over then is this fault's doing, and
+belongs to its round."""
 SERVED_POLL_S = 0.5
 """How long the watch of who serves what waits for an agent's /health during a fault."""
 SLOW_DISK_S = (4.0, 8.0)
@@ -676,6 +681,7 @@ class Nemesis:
         and every block has its copies again: what `check` then looks at is
         the steady state."""
         started = time.monotonic()
+        time.sleep(AFTERMATH_S)
         running = {agent.name for agent in self.mf.running.agents.values()}
         out = sorted(n for n, s in self.servers().items() if s.failed and n in running)
         for victim in out:
