@@ -480,9 +480,11 @@ class MetaFlowCore:
         steps: list[Step] = []
         timeout = self.settings.heartbeat_timeout_s
         silent = self.registry.silent(now, timeout) if now > self._grace_until else []
-        if len(silent) > 1 and len(silent) == len(self.registry.live()):
-            # Every server silent at once: the controller is the one cut off (and were they all
-            # down, no fail-over could help): it fails nobody over, and counts again from now.
+        live = self.registry.live()
+        if silent and len(live) > 1 and now - max(s.last_seen for s in live) > timeout / 2:
+            # Nobody heard for half a timeout (their beats are staggered: at this tick some are
+            # past the timeout, the others nearly): the controller is the one cut off (and were
+            # they all down, no fail-over could help). It fails nobody over, and counts again.
             self._grace_until = now + self._grace()
             self.world.event("controller-deaf", logging.WARNING, servers=len(silent), grace=self._grace())
             silent = []

@@ -91,6 +91,32 @@ def test_a_controller_that_hears_no_server_at_all_fails_none_over() -> None:
     assert _failed(world) == set()
 
 
+def test_a_cut_that_catches_the_heartbeats_out_of_phase_is_still_the_controllers() -> None:
+    """The agents beat out of phase, so at the first tick of a cut some are
+    past the timeout and the others not yet: hearing nobody for half a
+    timeout is deafness all the same (the nemesis saw 3 of 8 failed over)."""
+    world = _booted()
+    timeout = world.settings.heartbeat_timeout_s
+    late = sorted(world.agents)[:3]
+    world.advance(0.2)
+    for name, agent in world.agents.items():
+        agent.reachable = name not in late   # these beat last 0.2 s before the others
+    world.heartbeats()
+    for agent in world.agents.values():
+        agent.reachable = False              # the cut
+    world.advance(timeout - 0.1)             # the late ones are past the timeout, the others are not
+    world.tick()
+    assert _failed(world) == set()
+    assert any(e["event"] == "controller-deaf" for e in world.core.events)
+    for agent in world.agents.values():
+        agent.reachable = True
+    world.heartbeats()
+    world.advance(timeout)
+    world.heartbeats()
+    world.tick()
+    assert _failed(world) == set()
+
+
 def test_when_one_server_still_beats_the_silent_ones_are_failed_over() -> None:
     """Deafness is hearing nobody; a controller that hears one server takes
     the others' silence for theirs (a cut from all but one is not told apart)."""
