@@ -127,6 +127,8 @@ class MetaFlowCore:
         self.first_registration: float | None = None
         self._grace_until = float("-inf")
         """After a stall (`Tick.stalled_s`) or a tick that heard nobody: no server is failed over before."""
+        self._deaf = False
+        """A tick heard nobody, and nobody has been heard since: the grace starts again at the first word."""
         self.watch = LoadWatch(settings.load_poll_s, self.registry, self.inventory)
         self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
@@ -187,6 +189,11 @@ class MetaFlowCore:
             return self._arp(event)
         if isinstance(event, (SwitchUp, SwitchDown, LinkUp, LinkDown, PortUp, PortDown)):
             return self._topology(event)
+        if isinstance(event, (Register, Heartbeat)) and self._deaf:
+            # Heard again: the cut is over, and every server gets the whole grace from now
+            # (those whose request the cut caught try again only after their own timeout).
+            self._deaf = False
+            self._grace_until = max(self._grace_until, self.clock() + self._grace())
         if isinstance(event, Register):
             try:
                 return self._register(event)
@@ -486,6 +493,7 @@ class MetaFlowCore:
             # past the timeout, the others nearly): the controller is the one cut off (and were
             # they all down, no fail-over could help). It fails nobody over, and counts again.
             self._grace_until = now + self._grace()
+            self._deaf = True
             self.world.event("controller-deaf", logging.WARNING, servers=len(silent), grace=self._grace())
             silent = []
         for server in silent:

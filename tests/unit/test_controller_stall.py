@@ -91,6 +91,34 @@ def test_a_controller_that_hears_no_server_at_all_fails_none_over() -> None:
     assert _failed(world) == set()
 
 
+def test_after_a_cut_the_grace_counts_from_the_first_word_heard() -> None:
+    """A cut that outlasts the grace given when the controller found itself
+    deaf: the first agent heard again starts the grace over, so the others,
+    whose requests the cut caught, are not failed over while they retry (the
+    nemesis saw 6 of 8 failed over after a 2.5 s cut, one agent heard first)."""
+    world = _booted()
+    timeout = world.settings.heartbeat_timeout_s
+    first, *others = sorted(world.agents)
+    for agent in world.agents.values():
+        agent.reachable = False              # the cut
+    world.advance(timeout + 0.1)
+    world.tick()                             # deaf: the grace runs for two timeouts
+    world.advance(1.5 * timeout)
+    world.agents[first].reachable = True     # the cut ends; one agent gets through at once
+    world.heartbeats()
+    world.advance(timeout)                   # past the first grace, the others still retrying
+    world.heartbeats()
+    world.tick()
+    assert _failed(world) == set()
+    for name in others:
+        world.agents[name].reachable = True
+    world.heartbeats()
+    world.advance(timeout)
+    world.heartbeats()
+    world.tick()
+    assert _failed(world) == set()
+
+
 def test_a_cut_that_catches_the_heartbeats_out_of_phase_is_still_the_controllers() -> None:
     """The agents beat out of phase, so at the first tick of a cut some are
     past the timeout and the others not yet: hearing nobody for half a
