@@ -211,7 +211,7 @@ bench-replication: setup
 # fail-overs), edge links cut and controllers killed, 40 pauses (SIGSTOP of an
 # agent or the controller), 24 cuts of the management network and 8 slow
 # disks, while clients read and write; nothing acknowledged may be lost, no ID
-# served twice, every history linearizable (about 40 minutes).
+# served twice, every history linearizable (about 33 minutes).
 # CHAOS_ARGS=--seed N for another schedule, --store redis for Redis stores.
 chaos: setup
 	$(PY) -m mininet_scenarios.nemesis --kills 200 --pauses 40 --partitions 24 --slow-disks 8 $(CHAOS_ARGS)
