@@ -211,13 +211,15 @@ bench-agent: setup
 bench-replication: setup
 	$(PY) -m benchmarks.replication --out benchmarks/results
 
-# The nemesis at length (`make test` runs 20 kills): 200 kill -9s of storage
-# servers (primaries, backups, in splits and fail-overs), edge links cut and
-# controllers killed, while clients read and write; nothing acknowledged may
-# be lost, no ID served twice, every history linearizable (about 30 minutes).
+# The nemesis at length (`make test` runs 20 kills and 2 of each other kind):
+# 200 kill -9s of storage servers (primaries, backups, in splits and
+# fail-overs), edge links cut and controllers killed, 40 pauses (SIGSTOP of an
+# agent or the controller), 24 cuts of the management network and 8 slow
+# disks, while clients read and write; nothing acknowledged may be lost, no ID
+# served twice, every history linearizable (about 33 minutes).
 # CHAOS_ARGS=--seed N for another schedule, --store redis for Redis stores.
 chaos: setup
-	$(PY) -m mininet_scenarios.nemesis --kills 200 $(CHAOS_ARGS)
+	$(PY) -m mininet_scenarios.nemesis --kills 200 --pauses 40 --partitions 24 --slow-disks 8 $(CHAOS_ARGS)
 
 # Balance under a moving hot spot: Zipf 1.2 over paths, the hot spot moving
 # every 30 s, with rebalancing and with --no-rebalance on fresh networks in

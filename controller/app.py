@@ -89,6 +89,12 @@ if not hasattr(ofproto_v1_0, "OFPET_EXPERIMENTER"):
     ofproto_v1_0.OFPET_EXPERIMENTER = 0xFFFF
 
 TICK_S = 1.0
+CLOCK_S = 0.1
+"""The clock thread's step: how often it looks at deadlines and ticks."""
+STALL_S = 0.25
+"""An oversleep of the clock thread above this is a stall of the whole
+controller (`Tick.stalled_s`), not a scheduling hiccup: about one heartbeat
+interval of the agents, the least that makes a server look a beat late."""
 SCRAPE_TIMEOUT_S = 5.0
 """How long a scrape waits for the decision loop to read the core."""
 AGENT_WORKERS = 32
@@ -261,10 +267,14 @@ class MetaFlowApp(app_manager.OSKenApp):
         """Ticks for the core, and step deadlines (barriers, flow stats)."""
         next_tick = time.monotonic() + TICK_S
         while self._running:
-            time.sleep(0.1)
+            asleep = time.monotonic()
+            time.sleep(CLOCK_S)
             now = time.monotonic()
+            stalled = now - asleep - CLOCK_S
             expired = []
             with self.lock:
+                if stalled > STALL_S:   # replies that came meanwhile are still unread: no step ran late
+                    self.deadlines = [(at + stalled, step, key) for at, step, key in self.deadlines]
                 while self.deadlines and self.deadlines[0][0] <= now:
                     _, step, key = heapq.heappop(self.deadlines)
                     if self.pending.get(key, (None,))[0] == step:
@@ -274,7 +284,11 @@ class MetaFlowApp(app_manager.OSKenApp):
             for step, key in expired:
                 self.post(StepFailed(step, f"no reply from switch {key[0]} within "
                                            f"{self.settings.barrier_timeout_s:g} s"))
-            if now >= next_tick:
+            if stalled > STALL_S:
+                log.warning("the controller did not run for %.2f s (stopped, or starved of CPU)", stalled)
+                next_tick = now + TICK_S
+                self.post(Tick(stalled_s=stalled))
+            elif now >= next_tick:
                 next_tick = now + TICK_S
                 if self.inbox.qsize() < 100:
                     self.post(Tick())

@@ -143,6 +143,10 @@ class MetaFlowCore:
         self.first_registration: float | None = None
         self.build_after = 0.0
         """No build before this time (a successor's: the agents' time to find it)."""
+        self._grace_until = float("-inf")
+        """After a stall (`Tick.stalled_s`) or a tick that heard nobody: no server is failed over before."""
+        self._deaf = False
+        """A tick heard nobody, and nobody has been heard since: the grace starts again at the first word."""
         self.watch = LoadWatch(settings.load_poll_s, self.registry, self.inventory)
         self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
@@ -198,7 +202,7 @@ class MetaFlowCore:
         if isinstance(event, (StepDone, StepFailed)):
             return self._outcome(event)
         if isinstance(event, Tick):
-            return [*self._probe(self.clock()), *self._tick()]
+            return [*self._probe(self.clock()), *self._tick(event)]
         if isinstance(event, ArpIn):
             return self._arp(event)
         if isinstance(event, FabricSeen):
@@ -207,6 +211,11 @@ class MetaFlowCore:
             return self._topology(event)
         if isinstance(event, SwitchError):
             return self._refused(event)
+        if isinstance(event, (Register, Heartbeat)) and self._deaf:
+            # Heard again: the cut is over, and every server gets the whole grace from now
+            # (those whose request the cut caught try again only after their own timeout).
+            self._deaf = False
+            self._grace_until = max(self._grace_until, self.clock() + self._grace())
         if isinstance(event, Register):
             try:
                 return self._register(event) + self._build_due()
@@ -586,14 +595,30 @@ class MetaFlowCore:
 
     # -- the tick: build, fail over, poll, repair, split -------------------------------
 
-    def _tick(self) -> list[Step]:
+    def _tick(self, tick: Tick) -> list[Step]:
         now = self.clock()
+        if tick.stalled_s > 0:
+            # Its own pause is not the servers' silence: each gets the grace (`_grace`) from now.
+            self._grace_until = now + self._grace()
+            self.world.event("controller-stalled", logging.WARNING, seconds=round(tick.stalled_s, 2),
+                             grace=self._grace())
         if self.tree is None:
             if now - self.last_change >= self.settings.settle_s and now >= self.build_after:
                 return self._build(now)
             return []
         steps: list[Step] = []
-        for server in self.registry.silent(now, self.settings.heartbeat_timeout_s):
+        timeout = self.settings.heartbeat_timeout_s
+        silent = self.registry.silent(now, timeout) if now > self._grace_until else []
+        live = self.registry.live()
+        if silent and len(live) > 1 and now - max(s.last_seen for s in live) > timeout / 2:
+            # Nobody heard for half a timeout (their beats are staggered: at this tick some are
+            # past the timeout, the others nearly): the controller is the one cut off (and were
+            # they all down, no fail-over could help). It fails nobody over, and counts again.
+            self._grace_until = now + self._grace()
+            self._deaf = True
+            self.world.event("controller-deaf", logging.WARNING, servers=len(silent), grace=self._grace())
+            silent = []
+        for server in silent:
             steps += self._fail(server.name, f"no heartbeat for {now - server.last_seen:.1f} s")
         leaves = set(self.tree.leaves())   # once per tick, not once per server
         for server in self.registry.live():
@@ -616,8 +641,16 @@ class MetaFlowCore:
         """A successor (`build_after` set) builds at the registration that finds
         its wait over, not at the next tick, up to a second later."""
         if self.tree is None and self.build_after and self.clock() >= self.build_after:
-            return self._tick()
+            return self._tick(Tick())
         return []
+
+    def _grace(self) -> float:
+        """How long servers get to be heard again once the controller can hear:
+        two heartbeat timeouts, because an agent whose beat was lost meanwhile
+        tries again only after its request timed out (one second) and one
+        interval more (one timeout of grace, measured: 3 of 8 agents failed
+        over after a 1.5 s pause of the controller)."""
+        return 2 * self.settings.heartbeat_timeout_s
 
     def _build(self, now: float) -> list[Step]:
         """Map the network and program every switch (`controller.build`), once

@@ -113,6 +113,11 @@ class FabricSeen:
 class Tick:
     """Time passes: build once discovery settles, check heartbeats, start splits."""
 
+    stalled_s: float = 0.0
+    """How long the controller itself did not run just before this tick (a
+    SIGSTOP, a paused VM, no CPU): the shim's clock measures it. The servers'
+    heartbeats of that time are still unread, so their silence is not theirs."""
+
 
 @dataclass(frozen=True)
 class Request:

@@ -15,7 +15,29 @@ while rounds of faults hit the servers:
   controller while it fails the server over; a new controller rebuilds from
   the agents and finishes the job;
 * ``kill-during-split``: a split is forced over REST, and its source or its
-  target is killed while it copies, assigns or moves flows.
+  target is killed while it copies, assigns or moves flows;
+
+and, each class with its own count (``--pauses``, ``--partitions``,
+``--slow-disks``; `mininet_scenarios.faults` has the mechanisms):
+
+* pauses: SIGSTOP, then SIGCONT, of a primary's agent (``pause-primary``), of
+  a backup's (``pause-backup``), of the leader controller
+  (``pause-controller``), for half the heartbeat timeout up to four times it
+  (`PAUSE_FACTORS`, in turn);
+* partitions of the management network, for as long: an agent cut from the
+  controller but not from its clients nor its peers
+  (``cut-agent-from-controller``), the controller cut from every agent
+  (``cut-controller-from-agents``);
+* ``slow-disk``: a primary's writes to its disk throttled by the kernel for a
+  few seconds, so every sync it makes waits;
+* with more than one controller (the `Hooks` a harness gives): the
+  coordination service paused (``pause-coordination``), the leader cut from
+  the other controllers (``cut-leader-from-peers``), one side of the
+  coordination service cut off (``cut-coordination-side``).
+
+A round of these waits until every ID is served again (``served_s``, from
+the start of the fault), every server the controller failed over meanwhile
+is back in service, and every block has its copies again.
 
 One fault at a time, so at most one server of any replica set is down
 (r - 1): a round waits until the controller has failed the server over and
@@ -48,10 +70,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -60,26 +80,56 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 from client_lib.api.admin import ADMIN, Health
+from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST, ServerInfo
 from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_REPLICAS
 from client_lib.errors import ApiError
+from controller.app import TICK_S
+from controller.settings import Settings as ControllerSettings
 from mininet_scenarios import linearizability
 from mininet_scenarios.daemons import ROOT, AgentProcess
+from mininet_scenarios.faults import HasProcess, cut_off, paused, slow_disk
+from mininet_scenarios.hostns import HostNamespace
 from mininet_scenarios.metaflow_net import MetaFlowNet
 from mininet_scenarios.mgmt import DEFAULT_SUBNET
 from topology import builders
 
 FAULTS = ("kill-primary", "kill-backup", "link-down", "controller-during-failover", "kill-during-split")
-"""Every kind of round; each cycle of the schedule has all of them, in a random order."""
+"""Every kind of kill round; each cycle of the schedule has all of them, in a random order."""
 _CYCLE = (*FAULTS, "kill-primary", "kill-backup")
+PAUSES = ("pause-primary", "pause-backup", "pause-controller", "pause-coordination")
+PARTITIONS = ("cut-agent-from-controller", "cut-controller-from-agents", "cut-leader-from-peers",
+              "cut-coordination-side")
+SLOW_DISKS = ("slow-disk",)
+CLASSES = {"kill": FAULTS, "pause": PAUSES, "partition": PARTITIONS, "slow-disk": SLOW_DISKS}
+"""Each class of fault has its own count (`Settings`); a cycle of the schedule
+has every kind of every class whose count is not reached yet."""
+CLASS_OF = {fault: kind for kind, faults in CLASSES.items() for fault in faults}
+NEEDS_HOOK = {"pause-coordination": "coordination", "cut-leader-from-peers": "isolate_leader",
+              "cut-coordination-side": "split_coordination"}
+"""Faults of a cluster with several controllers: scheduled only when the `Hooks` have what they need."""
+HEARTBEAT_TIMEOUT_S = ControllerSettings.heartbeat_timeout_s
+"""The controller's (the nemesis runs it with its default)."""
+PAUSE_FACTORS = (1.5, 0.5, 4.0, 0.9, 2.5)
+"""A pause or a cut lasts one of these times the heartbeat timeout, in turn for each kind of fault:
+from well below it (nothing is failed over) to well above (the victim is)."""
+AFTERMATH_S = 2 * HEARTBEAT_TIMEOUT_S + TICK_S
+"""After a pause or a cut, the controller's grace (two heartbeat timeouts)
+and one tick: a server it fails over then is this fault's doing, and
+belongs to its round."""
+SERVED_POLL_S = 0.5
+"""How long the watch of who serves what waits for an agent's /health during a fault."""
+SLOW_DISK_S = (4.0, 8.0)
+SLOW_DISK_IOPS = 10
+"""Write requests a second for a slowed agent: a sync takes about 0.3 s instead of milliseconds."""
 _SPLIT_STEPS = ("copy", "assign", "flows", "commit")
 
 
@@ -99,6 +149,12 @@ class Round:
     controller_kills: int = 0
     settle_s: float = 0.0
     rejoin_s: float = 0.0
+    fault_s: float = 0.0
+    """How long a pause, a cut or a slow disk lasted."""
+    served_s: float = 0.0
+    """From the start of a pause, cut or slow disk until every ID was served by exactly one agent again."""
+    failovers: int = 0
+    """Servers the controller declared failed in the round."""
     seconds: float = 0.0
     checked: int = 0
     lost: int = 0
@@ -110,8 +166,39 @@ class Round:
 
 
 @dataclass
+class Hooks:
+    """What the nemesis asks of the cluster around it, beyond one `MetaFlowNet`:
+    the faults of a cluster with several controllers. Each None leaves its
+    faults out of the schedule (one controller, no coordination service)."""
+
+    leader: Callable[[], HasProcess | None]
+    """The controller that leads now (today's only one); paused by ``pause-controller``."""
+    controller_addresses: Callable[[], list[str]]
+    """Where the agents reach the controllers on the management network (cut by the partitions)."""
+    coordination: Callable[[], list[HasProcess]] | None = None
+    """The coordination service's processes (etcd members), paused together."""
+    isolate_leader: Callable[[], AbstractContextManager[object]] | None = None
+    """The leader cut from the other controllers while entered."""
+    split_coordination: Callable[[], AbstractContextManager[object]] | None = None
+    """One side of the coordination service cut from the rest while entered."""
+
+    @classmethod
+    def single(cls, mf: MetaFlowNet) -> Hooks:
+        """One controller, no coordination service: today's `MetaFlowNet`."""
+        return cls(leader=lambda: mf.controller, controller_addresses=lambda: [mf.running.mgmt.root_ip])
+
+    def unavailable(self) -> dict[str, str]:
+        """The faults these hooks cannot inject, and why."""
+        return {fault: f"no {hook} hook (one controller, no coordination service)"
+                for fault, hook in NEEDS_HOOK.items() if getattr(self, hook) is None}
+
+
+@dataclass
 class Settings:
     kills: int = 20
+    pauses: int = 0
+    partitions: int = 0
+    slow_disks: int = 0
     seed: int = 1
     clients: int = 4
     store: str = "leveldb"
@@ -195,6 +282,20 @@ def settled(mf: MetaFlowNet, victim: str, timeout: float) -> float:
     raise Stuck(f"{victim}: not failed over and re-replicated within {timeout} s: "
                 f"{mf.view(REST.servers).servers.get(victim)}, "
                 f"operations {mf.view(REST.operations).operations}")
+
+
+def quiet(mf: MetaFlowNet, timeout: float) -> float:
+    """Seconds until the controller runs no operation and every block has all its copies."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            if not mf.view(REST.operations).operations and mf.replicated():
+                return round(time.monotonic() - started, 2)
+        except ApiError:
+            pass   # a controller waking up
+        time.sleep(0.2)
+    raise Stuck(f"not quiet and re-replicated within {timeout} s: operations "
+                f"{mf.view(REST.operations).operations}")
 
 
 def back_in_service(mf: MetaFlowNet, victim: str, timeout: float, stranded_after: float = 8.0) -> bool | None:
@@ -290,8 +391,9 @@ class Nemesis:
     """Injects one fault per round and checks the cluster after it (module docstring)."""
 
     def __init__(self, mf: MetaFlowNet, clients: Clients, rng: random.Random, settings: Settings,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], hooks: Hooks | None = None) -> None:
         self.mf = mf
+        self.hooks = hooks or Hooks.single(mf)
         self.clients = clients
         self.rng = rng
         self.settings = settings
@@ -324,17 +426,28 @@ class Nemesis:
 
     # -- the schedule ----------------------------------------------------------------
 
+    def budget(self) -> dict[str, int]:
+        """Rounds (kills, for the kill class) each class of fault has left."""
+        s = self.settings
+        spent = Counter(CLASS_OF[r.fault] for r in self.rounds)
+        spent["kill"] = sum(r.kills for r in self.rounds)
+        wanted = {"kill": s.kills, "pause": s.pauses, "partition": s.partitions, "slow-disk": s.slow_disks}
+        return {kind: max(n - spent[kind], 0) for kind, n in wanted.items()}
+
     def schedule(self) -> Iterator[str]:
-        while True:
-            cycle = list(_CYCLE)
+        """Cycles of every kind of fault whose class has rounds left, each in a random order."""
+        unavailable = self.hooks.unavailable()
+        others = [f for kind, faults in CLASSES.items() if kind != "kill" for f in faults
+                  if f not in unavailable]
+        while any(self.budget().values()):
+            cycle = [*_CYCLE, *others]
             self.rng.shuffle(cycle)
             yield from cycle
 
     def run(self) -> None:
-        kills = 0
         for fault in self.schedule():
-            if kills >= self.settings.kills:
-                return
+            if not self.budget()[CLASS_OF[fault]]:
+                continue
             started = time.monotonic()
             report = getattr(self, "_" + fault.replace("-", "_"))(Round(len(self.rounds) + 1, fault, ""))
             self.rounds.append(report)
@@ -342,10 +455,11 @@ class Nemesis:
                 self.check(report)
             finally:
                 report.seconds = round(time.monotonic() - started, 2)
-            kills += report.kills
-            self.say(f"round {report.number:3d} [{kills}/{self.settings.kills} kills] {report.fault:27s} "
-                     f"{report.victim:10s} {report.detail}; settled {report.settle_s:.1f} s, back "
-                     f"{report.rejoin_s:.1f} s; read back {report.checked} keys: {report.lost} lost, "
+            left = ", ".join(f"{n} {kind}" for kind, n in self.budget().items() if n)
+            self.say(f"round {report.number:3d} [left: {left or 'none'}] {report.fault:27s} "
+                     f"{report.victim:10s} {report.detail}; settled {report.settle_s:.1f} s, served "
+                     f"{report.served_s:.1f} s, {report.failovers} fail-overs, back {report.rejoin_s:.1f} s; "
+                     f"read back {report.checked} keys: {report.lost} lost, "
                      f"{report.unreadable} unreadable; {len(report.violations)} violations"
                      f"{f' ({len(report.transient)} transient)' if report.transient else ''}; "
                      f"{report.seconds:.1f} s")
@@ -438,6 +552,142 @@ class Nemesis:
         self._recover(report, agent)
         return report
 
+    # -- pauses, partitions, a slow disk: the victims live on -----------------------------
+
+    def _pause_primary(self, report: Round) -> Round:
+        report.victim = self._pick(self._primaries(), "a primary")
+        return self._pause_agent(report)
+
+    def _pause_backup(self, report: Round) -> Round:
+        live = self.live()
+        backups = {n: s for n, s in live.items() if s.backups and not s.blocks}
+        report.victim = self._pick(backups or {n: s for n, s in live.items() if s.backups}, "a backup")
+        return self._pause_agent(report)
+
+    def _pause_agent(self, report: Round) -> Round:
+        agent = self._agent(report.victim)
+        return self._disturb(report, "paused", lambda: paused([agent]))
+
+    def _pause_controller(self, report: Round) -> Round:
+        leader = self.hooks.leader()
+        if leader is None:
+            raise Stuck("no leader controller to pause")
+        report.victim = "controller"
+        return self._disturb(report, "paused", lambda: paused([leader]))
+
+    def _pause_coordination(self, report: Round) -> Round:
+        assert self.hooks.coordination is not None   # else not scheduled
+        members = self.hooks.coordination()
+        report.victim = "coordination"
+        return self._disturb(report, "paused", lambda: paused(members))
+
+    def _cut_agent_from_controller(self, report: Round) -> Round:
+        report.victim = self._pick(self._primaries(), "a primary")
+        hosts = [self.mf.running.ns(self.mf.running.topo.graph_names[report.victim])]
+        return self._disturb(report, "cut from the controller", lambda: self._cut(hosts))
+
+    def _cut_controller_from_agents(self, report: Round) -> Round:
+        report.victim = "controller"
+        scenario = self.mf.running
+        hosts = [scenario.ns(node) for node in scenario.agents]
+        return self._disturb(report, "cut from every agent", lambda: self._cut(hosts))
+
+    def _cut_leader_from_peers(self, report: Round) -> Round:
+        assert self.hooks.isolate_leader is not None   # else not scheduled
+        report.victim = "controller"
+        return self._disturb(report, "cut from the other controllers", self.hooks.isolate_leader)
+
+    def _cut_coordination_side(self, report: Round) -> Round:
+        assert self.hooks.split_coordination is not None   # else not scheduled
+        report.victim = "coordination"
+        return self._disturb(report, "one side cut off", self.hooks.split_coordination)
+
+    def _slow_disk(self, report: Round) -> Round:
+        victim = report.victim = self._pick(self._primaries(), "a primary")
+        scenario = self.mf.running
+        assert scenario.workdir is not None   # the agents' stores are under it
+        seconds = self.rng.choice(SLOW_DISK_S)
+        name = f"{scenario.prefix}slow{report.number}"
+        with self._watching(report), slow_disk(self._agent(victim), scenario.workdir / victim,
+                                               SLOW_DISK_IOPS, name) as throttle:
+            time.sleep(seconds)
+        report.fault_s = seconds
+        report.detail = (f"{throttle.write_iops} writes/s to {throttle.device} for {seconds:g} s: "
+                         f"{throttle.writes} writes slowed")
+        self._after_disturbance(report)
+        return report
+
+    def _agent(self, server: str) -> AgentProcess:
+        scenario = self.mf.running
+        return scenario.agents[scenario.topo.graph_names[server]]
+
+    def _cut(self, hosts: list[HostNamespace]) -> AbstractContextManager[None]:
+        return cut_off(hosts, self.hooks.controller_addresses(), f"{self.mf.running.prefix}nemesis")
+
+    def _disturb(self, report: Round, what: str,
+                 fault: Callable[[], AbstractContextManager[object]]) -> Round:
+        """`fault` held for the next of `PAUSE_FACTORS` times the heartbeat
+        timeout (per kind of fault), then the cluster brought back."""
+        done = sum(r.fault == report.fault for r in self.rounds)
+        seconds = round(PAUSE_FACTORS[done % len(PAUSE_FACTORS)] * HEARTBEAT_TIMEOUT_S, 2)
+        with self._watching(report):
+            with fault():
+                time.sleep(seconds)
+        report.fault_s = seconds
+        report.detail = f"{what} for {seconds:g} s"
+        self._after_disturbance(report)
+        return report
+
+    @contextmanager
+    def _watching(self, report: Round) -> Iterator[None]:
+        """Who serves what, polled from the start of the fault until every ID
+        is served again after its end: `Round.served_s`, from the start of the
+        fault to the end of the last moment some ID was not (0 if none was).
+        An agent that does not answer within `SERVED_POLL_S` serves nothing
+        (paused, it serves no client either)."""
+        started = time.monotonic()
+        over = threading.Event()
+        served: list[float] = []
+
+        def watch() -> None:
+            unserved_until: float | None = None
+            deadline = started + self.settings.settle_timeout
+            while time.monotonic() < deadline:
+                polled = time.monotonic()
+                try:
+                    clean = not self.ownership(SERVED_POLL_S, answerless_serve_nothing=True)
+                except ApiError:
+                    clean = False   # the controller not answering (paused): nothing known
+                if not clean:
+                    unserved_until = None
+                elif unserved_until is None:
+                    unserved_until = polled
+                if clean and over.is_set():
+                    break
+                time.sleep(0.1)
+            served.append(deadline - started if unserved_until is None else unserved_until - started)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            over.set()
+            watcher.join()
+            report.served_s = round(max(served[0], 0.0), 2) if served else 0.0
+
+    def _after_disturbance(self, report: Round) -> None:
+        """Until every server the controller failed over meanwhile is back,
+        and every block has its copies again: what `check` then looks at is
+        the steady state."""
+        started = time.monotonic()
+        time.sleep(AFTERMATH_S)
+        running = {agent.name for agent in self.mf.running.agents.values()}
+        out = sorted(n for n, s in self.servers().items() if s.failed and n in running)
+        for victim in out:
+            self._rejoin(report, started, victim)
+        report.settle_s = quiet(self.mf, self.settings.settle_timeout)
+
     def _split(self, source: str) -> None:
         """A split asked over REST; its answer may die with its source."""
         assert self.mf.api is not None
@@ -475,7 +725,7 @@ class Nemesis:
         self.mf.revive_agent(agent)
         self._rejoin(report, started)
 
-    def _rejoin(self, report: Round, started: float | None = None) -> None:
+    def _rejoin(self, report: Round, started: float | None = None, victim: str | None = None) -> None:
         """Wait until the victim is back in service (empty, a leaf of the tree).
 
         A server that was dead while a new controller rebuilt the network is
@@ -485,7 +735,7 @@ class Nemesis:
         and is counted (`stranded`); the way on is a restart of the
         controller (SIGTERM), whose rebuild takes it in."""
         started = time.monotonic() if started is None else started
-        victim = report.victim
+        victim = victim or report.victim
         for restarts in range(2):
             back = back_in_service(self.mf, victim, self.settings.rejoin_timeout)
             if back:
@@ -513,6 +763,7 @@ class Nemesis:
         for event in self.new_events():
             if event["event"] == "DATA-LOST":
                 report.violations.append(f"the controller said DATA-LOST: {event}")
+            report.failovers += event["event"] == "server-failed"
         for attempt in range(attempts):
             problems = self.ownership()
             if not problems:
@@ -522,37 +773,27 @@ class Nemesis:
                 time.sleep(1.0)
         report.violations += problems
 
-    def ownership(self) -> list[str]:
-        """Who serves what, from every live agent at once, against the controller's view."""
+    def ownership(self, timeout: float | None = None, answerless_serve_nothing: bool = False) -> list[str]:
+        """Who serves what, from every live agent at once, against the
+        controller's view. `timeout`: for each agent's /health (its admin
+        client's default if None); an agent that does not answer is a problem,
+        or with `answerless_serve_nothing` one that serves nothing."""
         agents = list(self.mf.running.agents.values())
         with ThreadPoolExecutor(max_workers=len(agents)) as pool:
-            answers = list(pool.map(_health, agents))
+            answers = list(pool.map(lambda agent: _health(agent, timeout), agents))
         problems = [f"{agent.name}: /health failed: {answer}" for agent, answer in zip(agents, answers,
                                                                                           strict=True)
-                    if not isinstance(answer, Health)]
+                    if not isinstance(answer, Health) and not answerless_serve_nothing]
         served = {h.name: serving(h) for h in answers if isinstance(h, Health)}
         routed = {n: list(s.blocks) for n, s in self.servers().items() if not s.failed}
         return problems + ownership_problems(served, routed, self.space)
 
 
-@contextmanager
-def paused(agents: list[AgentProcess]) -> Iterator[None]:
-    """The agents stopped (SIGSTOP: alive, answering nothing) inside the block."""
-    stopped = []
+def _health(agent: AgentProcess, timeout: float | None = None) -> Health | str:
     try:
-        for agent in agents:
-            if agent.proc is not None and agent.proc.poll() is None:
-                os.kill(agent.proc.pid, signal.SIGSTOP)
-                stopped.append(agent.proc.pid)
-        yield
-    finally:
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
-
-
-def _health(agent: AgentProcess) -> Health | str:
-    try:
-        return agent.call(ADMIN.health)
+        if timeout is None:
+            return agent.call(ADMIN.health)
+        return ApiClient(agent.admin_url, agent.secret, timeout).call(ADMIN.health)
     except (ApiError, RuntimeError) as exc:
         return str(exc)
 
@@ -560,9 +801,11 @@ def _health(agent: AgentProcess) -> Health | str:
 # -- the run --------------------------------------------------------------------------
 
 
-def run(settings: Settings, say: Callable[[str], None] = print, keep: Path | None = None) -> dict[str, Any]:
+def run(settings: Settings, say: Callable[[str], None] = print, keep: Path | None = None,
+        hooks: Callable[[MetaFlowNet], Hooks] = Hooks.single) -> dict[str, Any]:
     """The whole nemesis run; its summary (see `main`). `keep`: a directory
-    for the histories and logs that outlives the run (else a temporary one)."""
+    for the histories and logs that outlives the run (else a temporary one).
+    `hooks`: the faults of the cluster beyond the one `MetaFlowNet` (`Hooks`)."""
     started = time.monotonic()
     rng = random.Random(settings.seed)
     summary: dict[str, Any] = {"settings": asdict(settings)}
@@ -578,7 +821,7 @@ def run(settings: Settings, say: Callable[[str], None] = print, keep: Path | Non
             ballast = mf.run_clients(settings.ballast, workdir / "ballast", read_back=False)
             say(f"ballast: {sum(c['written'] for c in ballast)} files written by {len(ballast)} client hosts")
             clients = Clients(mf, mf.hosts("client")[:settings.clients], workdir, settings)
-            nemesis = Nemesis(mf, clients, rng, settings, say)
+            nemesis = Nemesis(mf, clients, rng, settings, say, hooks(mf))
             try:
                 nemesis.new_events()
                 try:
@@ -638,9 +881,27 @@ def _summary(nemesis: Nemesis, operations: list[dict[str, Any]], ballast: dict[s
                     "check_s": check_s},
         "round_s": {"median": seconds[len(seconds) // 2], "max": seconds[-1]},
         "settle_s_max": max((r.settle_s for r in rounds), default=0.0),
+        "classes": fault_classes(rounds),
+        "unavailable": nemesis.hooks.unavailable(),
         "events": dict(nemesis.events),
         "round_log": [asdict(r) for r in rounds],
     }
+
+
+def fault_classes(rounds: list[Round]) -> dict[str, dict[str, Any]]:
+    """Per kind of fault: rounds injected, fail-overs the controller made, how
+    long the faults lasted, and seconds until every ID was served again
+    (pauses, partitions, slow disks) or the victim was failed over and its
+    blocks had their copies again (kills)."""
+    out: dict[str, dict[str, Any]] = {}
+    for fault in sorted({r.fault for r in rounds}, key=lambda f: (list(CLASS_OF).index(f), f)):
+        mine = [r for r in rounds if r.fault == fault]
+        served = sorted(r.served_s if CLASS_OF[fault] != "kill" else r.settle_s for r in mine)
+        out[fault] = {"class": CLASS_OF[fault], "injected": len(mine),
+                      "failovers": sum(r.failovers for r in mine),
+                      "fault_s": sorted({r.fault_s for r in mine}),
+                      "served_s": {"median": served[len(served) // 2], "max": served[-1]}}
+    return out
 
 
 def failed(summary: dict[str, Any]) -> bool:
@@ -653,6 +914,13 @@ def failed(summary: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kills", type=int, default=20, help="stop after this many kill -9s of servers")
+    p.add_argument("--pauses", type=int, default=0,
+                   help="rounds of SIGSTOP/SIGCONT of an agent (primary, backup) or the controller")
+    p.add_argument("--partitions", type=int, default=0,
+                   help="rounds of management-network cuts (an agent from the controller, the "
+                        "controller from every agent)")
+    p.add_argument("--slow-disks", type=int, default=0,
+                   help="rounds of a primary's disk writes throttled by the kernel (blkio)")
     p.add_argument("--seed", type=int, default=1, help="picks the faults and their victims")
     p.add_argument("--clients", type=int, default=4, help="client hosts running register clients (1-8)")
     p.add_argument("--store", choices=("leveldb", "redis"), default="leveldb")
@@ -663,7 +931,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the management network (another one runs beside another scenario)")
     p.add_argument("--keep", type=Path, help="keep histories and logs in this (new) directory")
     args = p.parse_args(argv)
-    settings = Settings(kills=args.kills, seed=args.seed, clients=args.clients, store=args.store,
+    settings = Settings(kills=args.kills, pauses=args.pauses, partitions=args.partitions,
+                        slow_disks=args.slow_disks, seed=args.seed, clients=args.clients, store=args.store,
                         hot=args.hot, unique=args.unique, mgmt_subnet=args.mgmt_subnet)
     summary = run(settings, lambda text: print(text, flush=True), args.keep)
     text = json.dumps({k: v for k, v in summary.items() if k != "round_log"}, indent=2)
