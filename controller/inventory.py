@@ -63,10 +63,13 @@ class Inventory:
         self.links = {link for link in self.links if dpid not in (link[0], link[2])}
 
     def link_up(self, a: int, pa: int, b: int, pb: int) -> bool:
-        """True when the link is new."""
-        if (a, pa, b, pb) in self.links or (b, pb, a, pa) in self.links:
+        """True when the link is new. Kept with its lower end first, whichever
+        end LLDP saw first: two controllers (a leader and its standby) that
+        discovered a link from opposite ends then hold and show the same link."""
+        link = min((a, pa, b, pb), (b, pb, a, pa))
+        if link in self.links:
             return False
-        self.links.add((a, pa, b, pb))
+        self.links.add(link)
         return True
 
     def forget_hosts_at(self, ends: tuple[tuple[int, int], ...]) -> list[Host]:

@@ -74,12 +74,14 @@ def sh(*argv: str) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
 
 
-def eventually(what: str, probe: Callable[[], bool], timeout: float = SETTLED) -> None:
-    """Polls `probe` until it holds; fails naming `what` the page promised."""
+def eventually(what: str, probe: Callable[[], bool], timeout: float = SETTLED,
+               detail: Callable[[], str] = lambda: "") -> None:
+    """Polls `probe` until it holds; fails naming `what` the page promised (and
+    `detail`: what was last seen)."""
     deadline = time.monotonic() + timeout
     while not probe():
         if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout:.0f} s: {what}")
+            pytest.fail(f"not within {timeout:.0f} s: {what}; {detail()}")
         time.sleep(0.5)
 
 
@@ -192,11 +194,15 @@ def check_controllers(walk: Walk) -> None:
     eventually("the leader master on every bridge, the other a slave", lambda: walk.masters(walk.leader))
     standby = next(walk.controller(n) for n, v in views.items() if v.state == "standby")
 
+    seen: dict[str, object] = {}
+
     def same_links() -> bool:
         leader, other = (sorted(walk.api(url).call(REST.topology).links) for url in (walk.leader, standby))
+        seen.update(leader=leader, standby=other)
         return len(leader) == 2 and other == leader
 
-    eventually("the standby sees both links the leader sees (its view kept current)", same_links)
+    eventually("the standby sees both links the leader sees (its view kept current)", same_links,
+               detail=lambda: f"last seen: {seen}")
     assert len(walk.api().call(REST.topology).switches) == len(BRIDGES)
     assert "3 received" in walk.outputs["controllers"]
     _hybrid_tables()

@@ -26,6 +26,7 @@ from client_lib.constants import (
 )
 from controller import arp as arp_frames
 from controller.arp import GATEWAY_MAC, ArpMessage
+from controller.inventory import Inventory
 from controller.ofmsgs import (
     base_entries,
     base_messages,
@@ -342,3 +343,13 @@ def test_hybrid_mode_leaves_clients_out_of_the_classified_fabric(hybrid):
     assert sorted(after.nodes) == sorted(before.nodes)           # ...and still not in the fabric
     assert not [n for n, d in after.nodes(data=True) if d.get("role") == "client"]
     assert {d.get("role") for n, d in after.nodes(data=True) if d.get("kind") == "host"} == {"storage"}
+
+
+def test_a_link_is_held_the_same_whichever_end_lldp_saw_first():
+    """A leader and its standby may learn a link from opposite ends (each from
+    the first LLDP it hears); their views must still be equal."""
+    one, other = (Inventory(Block.parse("100.64.0.0/10"), GATEWAY) for _ in range(2))
+    assert one.link_up(7, 2, 3, 10) and other.link_up(3, 10, 7, 2)
+    assert not one.link_up(3, 10, 7, 2)   # the same link, not news
+    assert one.links == other.links == {(3, 10, 7, 2)}
+    assert other.link_down(7, 2, 3, 10) and not other.links
