@@ -39,7 +39,8 @@ and, each class with its own count (``--pauses``, ``--partitions``,
   coordination service is the set of controllers that still reach it);
 * ``kill-leader`` (``--leader-kills``): kill -9 of the leading controller
   while the clients run; with two controllers the standby takes over and
-  the killed one comes back as a standby, with one a new controller starts.
+  the killed one comes back as a standby, with one a new controller starts;
+  no MetaFlow flow entry may leave a bridge meanwhile (`FlowWatch`).
 
 A round of these waits until every ID is served again (``served_s``, from
 the start of the fault), every server the controller failed over meanwhile
@@ -103,6 +104,7 @@ from controller.settings import Settings as ControllerSettings
 from mininet_scenarios import linearizability
 from mininet_scenarios.daemons import ROOT, AgentProcess
 from mininet_scenarios.faults import ROOT_NS, HasProcess, cut_off, dropped, paused, port_rules, slow_disk
+from mininet_scenarios.flowwatch import FlowWatch
 from mininet_scenarios.hostns import HostNamespace
 from mininet_scenarios.metaflow_net import MetaFlowNet
 from mininet_scenarios.mgmt import DEFAULT_SUBNET
@@ -592,15 +594,21 @@ class Nemesis:
 
     def _kill_leader(self, report: Round) -> Round:
         """kill -9 of the leader while the clients run; served again once a
-        controller leads and the view it routes by is what the agents serve."""
+        controller leads and the view it routes by is what the agents serve.
+        No MetaFlow entry may leave a bridge meanwhile (`FlowWatch`): the new
+        leader reads the tables back and sends only differences."""
         report.victim = "controller"
         started = time.monotonic()
-        with self._watching(report):
+        with self._watching(report), FlowWatch(self.mf) as flows:
             recover = self.hooks.kill_leader()
             report.controller_kills += 1
             recover()
-        report.detail = f"leader killed, a controller leading and the killed one back in " \
-                        f"{time.monotonic() - started:.1f} s"
+        if flows.removed:
+            report.violations.append(f"the takeover removed {len(flows.removed)} MetaFlow entries: "
+                                     f"{sorted(flows.removed)[:4]}")
+        report.detail = (f"leader killed, a controller leading and the killed one back in "
+                         f"{time.monotonic() - started:.1f} s; {flows.polls} polls of the bridges, "
+                         f"{len(flows.removed)} entries removed")
         report.settle_s = quiet(self.mf, self.settings.settle_timeout)
         return report
 
