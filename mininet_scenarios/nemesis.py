@@ -1000,10 +1000,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kills", type=int, default=20, help="stop after this many kill -9s of servers")
     p.add_argument("--pauses", type=int, default=0,
-                   help="rounds of SIGSTOP/SIGCONT of an agent (primary, backup) or the controller")
+                   help="rounds of SIGSTOP/SIGCONT of an agent (primary, backup) or the leader controller "
+                        "(and of etcd, with --controllers 2)")
     p.add_argument("--partitions", type=int, default=0,
                    help="rounds of management-network cuts (an agent from the controller, the "
-                        "controller from every agent)")
+                        "controller from every agent; with --controllers 2 also the leader, or the "
+                        "standby, cut from etcd)")
     p.add_argument("--slow-disks", type=int, default=0,
                    help="rounds of a primary's disk writes throttled by the kernel (blkio)")
     p.add_argument("--leader-kills", type=int, default=0,
