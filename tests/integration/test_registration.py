@@ -228,13 +228,13 @@ def test_an_agent_moves_past_a_controller_that_does_not_answer(tmp_path: Path,
     assert f"the controller at {standby.url} is not the leader" in agent.log()
 
 
-def test_an_agent_stays_with_a_standby_that_names_the_leader_which_just_did_not_answer(
+def test_an_agent_sent_back_to_a_leader_that_just_did_not_answer_waits_there_briefly(
         tmp_path: Path, cluster_secret: Path) -> None:
     """The leader paused: its socket accepts and answers nothing. The agent's
     request times out, the standby it tries next still names the paused one
-    (its lease has not run out); the agent asks the standby again instead of
-    waiting another request timeout on the paused leader, so it registers
-    with the standby within an interval of its takeover (`STAY_S`)."""
+    (its lease has not run out); the agent goes back to the paused one with a
+    short timeout (`QUICK_S`), not another full one, so it registers with
+    the standby soon after its takeover."""
     secret = load_secret(cluster_secret)
     standby = Controller()
     with socket.socket() as paused:
@@ -249,8 +249,7 @@ def test_an_agent_stays_with_a_standby_that_names_the_leader_which_just_did_not_
             standby.standby_for = None
             _until(lambda: bool(standby.registrations))
             took = time.monotonic() - elected
-    assert took < 0.7, (took, agent.log())
-    assert f"{silent} gave no answer just now" in agent.log()
+    assert took < 0.85, (took, agent.log())   # a full request timeout (1 s) there: 1.2 s measured
 
 
 def test_a_registration_answer_from_an_older_leader_is_not_adopted(tmp_path: Path,
