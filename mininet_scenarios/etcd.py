@@ -35,20 +35,29 @@ START_WAIT_S = 20.0
 
 class EtcdProcess:
     def __init__(self, data_dir: Path, client_port: int | None = None, peer_port: int | None = None,
-                 host: str = "127.0.0.1", name: str = "metaflow") -> None:
+                 host: str = "127.0.0.1", name: str = "metaflow", extra_clients: int = 0) -> None:
+        """`extra_clients`: more client ports, one per controller, so that one
+        controller can be cut from etcd (a packet filter on its port) while
+        the others still reach it (the nemesis's partitions)."""
         self.data_dir, self.host, self.name = data_dir, host, name
         self.client_port = client_port or listen_port(host)
+        self.client_ports = [self.client_port, *(listen_port(host) for _ in range(extra_clients))]
         self.peer_port = peer_port or listen_port(host)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        return self.urls[0]
+
+    @property
+    def urls(self) -> list[str]:
+        """Every client URL etcd listens on (`extra_clients`)."""
+        return [f"http://{self.host}:{port}" for port in self.client_ports]
 
     def command(self) -> list[str]:
         peer = f"http://{self.host}:{self.peer_port}"
         return [ETCD, "--name", self.name, "--data-dir", str(self.data_dir),
-                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                "--listen-client-urls", ",".join(self.urls), "--advertise-client-urls", ",".join(self.urls),
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"{self.name}={peer}",
                 "--heartbeat-interval", str(HEARTBEAT_MS), "--election-timeout", str(ELECTION_TIMEOUT_MS)]

@@ -72,11 +72,44 @@ def cut_rules(addresses: Iterable[str], tag: str) -> list[list[str]]:
     return rules
 
 
+def port_rules(ports: Iterable[int], tag: str) -> list[list[str]]:
+    """The iptables rule specifications that drop every TCP packet to and from
+    the loopback `ports` (a service listening there, such as one of etcd's
+    client ports), each marked with the comment `tag`. On loopback a packet
+    passes OUTPUT and then INPUT: INPUT alone cuts both directions."""
+    mark = ["-m", "comment", "--comment", tag, "-j", "DROP"]
+    return [["INPUT", "-i", "lo", "-p", "tcp", f"--{side}", str(port), *mark]
+            for port in sorted(set(ports)) for side in ("dport", "sport")]
+
+
+class OwnNamespace(HostNamespace):
+    """The namespaces this process runs in (the machine's, where the
+    controllers and etcd run): commands run as they are, not through
+    `mnexec`, which may not enter PID 1's namespaces from a container."""
+
+    def __init__(self) -> None:
+        super().__init__("the root namespace", os.getpid())
+
+    def command(self, *argv: str) -> list[str]:
+        return list(argv)
+
+
+ROOT_NS = OwnNamespace()
+
+
 @contextmanager
 def cut_off(hosts: Iterable[HostNamespace], addresses: Iterable[str], tag: str) -> Iterator[None]:
     """Every host in `hosts` cut from `addresses` inside the block (`cut_rules`
     in its namespace); the rules go again after, even on an error."""
-    rules = cut_rules(addresses, tag)
+    with dropped(hosts, cut_rules(addresses, tag)):
+        yield
+
+
+@contextmanager
+def dropped(hosts: Iterable[HostNamespace], rules: list[list[str]]) -> Iterator[None]:
+    """`rules` (`cut_rules`, `port_rules`) inserted first in each host's
+    namespace inside the block, and deleted one by one by the same
+    specification after, even on an error."""
     added: list[tuple[HostNamespace, list[str]]] = []
     try:
         for host in hosts:

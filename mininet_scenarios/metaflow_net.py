@@ -170,13 +170,15 @@ class MetaFlowNet:
                              load_secret(scenario.secret_file), timeout=120)
 
     def _start_controllers(self, scenario: Scenario, extra: list[str]) -> None:
-        """etcd, then every controller on it (`controllers` > 1)."""
+        """etcd, then every controller on it (`controllers` > 1), each on an
+        etcd client port of its own (`EtcdProcess.extra_clients`)."""
         assert scenario.secret_file is not None
-        self.etcd = EtcdProcess(self.logdir / f"etcd-{self.rest_port}").start()
+        self.etcd = EtcdProcess(self.logdir / f"etcd-{self.rest_port}",
+                                extra_clients=len(self.of_ports) - 1).start()
         secret = load_secret(scenario.secret_file)
-        for of_port, url in zip(self.of_ports, self.urls(), strict=True):
+        for of_port, url, etcd_url in zip(self.of_ports, self.urls(), self.etcd.urls, strict=True):
             rest_port = int(url.rsplit(":", 1)[1])
-            argv = [*extra, "--etcd", self.etcd.url, "--lease-ttl", str(self.lease_ttl),
+            argv = [*extra, "--etcd", etcd_url, "--lease-ttl", str(self.lease_ttl),
                     "--advertise-url", url]
             log_path = self.logdir / f"controller-{rest_port}.log"
             self.controllers.append(ControllerProcess(of_port, scenario.mgmt.root_ip, rest_port,

@@ -30,10 +30,17 @@ and, each class with its own count (``--pauses``, ``--partitions``,
   (``cut-controller-from-agents``);
 * ``slow-disk``: a primary's writes to its disk throttled by the kernel for a
   few seconds, so every sync it makes waits;
-* with more than one controller (the `Hooks` a harness gives): the
-  coordination service paused (``pause-coordination``), the leader cut from
-  the other controllers (``cut-leader-from-peers``), one side of the
-  coordination service cut off (``cut-coordination-side``).
+* with more than one controller (``--controllers 2``: `Hooks.cluster`): the
+  coordination service (etcd) paused (``pause-coordination``), the leader cut
+  from etcd while the standby still reaches it (``cut-leader-from-peers``:
+  the controllers share nothing else, so this cuts it from its peers), and
+  the other side, the standby cut from etcd while the leader keeps it
+  (``cut-coordination-side``: with one etcd member, a side of the
+  coordination service is the set of controllers that still reach it);
+* ``kill-leader`` (``--leader-kills``): kill -9 of the leading controller
+  while the clients run; with two controllers the standby takes over and
+  the killed one comes back as a standby, with one a new controller starts;
+  no MetaFlow flow entry may leave a bridge meanwhile (`FlowWatch`).
 
 A round of these waits until every ID is served again (``served_s``, from
 the start of the fault), every server the controller failed over meanwhile
@@ -96,7 +103,8 @@ from controller.app import TICK_S
 from controller.settings import Settings as ControllerSettings
 from mininet_scenarios import linearizability
 from mininet_scenarios.daemons import ROOT, AgentProcess
-from mininet_scenarios.faults import HasProcess, cut_off, paused, slow_disk
+from mininet_scenarios.faults import ROOT_NS, HasProcess, cut_off, dropped, paused, port_rules, slow_disk
+from mininet_scenarios.flowwatch import FlowWatch
 from mininet_scenarios.hostns import HostNamespace
 from mininet_scenarios.metaflow_net import MetaFlowNet
 from mininet_scenarios.mgmt import DEFAULT_SUBNET
@@ -109,7 +117,9 @@ PAUSES = ("pause-primary", "pause-backup", "pause-controller", "pause-coordinati
 PARTITIONS = ("cut-agent-from-controller", "cut-controller-from-agents", "cut-leader-from-peers",
               "cut-coordination-side")
 SLOW_DISKS = ("slow-disk",)
-CLASSES = {"kill": FAULTS, "pause": PAUSES, "partition": PARTITIONS, "slow-disk": SLOW_DISKS}
+LEADER_KILLS = ("kill-leader",)
+CLASSES = {"kill": FAULTS, "pause": PAUSES, "partition": PARTITIONS, "slow-disk": SLOW_DISKS,
+           "leader": LEADER_KILLS}
 """Each class of fault has its own count (`Settings`); a cycle of the schedule
 has every kind of every class whose count is not reached yet."""
 CLASS_OF = {fault: kind for kind, faults in CLASSES.items() for fault in faults}
@@ -155,6 +165,8 @@ class Round:
     """From the start of a pause, cut or slow disk until every ID was served by exactly one agent again."""
     failovers: int = 0
     """Servers the controller declared failed in the round."""
+    new_leader: bool = False
+    """The round ended under another leader's term than it began with."""
     seconds: float = 0.0
     checked: int = 0
     lost: int = 0
@@ -175,6 +187,10 @@ class Hooks:
     """The controller that leads now (today's only one); paused by ``pause-controller``."""
     controller_addresses: Callable[[], list[str]]
     """Where the agents reach the controllers on the management network (cut by the partitions)."""
+    kill_leader: Callable[[], Callable[[], None]]
+    """kill -9 of the leader now; returns what waits until a controller leads
+    again with the network built (and the killed one is back, as a standby
+    when there are several)."""
     coordination: Callable[[], list[HasProcess]] | None = None
     """The coordination service's processes (etcd members), paused together."""
     isolate_leader: Callable[[], AbstractContextManager[object]] | None = None
@@ -185,7 +201,48 @@ class Hooks:
     @classmethod
     def single(cls, mf: MetaFlowNet) -> Hooks:
         """One controller, no coordination service: today's `MetaFlowNet`."""
-        return cls(leader=lambda: mf.controller, controller_addresses=lambda: [mf.running.mgmt.root_ip])
+        def kill_leader() -> Callable[[], None]:
+            assert mf.controller is not None
+            mf.controller.kill()
+            return lambda: None if mf.restart_controller(kill=True) else None
+        return cls(leader=lambda: mf.controller, controller_addresses=lambda: [mf.running.mgmt.root_ip],
+                   kill_leader=kill_leader)
+
+    @classmethod
+    def cluster(cls, mf: MetaFlowNet) -> Hooks:
+        """Several controllers and one etcd (`MetaFlowNet(controllers=N)`), all
+        in the root namespace: each controller reaches etcd on a client port
+        of its own, so a packet filter on that port (`port_rules`) cuts one
+        controller from etcd and leaves the others alone."""
+        assert mf.etcd is not None
+        etcd = mf.etcd
+        tag = f"{mf.running.prefix}nemesis"
+
+        def kill_leader() -> Callable[[], None]:
+            index = mf.kill_leader()
+
+            def recover() -> None:
+                mf.leader(60.0)
+                mf.announce()
+                mf.wait_built()
+                mf.revive_controller(index)
+                mf.standby(index)
+            return recover
+
+        def cut(leaders: bool) -> AbstractContextManager[None]:
+            lead = mf.leader()
+            ports = [p for i, p in enumerate(etcd.client_ports) if (i == lead) == leaders]
+            return dropped([ROOT_NS], port_rules(ports, tag))
+
+        return cls(leader=lambda: mf.controllers[mf.leader()],
+                   controller_addresses=lambda: [mf.running.mgmt.root_ip], kill_leader=kill_leader,
+                   coordination=lambda: [etcd], isolate_leader=lambda: cut(True),
+                   split_coordination=lambda: cut(False))
+
+    @classmethod
+    def of(cls, mf: MetaFlowNet) -> Hooks:
+        """`cluster` when `mf` runs several controllers, else `single`."""
+        return cls.cluster(mf) if len(mf.controllers) > 1 else cls.single(mf)
 
     def unavailable(self) -> dict[str, str]:
         """The faults these hooks cannot inject, and why."""
@@ -199,6 +256,9 @@ class Settings:
     pauses: int = 0
     partitions: int = 0
     slow_disks: int = 0
+    leader_kills: int = 0
+    controllers: int = 1
+    """More than one: with etcd, and the faults of the leader and of etcd (`Hooks.cluster`)."""
     seed: int = 1
     clients: int = 4
     store: str = "leveldb"
@@ -431,7 +491,8 @@ class Nemesis:
         s = self.settings
         spent = Counter(CLASS_OF[r.fault] for r in self.rounds)
         spent["kill"] = sum(r.kills for r in self.rounds)
-        wanted = {"kill": s.kills, "pause": s.pauses, "partition": s.partitions, "slow-disk": s.slow_disks}
+        wanted = {"kill": s.kills, "pause": s.pauses, "partition": s.partitions, "slow-disk": s.slow_disks,
+                  "leader": s.leader_kills}
         return {kind: max(n - spent[kind], 0) for kind, n in wanted.items()}
 
     def schedule(self) -> Iterator[str]:
@@ -449,16 +510,19 @@ class Nemesis:
             if not self.budget()[CLASS_OF[fault]]:
                 continue
             started = time.monotonic()
+            term = self.mf.view(REST.leadership).term
             report = getattr(self, "_" + fault.replace("-", "_"))(Round(len(self.rounds) + 1, fault, ""))
             self.rounds.append(report)
             try:
                 self.check(report)
             finally:
                 report.seconds = round(time.monotonic() - started, 2)
+            report.new_leader = self.mf.view(REST.leadership).term != term
             left = ", ".join(f"{n} {kind}" for kind, n in self.budget().items() if n)
             self.say(f"round {report.number:3d} [left: {left or 'none'}] {report.fault:27s} "
                      f"{report.victim:10s} {report.detail}; settled {report.settle_s:.1f} s, served "
-                     f"{report.served_s:.1f} s, {report.failovers} fail-overs, back {report.rejoin_s:.1f} s; "
+                     f"{report.served_s:.1f} s, {report.failovers} fail-overs"
+                     f"{', new leader' if report.new_leader else ''}, back {report.rejoin_s:.1f} s; "
                      f"read back {report.checked} keys: {report.lost} lost, "
                      f"{report.unreadable} unreadable; {len(report.violations)} violations"
                      f"{f' ({len(report.transient)} transient)' if report.transient else ''}; "
@@ -514,20 +578,38 @@ class Nemesis:
         agents = {a.name: a for a in self.mf.running.agents.values()}
         roles = agents[victim].call(ADMIN.health).roles
         heirs = sorted({m.name for r in roles if r.primary for m in r.members[1:]} & set(agents))
-        controller = self.mf.controller
-        assert controller is not None
         with paused([agents[h] for h in heirs]):
             agent = self.mf.kill_agent(victim)
             self.mf.set_link(victim, up=False)
             report.kills += 1
             step = self._wait_for_step("failover", victim, ("fence",),
                                        lambda: bool(self.servers()[victim].failed), timeout=0.5)
-            controller.kill()
+            recover = self.hooks.kill_leader()
         report.controller_kills += 1
         report.detail = (f"controller killed at the fail-over's {step} step" if step
                          else "controller killed, the fail-over not seen")
-        self.mf.restart_controller(kill=True)
+        recover()
         self._recover(report, agent, relink=True)
+        return report
+
+    def _kill_leader(self, report: Round) -> Round:
+        """kill -9 of the leader while the clients run; served again once a
+        controller leads and the view it routes by is what the agents serve.
+        No MetaFlow entry may leave a bridge meanwhile (`FlowWatch`): the new
+        leader reads the tables back and sends only differences."""
+        report.victim = "controller"
+        started = time.monotonic()
+        with self._watching(report), FlowWatch(self.mf) as flows:
+            recover = self.hooks.kill_leader()
+            report.controller_kills += 1
+            recover()
+        if flows.removed:
+            report.violations.append(f"the takeover removed {len(flows.removed)} MetaFlow entries: "
+                                     f"{sorted(flows.removed)[:4]}")
+        report.detail = (f"leader killed, a controller leading and the killed one back in "
+                         f"{time.monotonic() - started:.1f} s; {flows.polls} polls of the bridges, "
+                         f"{len(flows.removed)} entries removed")
+        report.settle_s = quiet(self.mf, self.settings.settle_timeout)
         return report
 
     def _kill_during_split(self, report: Round) -> Round:
@@ -656,8 +738,8 @@ class Nemesis:
                 polled = time.monotonic()
                 try:
                     clean = not self.ownership(SERVED_POLL_S, answerless_serve_nothing=True)
-                except ApiError:
-                    clean = False   # the controller not answering (paused): nothing known
+                except (ApiError, TimeoutError):
+                    clean = False   # no controller answering (paused, none leads yet): nothing known
                 if not clean:
                     unserved_until = None
                 elif unserved_until is None:
@@ -732,8 +814,8 @@ class Nemesis:
         not in its tree, and registering does not put it there: it would
         stay out of service for good, and the run would run out of servers.
         That breaks the issue's contract (a server that comes back rejoins)
-        and is counted (`stranded`); the way on is a restart of the
-        controller (SIGTERM), whose rebuild takes it in."""
+        and is counted (`stranded`); the way on is a new leader (the
+        leader killed: `Hooks.kill_leader`), whose rebuild takes it in."""
         started = time.monotonic() if started is None else started
         victim = victim or report.victim
         for restarts in range(2):
@@ -744,8 +826,8 @@ class Nemesis:
             if back is None or restarts:
                 break
             report.stranded.append(victim)
-            self.mf.restart_controller()
-            report.detail += "; controller restarted to take the server back"
+            self.hooks.kill_leader()()
+            report.detail += "; leader killed, so that a new one takes the server back"
         raise Stuck(f"{victim} did not rejoin within {self.settings.rejoin_timeout} s: "
                     f"{self.servers().get(victim)}")
 
@@ -802,7 +884,7 @@ def _health(agent: AgentProcess, timeout: float | None = None) -> Health | str:
 
 
 def run(settings: Settings, say: Callable[[str], None] = print, keep: Path | None = None,
-        hooks: Callable[[MetaFlowNet], Hooks] = Hooks.single) -> dict[str, Any]:
+        hooks: Callable[[MetaFlowNet], Hooks] = Hooks.of) -> dict[str, Any]:
     """The whole nemesis run; its summary (see `main`). `keep`: a directory
     for the histories and logs that outlives the run (else a temporary one).
     `hooks`: the faults of the cluster beyond the one `MetaFlowNet` (`Hooks`)."""
@@ -815,9 +897,10 @@ def run(settings: Settings, say: Callable[[str], None] = print, keep: Path | Non
         graph = builders.fat_tree(4, servers=8)
         with MetaFlowNet(graph, capacity=1_000_000, store=settings.store, replicas=settings.replicas,
                          workdir=workdir, controller_args=["--no-auto-split"],
-                         mgmt_subnet=settings.mgmt_subnet) as mf:
+                         mgmt_subnet=settings.mgmt_subnet, controllers=settings.controllers) as mf:
             say(f"nemesis: k=4 fat-tree, 8 servers ({settings.store}, r={settings.replicas}), "
-                f"{settings.clients} clients; network up in {mf.timings['network_built_s']} s")
+                f"{settings.clients} clients, {settings.controllers} controller(s); "
+                f"network up in {mf.timings['network_built_s']} s")
             ballast = mf.run_clients(settings.ballast, workdir / "ballast", read_back=False)
             say(f"ballast: {sum(c['written'] for c in ballast)} files written by {len(ballast)} client hosts")
             clients = Clients(mf, mf.hosts("client")[:settings.clients], workdir, settings)
@@ -889,7 +972,8 @@ def _summary(nemesis: Nemesis, operations: list[dict[str, Any]], ballast: dict[s
 
 
 def fault_classes(rounds: list[Round]) -> dict[str, dict[str, Any]]:
-    """Per kind of fault: rounds injected, fail-overs the controller made, how
+    """Per kind of fault: rounds injected, fail-overs the controller made,
+    rounds that ended under a new leader, how
     long the faults lasted, and seconds until every ID was served again
     (pauses, partitions, slow disks) or the victim was failed over and its
     blocks had their copies again (kills)."""
@@ -899,6 +983,7 @@ def fault_classes(rounds: list[Round]) -> dict[str, dict[str, Any]]:
         served = sorted(r.served_s if CLASS_OF[fault] != "kill" else r.settle_s for r in mine)
         out[fault] = {"class": CLASS_OF[fault], "injected": len(mine),
                       "failovers": sum(r.failovers for r in mine),
+                      "leader_changes": sum(r.new_leader for r in mine),
                       "fault_s": sorted({r.fault_s for r in mine}),
                       "served_s": {"median": served[len(served) // 2], "max": served[-1]}}
     return out
@@ -915,12 +1000,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kills", type=int, default=20, help="stop after this many kill -9s of servers")
     p.add_argument("--pauses", type=int, default=0,
-                   help="rounds of SIGSTOP/SIGCONT of an agent (primary, backup) or the controller")
+                   help="rounds of SIGSTOP/SIGCONT of an agent (primary, backup) or the leader controller "
+                        "(and of etcd, with --controllers 2)")
     p.add_argument("--partitions", type=int, default=0,
                    help="rounds of management-network cuts (an agent from the controller, the "
-                        "controller from every agent)")
+                        "controller from every agent; with --controllers 2 also the leader, or the "
+                        "standby, cut from etcd)")
     p.add_argument("--slow-disks", type=int, default=0,
                    help="rounds of a primary's disk writes throttled by the kernel (blkio)")
+    p.add_argument("--leader-kills", type=int, default=0,
+                   help="rounds of kill -9 of the leading controller while the clients run")
+    p.add_argument("--controllers", type=int, default=1,
+                   help="controllers (more than one: with etcd, and the faults of the leader and of etcd: "
+                        "pauses of etcd, the leader or the standby cut from etcd)")
     p.add_argument("--seed", type=int, default=1, help="picks the faults and their victims")
     p.add_argument("--clients", type=int, default=4, help="client hosts running register clients (1-8)")
     p.add_argument("--store", choices=("leveldb", "redis"), default="leveldb")
@@ -932,7 +1024,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", type=Path, help="keep histories and logs in this (new) directory")
     args = p.parse_args(argv)
     settings = Settings(kills=args.kills, pauses=args.pauses, partitions=args.partitions,
-                        slow_disks=args.slow_disks, seed=args.seed, clients=args.clients, store=args.store,
+                        slow_disks=args.slow_disks, leader_kills=args.leader_kills,
+                        controllers=args.controllers, seed=args.seed, clients=args.clients, store=args.store,
                         hot=args.hot, unique=args.unique, mgmt_subnet=args.mgmt_subnet)
     summary = run(settings, lambda text: print(text, flush=True), args.keep)
     text = json.dumps({k: v for k, v in summary.items() if k != "round_log"}, indent=2)

@@ -41,7 +41,8 @@ through etcd, the others standbys): the agent talks to one at a time
 a 503 `NotLeader`, it moves on, to the leader the standby names if any,
 else to the next URL, and registers there (a new leader may know nothing
 of us, as after a controller's restart). A standby that names a leader
-is followed at once; everything else waits the interval. Each move is
+is followed at once (with a short timeout if it is the controller that
+just gave no answer: `QUICK_S`); everything else waits the interval. Each move is
 logged once per trouble, not once per heartbeat. An answer to a
 registration whose term (`Registered.term`) is older than one the agent
 has seen comes from a leader that was deposed: its roles are not adopted
@@ -67,6 +68,20 @@ log = logging.getLogger("metaflow.agent.registration")
 
 REMIND_S = 60.0
 """How often a trouble that persists is logged again."""
+QUICK_S = 0.5
+"""The request timeout for a controller that gave no answer less than
+`STAY_S` ago, when a standby sends us back to it: it is paused or cut off,
+and the standby has not noticed yet (its lease has not run out). Another
+full request timeout there could bring us to the standby's takeover a
+second late, when the new leader has built without us (the nemesis: a
+leader paused for 1.5 s, a successor that built from 2 of 8 agents, a
+block lost). Staying with the standby instead was tried and is worse: when
+the leader was only cut off, the agents came back to it after the cut
+later than the controller's grace, and 5 of 8 were failed over at once."""
+STAY_S = 1.0
+"""How long after a controller's silence its requests use `QUICK_S`
+(from the first silence: a leader that is alive but slow still gets the
+full timeout after that)."""
 STOP_WAIT_S = 0.5
 """How long `Registrar.stop` waits for a cancellation to end the loop before it cancels again."""
 
@@ -90,6 +105,9 @@ class Registrar:
         self._trouble: str | None = None
         self._told = 0.0
         self._hopped = False
+        self._silent: tuple[str, float] | None = None
+        """The controller that last gave no answer, and when it first did."""
+        self._quick: dict[str, AsyncApiClient] = {}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="registrar")
@@ -110,6 +128,11 @@ class Registrar:
     def controller(self) -> AsyncApiClient:
         """The client of the controller we talk to now."""
         url = self.leaders.current
+        silent = self._silent
+        if silent is not None and silent[0] == url and time.monotonic() - silent[1] < STAY_S:
+            if url not in self._quick:
+                self._quick[url] = AsyncApiClient(url, self._secret, timeout=QUICK_S)
+            return self._quick[url]
         if url not in self._clients:
             self._clients[url] = AsyncApiClient(url, self._secret, timeout=max(1.0, self.interval))
         return self._clients[url]
@@ -127,6 +150,7 @@ class Registrar:
             base = self.controller.base_url
             try:
                 await self._once()
+                self._silent = None
                 self._fine(f"registration with the controller at {base} works again")
             except NotLeader as exc:
                 self.registered = False
@@ -151,6 +175,8 @@ class Registrar:
             except ApiError as exc:
                 self.registered = False
                 if moves_on(exc) and self.leaders.several:
+                    if self._silent is None or self._silent[0] != base:
+                        self._silent = (base, time.monotonic())
                     self._move("down", logging.WARNING, None, base,
                                f"controller at {base} unreachable ({exc})")
                 else:

@@ -13,7 +13,6 @@ aborted by the next one, from what the source agent holds.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import warnings
@@ -22,7 +21,7 @@ import pytest
 
 from client_lib.api.admin import ADMIN
 from client_lib.api.rest import REST
-from client_lib.constants import COOKIE_BASE, COOKIE_METAFLOW, COOKIE_ROUTE
+from mininet_scenarios.flowwatch import FlowWatch, entries
 from mininet_scenarios.metaflow_net import MetaFlowNet
 from tests.e2e.test_metaflow_e2e import _mid_split, _quietly, wait_for
 from topology import builders
@@ -33,46 +32,6 @@ MGMT_SUBNET = "10.233.0.0/16"
 """Not the default (another scenario may run beside this one)."""
 TAKEOVER_S = 3.0
 """The issue's target: a fail-over decided by the new leader within 3 s of the old one's death."""
-_COUNTERS = re.compile(r"(duration|n_packets|n_bytes|idle_age|hard_age)=[^,]*, ?")
-_OURS = {f"cookie={hex(c)}," for c in (COOKIE_BASE, COOKIE_METAFLOW, COOKIE_ROUTE)}
-
-
-def entries(mf: MetaFlowNet) -> set[tuple[str, str]]:
-    """Every MetaFlow entry on every bridge, without its counters."""
-    out = set()
-    for node, data in mf.graph.nodes(data=True):
-        if data.get("kind") == "switch":
-            out |= {(node, _COUNTERS.sub("", line.strip())) for line in mf.dump_flows(node).splitlines()
-                    if any(c in line for c in _OURS)}
-    return out
-
-
-class FlowWatch:
-    """Polls the bridges in a thread; `removed` is every entry of the first
-    poll that some later poll lacked."""
-
-    def __init__(self, mf: MetaFlowNet) -> None:
-        self.mf, self.first = mf, entries(mf)
-        self.removed: set[tuple[str, str]] = set()
-        self.polls = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.removed |= self.first - entries(self.mf)
-            self.polls += 1
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def __enter__(self) -> FlowWatch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _served_elsewhere(mf: MetaFlowNet, victim: str, blocks: list) -> bool:

@@ -10,6 +10,7 @@ the agent, refuse the name, or hold another secret on cue.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -225,6 +226,30 @@ def test_an_agent_moves_past_a_controller_that_does_not_answer(tmp_path: Path,
     assert len(leader.registrations) == 1 and lost.registrations == []
     assert f"controller at {dead} unreachable" in agent.log()
     assert f"the controller at {standby.url} is not the leader" in agent.log()
+
+
+def test_an_agent_sent_back_to_a_leader_that_just_did_not_answer_waits_there_briefly(
+        tmp_path: Path, cluster_secret: Path) -> None:
+    """The leader paused: its socket accepts and answers nothing. The agent's
+    request times out, the standby it tries next still names the paused one
+    (its lease has not run out); the agent goes back to the paused one with a
+    short timeout (`QUICK_S`), not another full one, so it registers with
+    the standby soon after its takeover."""
+    secret = load_secret(cluster_secret)
+    standby = Controller()
+    with socket.socket() as paused:
+        paused.bind(("127.0.0.1", 0))
+        paused.listen(16)   # connections complete in the kernel; nobody answers
+        silent = f"http://127.0.0.1:{paused.getsockname()[1]}"
+        standby.standby_for = silent
+        with FakeApi(REST.ALL, secret, standby.handle) as api, \
+                _agent(tmp_path, f"{silent},{api.url}", cluster_secret) as agent:
+            _until(lambda: bool(api.calls))   # the request to the paused one timed out; a 503
+            elected = time.monotonic()
+            standby.standby_for = None
+            _until(lambda: bool(standby.registrations))
+            took = time.monotonic() - elected
+    assert took < 0.85, (took, agent.log())   # a full request timeout (1 s) there: 1.2 s measured
 
 
 def test_a_registration_answer_from_an_older_leader_is_not_adopted(tmp_path: Path,

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from mininet_scenarios.faults import cut_rules, device_of, paused, process_tree
+from mininet_scenarios.etcd import EtcdProcess
+from mininet_scenarios.faults import ROOT_NS, cut_rules, device_of, dropped, paused, port_rules, process_tree
 from mininet_scenarios.nemesis import (
     CLASS_OF,
     CLASSES,
@@ -29,6 +30,26 @@ def test_a_cut_drops_both_directions_of_each_address_once_and_is_marked() -> Non
     assert [r[:3] for r in rules] == [["INPUT", "-s", "10.254.255.253"], ["OUTPUT", "-d", "10.254.255.253"],
                                       ["INPUT", "-s", "10.254.255.254"], ["OUTPUT", "-d", "10.254.255.254"]]
     assert all(r[3:] == ["-m", "comment", "--comment", "mfx0nemesis", "-j", "DROP"] for r in rules)
+
+
+def test_a_port_cut_drops_both_directions_of_each_loopback_port_once_and_is_marked() -> None:
+    rules = port_rules([2379, 2381, 2379], "mfx0nemesis")
+    assert [r[:7] for r in rules] == [["INPUT", "-i", "lo", "-p", "tcp", side, port]
+                                      for port in ("2379", "2381") for side in ("--dport", "--sport")]
+    assert all(r[7:] == ["-m", "comment", "--comment", "mfx0nemesis", "-j", "DROP"] for r in rules)
+
+
+def test_one_client_port_of_a_real_etcd_cut_leaves_the_other_answering_and_comes_back(tmp_path: Path) -> None:
+    """What `Hooks.cluster` does to cut one controller from etcd, on a real etcd."""
+    with EtcdProcess(tmp_path / "etcd", extra_clients=1) as etcd:
+        assert len(set(etcd.urls)) == 2
+        cut = EtcdProcess(tmp_path / "unused", client_port=etcd.client_ports[1])
+        assert etcd.healthy() and cut.healthy()
+        with dropped([ROOT_NS], port_rules([etcd.client_ports[1]], f"mfut{etcd.peer_port}")):
+            assert etcd.healthy() and not cut.healthy()
+        assert cut.healthy()
+        listed = ROOT_NS.run("iptables", "-w", "-S", "INPUT").stdout
+        assert f"mfut{etcd.peer_port}" not in listed
 
 
 def test_a_disk_that_is_no_block_device_is_refused_by_name() -> None:
@@ -85,7 +106,8 @@ def test_every_fault_has_one_class_and_the_pauses_span_the_heartbeat_timeout() -
 
 
 def test_one_controller_cannot_inject_the_faults_of_several() -> None:
-    hooks = Hooks(leader=lambda: None, controller_addresses=lambda: ["10.254.255.254"])
+    hooks = Hooks(leader=lambda: None, controller_addresses=lambda: ["10.254.255.254"],
+                  kill_leader=lambda: lambda: None)
     assert set(hooks.unavailable()) == set(NEEDS_HOOK)
 
 
@@ -96,8 +118,10 @@ def test_the_report_per_kind_counts_rounds_fail_overs_and_time_to_serve_again() 
     report = fault_classes([round_(1, "pause-primary", fault_s=0.5, served_s=0.6),
                             round_(2, "pause-primary", fault_s=1.5, served_s=1.7, failovers=1),
                             round_(3, "kill-primary", kills=1, settle_s=1.2, failovers=1),
-                            round_(4, "pause-primary", fault_s=4.0, served_s=1.4, failovers=1)])
-    assert list(report) == ["kill-primary", "pause-primary"]
-    assert report["pause-primary"] == {"class": "pause", "injected": 3, "failovers": 2,
+                            round_(4, "pause-primary", fault_s=4.0, served_s=1.4, failovers=1),
+                            round_(5, "kill-leader", served_s=2.5, new_leader=True)])
+    assert list(report) == ["kill-primary", "pause-primary", "kill-leader"]
+    assert report["kill-leader"]["leader_changes"] == 1 and report["kill-leader"]["class"] == "leader"
+    assert report["pause-primary"] == {"class": "pause", "injected": 3, "failovers": 2, "leader_changes": 0,
                                        "fault_s": [0.5, 1.5, 4.0], "served_s": {"median": 1.4, "max": 1.7}}
     assert report["kill-primary"]["served_s"] == {"median": 1.2, "max": 1.2}

@@ -43,6 +43,7 @@ def test_stop_ends_a_loop_that_swallows_its_cancellation() -> None:
         registrar.interval, registrar.registered, registrar.heartbeats = 0.01, True, 0
         registrar._task, registrar._stopping, registrar._trouble, registrar._told = None, False, None, 0.0
         registrar._hopped = False
+        registrar._silent, registrar._quick = None, {}
         registrar.start()
         await asyncio.sleep(0.05)
         await asyncio.wait_for(registrar.stop(), 5)
