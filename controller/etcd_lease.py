@@ -35,17 +35,25 @@ import base64
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import requests
-from etcd3gw.client import Etcd3Client
-from etcd3gw.exceptions import Etcd3Exception
-from etcd3gw.lease import Lease
 
 from controller.leadership import Leadership
 from controller.settings import etcd_endpoint
 from controller.steps import FabricSeen
+
+with warnings.catch_warnings():
+    # etcd3gw's futurist imports eventlet if it is installed (os-ken's dependency),
+    # and eventlet warns on import that it is deprecated: a line on every daemon's
+    # stderr (`metaflow-controller --version` too) about threads neither we nor
+    # etcd3gw's calls use.
+    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
+    from etcd3gw.client import Etcd3Client
+    from etcd3gw.exceptions import Etcd3Exception
+    from etcd3gw.lease import Lease
 
 log = logging.getLogger("metaflow.controller.etcd")
 
