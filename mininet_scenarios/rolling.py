@@ -41,6 +41,7 @@ from types import TracebackType
 from btree.fake_network import FakeNetwork, misdelivered
 from client_lib.api.rest import REST, DrainInfo
 from client_lib.cidr import Block
+from client_lib.errors import Conflict
 from controller.drainctl import progress
 from mininet_scenarios.daemons import AgentProcess
 from mininet_scenarios.metaflow_net import MetaFlowNet
@@ -141,6 +142,21 @@ class RollingRestart:
         scenario = self.mf.running
         return scenario.agents[scenario.topo.graph_names[server]]
 
+    def _start_drain(self, server: str) -> None:
+        """Ask for the drain, again while the controller refuses it because the
+        server is busy (a re-replication or a split involving it: "try again
+        when it ends", as an operator would); a CI run once met a repair's sync."""
+        assert self.mf.api is not None
+        deadline = time.monotonic() + self.drain_timeout
+        while True:
+            try:
+                self.mf.api.call(REST.drain, name=server)
+                return
+            except Conflict as refused:
+                if "is busy" not in str(refused) or time.monotonic() > deadline:
+                    raise
+                time.sleep(POLL_S)
+
     def agent_turn(self, server: str) -> AgentTurn:
         """Drain, stop, start and undrain one agent; raises `RollingError` when
         a step fails (a drain that stops short leaves the agent running)."""
@@ -149,7 +165,7 @@ class RollingRestart:
         held = self.mf.view(REST.servers).servers[server]
         blocks, backups = len(held.blocks), len(held.backups)
         t0 = time.monotonic()
-        api.call(REST.drain, name=server)
+        self._start_drain(server)
         self.say(f"  drain: {blocks} blocks as primary, {backups} backup copies")
         info = self._drained(server)
         t1 = time.monotonic()
