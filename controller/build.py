@@ -104,7 +104,7 @@ def restore(world: SagaWorld, tree: LogicalBTree, replicas: Replicas) -> Restore
         newer = [b for b, _, _ in accepted if b.covers(role.block) or role.block.covers(b)]
         # What newer claims cover is stale here (a migration's target was
         # assigned its part of the block): the claim keeps only the rest.
-        accepted += [(piece, name, role) for piece in _uncovered(role.block, newer)]
+        accepted += [(piece, name, role) for piece in uncovered(role.block, newer)]
     tree.bootstrap_organic(accepted[0][1])
     for block, name, _ in accepted:
         tree.transfer([block], name)
@@ -141,7 +141,7 @@ def _gaps(world: SagaWorld, tree: LogicalBTree, replicas: Replicas,
     """Parts of the space no claim covers go to one idle leaf (their data may
     be on an agent out of service: the build saga salvages it)."""
     unclaimed = [(piece, owner) for b, owner in tree.partition()
-                 for piece in _uncovered(b, [c for c, by in taken if by == owner])]
+                 for piece in uncovered(b, [c for c, by in taken if by == owner])]
     gaps: dict[str, list[Block]] = {}
     if not unclaimed:
         return gaps
@@ -208,7 +208,7 @@ def finish_leftovers(world: SagaWorld) -> Saga:
             world.event("discard-unconfirmed", logging.WARNING, reason=str(failed))
 
 
-def _uncovered(block: Block, claims: list[Block]) -> list[Block]:
+def uncovered(block: Block, claims: list[Block]) -> list[Block]:
     """The parts of `block` that no claim covers, as blocks (CIDR blocks nest
     or are disjoint, so halving until each half is covered or untouched ends)."""
     if any(c.covers(block) for c in claims):
@@ -217,4 +217,4 @@ def _uncovered(block: Block, claims: list[Block]) -> list[Block]:
     if not inside:
         return [block]
     low, high = block.halves()
-    return _uncovered(low, inside) + _uncovered(high, inside)
+    return uncovered(low, inside) + uncovered(high, inside)

@@ -46,7 +46,7 @@ from client_lib.api.rest import (
 from client_lib.cidr import Block
 from client_lib.errors import Conflict, NotFound
 from controller import arp, ofmsgs
-from controller.build import build, build_saga
+from controller.build import build, build_saga, uncovered
 from controller.drain import drain_saga, holdings
 from controller.failover import failover_saga
 from controller.inventory import Inventory
@@ -108,16 +108,6 @@ PROBE_INTERVAL_S = 2.0
 CLAIM_WAIT_TIMEOUTS = 5
 """How many heartbeat timeouts past its first wait a successor waits for
 agents whose blocks no registered agent claims (`_claims_missing`)."""
-
-
-def _union_covers(space: Block, blocks: Iterable[Block]) -> bool:
-    """Whether `blocks` (CIDR blocks, overlapping or not) together cover `space`."""
-    reach = space.first
-    for block in sorted(blocks, key=lambda b: b.first):
-        if block.first > reach:
-            break
-        reach = max(reach, block.last + 1)
-    return reach > space.last
 
 
 class MetaFlowCore:
@@ -666,7 +656,7 @@ class MetaFlowCore:
         if not self.build_after or now >= self.build_after + wait:
             return False
         blocks = [role.block for server in self.registry.live() for role in server.roles]
-        if not blocks or _union_covers(self.settings.space, blocks):
+        if not blocks or not uncovered(self.settings.space, blocks):
             return False
         if not self._claims_awaited:
             self._claims_awaited = True
