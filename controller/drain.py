@@ -21,8 +21,9 @@ meanwhile):
    synced, the set drops the drained server (a new epoch) and the server
    deletes its copy. The set never has fewer synced copies than before.
 
-A drain that cannot go on (no room for a block, a move undone by a fault, a
-copy that does not sync, the server itself failing) stops: what has moved
+A failed move or copy (undone, whole) is tried again, `TRIES` times in a
+row at most. A drain that cannot go on (no room for a block, a move undone
+by faults, a copy that does not sync, the server itself failing) stops: what has moved
 stays moved (each move is whole or undone), the rest stays where it is, the
 server is back in service, and the reason is said (`drain-stopped`, and
 `/drains`). A controller restart forgets a drain: it is not resumed (the
@@ -50,8 +51,13 @@ from controller.world import Drain, SagaWorld
 TRIES = 3
 """How often a drain tells an agent its roles before it gives up: one lost
 answer must not leave a member at an older epoch (nothing else would
-correct it while nobody writes to the block)."""
+correct it while nobody writes to the block). Also how often in a row a
+move or a copy may fail (undone, whole) before the drain stops: a copy that
+times out once on a loaded member is no reason to give the drain up."""
 RETRY_S = 0.5
+
+NO_ROOM = "no room: "
+"""How a stop for want of room begins: trying again would not help."""
 
 MOVES_PER_BLOCK = 3
 """How many moves (of a primary's block, or of a copy) a drain makes at most
@@ -72,6 +78,7 @@ def drain_saga(world: SagaWorld, op: Operation, name: str) -> Saga:
     drain = world.drains[name]
     owned, backups = holdings(world, name)
     budget = MOVES_PER_BLOCK * (len(owned) + len(backups)) + 1
+    failures = 0
     try:
         for _ in range(budget):
             owned, backups = holdings(world, name)
@@ -82,8 +89,15 @@ def drain_saga(world: SagaWorld, op: Operation, name: str) -> Saga:
             else:
                 break
             op.involves = {name}   # the servers of a finished move are free again
-            if reason:
+            if not reason:
+                failures = 0
+                continue
+            failures += 1
+            if reason.startswith(NO_ROOM) or failures >= TRIES:
                 return _stopped(world, name, drain, reason)
+            world.event("drain-retry", logging.WARNING, server=name, reason=reason, attempt=failures,
+                        note="what moved stays moved; the move is tried again")
+            yield Wait(seconds=RETRY_S)
         else:
             owned, backups = holdings(world, name)
             return _stopped(world, name, drain, f"still holds {len(owned)} blocks and {len(backups)} "
@@ -119,7 +133,7 @@ def _move_primaries(world: SagaWorld, op: Operation, name: str, drain: Drain) ->
     except StepError as failed:
         return f"counting keys: {failed}"
     if not plan.ok:
-        return f"no room: {plan.reason}"
+        return f"{NO_ROOM}{plan.reason}"
     target, blocks = next(iter(plan.by_target().items()))
     op.involves.add(target)
     moved = yield from move_blocks(world, op, "drain", name, blocks, target)
@@ -158,7 +172,7 @@ def _move_backup(world: SagaWorld, op: Operation, name: str, block: Block, drain
     current = replicas.sets[block]
     placement = world.place([block], current.members, 1)
     if placement.short:
-        return f"no room: no live server outside {block}'s set can take the copy {name} keeps"
+        return f"{NO_ROOM}no live server outside {block}'s set can take the copy {name} keeps"
     new = placement.backups[0]
     op.involves |= {*current.members, new}
     wanted = replicas.assign(block, (*current.members, new), current.unsynced | {new})

@@ -76,7 +76,8 @@ def repair_saga(world: SagaWorld, op: Operation, block: Block, resync: bool) -> 
 def sync(world: SagaWorld, op: Operation, block: Block, epoch: int, primary: str,
           members: list[str]) -> Saga:
     """Ask the primary to sync each member and poll until each is synced or
-    failed; returns member -> state."""
+    failed; returns member -> state ("synced", or "failed: " and the
+    primary's reason, which a drain's or repair's outcome quotes)."""
     url = world.registry[primary].admin_url
     rate = world.settings.sync_rate
     yield [CallAgent(server=primary, url=url, route=ADMIN.sync, body=SyncRequest(block, epoch, m, rate))
@@ -87,7 +88,8 @@ def sync(world: SagaWorld, op: Operation, block: Block, epoch: int, primary: str
         listing: SyncList = yield CallAgent(server=primary, url=url, route=ADMIN.syncs)
         for report in listing.syncs:
             if _ours(report, block, epoch) and report.member in members and report.state != "copying":
-                states[report.member] = report.state
+                states[report.member] = report.state if report.error is None \
+                    else f"{report.state}: {report.error}"
         for member in members:   # a member that died while syncing fails here; its fail-over follows
             if world.registry[member].failed or world.tree_or_raise().state(member) is State.FAILED:
                 states.setdefault(member, "failed")

@@ -188,6 +188,8 @@ class FakeAgent:
     suspended: bool = False
     reachable: bool = True
     dead: bool = False
+    failing_syncs: int = 0
+    """How many of the syncs it is asked for next fail (a member too slow to answer, say)."""
 
     @property
     def url(self) -> str:
@@ -419,13 +421,17 @@ class FakeAgent:
         member = self.world.agents[body.member]
         role = member.roles.get(body.block)
         ok = (not member.dead and member.reachable and role is not None and role.epoch == body.epoch)
+        slow = ok and self.failing_syncs > 0
+        if slow:
+            self.failing_syncs -= 1
+            ok = False
         if ok:
             for mdid in [m for m in member.records if body.block.contains(m)]:
                 del member.records[mdid]
             member.records.update({i: v for i, v in self.records.items() if body.block.contains(i)})
         report = SyncReport(body.block, body.epoch, body.member, "synced" if ok else "failed",
                             self._keys_in(body.block.first, body.block.last),
-                            None if ok else "unreachable", 0.0)
+                            None if ok else f"{body.member} did not answer" if slow else "unreachable", 0.0)
         self.syncs.append(report)
         return report
 

@@ -12,6 +12,7 @@ never chosen again until undrained, and stopping it is no fail-over.
 from __future__ import annotations
 
 import random
+import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -179,6 +180,34 @@ def test_a_drain_without_room_stops_before_anything_moves() -> None:
     assert name not in world.core.world.drained()   # back in service
     stopped = [e for e in world.core.events if e["event"] == "drain-stopped"]
     assert stopped and stopped[-1]["reason"] == info.reason
+    check_consistent(world, acked)
+
+
+def test_a_copy_that_fails_once_is_tried_again_and_the_drain_finishes() -> None:
+    world, name, acked = _world(2)
+    copies = len(world.core.world.replicas_or_raise().of(name)) - len(world.tree.blocks(name))
+    assert copies >= 1
+    for agent in world.agents.values():
+        agent.failing_syncs = 1
+    assert world.ask(DrainNow, name=name).ok
+    info = _drains(world).drains[name]
+    assert info.state == "drained" and info.backups_moved == copies, info
+    retries = [e for e in world.core.events if e["event"] == "drain-retry"]
+    assert retries and all("did not answer" in e["reason"] and e["attempt"] == 1 for e in retries)
+    _check_drained(world, name)
+    check_consistent(world, acked)
+
+
+def test_a_copy_that_keeps_failing_stops_the_drain_with_the_primarys_reason() -> None:
+    world, name, acked = _world(2)
+    for agent in world.agents.values():
+        agent.failing_syncs = 100
+    assert world.ask(DrainNow, name=name).ok
+    info = _drains(world).drains[name]
+    assert info.state == "stopped" and info.backups_left >= 1, info
+    assert re.fullmatch(r"copying \S+ to (\S+): failed: \1 did not answer", info.reason), info.reason
+    retries = [e["attempt"] for e in world.core.events if e["event"] == "drain-retry"]
+    assert retries == [1, 2]
     check_consistent(world, acked)
 
 
