@@ -94,7 +94,7 @@ STATIC_CHECKS := lint typecheck docs-check
 # not saturated by the tests themselves: one at a time.
 test: setup $(STATIC_CHECKS)
 	$(PY) -m pytest -q -n 2 tests/unit
-	$(PY) -m pytest -q tests --ignore=tests/unit
+	$(PY) -m pytest -q --durations=25 tests --ignore=tests/unit
 
 lint: setup
 	$(VENV)/bin/ruff check .
