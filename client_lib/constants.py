@@ -23,6 +23,10 @@ ADMIN_PORT: Final = 9001
 REST_PORT: Final = 8080
 """The controller's REST API (HTTP+JSON)."""
 
+LIVENESS_PORT: Final = 8081
+"""The controller's UDP port for agents' liveness datagrams
+(`client_lib.liveness`), beside the REST API on the management address."""
+
 OPENFLOW_PORT: Final = 6653
 """Where switches reach the controller (OpenFlow 1.0)."""
 
