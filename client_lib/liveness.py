@@ -14,14 +14,18 @@ Layout (network byte order), `HEADER` then the name then the tag::
     magic "MF" | version u8 | kind u8 | seq u64 | term u64 | keys u64 |
     state digest 8 bytes | name length u8 | name (UTF-8) | tag 16 bytes
 
-* ``kind``: `BEAT` (agent to controller) or `NUDGE` (controller to agent:
-  "send an HTTP heartbeat now", for a name it does not know or has
-  declared failed; the answer to that heartbeat, 404, makes the agent
-  register again, as over HTTP alone).
-* ``seq``: the sender's clock in microseconds, strictly increasing per
-  sender (`Sequence`), so a receiver refuses a replay (``seq`` not above
-  the last one it accepted for that name) and a datagram far from its own
-  clock (more than `auth.WINDOW_S`: a replay after the receiver forgot).
+* ``kind``: `BEAT` (agent to controller), or the controller's reply to a
+  beat it verified: `ACK` (taken), or `NUDGE` ("send an HTTP heartbeat
+  now": a name it does not know or has declared failed, or it is a
+  standby; the answer to that heartbeat, 404 or 503, makes the agent
+  register again or move to the leader, as over HTTP alone). An agent
+  that hears no reply for a while falls back to HTTP, which finds a
+  controller that is down.
+* ``seq``: in a beat, the sender's clock in microseconds, strictly
+  increasing per sender (`Sequence`), so a receiver refuses a replay
+  (``seq`` not above the last one it accepted for that name) and a
+  datagram far from its own clock (more than `auth.WINDOW_S`: a replay
+  after the receiver forgot). A reply echoes the beat's ``seq``.
 * ``term``: the sender's leadership term as it knows it (0: none).
 * ``keys``: how many keys the agent holds (it changes with every write;
   carrying it here keeps it out of the state digest, so writes do not
@@ -53,8 +57,9 @@ from client_lib.errors import InvalidArgument, MetaFlowError
 MAGIC = b"MF"
 VERSION = 1
 BEAT = 1
-NUDGE = 2
-KINDS = (BEAT, NUDGE)
+ACK = 2
+NUDGE = 3
+REPLIES = (ACK, NUDGE)
 HEADER = struct.Struct("!2sBBQQQ8sB")
 """Everything before the name (its last field is the name's length)."""
 TAG_BYTES = 16
@@ -138,11 +143,11 @@ def encode_beat(key: LivenessKey, name: str, seq: int, digest: bytes, keys: int 
     return _encode(key, BEAT, name, seq, term, keys, digest)
 
 
-def encode_nudge(key: LivenessKey, name: str, seq: int, term: int = 0) -> bytes:
-    """The controller's answer to a beat from `name` it cannot take (an
-    unknown name, a server declared failed): send an HTTP heartbeat now.
-    `seq`: the controller's own (`Sequence`)."""
-    return _encode(key, NUDGE, name, seq, term, 0, bytes(DIGEST_BYTES))
+def encode_reply(key: LivenessKey, kind: int, beat: Beat, term: int = 0) -> bytes:
+    """The controller's reply to `beat` (`ACK` or `NUDGE`), echoing its sequence."""
+    if kind not in REPLIES:
+        raise InvalidArgument(f"a reply is ACK ({ACK}) or NUDGE ({NUDGE}), not {kind}")
+    return _encode(key, kind, beat.name, beat.seq, term, 0, bytes(DIGEST_BYTES))
 
 
 def decode_beat(data: bytes, key: LivenessKey, now: float,
@@ -150,13 +155,14 @@ def decode_beat(data: bytes, key: LivenessKey, now: float,
     """The beat in `data`, verified: signed with the cluster's secret,
     ``seq`` above ``last_seq[name]`` (the caller records the accepted ones)
     and within `window` seconds of `now`. LivenessError otherwise."""
-    return _decode(data, key, BEAT, now, last_seq, window)
+    return _decode(data, key, (BEAT,), now, last_seq, window)
 
 
-def decode_nudge(data: bytes, key: LivenessKey, now: float,
+def decode_reply(data: bytes, key: LivenessKey, now: float,
                  last_seq: Mapping[str, int] | None = None, window: float = WINDOW_S) -> Beat:
-    """As `decode_beat`, for a controller's nudge."""
-    return _decode(data, key, NUDGE, now, last_seq, window)
+    """As `decode_beat`, for a controller's `ACK` or `NUDGE` (``last_seq``:
+    the last beat's sequence a reply was taken for)."""
+    return _decode(data, key, REPLIES, now, last_seq, window)
 
 
 def _encode(key: LivenessKey, kind: int, name: str, seq: int, term: int, keys: int, digest: bytes) -> bytes:
@@ -172,7 +178,7 @@ def _encode(key: LivenessKey, kind: int, name: str, seq: int, term: int, keys: i
     return body + key.tag(body)
 
 
-def _decode(data: bytes, key: LivenessKey, kind: int, now: float,
+def _decode(data: bytes, key: LivenessKey, kinds: tuple[int, ...], now: float,
             last_seq: Mapping[str, int] | None, window: float) -> Beat:
     if len(data) > MAX_DATAGRAM:
         raise LivenessError("oversized", f"{len(data)} bytes, at most {MAX_DATAGRAM}")
@@ -186,8 +192,8 @@ def _decode(data: bytes, key: LivenessKey, kind: int, now: float,
     body, tag = data[:-TAG_BYTES], data[-TAG_BYTES:]
     if not hmac.compare_digest(tag, key.tag(body)):
         raise LivenessError("signature", "bad tag (a different secret?)")
-    if got_kind != kind:
-        raise LivenessError("malformed", f"kind {got_kind}, expected {kind}")
+    if got_kind not in kinds:
+        raise LivenessError("malformed", f"kind {got_kind}, expected one of {kinds}")
     try:
         name = body[HEADER.size:].decode()
     except UnicodeDecodeError:

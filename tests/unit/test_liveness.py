@@ -7,6 +7,7 @@ import pytest
 from client_lib.cidr import Block
 from client_lib.errors import InvalidArgument, MetaFlowError
 from client_lib.liveness import (
+    ACK,
     BEAT,
     HEADER,
     MAX_DATAGRAM,
@@ -17,9 +18,9 @@ from client_lib.liveness import (
     LivenessKey,
     Sequence,
     decode_beat,
-    decode_nudge,
+    decode_reply,
     encode_beat,
-    encode_nudge,
+    encode_reply,
     state_digest,
 )
 
@@ -45,12 +46,20 @@ def test_round_trip_carries_every_field_and_is_small() -> None:
     assert beat.sent == pytest.approx(NOW)
 
 
-def test_nudge_round_trip_and_kinds_do_not_cross() -> None:
-    nudge = encode_nudge(KEY, "s001", SEQ, term=3)
-    assert decode_nudge(nudge, KEY, NOW).kind == NUDGE
-    refused(nudge, "malformed")   # a nudge is no beat
+def test_replies_echo_the_beat_and_kinds_do_not_cross() -> None:
+    beat = decode_beat(encode_beat(KEY, "s001", SEQ, DIGEST), KEY, NOW)
+    for kind in (ACK, NUDGE):
+        reply = encode_reply(KEY, kind, beat, term=3)
+        got = decode_reply(reply, KEY, NOW)
+        assert (got.kind, got.name, got.seq, got.term) == (kind, "s001", SEQ, 3)
+        refused(reply, "malformed")   # a reply is no beat
     with pytest.raises(LivenessError):
-        decode_nudge(encode_beat(KEY, "s001", SEQ, DIGEST), KEY, NOW)
+        decode_reply(encode_beat(KEY, "s001", SEQ, DIGEST), KEY, NOW)
+    with pytest.raises(LivenessError) as info:   # an old beat's reply
+        decode_reply(encode_reply(KEY, ACK, beat), KEY, NOW, last_seq={"s001": SEQ})
+    assert info.value.reason == "replay"
+    with pytest.raises(InvalidArgument):
+        encode_reply(KEY, BEAT, beat)
 
 
 def test_a_different_secret_or_any_changed_byte_is_refused() -> None:
