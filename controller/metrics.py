@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from client_lib.api import metrics as m
 from controller.leadership import Leadership
+from controller.liveness import OUTCOMES
 from controller.telemetry import Gauges
 
 STATES = ("idle", "busy", "failed", "unplaced")
@@ -116,6 +117,9 @@ class ControllerMetrics:
         self.flow_mods = _counter(m.FLOW_MODS, self.registry)
         self.flow_mods_refused = _counter(m.FLOW_MODS_REFUSED, self.registry)
         self.barrier_seconds = _histogram(m.BARRIER_SECONDS, self.registry)
+        datagrams = _counter(m.LIVENESS_DATAGRAMS, self.registry)
+        self._datagrams = {outcome: datagrams.labels(outcome) for outcome in OUTCOMES}
+        """Resolved once: a datagram's count is on the liveness thread's path, 8,000 times a second."""
         self.registry.register(StateCollector(read))
         self.registry.register(LeadershipCollector(lead or Leadership.alone()))
 
@@ -145,6 +149,10 @@ class ControllerMetrics:
     def barrier(self, dpid: int, seconds: float) -> None:
         """A barrier to switch `dpid` came back after `seconds`."""
         self.barrier_seconds.labels(str(dpid)).observe(seconds)
+
+    def datagram(self, outcome: str) -> None:
+        """A liveness datagram's outcome (`controller.liveness.OUTCOMES`)."""
+        self._datagrams[outcome].inc()
 
     def serve(self, host: str, port: int) -> Callable[[], None]:
         """Serve the registry on `host:port` in a thread of its own; what stops
