@@ -10,10 +10,12 @@ O(1) work per datagram, and the decision loop's sweep reads one entry per
 server per tick, as it did.
 
 What a verified beat gets back (`client_lib.liveness.encode_reply`): ACK
-when it counted; NUDGE when the agent should send an HTTP heartbeat now:
-this controller does not know the name (it restarted: the heartbeat's 404
-makes the agent register again), has declared it failed (404 too: it
-rejoins empty), is a standby (503 names the leader, where the agent moves),
+when it counted (at most every `ACK_EVERY_S` per server: the agent only
+needs to know, within a second, that its beats arrive); NUDGE when the
+agent should send an HTTP heartbeat now: this controller does not know
+the name (it restarted: the heartbeat's 404 makes the agent register
+again), has declared it failed (404 too: it rejoins empty), is a standby
+(503 names the leader, where the agent moves),
 or holds an older state of it than the beat's digest says (the heartbeat
 brings the current one; the beat still counts as alive). Anything that
 does not verify gets nothing, is counted by reason, and is logged at most
@@ -52,12 +54,14 @@ NUDGED = ("stale", "unknown", "failed", "standby")
 """Outcomes answered with NUDGE."""
 OUTCOMES = ("accepted", "unknown", "failed", "standby", "stale", *REASONS)
 """Every outcome of a datagram, a metric label each (`client_lib.api.metrics.LIVENESS_DATAGRAMS`)."""
+ACK_EVERY_S = 0.4
+"""A server's beats are acknowledged at most this often: every other beat at
+4/s, two ACKs within the agent's `nat_agent.registration.ACK_WAIT_S`.
+Half the replies halve their cost (a signature and a send each)."""
 REMIND_S = 10.0
 """How often a refusal or a beat from an unknown name is logged at most, per outcome."""
 RECV_BUFFER = 4 << 20
 """The socket's receive buffer: a second of 8,000 beats, should the thread fall behind for a moment."""
-POLL_S = 0.2
-"""How often the thread looks whether it should stop (a UDP read cannot be woken by closing)."""
 
 
 class Liveness:
@@ -76,6 +80,7 @@ class Liveness:
         self._wall = wall
         self.heard: Heard = {}
         self._seqs: dict[str, int] = {}
+        self._acked: dict[str, float] = {}
 
     def take(self, data: bytes) -> tuple[str, bytes | None, str]:
         """The datagram's outcome (one of `OUTCOMES`), the reply to send
@@ -94,10 +99,15 @@ class Liveness:
         elif server.failed:
             outcome = "failed"
         else:
-            self.heard[beat.name] = (self._clock(), beat.keys)
-            outcome = "accepted" if beat.digest == server.digest else "stale"
-        kind = NUDGE if outcome in NUDGED else ACK
-        return outcome, encode_reply(self._key, kind, beat, self._term()), beat.name
+            now = self._clock()
+            self.heard[beat.name] = (now, beat.keys)
+            if beat.digest == server.digest:
+                if now - self._acked.get(beat.name, -ACK_EVERY_S) < ACK_EVERY_S:
+                    return "accepted", None, beat.name
+                self._acked[beat.name] = now
+                return "accepted", encode_reply(self._key, ACK, beat, self._term()), beat.name
+            outcome = "stale"
+        return outcome, encode_reply(self._key, NUDGE, beat, self._term()), beat.name
 
 
 class LivenessServer:
@@ -111,8 +121,8 @@ class LivenessServer:
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER)
         self.sock.bind((host, port))
-        self.sock.settimeout(POLL_S)
         self.port: int = self.sock.getsockname()[1]
+        self._wake = (host if host not in ("", "0.0.0.0", "::") else "127.0.0.1", self.port)
         self._running = True
         self._told: dict[str, float] = {}
         self.thread = threading.Thread(target=self._serve, name="liveness", daemon=True)
@@ -121,19 +131,24 @@ class LivenessServer:
         self.thread.start()
 
     def close(self) -> None:
+        """Stop the thread: a blocking read (one system call a datagram, not a
+        poll and a read) is woken by an empty datagram of our own."""
         self._running = False
-        self.thread.join(timeout=5)
+        if self.thread.is_alive():
+            with socket.socket(self.sock.family, socket.SOCK_DGRAM) as wake:
+                wake.sendto(b"", self._wake)
+            self.thread.join(timeout=5)
         self.sock.close()
 
     def _serve(self) -> None:
         take, count, sock = self._liveness.take, self._count, self.sock
-        while self._running:
+        while True:
             try:
                 data, addr = sock.recvfrom(MAX_DATAGRAM + 1)
-            except TimeoutError:
-                continue
             except OSError as exc:
                 log.error("liveness socket failed (%s); beats are not heard", exc)
+                return
+            if not self._running:
                 return
             try:
                 outcome, reply, name = take(data)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from client_lib.api.rest import Heartbeat, Registration
 from client_lib.cidr import Block
 from client_lib.liveness import ACK, NUDGE, LivenessKey, decode_reply, encode_beat, state_digest
-from controller.liveness import OUTCOMES, Liveness
+from controller.liveness import ACK_EVERY_S, OUTCOMES, Liveness
 from controller.registry import Registry
 
 SECRET = b"k" * 32
@@ -45,12 +45,16 @@ def test_a_registered_server_is_heard_and_acked_and_the_sweep_sees_it() -> None:
     w.register("s1")
     w.register("s2")
     w.now = 101.5
+    assert w.beat("s1", keys=7) == ("accepted", ACK)
+    w.now = 101.7   # the next beat counts too, but its ACK waits (ACK_EVERY_S): half the replies
+    assert w.beat("s1", keys=42) == ("accepted", None)
+    w.now = 101.5 + ACK_EVERY_S
     assert w.beat("s1", keys=42) == ("accepted", ACK)
-    w.now = 102.2   # s1 heard 0.7 s ago by datagram, s2 at registration 2.2 s ago
+    w.now = 102.2   # s1 heard 0.3 s ago by datagram, s2 at registration 2.2 s ago
     silent = w.registry.silent(w.now, 1.0)
     assert [s.name for s in silent] == ["s2"]
     s1 = w.registry["s1"]
-    assert (s1.last_seen, s1.keys) == (101.5, 42)
+    assert (s1.last_seen, s1.keys) == (101.5 + ACK_EVERY_S, 42)
 
 
 def test_an_http_heartbeat_newer_than_the_datagram_wins() -> None:
