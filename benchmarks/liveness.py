@@ -193,10 +193,11 @@ def _beat_by_http(url: str, secret: bytes, names: list[str], seconds: float, out
     out.put({"sent": len(answered), "acks": len(answered), "delays": answered})
 
 
-def _accepted(metrics_port: int) -> float:
+def datagram_counts(metrics_port: int) -> dict[str, float]:
+    """The controller's liveness datagrams by outcome, from its Prometheus metrics."""
     text = urllib.request.urlopen(f"http://{HOST}:{metrics_port}/metrics", timeout=10).read().decode()
-    found = re.search(r'^metaflow_liveness_datagrams_total\{outcome="accepted"\} (\S+)$', text, re.M)
-    return float(found[1]) if found else 0.0
+    return {m[1]: float(m[2]) for m in
+            re.finditer(r'^metaflow_liveness_datagrams_total\{outcome="(\w+)"\} (\S+)$', text, re.M)}
 
 
 def _window(ctl: dict[str, Any], target: Any, args: tuple[Any, ...], names: list[str],
@@ -209,9 +210,11 @@ def _window(ctl: dict[str, Any], target: Any, args: tuple[Any, ...], names: list
     for p in procs:
         p.start()
     time.sleep(WARMUP_S)
-    cpu0, accepted0, t0 = cpu_seconds(ctl["pid"]), _accepted(ctl["metrics"]), time.monotonic()
+    cpu0, t0 = cpu_seconds(ctl["pid"]), time.monotonic()
+    accepted0 = datagram_counts(ctl["metrics"])["accepted"]
     time.sleep(WINDOW_S)
-    cpu1, accepted1, t1 = cpu_seconds(ctl["pid"]), _accepted(ctl["metrics"]), time.monotonic()
+    cpu1, t1 = cpu_seconds(ctl["pid"]), time.monotonic()
+    accepted1 = datagram_counts(ctl["metrics"])["accepted"]
     got = [out.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(30)
