@@ -45,7 +45,7 @@ FASTPATH_SOURCES := $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Car
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: setup apt mininet-link ovs test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
-        bench-flowtables bench-agent bench-failover bench-liveness bench-hotspot chaos chaos-ha bench-replication bench-fs bench-fig20 plan clean
+        bench-flowtables bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-fs bench-fig20 plan clean
 
 setup: apt $(STAMP) mininet-link ovs
 
@@ -248,6 +248,7 @@ bench-failover: setup
 # Liveness at 200 and 2,000 servers (issue 26): a real controller, emulated
 # servers registered through the signed route, beating at 4/s by datagram and
 # then by HTTP; the controller's CPU and intake side by side (about 2 minutes).
+.PHONY: bench-liveness
 bench-liveness: setup
 	$(PY) -m benchmarks.liveness --out benchmarks/results
 
