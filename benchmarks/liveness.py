@@ -51,6 +51,7 @@ from client_lib.constants import DEFAULT_SPACE_CIDR
 from client_lib.errors import ApiError
 from client_lib.liveness import LivenessError, LivenessKey, Sequence, decode_reply, encode_beat, state_digest
 from nat_agent.ports import listen_port
+from nat_agent.registration import STATE_PERIOD_S
 
 SIZES = (200, 2000)
 RATE_HZ = 4.0
@@ -118,8 +119,12 @@ def register(url: str, secret: bytes, names: list[str]) -> int:
     return ports.pop()
 
 
-def _beat_by_datagram(secret: bytes, port: int, names: list[str], seconds: float, out: Any) -> None:
-    """One sender process: every name beats `RATE_HZ` times a second, spread evenly; ACK delays sampled."""
+def _beat_by_datagram(url: str, secret: bytes, port: int, names: list[str], seconds: float, out: Any) -> None:
+    """One sender process: every name beats `RATE_HZ` times a second, spread evenly, ACK delays sampled;
+    and, as agents do, one HTTP heartbeat per name every `STATE_PERIOD_S` (the safety net)."""
+    safety = threading.Thread(target=_http_sender, args=(url, secret, names, seconds, 1.0 / STATE_PERIOD_S, 1,
+                                                          []), daemon=True)
+    safety.start()
     key, seq, digest = LivenessKey(secret), Sequence(), state_digest([], [], [])
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -162,14 +167,21 @@ def _beat_by_datagram(secret: bytes, port: int, names: list[str], seconds: float
 def _beat_by_http(url: str, secret: bytes, names: list[str], seconds: float, out: Any) -> None:
     """One sender process: `HTTP_THREADS` threads heartbeat over HTTP, each name at most `RATE_HZ`."""
     answered: list[float] = []
+    _http_sender(url, secret, names, seconds, RATE_HZ, HTTP_THREADS, answered)
+    out.put({"sent": len(answered), "acks": len(answered), "delays": answered})
+
+
+def _http_sender(url: str, secret: bytes, names: list[str], seconds: float, rate: float, threads: int,
+                 answered: list[float]) -> None:
+    """`threads` threads heartbeat over HTTP for `names`, each at most `rate` a second; the answers' times."""
     lock = threading.Lock()
     end = time.monotonic() + seconds
+    period = 1.0 / rate
 
     def worker(mine: list[str]) -> None:
         api = ApiClient(url, secret, timeout=10)
         beat = Heartbeat(0, [], [])
-        period = 1.0 / RATE_HZ
-        next_at = {n: 0.0 for n in mine}
+        next_at = {n: time.monotonic() + i * period / len(mine) for i, n in enumerate(mine)}
         while time.monotonic() < end:
             for name in mine:
                 now = time.monotonic()
@@ -185,12 +197,11 @@ def _beat_by_http(url: str, secret: bytes, names: list[str], seconds: float, out
                     continue
                 with lock:
                     answered.append(time.monotonic() - t0)
-    threads = [threading.Thread(target=worker, args=(names[i::HTTP_THREADS],)) for i in range(HTTP_THREADS)]
-    for t in threads:
+    workers = [threading.Thread(target=worker, args=(names[i::threads],)) for i in range(threads)]
+    for t in workers:
         t.start()
-    for t in threads:
+    for t in workers:
         t.join()
-    out.put({"sent": len(answered), "acks": len(answered), "delays": answered})
 
 
 def datagram_counts(metrics_port: int) -> dict[str, float]:
@@ -245,7 +256,7 @@ def run(sizes: tuple[int, ...], say: Any = print) -> dict[str, Any]:
             time.sleep(IDLE_S)
             idle = (cpu_seconds(ctl["pid"]) - cpu0) / IDLE_S
             say(f"N={n}: registered in {registered_s:.1f} s; controller idle at {100 * idle:.1f} % of a core")
-            udp = _window(ctl, _beat_by_datagram, (ctl["secret"], port), names, idle)
+            udp = _window(ctl, _beat_by_datagram, (ctl["url"], ctl["secret"], port), names, idle)
             say(f"N={n} datagrams: {udp}  (load average {os.getloadavg()[0]:.2f})")
             http = _window(ctl, _beat_by_http, (ctl["url"], ctl["secret"]), names, idle)
             say(f"N={n} HTTP: {http}  (load average {os.getloadavg()[0]:.2f})")

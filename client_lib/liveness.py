@@ -48,7 +48,7 @@ import hmac
 import struct
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from client_lib.api.auth import WINDOW_S, Clock
 from client_lib.cidr import Block
@@ -84,9 +84,8 @@ REASONS = ("oversized", "malformed", "signature", "replay", "skew")
 """Every `LivenessError.reason`, for metric labels known in advance."""
 
 
-@dataclass(frozen=True)
-class Beat:
-    """One verified datagram."""
+class Beat(NamedTuple):
+    """One verified datagram (a tuple: made 8,000 times a second at 2,000 servers)."""
 
     kind: int
     name: str

@@ -101,11 +101,13 @@ STAY_S = 1.0
 full timeout after that)."""
 STOP_WAIT_S = 0.5
 """How long `Registrar.stop` waits for a cancellation to end the loop before it cancels again."""
-STATE_PERIOD_S = 10.0
+STATE_PERIOD_S = 60.0
 """Seconds between HTTP heartbeats while beating by datagram (``--state-period``):
-2,000 servers at one per 10 s are 200 requests a second, about 30 % of a
-controller core at 1.5 ms each; they are only the safety net (a change of
-state goes at once, a controller's restart or a standby nudges at once)."""
+only the safety net (a change of state goes at once; a controller's
+restart, a standby, a failure declared or a state it lost nudge at once;
+a silent controller is noticed by the missing ACKs), so it may be long:
+2,000 servers at one per 60 s are 33 requests a second, about 3 % of a
+controller core at the 0.8-1 ms one costs (docs/liveness.md)."""
 ACK_WAIT_S = 1.0
 """How long datagrams may go unanswered before the agent beats over HTTP
 (the controller's heartbeat timeout, 1 s by default): a controller that is
