@@ -28,9 +28,7 @@ import json
 import multiprocessing as mp
 import os
 import re
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -50,6 +48,7 @@ from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_SPACE_CIDR
 from client_lib.errors import ApiError
 from client_lib.liveness import LivenessError, LivenessKey, Sequence, decode_reply, encode_beat, state_digest
+from mininet_scenarios.metaflow_net import ControllerProcess
 from nat_agent.ports import listen_port
 from nat_agent.registration import STATE_PERIOD_S
 
@@ -76,11 +75,11 @@ def controller(workdir: Path) -> Iterator[dict[str, Any]]:
     """A controller process on free ports; what a run needs of it."""
     secret = write_secret(workdir / "secret")
     rest, metrics = listen_port(), listen_port()
-    log = open(workdir / "controller.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "controller.launcher", "--secret-file", str(secret),
-                             "--of-port", str(listen_port()), "--rest-port", str(rest),
-                             "--metrics-port", str(metrics), "--locate-timeout", "86400",
-                             "--log-level", "WARNING"], stdout=log, stderr=log)
+    ctl = ControllerProcess(listen_port(), HOST, rest, secret, workdir / "controller.log",
+                            ["--metrics-port", str(metrics), "--locate-timeout", "86400",
+                             "--log-level", "WARNING"]).start()
+    proc = ctl.proc
+    assert proc is not None
     url = f"http://{HOST}:{rest}"
     key = secret.read_bytes().strip()
     try:
@@ -96,13 +95,7 @@ def controller(workdir: Path) -> Iterator[dict[str, Any]]:
                 time.sleep(0.2)
         yield {"pid": proc.pid, "url": url, "secret": key, "metrics": metrics}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        ctl.stop()
 
 
 def register(url: str, secret: bytes, names: list[str]) -> int:
