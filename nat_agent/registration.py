@@ -39,9 +39,11 @@ a few dozen bytes each, and an HTTP heartbeat only when the state it
 carries (owned, frozen, degraded blocks) changes, every
 ``--state-period`` as a safety net, when the controller nudges us (it
 does not know us, declared us failed, is a standby, or holds an older
-state of us), and while datagrams go unanswered (`ACK_WAIT_S`: a
-controller that is down or paused, or UDP blocked on the way; then HTTP
-for a state period, whose failures move us on as before). The key count
+state of us), and when datagrams go unanswered for `ACK_WAIT_S`: that
+heartbeat finds a controller that is down or paused, and its failure
+moves us on as before; when it succeeds the datagrams resume, unless
+that happened more than `UNANSWERED_LIMIT` times in a row without an ACK
+between (UDP blocked on the way: then HTTP for a state period). The key count
 rides in every datagram, so writes cause no HTTP heartbeats.
 ``--no-liveness-datagrams`` beats over HTTP only, as before.
 
@@ -112,6 +114,11 @@ ACK_WAIT_S = 1.0
 """How long datagrams may go unanswered before the agent beats over HTTP
 (the controller's heartbeat timeout, 1 s by default): a controller that is
 paused or gone is then found, and left, as over HTTP alone."""
+UNANSWERED_LIMIT = 2
+"""HTTP heartbeats sent in a row because datagrams went unanswered, after
+which the next one puts the agent on HTTP alone for a state period: a
+lost or late ACK (a busy controller) must not put its load back on HTTP;
+three times in a row is UDP that does not get through."""
 
 
 class _Replies(asyncio.DatagramProtocol):
@@ -167,6 +174,8 @@ class Registrar:
         self._answered = 0.0
         self._nudged = False
         self._http_only_until = 0.0
+        self._unanswered = 0
+        """HTTP heartbeats sent, in a row, because datagrams went unanswered."""
         self._last_reply: dict[str, int] = {}
 
     def start(self) -> None:
@@ -296,7 +305,7 @@ class Registrar:
             self._udp.close()
             self._udp = None
         self._port = port if self.datagrams else 0
-        self._http, self._nudged, self._http_only_until = None, False, 0.0
+        self._http, self._nudged, self._http_only_until, self._unanswered = None, False, 0.0, 0
 
     async def _beat(self, keys: int, digest: bytes) -> bool:
         """Beat by datagram if that is enough now (module docstring); False: send an HTTP heartbeat."""
@@ -305,11 +314,14 @@ class Registrar:
                 or now - self._http[1] >= self.state_period or now < self._http_only_until):
             return False
         if now - self._answered > ACK_WAIT_S:
-            self._http_only_until = now + self.state_period
-            self._report("datagrams", logging.WARNING,
-                         f"no answer to our liveness datagrams from {self.controller.base_url} "
-                         f"(UDP port {self._port}) for {ACK_WAIT_S:g} s; heartbeats over HTTP for "
-                         f"{self.state_period:g} s")
+            self._unanswered += 1
+            if self._unanswered > UNANSWERED_LIMIT:
+                self._unanswered = 0
+                self._http_only_until = now + self.state_period
+                self._report("datagrams", logging.WARNING,
+                             f"no answer to our liveness datagrams from {self.controller.base_url} "
+                             f"(UDP port {self._port}) while it answers HTTP; heartbeats over HTTP for "
+                             f"{self.state_period:g} s")
             return False
         if self._udp is None:
             loop = asyncio.get_running_loop()
@@ -334,6 +346,7 @@ class Registrar:
             return
         self._last_reply[name] = reply.seq
         self._answered = time.monotonic()
+        self._unanswered = 0
         if reply.kind == NUDGE:
             self._nudged = True
 
