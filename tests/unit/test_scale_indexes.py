@@ -1,9 +1,15 @@
-"""The indexes that keep the decision thread's per-event work independent
-of the fabric's size (issue 26, docs/decision-thread.md) answer exactly what
-the straightforward scans they replaced answered, after any history."""
+"""The indexes and incremental updates that keep the decision thread's
+per-event work independent of the fabric's size (issue 26,
+docs/decision-thread.md) answer exactly what the straightforward
+computations they replaced answered."""
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any
+
+import networkx as nx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,7 +17,13 @@ from client_lib.api.rest import Registration
 from client_lib.cidr import Block
 from client_lib.errors import Conflict
 from controller.inventory import Host, Inventory
+from controller.ofmsgs import installed
 from controller.registry import Registry
+from controller.routing import Routes, host_routes, mode_routes, switch_adjacency
+from controller.steps import LinkDown
+from tests.unit.controller_world import World
+from topology.builders import client_hosts, fat_tree, port, three_tier, two_tier
+from topology.classify import hop_distances
 
 SPACE = Block.parse("100.64.0.0/10")
 DPIDS = st.integers(1, 4)
@@ -30,15 +42,16 @@ inventory_ops = st.one_of(
 )
 
 
-def _apply(inv: Inventory, op: tuple[object, ...]) -> object:
+def _apply(inv: Inventory, op: tuple[Any, ...]) -> object:
     name, *args = op
     if name == "switch_up":
-        return inv.switch_up(args[0], ports=(1, 2, 3, 4))  # type: ignore[arg-type]
+        inv.switch_up(args[0], ports=(1, 2, 3, 4))
+        return None
     if name == "learn":
         ip, dpid, port = args
-        return inv.learn(ip, "02:00:00:00:00:01", dpid, port)  # type: ignore[arg-type]
+        return inv.learn(ip, "02:00:00:00:00:01", dpid, port)
     if name == "forget":
-        return inv.forget_hosts_at((tuple(args),))  # type: ignore[arg-type]
+        return inv.forget_hosts_at(((args[0], args[1]),))
     return getattr(inv, name)(*args)
 
 
@@ -56,7 +69,7 @@ def _fabric(inv: Inventory) -> tuple[object, ...]:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(inventory_ops, max_size=40))
-def test_the_inventory_indexes_agree_with_a_scan_after_any_history(ops: list[tuple[object, ...]]) -> None:
+def test_the_inventory_indexes_agree_with_a_scan_after_any_history(ops: list[tuple[Any, ...]]) -> None:
     inv = Inventory(SPACE, "10.255.255.254")
     for op in ops:
         before, version = _fabric(inv), inv.version
@@ -71,9 +84,9 @@ def test_the_inventory_indexes_agree_with_a_scan_after_any_history(ops: list[tup
         if op[0] in ("learn", "forget", "link_up", "link_down", "port_down", "port_up"):
             assert (inv.version != version) == (_fabric(inv) != before)
         for dpid in range(1, 5):
-            for port in range(1, 5):
-                assert inv.host_at(dpid, port) == _host_at(inv, dpid, port)
-                assert inv.is_link_port(dpid, port) == _is_link_port(inv, dpid, port)
+            for number in range(1, 5):
+                assert inv.host_at(dpid, number) == _host_at(inv, dpid, number)
+                assert inv.is_link_port(dpid, number) == _is_link_port(inv, dpid, number)
         skip = inv.down_ports | {end for a, pa, b, pb in inv.links for end in ((a, pa), (b, pb))}
         assert inv.edge_ports() == sorted((d, p) for d in inv.dpids for p in inv.ports.get(d, ())
                                           if (d, p) not in skip)
@@ -102,3 +115,68 @@ def test_the_registry_finds_a_server_by_address_and_refuses_a_taken_one_as_a_sca
         for address in {ip for _, ip, _ in regs}:
             found = registry.by_ip(address)
             assert found == next((s for s in registry.servers.values() if s.data_ip == address), None)
+
+
+def _routes_host_by_host(g: nx.Graph) -> Routes:
+    """The routes as they were found before issue 26: one breadth-first search
+    per host, every next hop hashed again per switch."""
+    adjacency = switch_adjacency(g)
+    routes: Routes = {g.nodes[s]["dpid"]: {} for s in adjacency}
+    for host, data in g.nodes(data=True):
+        if data.get("kind") != "host" or not data.get("ip"):
+            continue
+        (edge,) = [n for n in g.neighbors(host) if g.nodes[n].get("kind") == "switch"]
+        routes[g.nodes[edge]["dpid"]][data["ip"]] = port(g, edge, host)
+        distance = hop_distances(adjacency, [edge])
+        for switch, dist in distance.items():
+            if switch != edge:
+                closer = sorted(n for n in adjacency[switch] if distance.get(n) == dist - 1)
+                digest = hashlib.blake2b(data["ip"].encode(), digest_size=4).digest()
+                choice = closer[int.from_bytes(digest, "big") % len(closer)]
+                routes[g.nodes[switch]["dpid"]][data["ip"]] = port(g, switch, choice)
+    return routes
+
+
+@pytest.mark.parametrize("graph", [fat_tree(4), fat_tree(6, servers=20, placement="spread"),
+                                   three_tier(), two_tier()], ids=["k4", "k6", "three-tier", "two-tier"])
+def test_routes_found_once_per_edge_switch_are_the_routes_found_host_by_host(graph: nx.Graph) -> None:
+    assert host_routes(graph) == _routes_host_by_host(graph)
+
+
+def _tables_agree(world: World) -> None:
+    core = world.core
+    assert core.world.routes == mode_routes(core.graph_now(), "full")
+    for dpid, switch in world.switches.items():
+        assert installed(switch.stats()).routes == core.world.routes.get(dpid, {})
+
+
+def test_a_host_located_after_the_build_gets_the_routes_a_full_recomputation_gives() -> None:
+    """One host at a time is routed by itself (`_route_one`); a host that
+    moves, and one located after a link changed, too: the controller's routes
+    and every switch's table end as if every route had been computed again."""
+    g = fat_tree(4, servers=8)
+    world = World(g)
+    world.boot()
+    clients = client_hosts(g)
+    graph = world.core.graph
+    for i, client in enumerate(clients[:3]):   # new addresses where clients sit
+        world.arp(client, ip=f"10.9.0.{i + 1}", mac=f"02:00:00:09:00:{i + 1:02x}")
+        world.run()
+        assert world.core.graph is graph   # routed by itself, the graph not made again
+        _tables_agree(world)
+    moved, to = clients[0], clients[5]
+    world.cut(to)   # a port that goes down frees it for the host to move to
+    world.run()
+    world.reconnect(to)
+    world.arp(to, ip="10.9.0.1", mac="02:00:00:09:00:01")   # the first new host, elsewhere now
+    world.run()
+    _tables_agree(world)
+    assert world.core.graph is graph
+    core, agg = g.nodes["c0"]["dpid"], g.nodes["p0a0"]["dpid"]
+    world.post(LinkDown(core, port(g, "c0", "p0a0"), agg, port(g, "p0a0", "c0")))
+    world.run()
+    world.arp(moved, ip="10.9.0.9", mac="02:00:00:09:00:09")   # after a change: every route again
+    world.run()
+    now = world.core.graph
+    assert now is not None and now is not graph and not now.has_edge(f"s{core}", f"s{agg}")
+    _tables_agree(world)
