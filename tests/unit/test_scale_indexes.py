@@ -20,7 +20,7 @@ from controller.inventory import Host, Inventory
 from controller.ofmsgs import installed
 from controller.registry import Registry
 from controller.routing import Routes, host_routes, mode_routes, switch_adjacency
-from controller.steps import LinkDown
+from controller.steps import LinkDown, SendFlows
 from tests.unit.controller_world import World
 from topology.builders import client_hosts, fat_tree, port, three_tier, two_tier
 from topology.classify import hop_distances
@@ -180,3 +180,36 @@ def test_a_host_located_after_the_build_gets_the_routes_a_full_recomputation_giv
     now = world.core.graph
     assert now is not None and now is not graph and not now.has_edge(f"s{core}", f"s{agg}")
     _tables_agree(world)
+
+
+def test_a_build_resyncs_in_batches_and_a_failed_batch_stops_none_after_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of 4 switches (k=4 has 20): each batch's messages are computed
+    in the event that confirms the batch before, so the decision thread
+    handles other events between them; one switch's lost barrier in the
+    first batch is said, and every other switch still gets its whole table."""
+    monkeypatch.setattr("controller.world.RESYNC_BATCH", 4)
+    world = World(fat_tree(4, servers=8))
+    lost: set[int] = set()
+    batches: list[int] = []
+    handle = world.core.handle
+
+    def counted(event: Any) -> list[Any]:
+        steps = handle(event)
+        tables = [s for s in steps if isinstance(s, SendFlows) and len(s.messages) > 3]   # not base flows
+        if tables:
+            batches.append(len(tables))
+        return steps
+
+    def first_table_lost(step: object) -> str | None:
+        if isinstance(step, SendFlows) and len(step.messages) > 3 and not lost:
+            lost.add(step.dpid)
+            return "barrier timeout, not applied"
+        return None
+
+    world.core.handle = counted  # type: ignore[method-assign]
+    world.inject = first_table_lost
+    world.boot()
+    assert batches == [4, 4, 4, 4, 4]
+    assert any(e["event"] == "resync-incomplete" for e in world.core.events)
+    assert {dpid for dpid, s in world.switches.items() if len(s.flows) == 3} == lost
