@@ -50,12 +50,14 @@ tests and the demo run them, k=32 the paper's 2,000."""
 
 @dataclass
 class Phase:
-    """One phase: wall and CPU time of the whole (core and fake), and the core's share."""
+    """One phase: wall and CPU time of the whole (core and fake), and the
+    core's share of each (on a shared machine the CPU time is the steadier)."""
 
     name: str
     wall: float = 0.0
     cpu: float = 0.0
     core: float = 0.0
+    core_cpu: float = 0.0
     events: int = 0
 
 
@@ -65,6 +67,9 @@ class Meter:
     the type of the step it answers), and groups them into phases."""
 
     latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    """Wall time of each `handle` call: the latency the event saw."""
+    cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    """CPU time of the `handle` calls, per event type."""
     phases: list[Phase] = field(default_factory=list)
     kinds: dict[int, str] = field(default_factory=dict)
     profiler: cProfile.Profile | None = None
@@ -78,14 +83,16 @@ class Meter:
             label = self._label(event)
             if self.profiler is not None:
                 self.profiler.enable()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             steps = handle(event)
-            spent = time.perf_counter() - start
+            spent, cpu = time.perf_counter() - start, time.thread_time() - cpu
             if self.profiler is not None:
                 self.profiler.disable()
             self.latencies[label].append(spent)
+            self.cpu[label] += cpu
             if self._phase is not None:
                 self._phase.core += spent
+                self._phase.core_cpu += cpu
                 self._phase.events += 1
             for step in steps:
                 self.kinds[step.id] = _kind(step)
@@ -119,7 +126,7 @@ def _kind(step: Step) -> str:
     return type(step).__name__
 
 
-def run(k: int, servers: int, clients: int | None, replicas: int, profile: bool,
+def run(k: int, servers: int, clients: int | None, replicas: int, mode: str, profile: bool,
         say: Callable[[str], None]) -> Meter:
     """Every phase, once, at one size. `clients`: how many client hosts make
     themselves known by ARP (None: all); each located host is a /32 route on
@@ -127,10 +134,11 @@ def run(k: int, servers: int, clients: int | None, replicas: int, profile: bool,
     meter = Meter(profiler=cProfile.Profile() if profile else None)
     with meter.phase("world"):   # the fake's own set-up: not the controller's
         world = World(fat_tree(k, servers=servers), replicas=replicas, heartbeat_timeout_s=5.0,
-                      load_poll_s=1.0)
+                      load_poll_s=1.0, mode=mode)
     meter.install(world.core)
     g = world.graph
-    say(f"k={k}: {len(world.switches)} switches, {len(world.agents)} servers, replicas={replicas}")
+    say(f"k={k}: {len(world.switches)} switches, {len(world.agents)} servers, "
+        f"replicas={replicas}, {mode} mode")
     with meter.phase("connect"):
         world._announce([n for n, d in g.nodes(data=True) if d["kind"] == "switch"])
         world.run()
@@ -184,13 +192,14 @@ def _ms(seconds: float) -> str:
 
 
 def report(meter: Meter, say: Callable[[str], None]) -> None:
-    say(f"  {'phase':<18}{'wall s':>9}{'cpu s':>9}{'core s':>9}{'events':>9}")
+    say(f"  {'phase':<18}{'wall s':>9}{'cpu s':>9}{'core wall':>11}{'core cpu':>10}{'events':>9}")
     for p in meter.phases:
-        say(f"  {p.name:<18}{p.wall:9.2f}{p.cpu:9.2f}{p.core:9.2f}{p.events:9d}")
-    say(f"  {'event type (core)':<40}{'count':>8}{'mean ms':>10}{'p99 ms':>10}{'max ms':>10}{'total s':>9}")
+        say(f"  {p.name:<18}{p.wall:9.2f}{p.cpu:9.2f}{p.core:11.2f}{p.core_cpu:10.2f}{p.events:9d}")
+    say(f"  {'event type (core, wall)':<44}{'count':>8}{'mean ms':>10}{'p99 ms':>10}{'max ms':>10}"
+        f"{'total s':>9}{'cpu s':>8}")
     for label, times in sorted(meter.latencies.items(), key=lambda kv: -sum(kv[1])):
-        say(f"  {label:<40}{len(times):8d}{_ms(statistics.fmean(times)):>10}"
-            f"{_ms(_p99(times)):>10}{_ms(max(times)):>10}{sum(times):9.2f}")
+        say(f"  {label:<44}{len(times):8d}{_ms(statistics.fmean(times)):>10}"
+            f"{_ms(_p99(times)):>10}{_ms(max(times)):>10}{sum(times):9.2f}{meter.cpu[label]:8.2f}")
 
 
 def _p99(times: list[float]) -> float:
@@ -199,15 +208,15 @@ def _p99(times: list[float]) -> float:
 
 
 def side_by_side(meters: dict[int, Meter], say: Callable[[str], None]) -> None:
-    """The per-operation costs against k (core's time, ms; the phase's wall in brackets)."""
+    """The per-operation costs against k: the core's CPU time, ms (the phase's wall in brackets)."""
     rows = ["connect", "register", "first build", "heartbeat round", "takeover rebuild",
             "split", "fail-over", "load poll", "host arrives"]
-    say("  core ms (wall ms) " + "".join(f"{f'k={k}':>22}" for k in meters))
+    say("  core cpu ms (wall) " + "".join(f"{f'k={k}':>22}" for k in meters))
     for row in rows:
         cells = []
         for meter in meters.values():
             p = meter.get(row)
-            cells.append(f"{p.core * 1e3:.1f} ({p.wall * 1e3:.0f})")
+            cells.append(f"{p.core_cpu * 1e3:.1f} ({p.wall * 1e3:.0f})")
         say(f"  {row:<18} " + "".join(f"{c:>22}" for c in cells))
     beats = {k: statistics.fmean(m.latencies["Heartbeat"]) for k, m in meters.items()}
     say(f"  {'per heartbeat':<18} " + "".join(f"{f'{b * 1e6:.0f} us':>22}" for b in beats.values()))
@@ -223,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="client hosts located by ARP at boot (default: none; in full mode each is a "
                         "/32 route on every switch, 1,280 x 8,192 entries for all of k=32's)")
     p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--mode", choices=("full", "hybrid"), default="full",
+                   help="the controller's mode (hybrid: no host routes, docs/deploy.md#hybrid-mode)")
     p.add_argument("--profile", action="store_true", help="a cProfile summary of the core's top functions")
     p.add_argument("--top", type=int, default=25, help="functions in the profile summary")
     args = p.parse_args(argv)
@@ -235,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     meters: dict[int, Meter] = {}
     for k in ks:
         servers = args.servers if args.servers is not None else DEFAULT_SERVERS.get(k, k ** 3 // 4)
-        meter = meters[k] = run(k, servers, args.clients, args.replicas, args.profile, say)
+        meter = meters[k] = run(k, servers, args.clients, args.replicas, args.mode, args.profile, say)
         report(meter, say)
         if meter.profiler is not None:
             out = io.StringIO()
