@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from client_lib.api.rest import Registration
 from client_lib.cidr import Block
 from client_lib.errors import Conflict
+from controller.build import _Disjoint, uncovered
 from controller.inventory import Host, Inventory
 from controller.ofmsgs import installed
 from controller.registry import Registry
@@ -213,3 +214,23 @@ def test_a_build_resyncs_in_batches_and_a_failed_batch_stops_none_after_it(
     assert batches == [4, 4, 4, 4, 4]
     assert any(e["event"] == "resync-incomplete" for e in world.core.events)
     assert {dpid for dpid, s in world.switches.items() if len(s.flows) == 3} == lost
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 63)), max_size=30))
+def test_accepted_claims_found_by_bisection_are_those_a_scan_finds(claims: list[tuple[int, int]]) -> None:
+    """`build._Disjoint`, as `restore` fills it: each claim keeps what the
+    accepted ones leave uncovered, and the accepted ones it overlaps are those
+    that cover it or that it covers."""
+    space = Block.parse("10.0.0.0/26")
+    accepted: list[Block] = []
+    taken = _Disjoint()
+    for depth, index in claims:
+        size = space.size >> depth
+        block = Block(space.first + (index * size) % space.size, space.plen + depth)
+        expected = [b for b in accepted if b.covers(block) or block.covers(b)]
+        found = taken.overlapping(block)
+        assert sorted(found) == sorted(expected)
+        pieces = uncovered(block, found)
+        accepted += pieces
+        taken.add(pieces)
