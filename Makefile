@@ -266,5 +266,13 @@ bench-fs: setup
 bench-fig20: setup
 	$(PY) -m benchmarks.fig20 --out benchmarks/results $(BENCH_FIG20_ARGS)
 
+# Where the controller's decision thread spends its time at k=4, 8, 16 and 32
+# (2,000 servers), on the in-memory fake world: per phase and per event type
+# (docs/decision-thread.md; about 15 minutes, most of it k=32;
+# PROFILE_ARGS="--k 32 --profile" for cProfile's top functions).
+.PHONY: profile-decision
+profile-decision: setup
+	$(PY) -m tests.scale_profile --k 4,8,16,32 $(PROFILE_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build $(FASTPATH_CRATE)/target nat_agent/_fastpath*.so site

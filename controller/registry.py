@@ -68,6 +68,13 @@ class Registry:
         self.heard: Heard = {}
         """Liveness datagrams (`controller.liveness`); the controller's shim
         hands every new core's registry the one table its listener writes."""
+        # Indexes (a server's identity never changes, and none is ever removed):
+        # an ARP packet-in and a port status ask which server an address is, and
+        # every registration whether its address or URL is taken; at 2,000
+        # servers a scan per event was the registry's whole cost
+        # (docs/decision-thread.md).
+        self._by_ip: dict[str, str] = {}
+        self._by_url: dict[str, str] = {}
 
     def __contains__(self, name: object) -> bool:
         return name in self.servers
@@ -82,7 +89,8 @@ class Registry:
         return [s for s in self.servers.values() if not s.failed]
 
     def by_ip(self, ip: str) -> Server | None:
-        return next((s for s in self.servers.values() if s.data_ip == ip), None)
+        name = self._by_ip.get(ip)
+        return None if name is None else self.servers[name]
 
     def register(self, reg: Registration, now: float) -> tuple[Server, bool]:
         """The server record, and whether it is new. Conflict (409) when the
@@ -96,15 +104,15 @@ class Registry:
         if old is not None and old.identity() != server.identity():
             raise Conflict(f"{reg.name} is registered as {old.data_ip} ({old.data_mac}, {old.admin_url}); "
                            "a server's identity cannot change: give a new server a new name")
-        for other in self.servers.values():
-            if other.name != reg.name and (other.data_ip == server.data_ip
-                                           or other.admin_url == server.admin_url):
-                raise Conflict(f"{reg.name}: address {server.data_ip} or {server.admin_url} belongs "
-                               f"to {other.name}")
+        taken = {self._by_ip.get(server.data_ip), self._by_url.get(server.admin_url)} - {None, reg.name}
+        if taken:
+            other = next(name for name in self.servers if name in taken)   # the first registered
+            raise Conflict(f"{reg.name}: address {server.data_ip} or {server.admin_url} belongs to {other}")
         if old is not None:
             server.failed = old.failed
             server.keys = old.keys
         self.servers[reg.name] = server
+        self._by_ip[server.data_ip] = self._by_url[server.admin_url] = reg.name
         return server, old is None
 
     def heartbeat(self, name: str, beat: Heartbeat, now: float) -> Server:
