@@ -173,9 +173,12 @@ check-install: apt
 
 # The main job: MetaFlow end to end in Mininet (k=4 fat-tree, 8 servers,
 # 8 clients, 20,000 files, splits and a server failure), about 1.5 minutes.
-# DEMO_ARGS=--store redis for Redis stores.
+# DEMO_ARGS=--store redis for Redis stores. TOPOLOGY names another fabric:
+# TOPOLOGY=testbed (the paper's: 200 servers under 13 switches, 10 clients;
+# docs/testbed.md says what it costs), TOPOLOGY=fat-tree:8 (128 servers),
+# TOPOLOGY=testbed:servers_per_edge=4 (40 servers).
 demo: setup
-	$(PY) -m mininet_scenarios.demo $(DEMO_ARGS)
+	$(PY) -m mininet_scenarios.demo $(if $(TOPOLOGY),--topology $(TOPOLOGY)) $(DEMO_ARGS)
 
 # Hybrid mode, two controllers on etcd, the leader (and a storage server) killed
 # mid-run: the standby takes over and fails the server over (docs/ha.md).
