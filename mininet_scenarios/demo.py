@@ -77,7 +77,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
          f"{args.files} files, capacity {args.capacity} keys per server, {args.replicas} copies of each")
     with MetaFlowNet(graph, capacity=args.capacity, store=args.store, workdir=workdir,
                      replicas=args.replicas, controller_args=["--bootstrap", "preallocate:2"],
-                     build_timeout=args.build_timeout, mgmt_subnet=args.mgmt_subnet) as mf:
+                     mgmt_subnet=args.mgmt_subnet) as mf:
         _say(f"network up in {mf.timings['network_built_s']} s "
              f"(Mininet + agents {mf.timings['scenario_up_s']} s, then discovery and B-tree)")
         first_request = time.monotonic()
@@ -177,8 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topology", default=builders.DEFAULT_TOPOLOGY,
                    help="the fabric, by name (`make demo TOPOLOGY=testbed`): testbed, fat-tree:8, "
                         "testbed:servers_per_edge=4, three-tier:core=2,edges=4, ...")
-    p.add_argument("--build-timeout", type=float, default=60.0,
-                   help="seconds the controller may take to build the network once it is up")
     p.add_argument("--mgmt-subnet", default=DEFAULT_SUBNET,
                    help="the management network's subnet, to run beside another scenario")
     p.add_argument("--files", type=int, default=20_000, help="files written in phase 1")

@@ -53,6 +53,9 @@ from nat_agent.ports import listen_port
 from topology.classify import discovered_graph, map_topology
 
 ROOT = Path(__file__).resolve().parents[1]
+BUILD_TIMEOUT_S = 60.0
+PER_AGENT_S = 0.5
+"""What one more agent adds to the bring-up's timeouts (measured: docs/testbed.md)."""
 
 Resp = TypeVar("Resp")
 
@@ -102,7 +105,7 @@ class ControllerProcess:
 class MetaFlowNet:
     def __init__(self, graph: nx.Graph, *, capacity: int | None = None, store: str = "leveldb",
                  replicas: int = DEFAULT_REPLICAS, controller_args: Sequence[str] = (),
-                 agent_args: Sequence[str] = (), build_timeout: float = 60.0,
+                 agent_args: Sequence[str] = (), build_timeout: float | None = None,
                  workdir: Path | None = None, mgmt_subnet: str = DEFAULT_SUBNET,
                  silent_clients: bool = False, mode: str = "full", operator_flows: Sequence[str] = (),
                  controller_later: bool = False, controllers: int = 1, lease_ttl: int = 1) -> None:
@@ -112,7 +115,11 @@ class MetaFlowNet:
         is also the controller's first word of them (a test of that path).
         `mode`: the controller's --mode. `operator_flows`: see `Scenario`.
         `controller_later`: bring the fabric up without a controller.
-        `controllers`: how many run (more than one: with etcd, one leads)."""
+        `controllers`: how many run (more than one: with etcd, one leads).
+        `build_timeout`: seconds for discovery and the B-tree, and the agents
+        get as long to answer /health; by default 60 s plus `PER_AGENT_S` per
+        storage server: every agent starts at once on the machine's few cores
+        and the controller locates and registers each one."""
         if controllers < 1:
             raise ValueError(f"at least one controller, not {controllers}")
         self.graph = graph
@@ -125,7 +132,8 @@ class MetaFlowNet:
         self.agent_args = list(agent_args)
         self.store = store
         self.controller_args = list(controller_args)
-        self.build_timeout = build_timeout
+        servers = sum(1 for _, d in graph.nodes(data=True) if d.get("role") == "storage")
+        self.build_timeout = build_timeout or BUILD_TIMEOUT_S + PER_AGENT_S * servers
         self.mgmt_subnet = mgmt_subnet
         self.of_ports = [listen_port() for _ in range(controllers)]
         self.rest_ports = [listen_port() for _ in range(controllers)]
@@ -213,7 +221,8 @@ class MetaFlowNet:
                                  start_controller=self._start_controller, agent_args=self.agent_args,
                                  mgmt_subnet=self.mgmt_subnet, operator_flows=self.operator_flows,
                                  await_controller=not self.controller_later,
-                                 standby_controllers=[("127.0.0.1", p) for p in self.of_ports[1:]])
+                                 standby_controllers=[("127.0.0.1", p) for p in self.of_ports[1:]],
+                                 agent_timeout=self.build_timeout)
         if len(self.rest_ports) > 1:
             self.scenario.rest_urls = tuple(self.urls())
         self.scenario.__enter__()
