@@ -87,6 +87,10 @@ class BenchConfig:
     schemes: tuple[str, ...] = SCHEMES
     mgmt_subnet: str = DEFAULT_SUBNET
     """The management network's: another lets the run share the machine with another scenario."""
+    heartbeat: tuple[float, float] | None = None
+    """The agents' --heartbeat and the controller's --heartbeat-timeout (default theirs): on a
+    large fabric on a loaded machine, a false take-over would move blocks under the baselines'
+    fixed partition (docs/testbed.md)."""
 
     def __post_init__(self) -> None:
         builders.named(self.topology)   # a bad name or size fails now, not after the NAT A/B
@@ -425,9 +429,14 @@ def harness(cfg: BenchConfig, workdir: Path, progress: tqdm) -> Iterator[Harness
     # as the baselines keep, and no disk sync per write: this compares
     # lookups (replication's cost is `make bench-replication`'s, a sync's
     # `benchmarks.bench_fsync`'s)
+    beat: list[str] = []
+    dead: list[str] = []
+    if cfg.heartbeat:
+        beat, dead = ["--heartbeat", str(cfg.heartbeat[0])], ["--heartbeat-timeout", str(cfg.heartbeat[1])]
     with MetaFlowNet(graph, store=cfg.store, workdir=workdir, replicas=1, mgmt_subnet=cfg.mgmt_subnet,
-                     agent_args=list(nat_cost.REQUEST_PATH_ONLY),
-                     controller_args=["--bootstrap", f"preallocate:{servers}"]) as mf:
+                     agent_args=[*nat_cost.REQUEST_PATH_ONLY, *beat],
+                     controller_args=["--bootstrap", f"preallocate:{servers}", *dead]) as mf:
+        mf.wait_served()
         members, names = write_membership(mf, workdir / "membership.json")
         lookups = LookupFleet(mf, workdir / "membership.json", names)
         failures: list[str] = []

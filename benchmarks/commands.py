@@ -77,6 +77,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "testbed:servers_per_edge=N for fewer), fat-tree:8, three-tier:core=2,edges=4, ... "
                         f"(default {DEFAULT_TOPOLOGY}); one whose hosts are all storage servers gets a "
                         "switch of client hosts under the core")
+    p.add_argument("--heartbeat", type=float, nargs=2, metavar=("PERIOD", "TIMEOUT"), default=None,
+                   help="the agents' --heartbeat and the controller's --heartbeat-timeout, for a large "
+                        "fabric on a loaded machine (default theirs)")
     p.add_argument("--mgmt-subnet", default=None,
                    help="the management network's subnet, to run beside another scenario")
     p.add_argument("--json", metavar="FILE", default=None, help="write the full report here")
@@ -116,7 +119,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     cfg = with_overrides(base, schemes=schemes, store=args.store, entries=args.entries, seconds=args.seconds,
                          reps=args.reps, levels=levels, get_fraction=args.get_fraction, zipf=args.zipf,
                          mdtest_files=args.mdtest_files, reuse=args.reuse, nat_rounds=args.nat_rounds,
-                         topology=args.topology, mgmt_subnet=args.mgmt_subnet)
+                         topology=args.topology, mgmt_subnet=args.mgmt_subnet,
+                         heartbeat=tuple(args.heartbeat) if args.heartbeat else None)
     report = run_bench(cfg, show_progress=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,9 @@ fat-tree's 128), one `MetaFlowNet` with a real agent in every storage host:
    second; a write or read lost or misrouted is an error.
 
 The machine is shared and every number is as noisy as the load average
-printed beside it. `--heartbeat` sets the agents' heartbeat period (the
-controller's timeout is four of them, as with the defaults: 0.25 s and 1 s).
+printed beside it. `--heartbeat` sets the agents' heartbeat period and
+`--heartbeat-timeout` the controller's (default four periods, as the
+defaults 0.25 s and 1 s).
 
     python -m benchmarks.testbed [--topology testbed:servers_per_edge=3 ...] [--out benchmarks/results]
 """
@@ -83,11 +84,12 @@ def run_one(spec: str, args: argparse.Namespace, workdir: Path) -> dict:
     servers = len(builders.storage_hosts(graph))
     out: dict = {"topology": spec, "name": graph.graph["name"], "switches": len(builders.switches(graph)),
                  "servers": servers, "clients": len(builders.client_hosts(graph)),
-                 "load_before": load_average(), "heartbeat_s": args.heartbeat}
+                 "load_before": load_average(), "heartbeat_s": args.heartbeat,
+                 "heartbeat_timeout_s": args.heartbeat_timeout}
     with MetaFlowNet(graph, capacity=1_000_000, replicas=1, workdir=workdir, mgmt_subnet=args.mgmt_subnet,
                      agent_args=["--heartbeat", str(args.heartbeat)],
                      controller_args=["--bootstrap", f"preallocate:{servers}",
-                                      "--heartbeat-timeout", str(4 * args.heartbeat)]) as mf:
+                                      "--heartbeat-timeout", str(args.heartbeat_timeout)]) as mf:
         scenario = mf.running
         out["bring_up_s"] = {**scenario.timings, **mf.timings}
         topo = mf.view(REST.topology)
@@ -113,12 +115,15 @@ def run_one(spec: str, args: argparse.Namespace, workdir: Path) -> dict:
         done = sum(r["written"] + r["read_back"] for r in results)
         out["load"] = {"files": files * out["clients"], "ops": done, "ops_per_s": round(done / elapsed, 1),
                        "errors": sum(r["errors"] for r in results),
+                       "error_sample": [e for r in results for e in r.get("error_sample", [])][:3],
                        "put_p50_ms": statistics.median(r["put_p50_ms"] for r in results),
                        "get_p50_ms": statistics.median(r["get_p50_ms"] for r in results),
                        "cpu_pct": {**busy, "per_agent": round(busy["agents"] / servers, 2)},
                        "load": load_average()}
         check = mf.verify_acked(workdir, [])
         out["load"]["missing_or_wrong"] = check["missing"] + check["wrong"]
+        # a server declared failed (missed heartbeats on a loaded machine) is taken over
+        out["takeovers"] = len(mf.events("takeover"))
     out["teardown_s"] = scenario.timings.get("teardown")
     out["leaks"] = scenario.leaks()
     return out
@@ -135,7 +140,8 @@ def format_row(r: dict) -> str:
             f"(load {idle['load']}) | "
             f"load: {load['ops_per_s']} ops/s, put/get p50 {load['put_p50_ms']}/{load['get_p50_ms']} ms, "
             f"agents {load['cpu_pct']['agents']} %, controller {load['cpu_pct']['controller']} %, "
-            f"ovs {load['cpu_pct']['ovs']} %, errors {load['errors'] + load['missing_or_wrong']} "
+            f"ovs {load['cpu_pct']['ovs']} %, errors {load['errors'] + load['missing_or_wrong']}, "
+            f"take-overs {r['takeovers']} "
             f"(load {load['load']})")
 
 
@@ -149,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heartbeat", type=float, default=0.25, help="the agents' heartbeat period (s)")
     p.add_argument("--mgmt-subnet", default=MGMT_SUBNET)
     p.add_argument("--out", default="benchmarks/results", help="directory for testbed.json")
+    p.add_argument("--heartbeat-timeout", type=float, default=None,
+                   help="the controller's --heartbeat-timeout (default 4 heartbeats)")
     args = p.parse_args(argv)
+    args.heartbeat_timeout = args.heartbeat_timeout or 4 * args.heartbeat
     specs = args.topology or list(DEFAULT_TOPOLOGIES)
     for spec in specs:
         builders.named(spec)   # refuse a bad name before anything starts

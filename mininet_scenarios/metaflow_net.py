@@ -37,6 +37,7 @@ import networkx as nx
 
 from btree.fake_network import FakeNetwork
 from btree.flows import Table
+from client_lib.api.admin import ADMIN
 from client_lib.api.auth import load_secret
 from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST
@@ -395,6 +396,27 @@ class MetaFlowNet:
                 self.announce()  # a host whose first ARP raced the switches' connection
         raise TimeoutError(f"controller did not build the network in {self.build_timeout} s; "
                            f"topology: {self.view(REST.topology)}")
+
+    def wait_served(self, timeout: float = 60.0) -> None:
+        """Until every live server's agent holds the blocks the controller
+        gave it (`ADMIN.blocks`): the build only sends the roles, and a
+        client that finds a server by itself (the benchmarks' hash mapping)
+        is answered MOVED until they arrive, which on a large fabric is
+        seconds after `wait_built`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            servers = self.view(REST.servers).servers
+            behind = {}
+            for node, agent in self.running.agents.items():
+                want = set(servers[self.running.topo.names[node]].blocks)
+                have = {b.block for b in agent.call(ADMIN.blocks).blocks}
+                if not want <= have:
+                    behind[agent.name] = sorted(map(str, want - have))
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"agents without their blocks after {timeout} s: {behind}")
+            time.sleep(0.5)
 
     # -- use ---------------------------------------------------------------------
 
