@@ -429,13 +429,9 @@ def harness(cfg: BenchConfig, workdir: Path, progress: tqdm) -> Iterator[Harness
     # as the baselines keep, and no disk sync per write: this compares
     # lookups (replication's cost is `make bench-replication`'s, a sync's
     # `benchmarks.bench_fsync`'s)
-    beat: list[str] = []
-    dead: list[str] = []
-    if cfg.heartbeat:
-        beat, dead = ["--heartbeat", str(cfg.heartbeat[0])], ["--heartbeat-timeout", str(cfg.heartbeat[1])]
     with MetaFlowNet(graph, store=cfg.store, workdir=workdir, replicas=1, mgmt_subnet=cfg.mgmt_subnet,
-                     agent_args=[*nat_cost.REQUEST_PATH_ONLY, *beat],
-                     controller_args=["--bootstrap", f"preallocate:{servers}", *dead]) as mf:
+                     agent_args=list(nat_cost.REQUEST_PATH_ONLY), heartbeat=cfg.heartbeat,
+                     controller_args=["--bootstrap", f"preallocate:{servers}"]) as mf:
         mf.wait_served()
         members, names = write_membership(mf, workdir / "membership.json")
         lookups = LookupFleet(mf, workdir / "membership.json", names)

@@ -69,19 +69,12 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    from mininet_scenarios.metaflow_net import add_fabric_arguments
+
     from .bench_client import SCHEMES
 
     p.add_argument("--quick", action="store_true", help="a smaller run, under 2 minutes")
-    p.add_argument("--topology", default=None,
-                   help="the fabric, by name: testbed (the paper's 200 servers; "
-                        "testbed:servers_per_edge=N for fewer), fat-tree:8, three-tier:core=2,edges=4, ... "
-                        f"(default {DEFAULT_TOPOLOGY}); one whose hosts are all storage servers gets a "
-                        "switch of client hosts under the core")
-    p.add_argument("--heartbeat", type=float, nargs=2, metavar=("PERIOD", "TIMEOUT"), default=None,
-                   help="the agents' --heartbeat and the controller's --heartbeat-timeout, for a large "
-                        "fabric on a loaded machine (default theirs)")
-    p.add_argument("--mgmt-subnet", default=None,
-                   help="the management network's subnet, to run beside another scenario")
+    add_fabric_arguments(p)
     p.add_argument("--json", metavar="FILE", default=None, help="write the full report here")
     p.add_argument("--out", default="benchmarks/results", help="directory for bench.json and the PNGs")
     p.add_argument("--no-plots", dest="plots", action="store_false")

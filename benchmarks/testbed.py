@@ -88,9 +88,8 @@ def run_one(spec: str, args: argparse.Namespace, workdir: Path) -> dict:
                  "load_before": load_average(), "heartbeat_s": args.heartbeat,
                  "heartbeat_timeout_s": args.heartbeat_timeout}
     with MetaFlowNet(graph, capacity=1_000_000, replicas=1, workdir=workdir, mgmt_subnet=args.mgmt_subnet,
-                     agent_args=["--heartbeat", str(args.heartbeat)],
-                     controller_args=["--bootstrap", f"preallocate:{servers}",
-                                      "--heartbeat-timeout", str(args.heartbeat_timeout)]) as mf:
+                     heartbeat=(args.heartbeat, args.heartbeat_timeout),
+                     controller_args=["--bootstrap", f"preallocate:{servers}"]) as mf:
         scenario = mf.running
         out["bring_up_s"] = {**scenario.timings, **mf.timings}
         topo = mf.view(REST.topology)

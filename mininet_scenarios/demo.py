@@ -35,8 +35,7 @@ from client_lib.api.rest import REST
 from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_REPLICAS
 from mininet_scenarios.daemons import ROOT
-from mininet_scenarios.metaflow_net import FlowCounts, MetaFlowNet
-from mininet_scenarios.mgmt import DEFAULT_SUBNET
+from mininet_scenarios.metaflow_net import FlowCounts, MetaFlowNet, add_fabric_arguments
 from topology import builders
 
 
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
          f"{args.files} files, capacity {args.capacity} keys per server, {args.replicas} copies of each")
     with MetaFlowNet(graph, capacity=args.capacity, store=args.store, workdir=workdir,
                      replicas=args.replicas, controller_args=["--bootstrap", "preallocate:2"],
-                     mgmt_subnet=args.mgmt_subnet) as mf:
+                     mgmt_subnet=args.mgmt_subnet, heartbeat=args.heartbeat) as mf:
         _say(f"network up in {mf.timings['network_built_s']} s "
              f"(Mininet + agents {mf.timings['scenario_up_s']} s, then discovery and B-tree)")
         first_request = time.monotonic()
@@ -174,21 +173,13 @@ def _means(counts: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--topology", default=builders.DEFAULT_TOPOLOGY,
-                   help="the fabric, by name (`make demo TOPOLOGY=testbed`): testbed, fat-tree:8, "
-                        "testbed:servers_per_edge=4, three-tier:core=2,edges=4, ...")
-    p.add_argument("--mgmt-subnet", default=DEFAULT_SUBNET,
-                   help="the management network's subnet, to run beside another scenario")
+    add_fabric_arguments(p)
     p.add_argument("--files", type=int, default=20_000, help="files written in phase 1")
     p.add_argument("--capacity", type=int, default=8000,
                    help="keys per server (its backups' included) before it splits")
     p.add_argument("--store", choices=("leveldb", "redis"), default="leveldb")
     p.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS, help="copies of each block")
     args = p.parse_args(argv)
-    try:
-        builders.named(args.topology)
-    except ValueError as exc:
-        p.error(f"--topology: {exc}")
     with tempfile.TemporaryDirectory(prefix="mfdemo") as workdir:
         return run(args, Path(workdir))
 
