@@ -175,8 +175,8 @@ check-install: apt
 # 8 clients, 20,000 files, splits and a server failure), about 1.5 minutes.
 # DEMO_ARGS=--store redis for Redis stores. TOPOLOGY names another fabric:
 # TOPOLOGY=testbed (the paper's: 200 servers under 13 switches, 10 clients;
-# docs/testbed.md says what it costs), TOPOLOGY=fat-tree:8 (128 servers),
-# TOPOLOGY=testbed:servers_per_edge=4 (40 servers).
+# about 4 minutes, with DEMO_ARGS="--heartbeat 1 15": docs/testbed.md),
+# TOPOLOGY=fat-tree:8 (128 servers), TOPOLOGY=testbed:servers_per_edge=4 (40).
 demo: setup
 	$(PY) -m mininet_scenarios.demo $(if $(TOPOLOGY),--topology $(TOPOLOGY)) $(DEMO_ARGS)
 
