@@ -45,7 +45,7 @@ FASTPATH_SOURCES := $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Car
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: setup apt mininet-link ovs test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
-        bench-flowtables bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-fs bench-fig20 plan clean
+        bench-flowtables bench-testbed bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-fs bench-fig20 plan clean
 
 setup: apt $(STAMP) mininet-link ovs
 
@@ -173,9 +173,12 @@ check-install: apt
 
 # The main job: MetaFlow end to end in Mininet (k=4 fat-tree, 8 servers,
 # 8 clients, 20,000 files, splits and a server failure), about 1.5 minutes.
-# DEMO_ARGS=--store redis for Redis stores.
+# DEMO_ARGS=--store redis for Redis stores. TOPOLOGY names another fabric:
+# TOPOLOGY=testbed (the paper's: 200 servers under 13 switches, 10 clients;
+# about 4 minutes, with DEMO_ARGS="--heartbeat 1 15": docs/testbed.md),
+# TOPOLOGY=fat-tree:8 (128 servers), TOPOLOGY=testbed:servers_per_edge=4 (40).
 demo: setup
-	$(PY) -m mininet_scenarios.demo $(DEMO_ARGS)
+	$(PY) -m mininet_scenarios.demo $(if $(TOPOLOGY),--topology $(TOPOLOGY)) $(DEMO_ARGS)
 
 # Hybrid mode, two controllers on etcd, the leader (and a storage server) killed
 # mid-run: the standby takes over and fails the server over (docs/ha.md).
@@ -196,6 +199,13 @@ bench: setup
 
 bench-quick: setup
 	$(VENV)/bin/metaflowctl bench --quick --out benchmarks/results $(BENCH_ARGS)
+
+# Real agents in Mininet, up to the paper's testbed: memory per agent
+# (RSS/PSS/USS), CPU at idle and under load, bring-up time, for 10, 30, 60 and
+# 200 agents under the testbed's 13 switches and the k=8 fat-tree's 128
+# (about 15 minutes; docs/testbed.md). BENCH_TESTBED_ARGS=--topology NAME ... for others.
+bench-testbed: setup
+	$(PY) -m benchmarks.testbed --out benchmarks/results $(BENCH_TESTBED_ARGS)
 
 # Flow-table sizes beside the paper's Fig. 17 (24 plans, about 20 minutes).
 bench-flowtables: setup
