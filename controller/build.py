@@ -71,6 +71,12 @@ def build(world: SagaWorld, graph: nx.Graph) -> Built | None:
     restored = restore(world, tree, replicas)
     if not tree.leaves_in(State.BUSY):
         world.settings.bootstrap.apply(tree)
+        owners, wanted = len(tree.leaves_in(State.BUSY)), world.settings.bootstrap.wanted(tree)
+        if owners < wanted:
+            world.event("bootstrap-short", logging.WARNING, owners=owners, wanted=wanted,
+                        failed=len(tree.leaves_in(State.FAILED)),
+                        note="fewer servers usable at the first build (failed, or not registered) than "
+                             "the bootstrap wants: the space is spread over them, splits do the rest")
         for block, owner in tree.partition():
             place(world, block, owner)
     planner = FlowPlanner(tree, fabric, minimize=world.settings.minimize)
