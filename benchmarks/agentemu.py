@@ -22,8 +22,10 @@ swapped (the signed HTTP heartbeat today).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +41,9 @@ from client_lib.api.admin import (
     DisownReply,
     DumpPage,
     Health,
+    Importing,
     MigrationList,
+    MigrationReport,
     OpsReport,
     Stats,
     SyncList,
@@ -77,6 +81,7 @@ class EmulatedAgent:
     space: Block
     ownership: Ownership
     syncs: list[SyncReport] = field(default_factory=list)
+    migrations: dict[str, MigrationReport] = field(default_factory=dict)
     registered: float | None = None
     """When the controller accepted its registration (time.monotonic)."""
     started: float = field(default_factory=time.monotonic)
@@ -130,8 +135,9 @@ class AgentFarm:
         self.handlers: dict[Route[Any, Any], Handler] = {
             ADMIN.health: _health, ADMIN.blocks: _blocks, ADMIN.count: _count, ADMIN.ops: _ops,
             ADMIN.stats: _stats, ADMIN.assign: _assign, ADMIN.disown: _disown, ADMIN.sync: _sync,
-            ADMIN.syncs: _syncs, ADMIN.migrations: _migrations, ADMIN.import_discard: _discard,
-            ADMIN.dump: _dump,
+            ADMIN.syncs: _syncs, ADMIN.migrations: _migrations, ADMIN.migration: _migration,
+            ADMIN.migrate: _migrate, ADMIN.commit: _commit, ADMIN.abort: _abort,
+            ADMIN.import_begin: _import_begin, ADMIN.import_discard: _discard, ADMIN.dump: _dump,
         }
 
     async def start(self, port: int = 0) -> int:
@@ -210,8 +216,9 @@ class AgentFarm:
         try:
             await beat(client, agent)
             self.beats += 1
-        except NotFound:
-            await self.register(client, agent)
+        except NotFound:   # the controller restarted, or failed us over: register again
+            with contextlib.suppress(ApiError):
+                await self.register(client, agent)
         except ApiError:
             self.beat_errors += 1
         finally:
@@ -285,7 +292,51 @@ async def _syncs(agent: EmulatedAgent, call: Call) -> SyncList:
 
 
 async def _migrations(agent: EmulatedAgent, call: Call) -> MigrationList:
-    return MigrationList([])
+    return MigrationList(list(agent.migrations.values()))
+
+
+def _known(agent: EmulatedAgent, call: Call) -> MigrationReport:
+    report = agent.migrations.get(call.params["id"])
+    if report is None:
+        raise NotFound(f"no migration {call.params['id']!r}", 404)
+    return report
+
+
+async def _migration(agent: EmulatedAgent, call: Call) -> MigrationReport:
+    return _known(agent, call)
+
+
+async def _migrate(agent: EmulatedAgent, call: Call) -> MigrationReport:
+    """Frozen and copied at once: an empty block has no records to send (the
+    targets adopt it by the controller's /assign, which names the migration)."""
+    body = call.body
+    agent.ownership.freeze(body.blocks)
+    report = MigrationReport(uuid.uuid4().hex, body.blocks, body.targets, "copied", 0, None, 0.0,
+                             body.lease_s)
+    agent.migrations[report.id] = report
+    return report
+
+
+async def _commit(agent: EmulatedAgent, call: Call) -> MigrationReport:
+    report = _known(agent, call)
+    if report.state == "copied":
+        agent.ownership.disown(report.blocks, report.targets[0] if report.targets else None)
+        report = dataclasses.replace(report, state="committed", lease_left_s=None)
+        agent.migrations[report.id] = report
+    return report
+
+
+async def _abort(agent: EmulatedAgent, call: Call) -> MigrationReport:
+    report = _known(agent, call)
+    if report.state == "copied":
+        agent.ownership.unfreeze(report.blocks)
+        report = dataclasses.replace(report, state="aborted", lease_left_s=None)
+        agent.migrations[report.id] = report
+    return report
+
+
+async def _import_begin(agent: EmulatedAgent, call: Call) -> Importing:
+    return Importing(call.body.blocks)
 
 
 async def _discard(agent: EmulatedAgent, call: Call) -> Discarded:
