@@ -35,7 +35,7 @@ import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from os_ken.lib.packet import arp as arp_packet
 from os_ken.lib.packet import ethernet, packet
@@ -267,6 +267,10 @@ def stats_replies(stats_type: int, xid: int, records: list[bytes]) -> list[bytes
 # -- the switches on the network ------------------------------------------------------
 
 
+class Sink(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+
 class _Datapath:
     """What os-ken's parser asks of a datapath: its protocol modules."""
 
@@ -294,6 +298,8 @@ class EmulatedSwitch:
         self.table = FlowTable()
         self.down: set[int] = set()
         self.role = nx.NX_ROLE_OTHER
+        self.sink: Sink | None = None
+        """Where this switch's messages go: its connection's writer while connected."""
         self._writer: asyncio.StreamWriter | None = None
 
     async def run(self, host: str, port: int) -> None:
@@ -308,6 +314,7 @@ class EmulatedSwitch:
 
     async def _session(self, host: str, port: int) -> None:
         reader, self._writer = await asyncio.open_connection(host, port)
+        self.sink = self._writer
         self._send(message(ofp.OFPT_HELLO, 0))
         try:
             while True:
@@ -321,13 +328,14 @@ class EmulatedSwitch:
             self.close()
 
     def close(self) -> None:
+        self.sink = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None
 
     def _send(self, data: bytes) -> None:
-        if self._writer is not None:
-            self._writer.write(data)
+        if self.sink is not None:
+            self.sink.write(data)
 
     def handle(self, msg_type: int, xid: int, buf: bytes) -> None:
         """One message from the controller; replies are queued in order, so a
