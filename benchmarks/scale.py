@@ -49,7 +49,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, TypeVar
 
-from benchmarks.agentemu import AgentFarm
+from benchmarks.agentemu import AgentFarm, EmulatedAgent
 from benchmarks.cpu import cpu_seconds
 from benchmarks.ofemu import Emulator
 from btree.fake_network import FakeNetwork, misdelivered
@@ -77,6 +77,7 @@ second at 90 % of a core), and the heartbeat timeout set to four intervals,
 10 s at least: on 2 cores shared with other work a shorter one failed
 servers over whose beats were only late (k=8, load average 18)."""
 MIN_TIMEOUT_S = 10.0
+RELOCATE_S = 30.0
 
 
 @dataclass
@@ -235,11 +236,29 @@ async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dic
     return done[-1]
 
 
-async def relocate(client: AsyncApiClient, emulator: Emulator, farm: AgentFarm) -> None:
-    """Servers the controller has not located yet ARP again (a frame can be
-    refused while LLDP has not found every link yet)."""
-    missing = (await client.call(REST.topology)).missing_servers
-    emulator.announce([m for m in missing if m in farm.agents])
+class Relocator:
+    """Servers the controller has not located `RELOCATE_S` after their last
+    ARP send it again (a server whose ARP was not answered asks again). Not
+    sooner: the controller locates a server at once, and answers it only
+    after every switch confirmed its routes, so a backlog is no loss, and
+    repeated ARPs would only add to it."""
+
+    def __init__(self, emulator: Emulator, farm: AgentFarm) -> None:
+        self.emulator, self.farm = emulator, farm
+        self.announced: dict[str, float] = {}
+        farm.on_registered = self.announce
+
+    def announce(self, agent: EmulatedAgent) -> None:
+        self.announced[agent.name] = time.monotonic()
+        self.emulator.announce([agent.name])
+
+    async def again(self, client: AsyncApiClient) -> None:
+        missing = (await client.call(REST.topology)).missing_servers
+        now = time.monotonic()
+        for name in missing:
+            agent = self.farm.agents.get(name)
+            if agent is not None and now - self.announced.get(name, 0.0) >= RELOCATE_S:
+                self.announce(agent)
 
 
 async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float) -> dict[str, Any]:
@@ -258,8 +277,8 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
     result: dict[str, Any] = {"k": k, "switches": n_switches, "links": n_links, "servers": servers,
                               "heartbeat_interval_s": interval, "heartbeat_timeout_s": timeout,
                               "settle_s": settle, "load_before": os.getloadavg()}
-    farm = AgentFarm(graph, controller.url, controller.secret, space,
-                     on_registered=lambda agent: emulator.announce([agent.name]))
+    farm = AgentFarm(graph, controller.url, controller.secret, space)
+    relocator = Relocator(emulator, farm)
     controller.start()
     sampler = Sampler(controller.pid, client, lambda: emulator.counters.flow_mods)
     sampling = asyncio.create_task(sampler.run())
@@ -291,7 +310,7 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         result["registration_failed"] = failed
 
         async def first_build() -> dict[str, Any] | None:
-            await relocate(client, emulator, farm)
+            await relocator.again(client)
             return await built(client, emulator, t_reg)
 
         event = await until("the first build", first_build, 600, every=1.0)
