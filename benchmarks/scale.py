@@ -7,11 +7,14 @@ registration, heartbeats and the admin API of every storage server), then:
 
 - switches: from the first switch's FEATURES_REPLY to every switch in the
   controller's topology view, and every link found by LLDP;
-- registration: every server's signed registration accepted (each server's
-  first ARP leaves its edge port once it is registered);
-- the first build: from the last registration until the build operation has
-  ended (its flows confirmed by barriers) and every switch holds exactly the
-  table the controller's planner computed;
+- registration: every server's signed registration accepted (a storage row
+  powering up: all at once, 32 in flight);
+- location: then every server's first ARP leaves its edge port, until the
+  controller has located them all (it gives each new host a /32 route on
+  every switch, confirmed by barriers, before it answers);
+- the first build: from the last server located until the build operation
+  has ended (its flows confirmed by barriers) and every switch holds exactly
+  the table the controller's planner computed;
 - the whole-fabric check: the emulated switches' tables, fed to
   `btree.fake_network.FakeNetwork` on the fabric as the controller
   discovered it, deliver every ID of the space to the owner of its block
@@ -246,11 +249,22 @@ class Relocator:
     def __init__(self, emulator: Emulator, farm: AgentFarm) -> None:
         self.emulator, self.farm = emulator, farm
         self.announced: dict[str, float] = {}
-        farm.on_registered = self.announce
+        self.talking = False
+        """Once the servers talk, one that registers (again) ARPs right after."""
+        farm.on_registered = self._registered
+
+    def _registered(self, agent: EmulatedAgent) -> None:
+        if self.talking:
+            self.announce(agent)
 
     def announce(self, agent: EmulatedAgent) -> None:
         self.announced[agent.name] = time.monotonic()
         self.emulator.announce([agent.name])
+
+    def announce_all(self) -> None:
+        self.talking = True
+        for agent in self.farm.agents.values():
+            self.announce(agent)
 
     async def again(self, client: AsyncApiClient) -> None:
         missing = (await client.call(REST.topology)).missing_servers
@@ -261,7 +275,9 @@ class Relocator:
                 self.announce(agent)
 
 
-async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float) -> dict[str, Any]:
+async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float,
+                   phase_s: float = 600.0) -> dict[str, Any]:
+    """One size, measured (module doc); `phase_s`: how long a phase may take before the run stops there."""
     workdir.mkdir(parents=True, exist_ok=True)
     graph = builders.fat_tree(k, servers=servers)
     space = Block.parse(DEFAULT_SPACE_CIDR)
@@ -309,14 +325,24 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         result["registration_s"] = round(t_registered - t_reg, 2)
         result["registration_failed"] = failed
 
+        relocator.announce_all()   # the servers talk: each one's ARP reaches its edge switch
+
+        async def located() -> bool:
+            await relocator.again(client)
+            return not (await client.call(REST.topology)).missing_servers
+
+        await until("every server located", located, phase_s, every=1.0)
+        t_located = time.monotonic()
+        result["locate_s"] = round(t_located - t_registered, 2)
+
         async def first_build() -> dict[str, Any] | None:
             await relocator.again(client)
             return await built(client, emulator, t_reg)
 
-        event = await until("the first build", first_build, 600, every=1.0)
+        event = await until("the first build", first_build, phase_s, every=1.0)
         t_built = time.monotonic()
-        result["build_s"] = round(t_built - t_registered, 2)
-        result["build_planned_at_s"] = round(float(event["t"]) - t_registered, 2)
+        result["build_s"] = round(t_built - t_located, 2)
+        result["build_planned_at_s"] = round(float(event["t"]) - t_located, 2)
         result["entries"] = event.get("entries")
         result["flow_mods"] = emulator.counters.flow_mods
         result["barriers"] = emulator.counters.barriers
@@ -329,16 +355,24 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             controller.start()
             sampler.pid = controller.pid
             await until("controller REST after the restart", lambda: client.call(REST.leadership), 30)
-            await until("the rebuild", first_build, 600, every=1.0)
+            event = await until("the rebuild", first_build, phase_s, every=1.0)
             result["rebuild_s"] = round(time.monotonic() - t_restart, 2)
+            # A successor builds no sooner than one heartbeat timeout after it starts (`core.build_after`).
+            result["rebuild_planned_at_s"] = round(float(event["t"]) - t_restart, 2)
             result["check_after_rebuild"] = await fabric_check(client, emulator, space)
-        result["beats"], result["beat_errors"] = farm.beats, farm.beat_errors
+    except TimeoutError as exc:   # a phase that does not end: said, with what was measured so far
+        result["error"] = str(exc)
+        topo = await client.call(REST.topology)
+        result["at_timeout"] = {"switches": len(topo.switches), "links": len(topo.links),
+                                "hosts": len(topo.hosts), "missing_servers": len(topo.missing_servers),
+                                "flow_mods": emulator.counters.flow_mods, "load": os.getloadavg()}
     finally:
         sampling.cancel()
         await asyncio.gather(sampling, return_exceptions=True)
         await emulator.close()
         await farm.close()
         controller.stop()
+    result["beats"], result["beat_errors"] = farm.beats, farm.beat_errors
     result["samples"] = [asdict(s) for s in sampler.samples]
     cpu = [s.cpu_pct for s in sampler.samples]
     views = [s.view_ms for s in sampler.samples if s.view_ms is not None]
@@ -363,7 +397,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         rss_ax.plot(ts, [s["rss_mb"] for s in r["samples"]], label=label)
     cpu_ax.set(title="controller CPU", xlabel="s", ylabel="% of one core")
     rss_ax.set(title="controller RSS", xlabel="s", ylabel="MB")
-    names = ["switches_connected_s", "links_found_s", "registration_s", "build_s", "rebuild_s"]
+    names = ["switches_connected_s", "links_found_s", "registration_s", "locate_s", "build_s", "rebuild_s"]
     xs = [f"k={r['k']}" for r in results]
     width = 0.8 / len(names)
     for i, name in enumerate(names):
@@ -387,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"storage servers per k (default: {defaults})")
     p.add_argument("--restart", action="store_true", help="also time a successor's rebuild (a restart)")
     p.add_argument("--settle", type=float, default=2.0, help="the controller's --settle")
+    p.add_argument("--phase-timeout", type=float, default=600.0,
+                   help="seconds a phase (location, build, rebuild) may take before the size stops there")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--workdir", type=Path, default=Path("/tmp/metaflow-scale"))
     args = p.parse_args(argv)
@@ -398,10 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for k, servers in sizes:
         print(f"k={k}: {servers} servers ...", flush=True)
-        try:
-            result = asyncio.run(run_size(k, servers, args.workdir / f"k{k}", args.restart, args.settle))
-        except TimeoutError as exc:
-            result = {"k": k, "servers": servers, "error": str(exc), "load": os.getloadavg()}
+        result = asyncio.run(run_size(k, servers, args.workdir / f"k{k}", args.restart, args.settle,
+                                      args.phase_timeout))
         results.append(result)
         print(json.dumps({key: v for key, v in result.items() if key != "samples"}), flush=True)
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
