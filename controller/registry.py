@@ -9,17 +9,25 @@ holding the cluster secret still cannot redirect a live server's
 migrations to a machine of its choosing by re-registering it; replacing a
 machine means a new name.
 
-Pure state; no I/O.
+Pure state; no I/O. One exception to "one thread": `heard`, which the
+liveness thread (`controller.liveness`) writes and `silent` reads: a dict
+whose entries are replaced whole, so a reader sees a beat or the one before.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from client_lib.api.admin import Role
 from client_lib.api.rest import Heartbeat, Registration
 from client_lib.cidr import Block
 from client_lib.errors import Conflict, NotFound
+from client_lib.liveness import state_digest
+
+Heard: TypeAlias = dict[str, tuple[float, int]]
+"""Server name -> (when its last liveness datagram came, on the core's clock;
+the key count it carried)."""
 
 
 @dataclass
@@ -41,6 +49,11 @@ class Server:
     frozen: list[Block] = field(default_factory=list)
     keys: int = 0
     last_seen: float = 0.0
+    """When it was last heard: registration, HTTP heartbeat, or (merged by
+    `Registry.silent`) a liveness datagram."""
+    digest: bytes = b""
+    """`state_digest` of the state it last sent over HTTP; a datagram that
+    carries another says this record is not current."""
     failed: str | None = None
     """Why it is out of service; a failed server stays failed until it rejoins empty."""
 
@@ -52,6 +65,9 @@ class Registry:
     def __init__(self, space: Block) -> None:
         self.space = space
         self.servers: dict[str, Server] = {}
+        self.heard: Heard = {}
+        """Liveness datagrams (`controller.liveness`); the controller's shim
+        hands every new core's registry the one table its listener writes."""
 
     def __contains__(self, name: object) -> bool:
         return name in self.servers
@@ -75,7 +91,7 @@ class Registry:
             raise Conflict(f"{reg.name} serves the space {reg.space}, the controller {self.space}")
         server = Server(reg.name, reg.data_ip, reg.data_mac, reg.admin_url.rstrip("/"), reg.capacity,
                         reg.store, reg.replication, list(reg.owned), list(reg.roles), reg.suspended,
-                        last_seen=now)
+                        last_seen=now, digest=state_digest(reg.owned, [], []))
         old = self.servers.get(reg.name)
         if old is not None and old.identity() != server.identity():
             raise Conflict(f"{reg.name} is registered as {old.data_ip} ({old.data_mac}, {old.admin_url}); "
@@ -98,8 +114,19 @@ class Registry:
         server.reported = list(beat.owned)
         server.frozen = list(beat.frozen)
         server.degraded = list(beat.degraded)
+        server.digest = state_digest(beat.owned, beat.frozen, beat.degraded)
         return server
 
     def silent(self, now: float, timeout: float) -> list[Server]:
-        """Live servers whose last heartbeat is older than `timeout`."""
-        return [s for s in self.live() if now - s.last_seen > timeout]
+        """Live servers not heard for longer than `timeout`, by HTTP or by
+        datagram (whichever came last; a datagram's key count is then the
+        current one)."""
+        out = []
+        heard = self.heard
+        for server in self.live():
+            beat = heard.get(server.name)
+            if beat is not None and beat[0] > server.last_seen:
+                server.last_seen, server.keys = beat
+            if now - server.last_seen > timeout:
+                out.append(server)
+        return out
