@@ -15,8 +15,13 @@ every route's path (and signs with it), and the routes served here are
 `ADMIN`'s under ``/a/{agent}`` (`PREFIXED`), dispatched by the same
 `Dispatcher` the real agent uses, answers signed with the cluster secret.
 
-Liveness goes through `beat`, one small function, so its mechanism can be
-swapped (the signed HTTP heartbeat today).
+Liveness goes through `beat`, one small function: as a real agent beats
+(`nat_agent.registration`), a signed UDP datagram (`client_lib.liveness`)
+to the port the controller named in its answer to the registration, and an
+HTTP heartbeat when the controller has not yet heard the state it carries
+(after a registration, a change of roles, every `STATE_PERIOD_S`) or nudged
+the agent (a restarted controller does not know it: the heartbeat's 404
+makes it register again). One UDP socket serves every agent.
 """
 
 from __future__ import annotations
@@ -56,8 +61,11 @@ from client_lib.api.route import Route
 from client_lib.cidr import Block
 from client_lib.constants import METAFLOW_PORT
 from client_lib.errors import ApiError, InvalidArgument, NotFound
+from client_lib.liveness import NUDGE, LivenessError, LivenessKey, decode_reply, encode_beat, state_digest
+from client_lib.liveness import Sequence as BeatSequence
 from client_lib.server.api import MAX_BODY, Call, Dispatcher
 from nat_agent.ownership import Ownership
+from nat_agent.registration import ACK_WAIT_S, STATE_PERIOD_S
 from topology import builders
 from topology.builders import Topology
 
@@ -67,6 +75,8 @@ PREFIXED: dict[Route[Any, Any], Route[Any, Any]] = {
 """The admin routes as served here (with the agent's name first) -> the route itself."""
 STORE = "memory"
 """What an emulated agent reports as its store: it keeps no records."""
+BEAT_SLICE_S = 0.05
+"""The agents' beats are spread over their interval in slices this long."""
 SYNC_DONE = "synced"
 """`nat_agent.syncs`' state of a finished sync: an empty block is copied at once."""
 
@@ -84,6 +94,13 @@ class EmulatedAgent:
     migrations: dict[str, MigrationReport] = field(default_factory=dict)
     registered: float | None = None
     """When the controller accepted its registration (time.monotonic)."""
+    liveness_port: int = 0
+    """Where the controller takes this agent's datagrams (its answer to the registration; 0: HTTP only)."""
+    heard: tuple[bytes, float] | None = None
+    """The state digest the controller last answered over HTTP, and when."""
+    nudged: bool = False
+    unanswered: float | None = None
+    """When the first datagram the controller has not answered yet went out."""
     started: float = field(default_factory=time.monotonic)
 
     def registration(self) -> Registration:
@@ -95,6 +112,10 @@ class EmulatedAgent:
         own = self.ownership
         return Heartbeat(0, own.owned, own.frozen, own.degraded)
 
+    def digest(self) -> bytes:
+        own = self.ownership
+        return state_digest(own.owned, own.frozen, own.degraded)
+
     def health(self) -> Health:
         own = self.ownership
         return Health("ok", self.name, STORE, self.space, self.data_ip, self.data_mac, METAFLOW_PORT,
@@ -102,9 +123,39 @@ class EmulatedAgent:
                       time.monotonic() - self.started, own.roles, own.suspended)
 
 
-async def beat(client: AsyncApiClient, agent: EmulatedAgent) -> None:
-    """One heartbeat of `agent` (the signed HTTP route); the one place to swap the mechanism."""
-    await client.call(REST.heartbeat, agent.heartbeat(), name=agent.name)
+def beat(farm: AgentFarm, agent: EmulatedAgent, host: str) -> bool:
+    """One heartbeat of `agent` by datagram to the controller at `host`, if
+    that is enough now (module doc); False: an HTTP heartbeat is due."""
+    digest, now = agent.digest(), time.monotonic()
+    if (farm.udp is None or not agent.liveness_port or agent.nudged or agent.heard is None
+            or agent.heard[0] != digest or now - agent.heard[1] >= STATE_PERIOD_S
+            or (agent.unanswered is not None and now - agent.unanswered > ACK_WAIT_S)):
+        return False   # (the last: datagrams unanswered, a controller gone or restarted)
+    if agent.unanswered is None:
+        agent.unanswered = now
+    datagram = encode_beat(farm.key, agent.name, farm.sequence.next(), digest)
+    farm.udp.sendto(datagram, (host, agent.liveness_port))
+    farm.datagrams += 1
+    return True
+
+
+class _Replies(asyncio.DatagramProtocol):
+    """The controller's replies to the agents' datagrams: a NUDGE asks for an HTTP heartbeat."""
+
+    def __init__(self, farm: AgentFarm) -> None:
+        self.farm = farm
+        self.last: dict[str, int] = {}
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        try:
+            reply = decode_reply(data, self.farm.key, time.time(), self.last)
+        except LivenessError:
+            return
+        agent = self.farm.agents.get(reply.name)
+        if agent is not None:
+            self.last[reply.name] = reply.seq
+            agent.nudged = agent.nudged or reply.kind == NUDGE
+            agent.unanswered = None
 
 
 Handler = Callable[[EmulatedAgent, Call], Awaitable[object]]
@@ -123,6 +174,8 @@ class AgentFarm:
         self.capacity, self.host = capacity, host
         self.on_registered = on_registered
         self._pending: set[asyncio.Task[None]] = set()
+        self._http_busy: set[str] = set()
+        """Agents whose HTTP heartbeat is under way (one at a time each, as a real agent)."""
         self.names = list(servers) if servers is not None else builders.storage_hosts(graph)
         self.graph = graph
         self.agents: dict[str, EmulatedAgent] = {}
@@ -131,7 +184,12 @@ class AgentFarm:
         self._dispatcher: Dispatcher | None = None
         self._beating: asyncio.Task[None] | None = None
         self.beats = 0
+        """HTTP heartbeats answered."""
+        self.datagrams = 0
         self.beat_errors = 0
+        self.key = LivenessKey(secret)
+        self.sequence = BeatSequence()
+        self.udp: asyncio.DatagramTransport | None = None
         self.handlers: dict[Route[Any, Any], Handler] = {
             ADMIN.health: _health, ADMIN.blocks: _blocks, ADMIN.count: _count, ADMIN.ops: _ops,
             ADMIN.stats: _stats, ADMIN.assign: _assign, ADMIN.disown: _disown, ADMIN.sync: _sync,
@@ -148,6 +206,8 @@ class AgentFarm:
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, port).start()
         self.port = int(self._runner.addresses[0][1])
+        self.udp, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: _Replies(self), local_addr=(self.host, 0))
         verifier = Verifier(self.secret, server_authority(self.host, self.port))
         self._dispatcher = Dispatcher(list(PREFIXED), verifier)
         for name in self.names:
@@ -162,6 +222,9 @@ class AgentFarm:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.udp is not None:
+            self.udp.close()
+            self.udp = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -172,6 +235,8 @@ class AgentFarm:
         if answer.roles is not None:
             agent.ownership.assign(answer.roles, exclusive=True)
         agent.registered = time.monotonic()
+        agent.liveness_port = answer.liveness_port
+        agent.heard, agent.nudged, agent.unanswered = None, False, None
         if self.on_registered is not None:
             self.on_registered(agent)
 
@@ -201,20 +266,24 @@ class AgentFarm:
         client = AsyncApiClient(self.controller, self.secret, timeout=max(1.0, interval))
 
         async def loop() -> None:
+            slices = max(1, round(interval / BEAT_SLICE_S))
             while True:
                 agents = [a for a in self.agents.values() if a.registered is not None]
-                pause = interval / max(1, len(agents))
-                for agent in agents:
-                    self._pending.add(asyncio.create_task(self._beat(client, agent)))
-                    await asyncio.sleep(pause)
-                if not agents:
-                    await asyncio.sleep(interval)
+                for i in range(slices):
+                    for agent in agents[i::slices]:
+                        if not beat(self, agent, client.host) and agent.name not in self._http_busy:
+                            self._http_busy.add(agent.name)
+                            self._pending.add(asyncio.create_task(self._beat(client, agent)))
+                    await asyncio.sleep(interval / slices)
 
         self._beating = asyncio.create_task(loop(), name="heartbeats")
 
     async def _beat(self, client: AsyncApiClient, agent: EmulatedAgent) -> None:
+        """An HTTP heartbeat, as `nat_agent.registration` sends it."""
         try:
-            await beat(client, agent)
+            digest = agent.digest()
+            await client.call(REST.heartbeat, agent.heartbeat(), name=agent.name)
+            agent.heard, agent.nudged, agent.unanswered = (digest, time.monotonic()), False, None
             self.beats += 1
         except NotFound:   # the controller restarted, or failed us over: register again
             with contextlib.suppress(ApiError):
@@ -222,6 +291,7 @@ class AgentFarm:
         except ApiError:
             self.beat_errors += 1
         finally:
+            self._http_busy.discard(agent.name)
             self._pending.discard(asyncio.current_task())
 
     async def _serve(self, request: web.Request) -> web.Response:

@@ -48,7 +48,7 @@ from os_ken.ofproto import ofproto_v1_0_parser as parser
 from btree.fabric import Port
 from btree.flows import Table
 from client_lib.constants import DEFAULT_GATEWAY, OPENFLOW_PORT
-from controller import ofmsgs
+from controller import arp, ofmsgs
 from topology import builders
 from topology.builders import Topology
 
@@ -58,6 +58,11 @@ MAX_MESSAGE = 0xFFFF
 CONNECT_BATCH = 64
 """Switches that open their connection at once (a listen backlog is finite)."""
 BROADCAST = "ff:ff:ff:ff:ff:ff"
+ARP_RETRY_S = (1.0, 8.0)
+"""A server whose ARP for the gateway gets no answer asks again after 1 s,
+then after twice as long each time, up to 8 s (a host's traffic retrying;
+the controller answers only once it has located the server and every
+switch confirmed its route)."""
 RECONNECT_S = 0.5
 """How long a switch whose connection ended waits before it connects again."""
 
@@ -379,14 +384,15 @@ class EmulatedSwitch:
         _buffer, _in_port, actions_len = struct.unpack_from(ofp.OFP_PACKET_OUT_PACK_STR, body)
         start = struct.calcsize(ofp.OFP_PACKET_OUT_PACK_STR)
         frame = body[start + actions_len:]
-        if not is_lldp(frame):
-            return   # an ARP answer or probe: to a host, out of the emulation
         offset = start
         while offset < start + actions_len:
             kind, size = struct.unpack_from("!HH", body, offset)
             if kind == ofp.OFPAT_OUTPUT:
                 (out,) = struct.unpack_from("!H", body, offset + 4)
-                self.emulator.deliver_lldp(self.dpid, out, frame)
+                if is_lldp(frame):
+                    self.emulator.deliver_lldp(self.dpid, out, frame)
+                else:   # to a host: an ARP answer ends its asking
+                    self.emulator.to_host(self.dpid, out, frame)
             offset += max(size, 8)
 
     def packet_in(self, port: int, frame: bytes) -> None:
@@ -430,10 +436,15 @@ class Emulator:
         self.wiring = Wiring.of(graph)
         self.counters = Counters()
         self.switches = {dpid: EmulatedSwitch(self, dpid) for dpid in self.wiring.names}
+        self.host_at = {at: host for host, at in self.wiring.hosts.items()}
+        self.asking: dict[str, tuple[float, float]] = {}
+        """Servers whose ARP is unanswered: when to ask again, and the wait after that."""
+        self.gateway_ip = DEFAULT_GATEWAY
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, host: str = "127.0.0.1", port: int = OPENFLOW_PORT) -> None:
         """Connect every switch (`CONNECT_BATCH` at a time); they run in the background."""
+        self._tasks.append(asyncio.create_task(self._ask_again(), name="arp retries"))
         switches = list(self.switches.values())
         for i in range(0, len(switches), CONNECT_BATCH):
             for switch in switches[i:i + CONNECT_BATCH]:
@@ -455,13 +466,38 @@ class Emulator:
         self.counters.lldp += 1
         self.switches[peer[0]].packet_in(peer[1], frame)
 
-    def announce(self, hosts: Iterable[str], gateway_ip: str = DEFAULT_GATEWAY) -> None:
-        """Each host's ARP for the gateway, as a PACKET_IN from its edge port."""
+    def announce(self, hosts: Iterable[str]) -> None:
+        """Each host's ARP for the gateway, as a PACKET_IN from its edge port,
+        asked again (`ARP_RETRY_S`) until the controller answers it."""
+        first, _ = ARP_RETRY_S
+        now = time.monotonic()
         for host in hosts:
-            dpid, port = self.wiring.hosts[host]
-            self.counters.packet_ins += 1
-            frame = arp_announcement(self.wiring.macs[host], self.wiring.ips[host], gateway_ip)
-            self.switches[dpid].packet_in(port, frame)
+            self._arp(host)
+            self.asking[host] = (now + first, 2 * first)
+
+    def _arp(self, host: str) -> None:
+        dpid, port = self.wiring.hosts[host]
+        self.counters.packet_ins += 1
+        self.switches[dpid].packet_in(port, arp_announcement(self.wiring.macs[host], self.wiring.ips[host],
+                                                             self.gateway_ip))
+
+    def to_host(self, dpid: int, port: int, frame: bytes) -> None:
+        """A frame the controller sent out of a host's port: an ARP reply to it ends its asking."""
+        host = self.host_at.get((dpid, port))
+        if host is not None and host in self.asking:
+            message = arp.parse(frame)
+            if message is not None and not message.is_request and message.target_ip == self.wiring.ips[host]:
+                del self.asking[host]
+
+    async def _ask_again(self) -> None:
+        _, longest = ARP_RETRY_S
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            for host, (due, wait) in list(self.asking.items()):
+                if now >= due:
+                    self._arp(host)
+                    self.asking[host] = (now + wait, min(2 * wait, longest))
 
     def set_port(self, dpid: int, port: int, up: bool) -> None:
         self.switches[dpid].port_status(port, up)

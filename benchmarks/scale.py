@@ -52,7 +52,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, TypeVar
 
-from benchmarks.agentemu import AgentFarm, EmulatedAgent
+from benchmarks.agentemu import AgentFarm
 from benchmarks.cpu import cpu_seconds
 from benchmarks.ofemu import Emulator
 from btree.fake_network import FakeNetwork, misdelivered
@@ -73,14 +73,13 @@ SERVERS = {4: 16, 8: 128, 16: 1024, 32: 2000}
 SAMPLE_S = 0.5
 TARGET_S = 30.0
 """The issue's target for registration, the first build and a rebuild at k=32."""
-BEATS_PER_S = 100.0
-"""What the HTTP heartbeats may cost the controller here: the interval is
-stretched to keep every size at this rate (the issue measured about 580 a
-second at 90 % of a core), and the heartbeat timeout set to four intervals,
-10 s at least: on 2 cores shared with other work a shorter one failed
-servers over whose beats were only late (k=8, load average 18)."""
+HEARTBEAT_S = 1.0
+"""The emulated agents' heartbeat interval (by datagram; a real agent's is
+0.25 s): this process also plays every switch, on the same 2 cores."""
 MIN_TIMEOUT_S = 10.0
-RELOCATE_S = 30.0
+"""The controller's heartbeat timeout: four intervals, 10 s at least. On 2
+cores shared with other work a shorter one failed servers over whose beats
+were only late (k=8, load average 18)."""
 
 
 @dataclass
@@ -239,49 +238,13 @@ async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dic
     return done[-1]
 
 
-class Relocator:
-    """Servers the controller has not located `RELOCATE_S` after their last
-    ARP send it again (a server whose ARP was not answered asks again). Not
-    sooner: the controller locates a server at once, and answers it only
-    after every switch confirmed its routes, so a backlog is no loss, and
-    repeated ARPs would only add to it."""
-
-    def __init__(self, emulator: Emulator, farm: AgentFarm) -> None:
-        self.emulator, self.farm = emulator, farm
-        self.announced: dict[str, float] = {}
-        self.talking = False
-        """Once the servers talk, one that registers (again) ARPs right after."""
-        farm.on_registered = self._registered
-
-    def _registered(self, agent: EmulatedAgent) -> None:
-        if self.talking:
-            self.announce(agent)
-
-    def announce(self, agent: EmulatedAgent) -> None:
-        self.announced[agent.name] = time.monotonic()
-        self.emulator.announce([agent.name])
-
-    def announce_all(self) -> None:
-        self.talking = True
-        for agent in self.farm.agents.values():
-            self.announce(agent)
-
-    async def again(self, client: AsyncApiClient) -> None:
-        missing = (await client.call(REST.topology)).missing_servers
-        now = time.monotonic()
-        for name in missing:
-            agent = self.farm.agents.get(name)
-            if agent is not None and now - self.announced.get(name, 0.0) >= RELOCATE_S:
-                self.announce(agent)
-
-
 async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float,
-                   phase_s: float = 600.0) -> dict[str, Any]:
+                   phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S) -> dict[str, Any]:
     """One size, measured (module doc); `phase_s`: how long a phase may take before the run stops there."""
     workdir.mkdir(parents=True, exist_ok=True)
     graph = builders.fat_tree(k, servers=servers)
     space = Block.parse(DEFAULT_SPACE_CIDR)
-    interval = max(0.25, servers / BEATS_PER_S)
+    interval = heartbeat_s
     timeout = max(MIN_TIMEOUT_S, 4 * interval)
     controller = Controller(workdir, ["--settle", str(settle), "--heartbeat-timeout", str(timeout),
                                       "--locate-timeout", "300", "--barrier-timeout", "60",
@@ -294,7 +257,6 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
                               "heartbeat_interval_s": interval, "heartbeat_timeout_s": timeout,
                               "settle_s": settle, "load_before": os.getloadavg()}
     farm = AgentFarm(graph, controller.url, controller.secret, space)
-    relocator = Relocator(emulator, farm)
     controller.start()
     sampler = Sampler(controller.pid, client, lambda: emulator.counters.flow_mods)
     sampling = asyncio.create_task(sampler.run())
@@ -325,10 +287,12 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         result["registration_s"] = round(t_registered - t_reg, 2)
         result["registration_failed"] = failed
 
-        relocator.announce_all()   # the servers talk: each one's ARP reaches its edge switch
+        # The servers talk: each one's ARP reaches its edge switch (and after a
+        # restart, each one registered again asks again at once).
+        emulator.announce(farm.agents)
+        farm.on_registered = lambda agent: emulator.announce([agent.name])
 
         async def located() -> bool:
-            await relocator.again(client)
             return not (await client.call(REST.topology)).missing_servers
 
         await until("every server located", located, phase_s, every=1.0)
@@ -336,7 +300,6 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         result["locate_s"] = round(t_located - t_registered, 2)
 
         async def first_build() -> dict[str, Any] | None:
-            await relocator.again(client)
             return await built(client, emulator, t_reg)
 
         event = await until("the first build", first_build, phase_s, every=1.0)
@@ -360,6 +323,9 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             # A successor builds no sooner than one heartbeat timeout after it starts (`core.build_after`).
             result["rebuild_planned_at_s"] = round(float(event["t"]) - t_restart, 2)
             result["check_after_rebuild"] = await fabric_check(client, emulator, space)
+            events = (await client.call(REST.events)).events
+            result["rebuild_events"] = [{**e, "t": round(float(str(e["t"])) - t_restart, 2)}
+                                        for e in events if e["event"] != "agent-registered"][:20]
     except TimeoutError as exc:   # a phase that does not end: said, with what was measured so far
         result["error"] = str(exc)
         topo = await client.call(REST.topology)
@@ -372,7 +338,7 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         await emulator.close()
         await farm.close()
         controller.stop()
-    result["beats"], result["beat_errors"] = farm.beats, farm.beat_errors
+    result.update(http_beats=farm.beats, datagrams=farm.datagrams, beat_errors=farm.beat_errors)
     result["samples"] = [asdict(s) for s in sampler.samples]
     cpu = [s.cpu_pct for s in sampler.samples]
     views = [s.view_ms for s in sampler.samples if s.view_ms is not None]
@@ -421,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"storage servers per k (default: {defaults})")
     p.add_argument("--restart", action="store_true", help="also time a successor's rebuild (a restart)")
     p.add_argument("--settle", type=float, default=2.0, help="the controller's --settle")
+    p.add_argument("--heartbeat", type=float, default=HEARTBEAT_S,
+                   help="the emulated agents' heartbeat interval")
     p.add_argument("--phase-timeout", type=float, default=600.0,
                    help="seconds a phase (location, build, rebuild) may take before the size stops there")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -435,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, servers in sizes:
         print(f"k={k}: {servers} servers ...", flush=True)
         result = asyncio.run(run_size(k, servers, args.workdir / f"k{k}", args.restart, args.settle,
-                                      args.phase_timeout))
+                                      args.phase_timeout, args.heartbeat))
         results.append(result)
         print(json.dumps({key: v for key, v in result.items() if key != "samples"}), flush=True)
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),

@@ -62,6 +62,10 @@ def _wire(msg: Any) -> bytes:
     return bytes(msg.buf)
 
 
+def _packet_out(port: int, frame: bytes) -> Any:
+    return parser.OFPPacketOut(None, ofp.OFP_NO_BUFFER, ofp.OFPP_NONE, [parser.OFPActionOutput(port)], frame)
+
+
 def _feed(emulator: Emulator, dpid: int, msgs: list[Any]) -> None:
     for msg in msgs:
         data = _wire(msg)
@@ -144,7 +148,7 @@ def test_lldp_sent_out_of_a_link_port_comes_in_at_the_other_end() -> None:
     (here, there), = [(a, b) for a, b in emulator.wiring.links.items() if a[0] == 1][:1]
     lldp = bytes.fromhex("0180c200000e" "020000000001" "88cc") + bytes(20)
     assert is_lldp(lldp) and not is_lldp(arp.probe("10.0.0.1", "100.64.0.1"))
-    out = parser.OFPPacketOut(None, ofp.OFP_NO_BUFFER, ofp.OFPP_NONE, [parser.OFPActionOutput(here[1])], lldp)
+    out = _packet_out(here[1], lldp)
     _feed(emulator, here[0], [out])
     (packet_in,) = sinks[there[0]].messages()
     assert isinstance(packet_in, parser.OFPPacketIn)
@@ -162,12 +166,19 @@ def test_a_servers_announcement_is_an_arp_packet_in_from_its_edge_port() -> None
     dpid, port = emulator.wiring.hosts[host]
     sink = Collected()
     emulator.switches[dpid].sink = sink
-    emulator.announce([host], "100.64.0.1")
+    emulator.gateway_ip = "100.64.0.1"
+    emulator.announce([host])
     (packet_in,) = sink.messages()
     message = arp.parse(bytes(packet_in.data))
     assert packet_in.in_port == port and message is not None
     assert (message.sender_ip, message.sender_mac, message.target_ip) == \
         (GRAPH.nodes[host]["ip"], GRAPH.nodes[host]["mac"], "100.64.0.1")
+    assert host in emulator.asking   # asked again until answered
+    reply = arp.reply(message, arp.GATEWAY_MAC)
+    _feed(emulator, dpid, [_packet_out(port % 4 + 1, reply)])
+    assert host in emulator.asking   # an answer out of another port is not this server's
+    _feed(emulator, dpid, [_packet_out(port, reply)])
+    assert host not in emulator.asking
 
 
 @pytest.mark.parametrize("role", [1, 2])
