@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -326,12 +327,17 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             events = (await client.call(REST.events)).events
             result["rebuild_events"] = [{**e, "t": round(float(str(e["t"])) - t_restart, 2)}
                                         for e in events if e["event"] != "agent-registered"][:20]
-    except TimeoutError as exc:   # a phase that does not end: said, with what was measured so far
+    except (TimeoutError, ApiError) as exc:   # a phase that did not end: said, with what was reached
         result["error"] = str(exc)
-        topo = await client.call(REST.topology)
-        result["at_timeout"] = {"switches": len(topo.switches), "links": len(topo.links),
-                                "hosts": len(topo.hosts), "missing_servers": len(topo.missing_servers),
-                                "flow_mods": emulator.counters.flow_mods, "load": os.getloadavg()}
+        reached: dict[str, Any] = {"flow_mods": emulator.counters.flow_mods,
+                                   "barriers": emulator.counters.barriers, "load": os.getloadavg()}
+        with contextlib.suppress(ApiError):   # a controller that answers nothing any more adds nothing
+            topo = await client.call(REST.topology)
+            reached.update(switches=len(topo.switches), links=len(topo.links), hosts=len(topo.hosts),
+                           missing_servers=len(topo.missing_servers))
+            known = (await client.call(REST.servers)).servers
+            reached["servers_failed"] = sum(1 for s in known.values() if s.failed)
+        result["at_error"] = reached
     finally:
         sampling.cancel()
         await asyncio.gather(sampling, return_exceptions=True)
@@ -392,22 +398,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase-timeout", type=float, default=600.0,
                    help="seconds a phase (location, build, rebuild) may take before the size stops there")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--append", action="store_true",
+                   help="keep the other sizes of an earlier scale.json (each result says its command)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/metaflow-scale"))
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # unwinds: the controller is stopped
     if args.servers and len(args.servers) != len(args.k):
         p.error("--servers needs one count per --k")
     sizes = list(zip(args.k, args.servers or [SERVERS.get(k, k**3 // 4) for k in args.k], strict=True))
-    results = []
     args.out.mkdir(parents=True, exist_ok=True)
+    earlier = args.out / "scale.json"
+    results = [r for r in json.loads(earlier.read_text())["results"] if r["k"] not in args.k] \
+        if args.append and earlier.exists() else []
     for k, servers in sizes:
         print(f"k={k}: {servers} servers ...", flush=True)
         result = asyncio.run(run_size(k, servers, args.workdir / f"k{k}", args.restart, args.settle,
                                       args.phase_timeout, args.heartbeat))
         results.append(result)
+        results.sort(key=lambda r: int(r["k"]))
         print(json.dumps({key: v for key, v in result.items() if key != "samples"}), flush=True)
-        report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
-                  "cpus": os.cpu_count(), "results": results}
+        result["command"] = " ".join(sys.argv)
+        result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        report = {"cpus": os.cpu_count(), "results": results}
         (args.out / "scale.json").write_text(json.dumps(report, indent=1) + "\n")
     done = [r for r in results if "samples" in r]
     if done:
