@@ -352,6 +352,8 @@ class EmulatedSwitch:
         elif msg_type == ofp.OFPT_FEATURES_REQUEST:
             self._send(self.features(xid))
             counters.connected.setdefault(self.dpid, time.monotonic())
+            for port, frame in self.emulator.held.pop(self.dpid, []):
+                self.packet_in(port, frame)
         elif msg_type == ofp.OFPT_GET_CONFIG_REQUEST:
             config = struct.pack(ofp.OFP_SWITCH_CONFIG_PACK_STR, 0, 128)
             self._send(message(ofp.OFPT_GET_CONFIG_REPLY, xid, config))
@@ -440,6 +442,8 @@ class Emulator:
         self.asking: dict[str, tuple[float, float]] = {}
         """Servers whose ARP is unanswered: when to ask again, and the wait after that."""
         self.gateway_ip = DEFAULT_GATEWAY
+        self.held: dict[int, list[tuple[int, bytes]]] = {}
+        """LLDP frames for a switch not connected yet, by dpid (`deliver_lldp`)."""
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, host: str = "127.0.0.1", port: int = OPENFLOW_PORT) -> None:
@@ -460,11 +464,20 @@ class Emulator:
         self._tasks.clear()
 
     def deliver_lldp(self, dpid: int, port: int, frame: bytes) -> None:
+        """Into the switch at the other end, or held there until it is connected:
+        os-ken sends a port's first LLDP at once, but sends it again only after
+        every other port's, one every 50 ms (`LLDP_SEND_GUARD`: 256 s for the
+        5,120 ports of k=16), so a first frame lost to a peer still connecting
+        hid that link for minutes."""
         peer = self.wiring.peer(dpid, port)
         if peer is None or port in self.switches[dpid].down or peer[1] in self.switches[peer[0]].down:
             return
         self.counters.lldp += 1
-        self.switches[peer[0]].packet_in(peer[1], frame)
+        target = self.switches[peer[0]]
+        if target.sink is None:
+            self.held.setdefault(peer[0], []).append((peer[1], frame))
+        else:
+            target.packet_in(peer[1], frame)
 
     def announce(self, hosts: Iterable[str]) -> None:
         """Each host's ARP for the gateway, as a PACKET_IN from its edge port,
