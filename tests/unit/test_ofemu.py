@@ -154,6 +154,13 @@ def test_lldp_sent_out_of_a_link_port_comes_in_at_the_other_end() -> None:
     assert isinstance(packet_in, parser.OFPPacketIn)
     assert (packet_in.in_port, bytes(packet_in.data)) == (there[1], lldp)
     assert all(not sinks[d].data for d in sinks if d != there[0])
+    emulator.switches[there[0]].sink = None   # not connected yet: the frame waits for it
+    _feed(emulator, here[0], [out])
+    emulator.switches[there[0]].sink = sinks[there[0]]
+    sinks[there[0]].data.clear()
+    _feed(emulator, there[0], [parser.OFPFeaturesRequest(None)])
+    features, held = sinks[there[0]].messages()
+    assert isinstance(held, parser.OFPPacketIn) and held.in_port == there[1]
     emulator.set_port(*there, up=False)   # a link that is down carries nothing
     sinks[there[0]].data.clear()
     _feed(emulator, here[0], [out])
