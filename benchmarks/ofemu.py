@@ -63,6 +63,9 @@ ARP_RETRY_S = (1.0, 8.0)
 then after twice as long each time, up to 8 s (a host's traffic retrying;
 the controller answers only once it has located the server and every
 switch confirmed its route)."""
+HELD_LLDP_S = 1.0
+"""How long after its FEATURES_REPLY a switch lets out the LLDP frames held for it
+(`Emulator.deliver_lldp`)."""
 RECONNECT_S = 0.5
 """How long a switch whose connection ended waits before it connects again."""
 
@@ -352,8 +355,10 @@ class EmulatedSwitch:
         elif msg_type == ofp.OFPT_FEATURES_REQUEST:
             self._send(self.features(xid))
             counters.connected.setdefault(self.dpid, time.monotonic())
-            for port, frame in self.emulator.held.pop(self.dpid, []):
-                self.packet_in(port, frame)
+            try:   # once os-ken has taken the switch in (a packet-in before that is dropped)
+                asyncio.get_running_loop().call_later(HELD_LLDP_S, self._release_held)
+            except RuntimeError:   # no event loop: called directly (tests)
+                self._release_held()
         elif msg_type == ofp.OFPT_GET_CONFIG_REQUEST:
             config = struct.pack(ofp.OFP_SWITCH_CONFIG_PACK_STR, 0, 128)
             self._send(message(ofp.OFPT_GET_CONFIG_REPLY, xid, config))
@@ -374,6 +379,10 @@ class EmulatedSwitch:
         elif msg_type == ofp.OFPT_VENDOR:
             self._vendor(xid, body)
         # HELLO, SET_CONFIG, PORT_MOD, replies: nothing to answer
+
+    def _release_held(self) -> None:
+        for port, frame in self.emulator.held.pop(self.dpid, []):
+            self.packet_in(port, frame)
 
     def features(self, xid: int) -> bytes:
         ports = [phy_port(self.dpid, p, f"{self.name}-eth{p}", p not in self.down)
