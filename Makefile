@@ -45,7 +45,8 @@ FASTPATH_SOURCES := $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Car
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: setup apt mininet-link ovs test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
-        bench-flowtables bench-testbed bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-fs bench-fig20 plan clean
+        bench-flowtables bench-testbed bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-fs bench-fig20 plan clean \
+        bench-scale
 
 setup: apt $(STAMP) mininet-link ovs
 
@@ -283,6 +284,15 @@ bench-fig20: setup
 .PHONY: profile-decision
 profile-decision: setup
 	$(PY) -m tests.scale_profile --k 4,8,16,32 $(PROFILE_ARGS)
+
+# The real controller against emulated fat-trees (benchmarks/ofemu.py: one
+# OpenFlow 1.0 connection per switch; benchmarks/agentemu.py: the agents'
+# signed registration, heartbeats and admin API), k = 4, 8, 16 and 32: switches
+# connected, registration, the first build and a successor's rebuild, CPU and
+# memory, flow mods per second, and the whole-fabric check (docs/scale.md).
+# BENCH_SCALE_ARGS="--k 4 8" for the small sizes only (about a minute).
+bench-scale: setup
+	$(PY) -m benchmarks.scale --restart --out benchmarks/results $(BENCH_SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build $(FASTPATH_CRATE)/target nat_agent/_fastpath*.so site
