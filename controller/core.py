@@ -211,6 +211,7 @@ class MetaFlowCore:
         if isinstance(event, (StepDone, StepFailed)):
             return self._outcome(event)
         if isinstance(event, Tick):
+            self.registry.catch_up()   # what the liveness datagrams said since the last tick
             return [*self._probe(self.clock()), *self._tick(event)]
         if isinstance(event, ArpIn):
             return self._arp(event)

@@ -125,16 +125,18 @@ class Registry:
         server.digest = state_digest(beat.owned, beat.frozen, beat.degraded)
         return server
 
-    def silent(self, now: float, timeout: float) -> list[Server]:
-        """Live servers not heard for longer than `timeout`, by HTTP or by
-        datagram (whichever came last; a datagram's key count is then the
-        current one)."""
-        out = []
+    def catch_up(self) -> None:
+        """Fold the liveness datagrams into the records: a server's
+        `last_seen` is when it was last heard by HTTP or by datagram
+        (whichever came last; a datagram's key count is then the current
+        one). Every reader of `last_seen` (the silent-server sweep, hybrid
+        mode's probes, the metrics) reads it after this, once a tick."""
         heard = self.heard
-        for server in self.live():
+        for server in self.servers.values():
             beat = heard.get(server.name)
             if beat is not None and beat[0] > server.last_seen:
                 server.last_seen, server.keys = beat
-            if now - server.last_seen > timeout:
-                out.append(server)
-        return out
+
+    def silent(self, now: float, timeout: float) -> list[Server]:
+        """Live servers not heard for longer than `timeout` (as of the last `catch_up`)."""
+        return [server for server in self.live() if now - server.last_seen > timeout]

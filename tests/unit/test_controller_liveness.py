@@ -51,6 +51,7 @@ def test_a_registered_server_is_heard_and_acked_and_the_sweep_sees_it() -> None:
     w.now = 101.5 + ACK_EVERY_S
     assert w.beat("s1", keys=42) == ("accepted", ACK)
     w.now = 102.2   # s1 heard 0.3 s ago by datagram, s2 at registration 2.2 s ago
+    w.registry.catch_up()
     silent = w.registry.silent(w.now, 1.0)
     assert [s.name for s in silent] == ["s2"]
     s1 = w.registry["s1"]
@@ -63,7 +64,7 @@ def test_an_http_heartbeat_newer_than_the_datagram_wins() -> None:
     w.beat("s1", keys=5)
     w.now = 103.0
     w.registry.heartbeat("s1", Heartbeat(9, OWN, []), w.now)
-    w.registry.silent(w.now, 1.0)
+    w.registry.catch_up()
     assert (w.registry["s1"].last_seen, w.registry["s1"].keys) == (103.0, 9)
 
 
