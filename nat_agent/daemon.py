@@ -156,10 +156,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat", type=float, default=0.25,
                    help="seconds between heartbeats (the controller declares a silent server "
                         "failed after a few missed ones)")
-    p.add_argument("--no-liveness-datagrams", action="store_true",
-                   help="beat over HTTP only; by default beats go as signed UDP datagrams to a controller "
-                        "that takes them, and HTTP heartbeats only when the state changes or the "
-                        "controller asks (docs/liveness.md)")
+    p.add_argument("--liveness-datagrams", action="store_true",
+                   help="beat by signed UDP datagrams to a controller that takes them, with HTTP heartbeats "
+                        "only when the state changes or the controller asks; off by default: with it on, "
+                        "the nemesis still loses reads (docs/liveness.md)")
     p.add_argument("--state-period", type=float, default=STATE_PERIOD_S,
                    help="seconds between HTTP heartbeats while beating by datagram (the safety net; a "
                         "change of state is sent at once)")
@@ -319,7 +319,7 @@ async def run(args: argparse.Namespace, reread: Callable[[], argparse.Namespace]
         undo.push_async_callback(admin.stop)
         if args.controller:
             registrar = Registrar(agent, args.controller, args.secret, args.heartbeat,
-                                  not args.no_liveness_datagrams, args.state_period)
+                                  args.liveness_datagrams, args.state_period)
             registrar.start()
             undo.push_async_callback(registrar.stop)
         log.info("agent %s serving %s on %s:%d (rewrite %s, data %s/%s), admin on %s:%d, replication "

@@ -45,7 +45,7 @@ moves us on as before; when it succeeds the datagrams resume, unless
 that happened more than `UNANSWERED_LIMIT` times in a row without an ACK
 between (UDP blocked on the way: then HTTP for a state period). The key count
 rides in every datagram, so writes cause no HTTP heartbeats.
-``--no-liveness-datagrams`` beats over HTTP only, as before.
+Agents beat by datagram only with ``--liveness-datagrams`` (off by default: docs/liveness.md).
 
 A controller that is down is not an agent error: we log once per outage
 and keep trying every interval, serving clients all the while.

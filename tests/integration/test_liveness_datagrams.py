@@ -39,8 +39,8 @@ def test_an_agent_beats_by_datagram_and_forgeries_replays_and_state_changes_are_
         secret_file = tmp_path / "secret"
         api = ApiClient(ctl["url"], ctl["secret"], timeout=10)
         with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--controller", ctl["url"], "--heartbeat", "0.2",
-                          "--data-ip", "127.0.0.1", own=[str(OWN)], log_path=tmp_path / "agent.log",
-                          secret_file=secret_file) as agent:
+                          "--liveness-datagrams", "--data-ip", "127.0.0.1", own=[str(OWN)],
+                          log_path=tmp_path / "agent.log", secret_file=secret_file) as agent:
             counts = lambda: datagram_counts(ctl["metrics"])   # noqa: E731
             _until(lambda: counts().get("accepted", 0) >= 10)   # about 2 s of beats, by datagram
             assert api.call(REST.servers).servers[agent.name].blocks == [OWN]
