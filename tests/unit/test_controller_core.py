@@ -411,16 +411,3 @@ def test_a_server_the_built_network_never_saw_joins_idle_when_it_shows_up(world:
         assert tree.blocks(late)
     assert not world.core.lost
     check_consistent(world, acked)
-
-
-def test_a_server_missing_at_the_first_build_leaves_the_preallocated_space_to_the_others() -> None:
-    """preallocate:8 on 8 servers, one of which never registers: the build
-    spreads the space over the 7 (it refused to build at all, every tick)."""
-    world = World(fat_tree(4, servers=8), replicas=1, bootstrap=Bootstrap("preallocate", 8))
-    silent = sorted(world.agents)[0]
-    world.agents[silent].dead = True
-    world.boot()
-    assert world.core.tree is not None
-    assert sorted(world.tree.leaves_in(State.BUSY)) == sorted(set(world.agents) - {silent})
-    short = [e for e in world.core.events if e["event"] == "bootstrap-short"]
-    assert [(e["owners"], e["wanted"]) for e in short] == [(7, 8)]
