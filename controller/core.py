@@ -105,6 +105,10 @@ PROBE_INTERVAL_S = 2.0
 (`arp.probe` out of every edge port)."""
 
 
+BUSY = "is busy"
+"""What a refusal says of a server another operation involves: worth asking
+again once that ends (`mininet_scenarios.rolling` does)."""
+
 CLAIM_WAIT_TIMEOUTS = 5
 """How many heartbeat timeouts past its first wait a successor waits for
 agents whose blocks no registered agent claims (`_claims_missing`)."""
@@ -799,7 +803,7 @@ class MetaFlowCore:
             return Outcome("split-refused", name, False, {"reason": f"{name} has failed"})
         if self.operations.involving(name):
             return Outcome("split-refused", name, False,
-                           {"reason": f"{name} is busy: {self.operations.involving(name)[0].kind}"})
+                           {"reason": f"{name} {BUSY}: {self.operations.involving(name)[0].kind}"})
         return None
 
     def _fail_now(self, event: FailNow) -> list[Step]:
@@ -838,7 +842,7 @@ class MetaFlowCore:
             raise Conflict(f"{name} is not in the tree: it holds nothing")
         busy = self.operations.involving(name)
         if busy:
-            raise Conflict(f"{name} is busy: {busy[0].kind} ({busy[0].step}); try again when it ends")
+            raise Conflict(f"{name} {BUSY}: {busy[0].kind} ({busy[0].step}); try again when it ends")
 
     def _undrain(self, name: str) -> Outcome:
         """A drained server goes back to the idle pool: it takes blocks,

@@ -42,6 +42,7 @@ from btree.fake_network import FakeNetwork, misdelivered
 from client_lib.api.rest import REST, DrainInfo
 from client_lib.cidr import Block
 from client_lib.errors import Conflict
+from controller.core import BUSY
 from controller.drainctl import progress
 from mininet_scenarios.daemons import AgentProcess
 from mininet_scenarios.metaflow_net import MetaFlowNet
@@ -153,7 +154,7 @@ class RollingRestart:
                 self.mf.api.call(REST.drain, name=server)
                 return
             except Conflict as refused:
-                if "is busy" not in str(refused) or time.monotonic() > deadline:
+                if BUSY not in str(refused) or time.monotonic() > deadline:
                     raise
                 time.sleep(POLL_S)
 
