@@ -155,8 +155,8 @@ class MetaFlowCore:
         """No build before this time (a successor's: the agents' time to find it)."""
         self._grace_until = float("-inf")
         """After a stall (`Tick.stalled_s`) or a tick that heard nobody: no server is failed over before."""
-        self._deaf = False
-        """A tick heard nobody, and nobody has been heard since: the grace starts again at the first word."""
+        self._heard_at = float("-inf")
+        """When an agent's last word (registration, heartbeat) was handled (`_heard`)."""
         self.watch = LoadWatch(settings.load_poll_s, self.registry, self.inventory)
         self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
@@ -221,11 +221,8 @@ class MetaFlowCore:
             return self._topology(event)
         if isinstance(event, SwitchError):
             return self._refused(event)
-        if isinstance(event, (Register, Heartbeat)) and self._deaf:
-            # Heard again: the cut is over, and every server gets the whole grace from now
-            # (those whose request the cut caught try again only after their own timeout).
-            self._deaf = False
-            self._grace_until = max(self._grace_until, self.clock() + self._grace())
+        if isinstance(event, (Register, Heartbeat)):
+            self._heard(self.clock())
         if isinstance(event, Register):
             try:
                 return self._register(event) + self._build_due()
@@ -523,6 +520,13 @@ class MetaFlowCore:
         if not self.world.in_tree(server.name):
             return Registered(server.name, [], self.world.term), self._join(server)
         if server.failed:
+            if not self.operations.involving(server.name) and self._kept(server):
+                # its fail-over found nobody to take its blocks: it keeps them (their only copy)
+                if not cut_off:
+                    self.world.event("server-rejoined", logging.WARNING, server=server.name,
+                                     was=server.failed, note="with its blocks: no fail-over could take them")
+                    server.failed = None
+                return Registered(server.name, self.world.roles_of(server.name), self.world.term), []
             if cut_off or self.operations.involving(server.name) or self.tree.blocks(server.name):
                 # not back on the data plane, or its fail-over runs
                 return Registered(server.name, [], self.world.term), []
@@ -531,6 +535,17 @@ class MetaFlowCore:
             self.tree.join(server.name, self.tree.parent(server.name) or "")
             return Registered(server.name, [], self.world.term), []
         return Registered(server.name, self.world.roles_of(server.name), self.world.term), []
+
+    def _kept(self, server: Server) -> bool:
+        """A failed server still owns blocks in the tree (its fail-over found
+        every other leaf failed: `takeover-impossible`) and says it holds
+        each of them: it holds their only copy, and keeps it (told to drop
+        what it held, as any failed server is, it lost a block's acknowledged
+        writes in the nemesis, after a mass false failure); back on the data
+        plane, it serves them again."""
+        owned = self.world.tree_or_raise().blocks(server.name)
+        held = [role.block for role in server.roles]
+        return bool(owned) and all(any(h.covers(b) for h in held) for b in owned)
 
     def _join(self, server: Server) -> list[Step]:
         """A server the built network does not know (new, or dead while this
@@ -625,7 +640,6 @@ class MetaFlowCore:
             # past the timeout, the others nearly): the controller is the one cut off (and were
             # they all down, no fail-over could help). It fails nobody over, and counts again.
             self._grace_until = now + self._grace()
-            self._deaf = True
             self.world.event("controller-deaf", logging.WARNING, servers=len(silent), grace=self._grace())
             silent = []
         for server in silent:
@@ -674,6 +688,24 @@ class MetaFlowCore:
         if self.tree is None and self.build_after and self.clock() >= self.build_after:
             return self._tick(Tick())
         return []
+
+    def _heard(self, now: float) -> None:
+        """An agent's word after half a heartbeat timeout in which the
+        controller heard nobody ends a silence that was the controller's own
+        (cut from the management network, or its listener starved): every
+        server gets the whole grace from now, since those whose request the
+        silence caught try again only after their own request timeout. Said
+        here and not only at a tick (`controller-deaf`): a cut that ends
+        between two ticks is heard first from one agent, and the tick after
+        it took the others' silence for theirs (the nemesis: 7 of 8 servers
+        failed over at once after a 1.5 s cut, whose cascade of cancelled
+        take-overs left a block's only copy to be dropped)."""
+        silence = now - self._heard_at
+        self._heard_at = now
+        if self.tree is not None and silence > self.settings.heartbeat_timeout_s / 2:
+            self._grace_until = max(self._grace_until, now + self._grace())
+            self.world.event("controller-heard-again", logging.WARNING, silent_s=round(silence, 2),
+                             grace=self._grace())
 
     def _grace(self) -> float:
         """How long servers get to be heard again once the controller can hear:

@@ -575,6 +575,17 @@ class World:
             if not agent.dead:
                 agent.expire_leases(self.now)
 
+    def beat_for(self, seconds: float) -> None:
+        """`seconds` pass while every live agent the controller can hear beats
+        four times a heartbeat timeout, as agents do: a controller that heard
+        nobody for half a timeout takes the silence for its own
+        (`MetaFlowCore._heard`), so a server's silence is shown beside the others' beats."""
+        end = self.now + seconds
+        step = self.settings.heartbeat_timeout_s / 4
+        while self.now < end:
+            self.advance(min(step, end - self.now))
+            self.heartbeats()
+
     # discovery, as the shim would report it
     def boot(self, register: bool = True) -> None:
         g = self.graph
@@ -765,8 +776,7 @@ def check_consistent(world: World, acked: dict[int, bytes], lost: Sequence[Block
     server that serves it (owned, not frozen), the controller's tree agrees,
     and every acknowledged write outside `lost` blocks reads back, or the
     value of a later write that was not acknowledged (`maybe`) and took effect."""
-    world.advance(world.settings.migration_lease_s + 1)
-    world.heartbeats()
+    world.beat_for(world.settings.migration_lease_s + 1)
     world.tick()
     tree = world.tree
     tree.check()

@@ -164,10 +164,7 @@ def test_missing_heartbeats_promote_a_backup_or_hand_blocks_to_an_idle_server(bu
     blocks = tree.blocks(victim)
     acked = fill(built, victim, 30)
     built.agents[victim].dead = True   # the whole server died, agent included
-    built.advance(3)
-    built.heartbeats()
-    built.advance(3)
-    built.heartbeats()   # the others beat on (a controller that hears nobody is the one cut off)
+    built.beat_for(6)   # the others beat on (a controller that hears nobody is the one cut off)
     built.tick()
     failed = built.core.registry[victim].failed
     assert failed is not None and failed.startswith("no heartbeat")
@@ -402,8 +399,7 @@ def test_a_server_the_built_network_never_saw_joins_idle_when_it_shows_up(world:
         else:
             world.agents[name].dead = True
         for _ in range(6):
-            world.advance(world.settings.heartbeat_timeout_s / 2 + 0.1)
-            world.heartbeats()
+            world.beat_for(world.settings.heartbeat_timeout_s / 2 + 0.1)
             world.tick()
     sets = world.core.world.replicas_or_raise().sets
     assert tree.blocks(late) or any(late in s.members for s in sets.values())
@@ -411,3 +407,34 @@ def test_a_server_the_built_network_never_saw_joins_idle_when_it_shows_up(world:
         assert tree.blocks(late)
     assert not world.core.lost
     check_consistent(world, acked)
+
+
+def test_the_last_live_server_failed_keeps_its_blocks_and_serves_them_when_back() -> None:
+    """Its fail-over finds every other leaf failed (`takeover-impossible`):
+    nobody took its blocks, so it holds their only copy. Asked to register
+    again, as a failed server is, it is answered with its roles, not told to
+    drop them, and back on the data plane it serves them (the nemesis lost a
+    block's acknowledged writes when a mass false failure ended this way)."""
+    world = World(fat_tree(4, servers=8), replicas=2)
+    world.boot()
+    acked = {}
+    for name in world.tree.leaves_in(State.BUSY):
+        acked.update(fill(world, name, 10, seed=len(acked)))
+    *others, last = sorted(world.agents)
+    for name in others:                    # one edge port after the other: each fail-over ends first
+        world.cut(name)
+        for _ in range(8):
+            world.beat_for(1.0)
+            world.tick()
+    assert set(world.tree.blocks(last)) == {b for b, _ in world.tree.partition()}
+    world.cut(last)
+    world.beat_for(3.0)                    # it still beats (404) and registers again
+    world.tick()
+    assert any(e["event"] == "takeover-impossible" and e["server"] == last for e in world.core.events)
+    assert world.core.registry[last].failed and world.agents[last].roles
+    world.reconnect(last)
+    world.beat_for(2.0)
+    world.tick()
+    assert not world.core.registry[last].failed
+    assert any(e["event"] == "server-rejoined" and e["server"] == last for e in world.core.events)
+    assert all(world.read(mdid) == ("serve", value) for mdid, value in acked.items())

@@ -51,12 +51,10 @@ def test_a_server_that_stays_silent_after_the_grace_is_failed_over() -> None:
     world.run()
     world.heartbeats()
     assert _failed(world) == set()
-    world.advance(timeout)                  # the others beat on
-    world.heartbeats()
+    world.beat_for(timeout)                 # the others beat on
     world.tick()
     assert _failed(world) == set()          # still within the grace
-    world.advance(timeout + 0.1)            # the grace is over
-    world.heartbeats()
+    world.beat_for(timeout + 0.1)           # the grace is over
     world.tick()
     assert _failed(world) == {victim}
 
@@ -67,8 +65,7 @@ def test_without_a_stall_a_silent_server_is_failed_over() -> None:
     world = _booted()
     victim = sorted(world.agents)[0]
     world.agents[victim].dead = True
-    world.advance(world.settings.heartbeat_timeout_s + 0.1)
-    world.heartbeats()
+    world.beat_for(world.settings.heartbeat_timeout_s + 0.1)
     world.tick()
     assert _failed(world) == {victim}
 
@@ -145,6 +142,35 @@ def test_a_cut_that_catches_the_heartbeats_out_of_phase_is_still_the_controllers
     assert _failed(world) == set()
 
 
+def test_a_cut_that_ends_between_two_ticks_fails_nobody_over() -> None:
+    """No tick fell in the cut after the timeout, so none found the
+    controller deaf; the first agent heard again is the sign: the silence
+    before it was the controller's, and the others, whose requests the cut
+    caught, get the grace (the nemesis: 7 of 8 failed over at the tick after
+    a 1.5 s cut, one agent heard 27 ms before it, and the cascade of
+    cancelled take-overs dropped a block's only copy)."""
+    world = _booted()
+    timeout = world.settings.heartbeat_timeout_s
+    first, *others = sorted(world.agents)
+    for agent in world.agents.values():
+        agent.reachable = False              # the cut, between two ticks
+    world.advance(1.5 * timeout)
+    world.agents[first].reachable = True     # it ends; one agent gets through at once
+    world.heartbeats()
+    world.tick()
+    assert _failed(world) == set()
+    heard = [e["silent_s"] for e in world.core.events if e["event"] == "controller-heard-again"]
+    assert heard == [1.5 * timeout]
+    world.beat_for(1.5 * timeout)            # the others still retrying, within the grace
+    world.tick()
+    assert _failed(world) == set()
+    for name in others[1:]:
+        world.agents[name].reachable = True
+    world.beat_for(timeout)                  # one never comes back: failed over once the grace is over
+    world.tick()
+    assert _failed(world) == {others[0]}
+
+
 def test_when_one_server_still_beats_the_silent_ones_are_failed_over() -> None:
     """Deafness is hearing nobody; a controller that hears one server takes
     the others' silence for theirs (a cut from all but one is not told apart)."""
@@ -152,7 +178,6 @@ def test_when_one_server_still_beats_the_silent_ones_are_failed_over() -> None:
     speaker = sorted(world.agents)[0]
     for name, agent in world.agents.items():
         agent.dead = name != speaker
-    world.advance(world.settings.heartbeat_timeout_s + 0.1)
-    world.heartbeats()
+    world.beat_for(world.settings.heartbeat_timeout_s + 0.1)
     world.tick()
     assert _failed(world) == set(world.agents) - {speaker}

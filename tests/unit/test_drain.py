@@ -272,8 +272,7 @@ def test_stopping_a_drained_server_is_no_fail_over_and_it_rejoins_drained() -> N
     world, name, acked = _world(2)
     world.ask(DrainNow, name=name)
     world.agents[name].dead = True
-    world.advance(world.settings.heartbeat_timeout_s + 1)
-    world.heartbeats()
+    world.beat_for(world.settings.heartbeat_timeout_s + 1)
     world.tick()
     assert world.core.registry[name].failed
     events = [e for e in world.core.events if e.get("server") == name]
