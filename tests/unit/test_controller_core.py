@@ -417,7 +417,7 @@ def test_the_last_live_server_failed_keeps_its_blocks_and_serves_them_when_back(
     block's acknowledged writes when a mass false failure ended this way)."""
     world = World(fat_tree(4, servers=8), replicas=2)
     world.boot()
-    acked = {}
+    acked: dict[int, bytes] = {}
     for name in world.tree.leaves_in(State.BUSY):
         acked.update(fill(world, name, 10, seed=len(acked)))
     *others, last = sorted(world.agents)
