@@ -131,6 +131,7 @@ class MetaFlowCore:
         self.recorder = recorder or NoRecorder()
         self.inventory = inventory or Inventory(settings.space, settings.gateway_ip)
         self.registry = Registry(settings.space)
+        self.registry.hearing.quiet_s = settings.heartbeat_timeout_s / 2
         self.operations = Operations(self._issue)
         self.world = SagaWorld(settings, clock, self.registry, self.inventory, self.operations, self.recorder)
         self.world.term = term
@@ -158,8 +159,6 @@ class MetaFlowCore:
         """No build before this time (a successor's: the agents' time to find it)."""
         self._grace_until = float("-inf")
         """After a stall (`Tick.stalled_s`) or a tick that heard nobody: no server is failed over before."""
-        self._heard_at = float("-inf")
-        """When an agent's last word (registration, heartbeat) was handled (`_heard`)."""
         self.watch = LoadWatch(settings.load_poll_s, self.registry, self.inventory)
         self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
@@ -216,6 +215,7 @@ class MetaFlowCore:
             return self._outcome(event)
         if isinstance(event, Tick):
             self.registry.catch_up()   # what the liveness datagrams said since the last tick
+            self._after_silence()
             return [*self._probe(self.clock()), *self._tick(event)]
         if isinstance(event, ArpIn):
             return self._arp(event)
@@ -735,22 +735,27 @@ class MetaFlowCore:
         return []
 
     def _heard(self, now: float) -> None:
-        """An agent's word after half a heartbeat timeout in which the
+        """An agent's word (by HTTP here; by datagram in the liveness thread,
+        read at the tick) after half a heartbeat timeout in which the
         controller heard nobody ends a silence that was the controller's own
         (cut from the management network, or its listener starved): every
-        server gets the whole grace from now, since those whose request the
-        silence caught try again only after their own request timeout. Said
-        here and not only at a tick (`controller-deaf`): a cut that ends
+        server gets the whole grace from that word, since those whose request
+        the silence caught try again only after their own request timeout.
+        Said here and not only at a tick (`controller-deaf`): a cut that ends
         between two ticks is heard first from one agent, and the tick after
         it took the others' silence for theirs (the nemesis: 7 of 8 servers
         failed over at once after a 1.5 s cut, whose cascade of cancelled
         take-overs left a block's only copy to be dropped)."""
-        silence = now - self._heard_at
-        self._heard_at = now
-        if self.tree is not None and silence > self.settings.heartbeat_timeout_s / 2:
-            self._grace_until = max(self._grace_until, now + self._grace())
-            self.world.event("controller-heard-again", logging.WARNING, silent_s=round(silence, 2),
-                             grace=self._grace())
+        self.registry.hearing.word(now)
+        self._after_silence()
+
+    def _after_silence(self) -> None:
+        """The grace for each silence of everyone a word ended (`_heard`)."""
+        for when, silence in self.registry.hearing.ended():
+            if self.tree is not None:
+                self._grace_until = max(self._grace_until, when + self._grace())
+                self.world.event("controller-heard-again", logging.WARNING, silent_s=round(silence, 2),
+                                 grace=self._grace())
 
     def _grace(self) -> float:
         """How long servers get to be heard again once the controller can hear:
@@ -759,6 +764,20 @@ class MetaFlowCore:
         interval more (one timeout of grace, measured: 3 of 8 agents failed
         over after a 1.5 s pause of the controller)."""
         return 2 * self.settings.heartbeat_timeout_s
+
+    def _too_few_to_preallocate(self, now: float) -> bool:
+        """A first build (no registered agent holds a role) whose bootstrap
+        pre-allocates the space to more servers than are live waits for them,
+        up to --locate-timeout after the first registration; then the space is
+        spread over those there are (`bootstrap-short`). Built at once, one
+        server late to register (or briefly failed on a loaded machine) left
+        the space to 7 of preallocate:8."""
+        wanted = self.settings.bootstrap.count
+        if not wanted or self.first_registration is None \
+                or now - self.first_registration >= self.settings.locate_timeout_s:
+            return False
+        live = self.registry.live()
+        return len(live) < wanted and not any(server.roles for server in live)
 
     def _build(self, now: float) -> list[Step]:
         """Map the network and program every switch (`controller.build`), once
@@ -770,6 +789,8 @@ class MetaFlowCore:
             return []
         missing = self.missing()
         if missing and now - self.first_registration < self.settings.locate_timeout_s:
+            return []
+        if self._too_few_to_preallocate(now):
             return []
         for name in missing:
             self.world.mark_failed(name, f"not seen on the data plane within "

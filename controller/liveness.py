@@ -91,6 +91,7 @@ class Liveness:
             return exc.reason, None, ""
         self._seqs[beat.name] = beat.seq
         registry = self._registry()
+        registry.hearing.word(self._clock())   # any verified beat: the controller hears
         server = registry.servers.get(beat.name)
         if not self._leads():
             outcome = "standby"

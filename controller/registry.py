@@ -9,13 +9,15 @@ holding the cluster secret still cannot redirect a live server's
 migrations to a machine of its choosing by re-registering it; replacing a
 machine means a new name.
 
-Pure state; no I/O. One exception to "one thread": `heard`, which the
-liveness thread (`controller.liveness`) writes and `silent` reads: a dict
-whose entries are replaced whole, so a reader sees a beat or the one before.
+Pure state; no I/O. Two exceptions to "one thread", which the liveness
+thread (`controller.liveness`) writes too: `heard`, which `silent` reads (a
+dict whose entries are replaced whole, so a reader sees a beat or the one
+before), and `hearing` (under a lock).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -61,10 +63,39 @@ class Server:
         return self.data_ip, self.data_mac.lower(), self.admin_url.rstrip("/")
 
 
+class Hearing:
+    """When the controller last heard any agent, by HTTP or by datagram, and
+    the silences longer than `quiet_s` that a word ended since the decision
+    loop last asked (`ended`): a silence of everyone is the controller's own
+    (`controller.core.MetaFlowCore._heard`), and an agent's datagram ends it
+    as an HTTP heartbeat does."""
+
+    def __init__(self, quiet_s: float = float("inf")) -> None:
+        self.quiet_s = quiet_s
+        self._lock = threading.Lock()
+        self._last = float("-inf")
+        self._ended: list[tuple[float, float]] = []
+
+    def word(self, now: float) -> None:
+        with self._lock:
+            silence = now - self._last
+            self._last = max(self._last, now)
+            if silence > self.quiet_s:
+                self._ended.append((now, silence))
+
+    def ended(self) -> list[tuple[float, float]]:
+        """(when, how long) of each silence a word ended since the last call."""
+        with self._lock:
+            ended, self._ended = self._ended, []
+        return ended
+
+
 class Registry:
     def __init__(self, space: Block) -> None:
         self.space = space
         self.servers: dict[str, Server] = {}
+        self.hearing = Hearing()
+        """When anyone was heard (`Hearing`); the core sets its `quiet_s`."""
         self.heard: Heard = {}
         """Liveness datagrams (`controller.liveness`); the controller's shim
         hands every new core's registry the one table its listener writes."""

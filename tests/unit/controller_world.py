@@ -587,7 +587,10 @@ class World:
             self.heartbeats()
 
     # discovery, as the shim would report it
-    def boot(self, register: bool = True) -> None:
+    def boot(self, register: bool = True, patience: float | None = None) -> None:
+        """The fabric comes up, hosts say who they are, agents register; then
+        time passes with heartbeats and ticks until the network is built or
+        `patience` runs out (default: --locate-timeout and 2 s)."""
         g = self.graph
         self._announce([n for n, d in g.nodes(data=True) if d["kind"] == "switch" and n not in self.offline])
         for dpid, number in sorted(self.down_ports):   # what a switch's features say
@@ -599,7 +602,8 @@ class World:
                 self.arp(host)
         self.run()
         started = self.now
-        while self.core.tree is None and self.now - started <= self.settings.locate_timeout_s + 2:
+        patience = self.settings.locate_timeout_s + 2 if patience is None else patience
+        while self.core.tree is None and self.now - started <= patience:
             self.advance(self.settings.settle_s)
             self.heartbeats()
             self.tick()
