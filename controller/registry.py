@@ -12,12 +12,12 @@ machine means a new name.
 Pure state; no I/O. Two exceptions to "one thread", which the liveness
 thread (`controller.liveness`) writes too: `heard`, which `silent` reads (a
 dict whose entries are replaced whole, so a reader sees a beat or the one
-before), and `hearing` (under a lock).
+before), and `hearing` (a deque, whose appends and pops are atomic).
 """
 
 from __future__ import annotations
 
-import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -72,21 +72,21 @@ class Hearing:
 
     def __init__(self, quiet_s: float = float("inf")) -> None:
         self.quiet_s = quiet_s
-        self._lock = threading.Lock()
         self._last = float("-inf")
-        self._ended: list[tuple[float, float]] = []
+        self._ended: deque[tuple[float, float]] = deque()
 
     def word(self, now: float) -> None:
-        with self._lock:
-            silence = now - self._last
-            self._last = max(self._last, now)
-            if silence > self.quiet_s:
-                self._ended.append((now, silence))
+        """Two threads racing here at most say one silence twice."""
+        silence = now - self._last
+        self._last = max(self._last, now)
+        if silence > self.quiet_s:
+            self._ended.append((now, silence))
 
     def ended(self) -> list[tuple[float, float]]:
         """(when, how long) of each silence a word ended since the last call."""
-        with self._lock:
-            ended, self._ended = self._ended, []
+        ended = []
+        while self._ended:
+            ended.append(self._ended.popleft())
         return ended
 
 
