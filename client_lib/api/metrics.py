@@ -97,12 +97,18 @@ MOVES = Family("metaflow_moves_total", "counter",
                ("kind", "result"))
 MOVE_SECONDS = Family("metaflow_move_seconds", "histogram", "seconds a move of blocks took", ("kind",))
 
+LIVENESS_DATAGRAMS = Family("metaflow_liveness_datagrams_total", "counter",
+                            "agents' liveness datagrams by outcome: taken (accepted; stale: alive, but "
+                            "its state is newer than the last HTTP heartbeat's), nudged to send an HTTP "
+                            "heartbeat (unknown name, failed server, standby controller) or refused "
+                            "(oversized, malformed, signature, replay, skew)", ("outcome",))
+
 CONTROLLER: tuple[Family, ...] = (
     SWITCHES_CONNECTED, NETWORK_BUILT, REPLICAS, SWITCH_ENTRIES, TABLE_BUDGET, FLOW_MODS, FLOW_MODS_REFUSED,
     BARRIER_SECONDS, SERVERS, SERVER_KEYS, SERVER_LOAD, HEARTBEAT_AGE, OLDEST_HEARTBEAT, HEARTBEAT_TIMEOUT,
     BLOCKS, BLOCKS_UNBACKED, BLOCKS_NOT_SERVING, IMBALANCE, IMBALANCE_THRESHOLD, DATA_LOST, OPERATIONS,
     OPERATION_SECONDS, OPERATIONS_RUNNING, OPERATION_AGE, MIGRATION_LEASE, MOVES, MOVE_SECONDS,
-    LEADER, TERM, TAKEOVERS, ETCD_REACHABLE)
+    LEADER, TERM, TAKEOVERS, ETCD_REACHABLE, LIVENESS_DATAGRAMS)
 
 # -- an agent --------------------------------------------------------------------------
 

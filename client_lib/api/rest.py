@@ -59,6 +59,10 @@ class Registered:
     """The leadership term of the controller that answered (0: a single
     controller without etcd). An agent that has seen a higher term does
     not adopt these roles: the answer comes from an older leader."""
+    liveness_port: int = 0
+    """The UDP port, on the controller's REST address, where it takes
+    liveness datagrams (`client_lib.liveness`); 0: none (an older
+    controller, or ``--liveness-port 0``): beat over HTTP."""
 
 
 @dataclass(frozen=True)
