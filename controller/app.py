@@ -238,6 +238,7 @@ class MetaFlowApp(app_manager.OSKenApp):
                 except Exception as exc:  # a view that fails is that request's error, not ours
                     item.result.set_exception(exc)
                 continue
+            started = time.perf_counter()
             try:
                 steps = self.core.handle(item)  # type: ignore[arg-type]
             except Exception:
@@ -245,6 +246,7 @@ class MetaFlowApp(app_manager.OSKenApp):
                 continue
             for step in steps:
                 self._execute(step)
+            self.metrics.decided(type(item).__name__, time.perf_counter() - started)
             if isinstance(item, Tick) and self._leading and self.election is not None:
                 self.election.publish(self.core.fabric_seen())
 
