@@ -661,7 +661,8 @@ class MetaFlowCore:
         server = self.registry.heartbeat(event.name, event.beat, self.clock())
         if server.failed:
             raise NotFound(f"{server.name} was declared failed ({server.failed}): register again")
-        return Ack(True)
+        heard = self.registry.heard.get(server.name)
+        return Ack(True, None if heard is None else round(max(0.0, self.clock() - heard[0]), 3))
 
     # -- the tick: build, fail over, poll, repair, split -------------------------------
 

@@ -43,7 +43,12 @@ state of us), and when datagrams go unanswered for `ACK_WAIT_S`: that
 heartbeat finds a controller that is down or paused, and its failure
 moves us on as before; when it succeeds the datagrams resume, unless
 that happened more than `UNANSWERED_LIMIT` times in a row without an ACK
-between (UDP blocked on the way: then HTTP for a state period). The key count
+between (UDP blocked on the way: then HTTP for a state period). When the
+heartbeat's answer says the controller does take our datagrams
+(`Ack.datagram_age_s`), only its replies are late (a controller starved
+of CPU): the next HTTP heartbeat waits twice as long, up to
+`ACK_WAIT_MAX_S`, instead of putting our load back on HTTP, which would
+starve it further. The key count
 rides in every datagram, so writes cause no HTTP heartbeats.
 Agents beat by datagram only with ``--liveness-datagrams`` (off by default: docs/liveness.md).
 
@@ -114,6 +119,11 @@ ACK_WAIT_S = 1.0
 """How long datagrams may go unanswered before the agent beats over HTTP
 (the controller's heartbeat timeout, 1 s by default): a controller that is
 paused or gone is then found, and left, as over HTTP alone."""
+ACK_WAIT_MAX_S = 4.0
+"""The longest `ACK_WAIT_S` doubles to while the controller says it takes our
+datagrams but its replies do not come: 2,000 agents then send 500 HTTP
+heartbeats a second, not 8,000; a controller that stops answering HTTP too
+is left within this and a request's timeout."""
 UNANSWERED_LIMIT = 2
 """HTTP heartbeats sent in a row because datagrams went unanswered, after
 which the next one puts the agent on HTTP alone for a state period: a
@@ -172,6 +182,8 @@ class Registrar:
         self._http: tuple[bytes, float] | None = None
         """The state digest of our last HTTP heartbeat, and when it was answered."""
         self._answered = 0.0
+        self._ack_wait = ACK_WAIT_S
+        """How long datagrams may go unanswered now (`ACK_WAIT_S`, doubled while only replies are late)."""
         self._nudged = False
         self._http_only_until = 0.0
         self._unanswered = 0
@@ -280,11 +292,16 @@ class Registrar:
                 return
             beat = Heartbeat(keys, ownership.owned, ownership.frozen, ownership.degraded)
             try:
-                await self.controller.call(REST.heartbeat, beat, name=self.agent.identity.name)
+                ack = await self.controller.call(REST.heartbeat, beat, name=self.agent.identity.name)
                 self.heartbeats += 1
                 self._http = (digest, time.monotonic())
                 self._answered = self._http[1]
                 self._nudged = False
+                age = ack.datagram_age_s
+                if self._unanswered and age is not None and age <= self._ack_wait:
+                    # sent for want of replies, but the controller takes our datagrams: they are late
+                    self._unanswered = 0
+                    self._ack_wait = min(2 * self._ack_wait, ACK_WAIT_MAX_S)
                 return
             except NotFound:
                 log.info("the controller forgot us; registering again")
@@ -306,6 +323,7 @@ class Registrar:
             self._udp = None
         self._port = port if self.datagrams else 0
         self._http, self._nudged, self._http_only_until, self._unanswered = None, False, 0.0, 0
+        self._ack_wait = ACK_WAIT_S
 
     async def _beat(self, keys: int, digest: bytes) -> bool:
         """Beat by datagram if that is enough now (module docstring); False: send an HTTP heartbeat."""
@@ -313,7 +331,7 @@ class Registrar:
         if (not self._port or self._nudged or self._http is None or self._http[0] != digest
                 or now - self._http[1] >= self.state_period or now < self._http_only_until):
             return False
-        if now - self._answered > ACK_WAIT_S:
+        if now - self._answered > self._ack_wait:
             self._unanswered += 1
             if self._unanswered > UNANSWERED_LIMIT:
                 self._unanswered = 0
@@ -347,6 +365,7 @@ class Registrar:
         self._last_reply[name] = reply.seq
         self._answered = time.monotonic()
         self._unanswered = 0
+        self._ack_wait = ACK_WAIT_S
         if reply.kind == NUDGE:
             self._nudged = True
 

@@ -79,6 +79,12 @@ class Heartbeat:
 @dataclass(frozen=True)
 class Ack:
     ok: bool
+    datagram_age_s: float | None = None
+    """The answer to a heartbeat: how long ago the controller took this
+    agent's last liveness datagram (None: none yet, or an older
+    controller). Datagrams that arrive while their replies do not (a
+    controller starved of CPU replies late) are no reason to beat over HTTP
+    instead (`nat_agent.registration`)."""
 
 
 # -- views -----------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 
 from btree.bootstrap import Bootstrap
 from btree.tree import State
+from client_lib.api.rest import Heartbeat as HeartbeatBody
 from client_lib.api.rest import Outcome, Registered, Registration
 from client_lib.constants import METAFLOW_PORT
 from client_lib.errors import Conflict, NotFound
@@ -18,6 +19,7 @@ from controller.steps import (
     ArpIn,
     CallAgent,
     FailNow,
+    Heartbeat,
     PacketOut,
     PortDown,
     ReadFlows,
@@ -468,3 +470,15 @@ def test_a_server_missing_at_the_first_build_leaves_the_preallocated_space_to_th
     assert sorted(world.tree.leaves_in(State.BUSY)) == sorted(set(world.agents) - {silent})
     short = [e for e in world.core.events if e["event"] == "bootstrap-short"]
     assert [(e["owners"], e["wanted"]) for e in short] == [(7, 8)]
+
+
+def test_a_heartbeats_answer_says_how_long_ago_the_servers_last_datagram_came(built: World) -> None:
+    """What lets an agent tell late replies from datagrams that do not get
+    through (`Ack.datagram_age_s`, `nat_agent.registration`)."""
+    name = sorted(built.agents)[0]
+    agent = built.agents[name]
+    beat = HeartbeatBody(len(agent.records), agent.owned(), [], [])
+    assert built.ask(Heartbeat, name=name, beat=beat).datagram_age_s is None
+    built.core.registry.heard[name] = (built.now, 0)
+    built.advance(0.3)
+    assert built.ask(Heartbeat, name=name, beat=beat).datagram_age_s == pytest.approx(0.3)
