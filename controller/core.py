@@ -520,14 +520,15 @@ class MetaFlowCore:
         if not self.world.in_tree(server.name):
             return Registered(server.name, [], self.world.term), self._join(server)
         if server.failed:
-            if not self.operations.involving(server.name) and self._kept(server):
+            busy = self.operations.involving(server.name)
+            if not busy and self._kept(server):
                 # its fail-over found nobody to take its blocks: it keeps them (their only copy)
                 if not cut_off:
                     self.world.event("server-rejoined", logging.WARNING, server=server.name,
                                      was=server.failed, note="with its blocks: no fail-over could take them")
                     server.failed = None
                 return Registered(server.name, self.world.roles_of(server.name), self.world.term), []
-            if cut_off or self.operations.involving(server.name) or self.tree.blocks(server.name):
+            if cut_off or busy or self.tree.blocks(server.name):
                 # not back on the data plane, or its fail-over runs
                 return Registered(server.name, [], self.world.term), []
             self.world.event("server-rejoined", server=server.name, was=server.failed, note="empty, idle")
