@@ -91,6 +91,22 @@ def metaflow_packets(mf: MetaFlowNet, switch: str) -> int:
                                           mf.dump_flows(switch)))
 
 
+def metaflow_packets_beyond(mf: MetaFlowNet, switch: str, floor: int, timeout: float = 15.0) -> int:
+    """The MetaFlow entries' packet count on `switch` once it passes `floor`
+    (or as it stands after `timeout`). OVS credits most packets to an
+    OpenFlow entry only when a revalidator thread next dumps the datapath
+    flow that carried them (every half second, later on a loaded machine:
+    a CI run read 57 right after the clients' 60 files, hundreds of packets),
+    so each read first waits for one full revalidation round."""
+    deadline = time.monotonic() + timeout
+    while True:
+        appctl("revalidator/wait")
+        count = metaflow_packets(mf, switch)
+        if count > floor or time.monotonic() > deadline:
+            return count
+        time.sleep(0.5)
+
+
 def check_tables(mf: MetaFlowNet) -> None:
     """Only MetaFlow's own entries, above our NORMAL (which replaced the operator's)."""
     gateway = mf.running.gateway
@@ -129,7 +145,8 @@ def test_hybrid_mode_beside_a_fabric_that_forwards_on_its_own(tmp_path):
         before = metaflow_packets(mf, edge)
         results = mf.run_clients(FILES, tmp_path)
         assert all(r["errors"] == 0 and r["read_back"] == r["written"] == FILES for r in results), results
-        assert metaflow_packets(mf, edge) > before + FILES, "requests did not take MetaFlow's entries"
+        count = metaflow_packets_beyond(mf, edge, before + FILES)
+        assert count > before + FILES, f"requests did not take MetaFlow's entries ({before} -> {count})"
         tables = mf.switch_tables()
 
         assert mf.controller is not None
