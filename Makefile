@@ -45,7 +45,8 @@ FASTPATH_SOURCES := $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Car
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: setup apt mininet-link ovs test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
-        bench-flowtables bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-fs bench-fig20 plan clean
+        bench-flowtables bench-testbed bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-fs bench-fig20 plan clean \
+        bench-scale
 
 setup: apt $(STAMP) mininet-link ovs
 
@@ -173,9 +174,12 @@ check-install: apt
 
 # The main job: MetaFlow end to end in Mininet (k=4 fat-tree, 8 servers,
 # 8 clients, 20,000 files, splits and a server failure), about 1.5 minutes.
-# DEMO_ARGS=--store redis for Redis stores.
+# DEMO_ARGS=--store redis for Redis stores. TOPOLOGY names another fabric:
+# TOPOLOGY=testbed (the paper's: 200 servers under 13 switches, 10 clients;
+# about 4 minutes, with DEMO_ARGS="--heartbeat 1 15": docs/testbed.md),
+# TOPOLOGY=fat-tree:8 (128 servers), TOPOLOGY=testbed:servers_per_edge=4 (40).
 demo: setup
-	$(PY) -m mininet_scenarios.demo $(DEMO_ARGS)
+	$(PY) -m mininet_scenarios.demo $(if $(TOPOLOGY),--topology $(TOPOLOGY)) $(DEMO_ARGS)
 
 # Hybrid mode, two controllers on etcd, the leader (and a storage server) killed
 # mid-run: the standby takes over and fails the server over (docs/ha.md).
@@ -196,6 +200,13 @@ bench: setup
 
 bench-quick: setup
 	$(VENV)/bin/metaflowctl bench --quick --out benchmarks/results $(BENCH_ARGS)
+
+# Real agents in Mininet, up to the paper's testbed: memory per agent
+# (RSS/PSS/USS), CPU at idle and under load, bring-up time, for 10, 30, 60 and
+# 200 agents under the testbed's 13 switches and the k=8 fat-tree's 128
+# (about 15 minutes; docs/testbed.md). BENCH_TESTBED_ARGS=--topology NAME ... for others.
+bench-testbed: setup
+	$(PY) -m benchmarks.testbed --out benchmarks/results $(BENCH_TESTBED_ARGS)
 
 # Flow-table sizes beside the paper's Fig. 17 (24 plans, about 20 minutes).
 bench-flowtables: setup
@@ -245,6 +256,13 @@ bench-failover: setup
 	$(PY) -m benchmarks.failover --out benchmarks/results
 	$(PY) -m benchmarks.failover --leader-kill --kills 10 --out benchmarks/results
 
+# Liveness at 200 and 2,000 servers (issue 26): a real controller, emulated
+# servers registered through the signed route, beating at 4/s by datagram and
+# then by HTTP; the controller's CPU and intake side by side (about 2 minutes).
+.PHONY: bench-liveness
+bench-liveness: setup
+	$(PY) -m benchmarks.liveness --out benchmarks/results
+
 # The file system: renaming a directory under full-path and inode keys, then
 # metaflow-fs on one agent beside the same mount on one central redis-server
 # (mdtest phases, tar x, git, fs_mark, postmark), 3 rounds (about 10 minutes;
@@ -258,6 +276,23 @@ bench-fs: setup
 # BENCH_FIG20_ARGS=--quick: about 3).
 bench-fig20: setup
 	$(PY) -m benchmarks.fig20 --out benchmarks/results $(BENCH_FIG20_ARGS)
+
+# Where the controller's decision thread spends its time at k=4, 8, 16 and 32
+# (2,000 servers), on the in-memory fake world: per phase and per event type
+# (docs/decision-thread.md; about 15 minutes, most of it k=32;
+# PROFILE_ARGS="--k 32 --profile" for cProfile's top functions).
+.PHONY: profile-decision
+profile-decision: setup
+	$(PY) -m tests.scale_profile --k 4,8,16,32 $(PROFILE_ARGS)
+
+# The real controller against emulated fat-trees (benchmarks/ofemu.py: one
+# OpenFlow 1.0 connection per switch; benchmarks/agentemu.py: the agents'
+# signed registration, heartbeats and admin API), k = 4, 8, 16 and 32: switches
+# connected, registration, the first build and a successor's rebuild, CPU and
+# memory, flow mods per second, and the whole-fabric check (docs/scale.md).
+# BENCH_SCALE_ARGS="--k 4 8" for the small sizes only (about a minute).
+bench-scale: setup
+	$(PY) -m benchmarks.scale --restart --out benchmarks/results $(BENCH_SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build $(FASTPATH_CRATE)/target nat_agent/_fastpath*.so site

@@ -1,8 +1,9 @@
 """`metaflowctl bench`: MetaFlow against hash mapping, a central coordinator,
 One-Hop, Chord and G-HBA, side by side in one Mininet run.
 
-One network (a k=4 fat-tree: 8 storage servers, 8 client hosts, the
-controller, kernel-mode NAT agents), one namespace loaded once, and every
+One network (by default a k=4 fat-tree: 8 storage servers, 8 client hosts,
+the controller, kernel-mode NAT agents; `topology` names another, such as
+the paper's testbed, `builders.named`), one namespace loaded once, and every
 scheme in turn on it. Every scheme stores each key on the same server (the
 MetaFlow partition), the same agent serves it from the same store; what
 differs is how a client finds the server: MetaFlow sends to the MetaDataID
@@ -56,6 +57,7 @@ from client_lib.api.rest import REST
 from client_lib.constants import LOOKUP_PORT
 from mininet_scenarios.daemons import ROOT
 from mininet_scenarios.metaflow_net import MetaFlowNet
+from mininet_scenarios.mgmt import DEFAULT_SUBNET
 from topology import builders
 
 OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
@@ -67,8 +69,8 @@ and address handling at most 2 % of the service's CPU."""
 
 @dataclass
 class BenchConfig:
-    k: int = 4
-    servers: int = 8
+    topology: str = builders.DEFAULT_TOPOLOGY
+    """A `builders.named` topology: "testbed", "fat-tree:8", ..."""
     entries: int = 20000
     seconds: float = 3.0
     reps: int = 3
@@ -83,6 +85,15 @@ class BenchConfig:
     nat_rounds: int = 4
     nat_ops: int = 3000
     schemes: tuple[str, ...] = SCHEMES
+    mgmt_subnet: str = DEFAULT_SUBNET
+    """The management network's: another lets the run share the machine with another scenario."""
+    heartbeat: tuple[float, float] | None = None
+    """The agents' --heartbeat and the controller's --heartbeat-timeout (default theirs): on a
+    large fabric on a loaded machine, a false take-over would move blocks under the baselines'
+    fixed partition (docs/testbed.md)."""
+
+    def __post_init__(self) -> None:
+        builders.named(self.topology)   # a bad name or size fails now, not after the NAT A/B
 
     @classmethod
     def quick(cls) -> BenchConfig:
@@ -411,15 +422,17 @@ def harness(cfg: BenchConfig, workdir: Path, progress: tqdm) -> Iterator[Harness
     loaded; everything stopped after, and a lookup server that did not stop
     cleanly raised."""
     progress.set_description("network up")
-    graph = builders.fat_tree(cfg.k, servers=cfg.servers)
+    graph = builders.with_clients(builders.named(cfg.topology))
+    servers = len(builders.storage_hosts(graph))
     # every server owns a share from the start (the controller's default gives
     # half of them blocks and the rest wait for splits); one copy of each block,
     # as the baselines keep, and no disk sync per write: this compares
     # lookups (replication's cost is `make bench-replication`'s, a sync's
     # `benchmarks.bench_fsync`'s)
-    with MetaFlowNet(graph, store=cfg.store, workdir=workdir, replicas=1,
-                     agent_args=list(nat_cost.REQUEST_PATH_ONLY),
-                     controller_args=["--bootstrap", f"preallocate:{cfg.servers}"]) as mf:
+    with MetaFlowNet(graph, store=cfg.store, workdir=workdir, replicas=1, mgmt_subnet=cfg.mgmt_subnet,
+                     agent_args=list(nat_cost.REQUEST_PATH_ONLY), heartbeat=cfg.heartbeat,
+                     controller_args=["--bootstrap", f"preallocate:{servers}"]) as mf:
+        mf.wait_served()
         members, names = write_membership(mf, workdir / "membership.json")
         lookups = LookupFleet(mf, workdir / "membership.json", names)
         failures: list[str] = []
@@ -475,7 +488,7 @@ def run_bench(cfg: BenchConfig, show_progress: bool = True, keep: Path | None = 
                                                        schemes["hash"]["peak_concurrency"])
             entry["latency_vs_hash"] = paired_ratio(runs, name, "hash", "p50_ms", lowest, lowest)
     return {"config": {**asdict(cfg), "servers": len(members.data_ip), "clients": len(clients.procs),
-                       "topology": f"fat-tree k={cfg.k}"},
+                       "topology": mf.graph.graph["name"]},
             "schemes": schemes, "targets": {**targets(schemes, nat, runs), **mdtest_targets(phases)},
             "nat": nat, "mdtest": phases,
             "flows": flows, "runs": runs,

@@ -15,6 +15,12 @@ PAPER = {  # the MetaFlow paper's testbed with 200 Redis servers (Figs. 14, 16, 
     "latency_vs_hash": "1.4-1.6x", "throughput_vs_chord": "up to 3.2x (simulated, 2000 servers)",
     "nat_cpu": "up to 15 % of CPU (Redis)", "chord_latency_vs_hash": "6.7x", "onehop_latency_vs_hash": "2.1x",
 }
+PAPER_TESTBED = {  # Figs. 14 and 16, 200 servers: (throughput x ideal, latency x hash), read off the text
+    "redis": {"metaflow": (0.85, 1.6), "onehop": (0.55, 2.1), "chord": (0.30, 6.7)},
+    "leveldb": {"metaflow": (0.85, 1.0), "onehop": (0.60, 1.6), "chord": (0.35, 5.5)},   # LevelDB (SSD)
+}
+"""The paper's testbed per scheme, beside which a run (its x hash: hash has no
+lookup, the paper's ideal and latency baseline) is printed."""
 ORDER = ("metaflow", "hash", "central", "onehop", "chord", "ghba")
 COLORS = {"metaflow": "tab:red", "hash": "tab:gray", "central": "tab:purple", "onehop": "tab:blue",
           "chord": "tab:green", "ghba": "tab:orange"}
@@ -76,6 +82,14 @@ def format_report(report: dict) -> str:
     lines.append(f"paper (testbed, 200 Redis servers): MetaFlow latency {PAPER['latency_vs_hash']} hash; "
                  f"Chord {PAPER['chord_latency_vs_hash']}, One-Hop {PAPER['onehop_latency_vs_hash']}; "
                  f"throughput vs Chord {PAPER['throughput_vs_chord']}; NAT {PAPER['nat_cpu']}")
+    paper = PAPER_TESTBED.get(cfg["store"], {})
+    store = "Redis" if cfg["store"] == "redis" else "LevelDB, SSD"
+    nan = float("nan")
+    lines.append(f"throughput / latency x hash, here at {cfg['servers']} servers and the paper's testbed "
+                 f"at 200 ({store}): " + "; ".join(
+                     f"{name} {schemes[name].get('throughput_vs_hash') or nan:.2f} / "
+                     f"{schemes[name].get('latency_vs_hash') or nan:.2f} (paper {tput:.2f} / {lat:.1f})"
+                     for name, (tput, lat) in paper.items() if name in schemes))
     return "\n".join(lines)
 
 

@@ -15,12 +15,14 @@ from pathlib import Path
 
 from btree.flows import DEFAULT_TABLE_BUDGET
 from btree.split import SplitBounds
+from topology.builders import DEFAULT_TOPOLOGY, TOPOLOGIES
 
-from .plan import TOPOLOGIES, VARIANTS, PlanConfig, format_report, run_plan
+from .plan import VARIANTS, PlanConfig, format_report, run_plan
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--topology", choices=TOPOLOGIES, default="fattree")
+    p.add_argument("--topology", choices=list(TOPOLOGIES), default="fattree",
+                   help="testbed: the paper's three-tier testbed (--servers-per-edge of 10 edges)")
     p.add_argument("--k", type=int, default=32, help="fat-tree switch ports (default 32)")
     p.add_argument("--servers", type=int, default=2000,
                    help="fat-tree hosts that are storage servers (default 2000, the paper's)")
@@ -67,9 +69,12 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    from mininet_scenarios.metaflow_net import add_fabric_arguments
+
     from .bench_client import SCHEMES
 
     p.add_argument("--quick", action="store_true", help="a smaller run, under 2 minutes")
+    add_fabric_arguments(p)
     p.add_argument("--json", metavar="FILE", default=None, help="write the full report here")
     p.add_argument("--out", default="benchmarks/results", help="directory for bench.json and the PNGs")
     p.add_argument("--no-plots", dest="plots", action="store_false")
@@ -87,6 +92,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nat-rounds", type=int, default=None, help="A/B rounds of the NAT cost (0: skip)")
 
 
+def _suffix(topology: str) -> str:
+    """The results' file names for a topology other than the default (so a
+    testbed run leaves bench.json, the simulator's calibration, alone)."""
+    return "" if topology == DEFAULT_TOPOLOGY else "-" + "".join(c if c.isalnum() else "-" for c in topology)
+
+
 def run_bench_command(args: argparse.Namespace) -> int:
     from .bench import BenchConfig, run_bench, with_overrides
     from .bench_client import SCHEMES
@@ -100,11 +111,13 @@ def run_bench_command(args: argparse.Namespace) -> int:
     levels = tuple(int(v) for v in args.levels.split(",")) if args.levels else None
     cfg = with_overrides(base, schemes=schemes, store=args.store, entries=args.entries, seconds=args.seconds,
                          reps=args.reps, levels=levels, get_fraction=args.get_fraction, zipf=args.zipf,
-                         mdtest_files=args.mdtest_files, reuse=args.reuse, nat_rounds=args.nat_rounds)
+                         mdtest_files=args.mdtest_files, reuse=args.reuse, nat_rounds=args.nat_rounds,
+                         topology=args.topology, mgmt_subnet=args.mgmt_subnet,
+                         heartbeat=tuple(args.heartbeat) if args.heartbeat else None)
     report = run_bench(cfg, show_progress=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = "bench-quick" if args.quick else "bench"
+    name = ("bench-quick" if args.quick else "bench") + _suffix(cfg.topology)
     (out / f"{name}.json").write_text(json.dumps(report, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

@@ -35,6 +35,7 @@ PLAN = Command("simulate growth on a topology and report flow-table sizes", _pla
                "splits, verify every ID through a fake network of the generated flow tables, and "
                "report entries per switch per layer.")
 BENCH = Command("MetaFlow vs hash, central, One-Hop, Chord and G-HBA in one Mininet run (root)", _bench,
-                "Bring up a k=4 fat-tree in Mininet with the controller, agents and lookup servers, "
+                "Bring up a k=4 fat-tree (or --topology NAME: the paper's testbed, fat-tree:8) in Mininet "
+                "with the controller, agents and lookup servers, "
                 "load a namespace, then run every scheme in turn at rising concurrency with "
                 "interleaved repetitions; print a table, write JSON and plots.")

@@ -26,7 +26,7 @@ from btree.merge import apply_merge, plan_merge
 from btree.split import SplitBounds, apply_split, plan_split
 from btree.tree import LogicalBTree, State
 from client_lib.cidr import Block
-from topology.builders import fat_tree, three_tier, two_tier
+from topology.builders import TOPOLOGIES, fat_tree, paper_testbed, three_tier, two_tier
 from topology.classify import map_topology
 
 from .keysets import skewed_ids, uniform_ids
@@ -37,7 +37,6 @@ VARIANTS = {
     "exact50": ("traversal", SplitBounds(0.5, 0.5), False),
     "optimized": ("aligned", None, True),
 }
-TOPOLOGIES = ("fattree", "three-tier", "two-tier")
 
 
 @dataclass
@@ -73,6 +72,8 @@ def build_graph(cfg: PlanConfig):
                           servers_per_edge=cfg.servers_per_edge, edge_uplinks=cfg.edge_uplinks)
     if cfg.topology == "two-tier":
         return two_tier(core=cfg.core, edges=cfg.edges, servers_per_edge=cfg.servers_per_edge)
+    if cfg.topology == "testbed":
+        return paper_testbed(servers_per_edge=cfg.servers_per_edge)
     raise ValueError(f"unknown topology {cfg.topology!r}; one of {', '.join(TOPOLOGIES)}")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .tree import LogicalBTree, Move
+from .tree import LogicalBTree, Move, State
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,20 @@ class Bootstrap:
 
     def apply(self, tree: LogicalBTree, first_leaf: str | None = None) -> list[Move]:
         """Give an empty tree its owners; `first_leaf` is the organic owner
-        (default: the first idle leaf)."""
+        (default: the first idle leaf). Pre-allocation spreads the space over
+        as many of the wanted leaves as are usable: a server that failed (or had
+        not registered) by the first build leaves the space to the others
+        rather than no build at all (`wanted` says how many were asked for)."""
         if self.kind == "organic":
             return tree.bootstrap_organic(first_leaf)
-        return tree.bootstrap_preallocate(self.count or max(1, len(tree.leaves()) // 2))
+        usable = len(tree.leaves_in(State.IDLE))
+        return tree.bootstrap_preallocate(max(1, min(self.wanted(tree), usable)))
+
+    def wanted(self, tree: LogicalBTree) -> int:
+        """How many leaves the policy asks to own the space from the start."""
+        if self.kind == "organic":
+            return 1
+        return self.count or max(1, len(tree.leaves()) // 2)
 
     def __str__(self) -> str:
         return self.kind if self.count is None else f"{self.kind}:{self.count}"

@@ -23,6 +23,13 @@ ADMIN_PORT: Final = 9001
 REST_PORT: Final = 8080
 """The controller's REST API (HTTP+JSON)."""
 
+LIVENESS_PORT: Final = REST_PORT
+"""The controller's UDP port for agents' liveness datagrams
+(`client_lib.liveness`): the REST API's number, in UDP. A controller's
+``--liveness-port`` follows its ``--rest-port`` unless given, so controllers
+that share a host (tests, benchmarks) never collide on it; agents learn it
+from the answer to their registration (`Registered.liveness_port`)."""
+
 OPENFLOW_PORT: Final = 6653
 """Where switches reach the controller (OpenFlow 1.0)."""
 

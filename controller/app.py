@@ -51,6 +51,7 @@ from controller import arp, ofmsgs, views
 from controller.core import MetaFlowCore
 from controller.etcd_lease import EtcdElection
 from controller.leadership import Leadership
+from controller.liveness import Liveness, LivenessServer
 from controller.metrics import ControllerMetrics
 from controller.rest import RestApi, RestServer, not_leader
 from controller.settings import Settings
@@ -144,8 +145,19 @@ class MetaFlowApp(app_manager.OSKenApp):
             self._stop_metrics = self.metrics.serve(settings.rest_host, settings.metrics_port)
             log.info("metrics on %s:%d", settings.rest_host, settings.metrics_port)
         self.agents = ThreadPoolExecutor(AGENT_WORKERS, thread_name_prefix="agent-call")
+        # Liveness datagrams: a thread of their own, which writes `liveness.heard`, the table
+        # every core's registry reads (`_follow_leadership` hands it to a new core).
+        self.liveness = Liveness(settings.secret, lambda: self.core.registry, self._leads_now,
+                                 lambda: self.leadership.term)
+        self.core.registry.heard = self.liveness.heard
+        self.beats: LivenessServer | None = None
+        if settings.liveness_udp_port:
+            self.beats = LivenessServer(self.liveness, settings.rest_host, settings.liveness_udp_port,
+                                        self.metrics.datagram)
+            log.info("liveness datagrams on %s:%d (UDP)", settings.rest_host, self.beats.port)
         verifier = Verifier(settings.secret, server_authority(settings.rest_host, settings.rest_port))
-        api = RestApi(self.query, self.post, verifier, settings.open_reads, self.leadership)
+        api = RestApi(self.query, self.post, verifier, settings.open_reads, self.leadership,
+                      self.beats.port if self.beats is not None else 0)
         self.rest = RestServer(api, settings.rest_host, settings.rest_port)
         # Not `self.threads`: that is os-ken's list, to which it adds its own event loop,
         # which never ends; `close` waited 5 s for it on every stop.
@@ -155,6 +167,8 @@ class MetaFlowApp(app_manager.OSKenApp):
         for thread in self._loops:
             thread.start()
         self.rest.start()
+        if self.beats is not None:
+            self.beats.start()
         log.info("REST API on %s:%d", settings.rest_host, settings.rest_port)
         if settings.etcd:
             self.election = EtcdElection(settings.etcd, settings.etcd_prefix, settings.lease_ttl_s,
@@ -194,6 +208,8 @@ class MetaFlowApp(app_manager.OSKenApp):
         """Stop serving REST, stop deciding, let in-flight agent calls end."""
         self._running = False
         self.rest.close()
+        if self.beats is not None:
+            self.beats.close()
         if self.election is not None:
             self.election.close()
         if self._stop_metrics is not None:
@@ -222,6 +238,7 @@ class MetaFlowApp(app_manager.OSKenApp):
                 except Exception as exc:  # a view that fails is that request's error, not ours
                     item.result.set_exception(exc)
                 continue
+            started = time.perf_counter()
             try:
                 steps = self.core.handle(item)  # type: ignore[arg-type]
             except Exception:
@@ -229,6 +246,7 @@ class MetaFlowApp(app_manager.OSKenApp):
                 continue
             for step in steps:
                 self._execute(step)
+            self.metrics.decided(type(item).__name__, time.perf_counter() - started)
             if isinstance(item, Tick) and self._leading and self.election is not None:
                 self.election.publish(self.core.fabric_seen())
 
@@ -241,6 +259,7 @@ class MetaFlowApp(app_manager.OSKenApp):
             return
         self._leading = leads
         self.core = self.core.successor(self.leadership.term if leads else 0)
+        self.core.registry.heard = self.liveness.heard
         if leads:
             log.warning("taking over at term %d: MASTER on %d switches, rebuilding from the agents",
                         self.leadership.term, len(self.datapaths))
@@ -313,11 +332,17 @@ class MetaFlowApp(app_manager.OSKenApp):
         else:
             log.error("no way to carry out %r", step)
 
+    def _leads_now(self) -> bool:
+        """Whether a liveness datagram counts here: as for a step, a leader
+        whose decision thread acts as one (a standby nudges the agent to
+        its HTTP heartbeat, whose 503 names the leader)."""
+        return self._leading and self.leadership.leads()
+
     def _may_act(self, step: Step) -> bool:
         """The gate of every step toward a switch or an agent: only a leader
         within its lease acts (`Leadership.leads`), and only once the decision
         thread acts as one (its core is a leader's); a standby's steps are dropped."""
-        if self._leading and self.leadership.leads():
+        if self._leads_now():
             return True
         log.debug("not leading: %s dropped", type(step).__name__)
         return False

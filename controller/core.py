@@ -54,7 +54,7 @@ from controller.rack import grow_rack, rack_saga
 from controller.rebalance import rebalance_saga
 from controller.registry import Registry, Server
 from controller.repair import repair_saga
-from controller.routing import diff_routes, mode_routes
+from controller.routing import diff_routes, mode_routes, next_hops, routes_to, switch_adjacency
 from controller.saga import Operation, Operations, Saga
 from controller.settings import Settings
 from controller.split import split_saga
@@ -131,10 +131,14 @@ class MetaFlowCore:
         self.recorder = recorder or NoRecorder()
         self.inventory = inventory or Inventory(settings.space, settings.gateway_ip)
         self.registry = Registry(settings.space)
+        self.registry.hearing.quiet_s = settings.heartbeat_timeout_s / 2
         self.operations = Operations(self._issue)
         self.world = SagaWorld(settings, clock, self.registry, self.inventory, self.operations, self.recorder)
         self.world.term = term
         self.graph: nx.Graph | None = None
+        self._graph_version = -1
+        """The inventory's version `graph` was made at; `_arp` routes a host
+        learned while nothing else changed by itself (`_route_one`)."""
         self.classification: Classification | None = None
         self.last_change = clock()
         self._ids = itertools.count(first_id)
@@ -155,8 +159,6 @@ class MetaFlowCore:
         """No build before this time (a successor's: the agents' time to find it)."""
         self._grace_until = float("-inf")
         """After a stall (`Tick.stalled_s`) or a tick that heard nobody: no server is failed over before."""
-        self._heard_at = float("-inf")
-        """When an agent's last word (registration, heartbeat) was handled (`_heard`)."""
         self.watch = LoadWatch(settings.load_poll_s, self.registry, self.inventory)
         self.imbalance = ImbalanceModel(settings.load_capacity, settings.imbalance_threshold)
         self._loads: deque[dict[str, float]] = deque(maxlen=self.imbalance.hold)
@@ -212,6 +214,8 @@ class MetaFlowCore:
         if isinstance(event, (StepDone, StepFailed)):
             return self._outcome(event)
         if isinstance(event, Tick):
+            self.registry.catch_up()   # what the liveness datagrams said since the last tick
+            self._after_silence()
             return [*self._probe(self.clock()), *self._tick(event)]
         if isinstance(event, ArpIn):
             return self._arp(event)
@@ -354,10 +358,11 @@ class MetaFlowCore:
             if server is not None or message.sender_ip in self.inventory.hosts:
                 self.world.event("arp-refused", logging.WARNING, ip=message.sender_ip, mac=message.sender_mac,
                                  at=f"{event.dpid}:{event.port}", why=why)
-        elif self.inventory.learn(message.sender_ip, message.sender_mac, event.dpid, event.port):
+        elif self._learn(message, event.dpid, event.port):
             self.last_change = self.clock()
             if self.graph is not None:
-                steps += self._refresh_routes()
+                steps += self._route_one(message.sender_ip) if self._graph_version == self.inventory.version \
+                    else self._refresh_routes()
                 pending = {s.id for s in steps if isinstance(s, SendFlows)}
                 if pending:
                     self._routing[message.sender_ip] = pending
@@ -471,7 +476,46 @@ class MetaFlowCore:
                  if h.dpid in self.inventory.dpids and not (hybrid and h.ip not in storage)]
         return discovered_graph(self.inventory.dpids, self.inventory.links, hosts)
 
+    def _learn(self, message: arp.ArpMessage, dpid: int, port: int) -> bool:
+        """Locate an ARP sender (True if news); a graph that was current
+        before stays current but for it (`_route_one` routes it)."""
+        current = self._graph_version == self.inventory.version
+        if not self.inventory.learn(message.sender_ip, message.sender_mac, dpid, port):
+            return False
+        if current:
+            self._graph_version = self.inventory.version
+        return True
+
+    def _route_one(self, ip: str) -> list[Step]:
+        """The routes toward one host just located, when nothing else in the
+        fabric changed since `graph` was made: one breadth-first search from
+        its switch and one entry per switch, instead of every host's routes
+        recomputed (at k=32, 1,280 switches by 2,000 hosts and more, seconds
+        per ARP). Another host's routes do not depend on where this one is,
+        so the tables end as `_refresh_routes` would leave them. `graph`
+        keeps its hosts as they were (only routes are made from it)."""
+        graph, host = self.graph, self.inventory.hosts[ip]
+        edge = f"s{host.dpid}"
+        if graph is None or graph.nodes.get(edge, {}).get("kind") != "switch":
+            return self._refresh_routes()
+        if self.settings.mode != "full":
+            return []
+        toward = routes_to(next_hops(graph, switch_adjacency(graph), edge), host.dpid, host.port, ip)
+        steps: list[Step] = []
+        for dpid, table in self.world.routes.items():
+            if ip in table and dpid not in toward:
+                del table[ip]
+                steps.append(SendFlows(dpid=dpid, messages=ofmsgs.route_messages({}, [ip])))
+        for dpid, out in toward.items():
+            table = self.world.routes.setdefault(dpid, {})
+            if table.get(ip) != out:
+                table[ip] = out
+                steps.append(SendFlows(dpid=dpid, messages=ofmsgs.route_messages({ip: out})))
+        return self._loose_steps(steps, "host routes")
+
     def _refresh_routes(self) -> list[Step]:
+        """Every switch's host routes made again from the fabric as now seen."""
+        self._graph_version = self.inventory.version
         self.graph = self.graph_now()
         new = mode_routes(self.graph, self.settings.mode)
         steps: list[Step] = []
@@ -602,6 +646,7 @@ class MetaFlowCore:
             return []
         growth, switches = grown
         self.graph, self.classification = graph, growth.classification
+        self._graph_version = -1   # made again by `_refresh_routes` below
         for leaf, _group in growth.leaves:   # in the classifier's order, as a rebuild would place them
             candidate = self.registry.servers.get(leaf)
             if candidate is not None and (not candidate.failed or candidate is server):
@@ -617,7 +662,8 @@ class MetaFlowCore:
         server = self.registry.heartbeat(event.name, event.beat, self.clock())
         if server.failed:
             raise NotFound(f"{server.name} was declared failed ({server.failed}): register again")
-        return Ack(True)
+        heard = self.registry.heard.get(server.name)
+        return Ack(True, None if heard is None else round(max(0.0, self.clock() - heard[0]), 3))
 
     # -- the tick: build, fail over, poll, repair, split -------------------------------
 
@@ -691,22 +737,27 @@ class MetaFlowCore:
         return []
 
     def _heard(self, now: float) -> None:
-        """An agent's word after half a heartbeat timeout in which the
+        """An agent's word (by HTTP here; by datagram in the liveness thread,
+        read at the tick) after half a heartbeat timeout in which the
         controller heard nobody ends a silence that was the controller's own
         (cut from the management network, or its listener starved): every
-        server gets the whole grace from now, since those whose request the
-        silence caught try again only after their own request timeout. Said
-        here and not only at a tick (`controller-deaf`): a cut that ends
+        server gets the whole grace from that word, since those whose request
+        the silence caught try again only after their own request timeout.
+        Said here and not only at a tick (`controller-deaf`): a cut that ends
         between two ticks is heard first from one agent, and the tick after
         it took the others' silence for theirs (the nemesis: 7 of 8 servers
         failed over at once after a 1.5 s cut, whose cascade of cancelled
         take-overs left a block's only copy to be dropped)."""
-        silence = now - self._heard_at
-        self._heard_at = now
-        if self.tree is not None and silence > self.settings.heartbeat_timeout_s / 2:
-            self._grace_until = max(self._grace_until, now + self._grace())
-            self.world.event("controller-heard-again", logging.WARNING, silent_s=round(silence, 2),
-                             grace=self._grace())
+        self.registry.hearing.word(now)
+        self._after_silence()
+
+    def _after_silence(self) -> None:
+        """The grace for each silence of everyone a word ended (`_heard`)."""
+        for when, silence in self.registry.hearing.ended():
+            if self.tree is not None:
+                self._grace_until = max(self._grace_until, when + self._grace())
+                self.world.event("controller-heard-again", logging.WARNING, silent_s=round(silence, 2),
+                                 grace=self._grace())
 
     def _grace(self) -> float:
         """How long servers get to be heard again once the controller can hear:
@@ -715,6 +766,20 @@ class MetaFlowCore:
         interval more (one timeout of grace, measured: 3 of 8 agents failed
         over after a 1.5 s pause of the controller)."""
         return 2 * self.settings.heartbeat_timeout_s
+
+    def _too_few_to_preallocate(self, now: float) -> bool:
+        """A first build (no registered agent holds a role) whose bootstrap
+        pre-allocates the space to more servers than are live waits for them,
+        up to --locate-timeout after the first registration; then the space is
+        spread over those there are (`bootstrap-short`). Built at once, one
+        server late to register (or briefly failed on a loaded machine) left
+        the space to 7 of preallocate:8."""
+        wanted = self.settings.bootstrap.count
+        if not wanted or self.first_registration is None \
+                or now - self.first_registration >= self.settings.locate_timeout_s:
+            return False
+        live = self.registry.live()
+        return len(live) < wanted and not any(server.roles for server in live)
 
     def _build(self, now: float) -> list[Step]:
         """Map the network and program every switch (`controller.build`), once
@@ -727,6 +792,8 @@ class MetaFlowCore:
         missing = self.missing()
         if missing and now - self.first_registration < self.settings.locate_timeout_s:
             return []
+        if self._too_few_to_preallocate(now):
+            return []
         for name in missing:
             self.world.mark_failed(name, f"not seen on the data plane within "
                                    f"{self.settings.locate_timeout_s:g} s")
@@ -736,6 +803,7 @@ class MetaFlowCore:
             self.last_change = self.clock()   # wait for more of the topology
             return []
         self.graph, self.classification = graph, built.classification
+        self._graph_version = self.inventory.version
         return self.start("build", "network", set(), lambda op: build_saga(self.world, built.restored))
 
     def _poll_load(self, now: float) -> list[Step]:

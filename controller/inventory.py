@@ -19,6 +19,8 @@ Pure state; no I/O.
 from __future__ import annotations
 
 import ipaddress
+import itertools
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from client_lib.cidr import Block
@@ -35,6 +37,9 @@ class Host:
 Link = tuple[int, int, int, int]
 """(dpid a, port a, dpid b, port b), stored once per pair."""
 
+Port = tuple[int, int]
+"""(dpid, port number)."""
+
 
 class Inventory:
     def __init__(self, space: Block, gateway_ip: str) -> None:
@@ -48,19 +53,40 @@ class Inventory:
         """Each switch's physical ports, from its features and port status."""
         self.names: dict[int, str] = {}
         """Each switch's own name (its local port's), to report it by."""
+        self.version = 0
+        """Counts the changes to what `controller.core.MetaFlowCore.graph_now`
+        reads (switches, links, hosts): a core that holds the graph of one
+        version knows nothing moved since (`core._arp` then routes one new host
+        instead of recomputing every route)."""
+        # Indexes: an ARP packet-in asks whether its port carries a link, a port
+        # status which host it cut off; at k=32 (16,384 links, 8,192 hosts) a
+        # scan per event cost milliseconds (docs/decision-thread.md).
+        self._link_ends: Counter[Port] = Counter()
+        """How many known links end at each (dpid, port)."""
+        self._located: defaultdict[Port, set[str]] = defaultdict(set)
+        """The addresses of the hosts located at each (dpid, port)."""
+        self._rank: dict[str, int] = {}
+        """Each host's position in `hosts` (its first insertion since it was
+        last forgotten): among several hosts at one port the first wins, as a
+        scan of `hosts` in order would find it."""
+        self._ranks = itertools.count()
 
     # -- switches and links --------------------------------------------------------
 
     def switch_up(self, dpid: int, ports: tuple[int, ...] = (), name: str = "") -> None:
+        self.version += 1
         self.dpids.add(dpid)
         self.ports[dpid] = set(ports)
         if name:
             self.names[dpid] = name
 
     def switch_down(self, dpid: int) -> None:
+        self.version += 1
         self.dpids.discard(dpid)
         self.ports.pop(dpid, None)
-        self.links = {link for link in self.links if dpid not in (link[0], link[2])}
+        gone = {link for link in self.links if dpid in (link[0], link[2])}
+        self.links -= gone
+        self._unindex_links(gone)
 
     def link_up(self, a: int, pa: int, b: int, pb: int) -> bool:
         """True when the link is new. Kept with its lower end first, whichever
@@ -69,23 +95,40 @@ class Inventory:
         link = min((a, pa, b, pb), (b, pb, a, pa))
         if link in self.links:
             return False
+        self.version += 1
         self.links.add(link)
+        self._link_ends.update(((a, pa), (b, pb)))
         return True
+
+    def _unindex_links(self, links: set[Link]) -> None:
+        for a, pa, b, pb in links:
+            self._link_ends.subtract(((a, pa), (b, pb)))
+            for end in ((a, pa), (b, pb)):
+                if self._link_ends[end] <= 0:
+                    del self._link_ends[end]
 
     def forget_hosts_at(self, ends: tuple[tuple[int, int], ...]) -> list[Host]:
         """Forget the hosts located at ports now known to carry a link: a frame
         that reached a switch over a link LLDP had not found yet (hybrid mode:
         a server's answer forwarded NORMAL before its own switch held the
         gateway entry) located its sender there by mistake."""
-        gone = [h for h in self.hosts.values() if (h.dpid, h.port) in ends]
+        ips = {ip for end in ends for ip in self._located.get(end, ())}
+        gone = [self.hosts[ip] for ip in sorted(ips, key=self._rank.__getitem__)]
         for host in gone:
+            self._unlocate(host)
             del self.hosts[host.ip]
+            del self._rank[host.ip]
+        if gone:
+            self.version += 1
         return gone
 
     def link_down(self, a: int, pa: int, b: int, pb: int) -> bool:
-        before = len(self.links)
-        self.links -= {(a, pa, b, pb), (b, pb, a, pa)}
-        return len(self.links) != before
+        gone = {(a, pa, b, pb), (b, pb, a, pa)} & self.links
+        self.links -= gone
+        self._unindex_links(gone)
+        if gone:
+            self.version += 1
+        return bool(gone)
 
     def port_down(self, dpid: int, port: int) -> None:
         self.down_ports.add((dpid, port))
@@ -98,16 +141,15 @@ class Inventory:
     def edge_ports(self) -> list[tuple[int, int]]:
         """(dpid, port) of every port that is up and carries no
         switch-to-switch link: where hosts can be."""
-        skip = self.down_ports | {end for a, pa, b, pb in self.links for end in ((a, pa), (b, pb))}
         return sorted((dpid, port) for dpid in self.dpids for port in self.ports.get(dpid, ())
-                      if (dpid, port) not in skip)
+                      if (dpid, port) not in self.down_ports and (dpid, port) not in self._link_ends)
 
     def name(self, dpid: int) -> str:
         """How a switch is reported: its own name and dpid."""
         return f"{self.names[dpid]} (dpid {dpid})" if dpid in self.names else f"dpid {dpid}"
 
     def is_link_port(self, dpid: int, port: int) -> bool:
-        return any((dpid, port) in ((a, pa), (b, pb)) for a, pa, b, pb in self.links)
+        return (dpid, port) in self._link_ends
 
     # -- hosts ---------------------------------------------------------------------
 
@@ -117,7 +159,8 @@ class Inventory:
         return host is not None and (host.dpid, host.port) not in self.down_ports and host.dpid in self.dpids
 
     def host_at(self, dpid: int, port: int) -> Host | None:
-        return next((h for h in self.hosts.values() if (h.dpid, h.port) == (dpid, port)), None)
+        here = self._located.get((dpid, port))
+        return self.hosts[min(here, key=self._rank.__getitem__)] if here else None
 
     def judge(self, ip: str, mac: str, dpid: int, port: int, registered_mac: str | None) -> str | None:
         """Why an ARP sender must not be recorded as a host there, or None if it
@@ -143,11 +186,24 @@ class Inventory:
     def learn(self, ip: str, mac: str, dpid: int, port: int) -> bool:
         """Record a host (after `judge` allowed it). True when this is news."""
         host = Host(ip, mac, dpid, port)
-        if self.hosts.get(ip) == host:
+        old = self.hosts.get(ip)
+        if old == host:
             return False
+        if old is not None:
+            self._unlocate(old)
+        else:
+            self._rank[ip] = next(self._ranks)
+        self.version += 1
         self.hosts[ip] = host
+        self._located[(dpid, port)].add(ip)
         self.down_ports.discard((dpid, port))
         return True
+
+    def _unlocate(self, host: Host) -> None:
+        here = self._located[(host.dpid, host.port)]
+        here.discard(host.ip)
+        if not here:
+            del self._located[(host.dpid, host.port)]
 
     def mac_of(self, ip: str) -> str | None:
         host = self.hosts.get(ip)

@@ -10,6 +10,7 @@ milliseconds even while a split copies for minutes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from client_lib.api.auth import Verifier
-from client_lib.api.rest import REST
+from client_lib.api.rest import REST, Registered
 from client_lib.errors import ApiError, NotLeader
 from client_lib.server.api import Call, Dispatcher, wsgi_app
 from controller import views
@@ -43,10 +44,12 @@ Post = Callable[[Asked], None]
 
 class RestApi:
     def __init__(self, query: Query, post: Post, verifier: Verifier, open_reads: bool,
-                 leadership: Leadership | None = None) -> None:
+                 leadership: Leadership | None = None, liveness_port: int = 0) -> None:
         """`leadership`: a standby answers every changing route 503 `NotLeader`
-        (None: the one controller, always leading)."""
+        (None: the one controller, always leading). `liveness_port`: where
+        this controller takes liveness datagrams, told in every `Registered` (0: none)."""
         self._query = query
+        self._liveness_port = liveness_port
         self._post = post
         self._leadership = leadership or Leadership.alone()
         routes: dict[object, Callable[[MetaFlowCore], object]] = {
@@ -68,7 +71,9 @@ class RestApi:
         if route in self._views:
             return _wait(self._query(self._views[route]), QUICK_S, route)
         if route is REST.register:
-            return self._ask(lambda reply: Register(reply, call.body), QUICK_S, route)
+            answer = self._ask(lambda reply: Register(reply, call.body), QUICK_S, route)
+            assert isinstance(answer, Registered)
+            return dataclasses.replace(answer, liveness_port=self._liveness_port)
         if route is REST.heartbeat:
             return self._ask(lambda reply: Heartbeat(reply, call.params["name"], call.body), QUICK_S, route)
         if route is REST.split:

@@ -84,6 +84,12 @@ class Settings:
     of_port: int = OPENFLOW_PORT
     rest_host: str = "127.0.0.1"
     rest_port: int = REST_PORT
+    # -- liveness datagrams (issue 26, `controller.liveness`) --
+    liveness_port: int | None = None
+    """UDP port for agents' liveness datagrams on the --rest-host; None: the
+    REST port's number (`client_lib.constants.LIVENESS_PORT`); 0: none (HTTP
+    heartbeats only)."""
+    # -- end of liveness --
     metrics_port: int = 0
     """Prometheus metrics on the --rest-host at this port (`controller.metrics`); 0: none."""
     open_reads: bool = False
@@ -103,6 +109,11 @@ class Settings:
         --advertise-url, or http://REST-HOST:REST-PORT."""
         return self.advertise_url or f"http://{self.rest_host}:{self.rest_port}"
 
+    @property
+    def liveness_udp_port(self) -> int:
+        """Where liveness datagrams are taken (0: nowhere): --liveness-port, or the REST port's number."""
+        return self.rest_port if self.liveness_port is None else self.liveness_port
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -120,6 +131,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rest-host", default="127.0.0.1",
                    help="REST API address: the management network's address (agents register here)")
     p.add_argument("--rest-port", type=int, default=REST_PORT, help="REST API port")
+    # -- liveness datagrams (issue 26) --
+    p.add_argument("--liveness-port", type=int, default=None,
+                   help="UDP port on the --rest-host where agents' signed liveness datagrams are taken "
+                        "(default: the --rest-port's number, in UDP; 0: none, agents beat over HTTP); "
+                        "agents learn it when they register")
+    # -- end of liveness --
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on the --rest-host at this port (0: none); a port "
                         "that is taken stops the start")
@@ -225,6 +242,8 @@ def from_args(args: argparse.Namespace) -> Settings:
                         ("--imbalance-threshold", args.imbalance_threshold)):
         if not 0 <= share <= 1:
             raise InvalidArgument(f"{flag} must lie in [0, 1], not {share}")
+    if args.liveness_port is not None and not 0 <= args.liveness_port <= 65535:
+        raise InvalidArgument(f"--liveness-port must be 0 (none) or a port number, not {args.liveness_port}")
     etcd, advertise = _leadership(args)
     return Settings(space=space, gateway_ip=args.gateway, bounds=bounds, capacity=args.capacity,
                     bootstrap=bootstrap, replicas=args.replicas, sync_rate=args.sync_rate,
@@ -239,7 +258,8 @@ def from_args(args: argparse.Namespace) -> Settings:
                     table_budget=args.table_budget or None,
                     mode=args.mode,
                     of_host=args.of_host, of_port=args.of_port, rest_host=args.rest_host,
-                    rest_port=args.rest_port, metrics_port=args.metrics_port, open_reads=args.open_reads,
+                    rest_port=args.rest_port, liveness_port=args.liveness_port,
+                    metrics_port=args.metrics_port, open_reads=args.open_reads,
                     secret=secret, etcd=etcd, etcd_prefix=args.etcd_prefix.rstrip("/"),
                     lease_ttl_s=args.lease_ttl, advertise_url=advertise)
 

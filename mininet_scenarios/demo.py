@@ -1,6 +1,8 @@
 """`make demo`: MetaFlow end to end on a k=4 fat-tree in Mininet.
 
-1. A k=4 fat-tree with 8 storage servers and 8 clients, Open vSwitch in the
+1. A k=4 fat-tree with 8 storage servers and 8 clients (`--topology` names
+   another: `testbed`, the paper's 200 servers, or `fat-tree:8`, whose 128
+   hosts are all servers and get a switch of clients), Open vSwitch in the
    userspace datapath, `metaflow-controller`, one `metaflow-agent` per
    server (LevelDB; `--store redis` for Redis). Two servers start busy, the
    rest idle, and the capacity is low, so servers split while clients write.
@@ -33,7 +35,7 @@ from client_lib.api.rest import REST
 from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_REPLICAS
 from mininet_scenarios.daemons import ROOT
-from mininet_scenarios.metaflow_net import FlowCounts, MetaFlowNet
+from mininet_scenarios.metaflow_net import FlowCounts, MetaFlowNet, add_fabric_arguments
 from topology import builders
 
 
@@ -67,11 +69,14 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     """The demo; `workdir` holds the clients' records of acknowledged writes
     and the controller's log while it runs."""
     started = time.monotonic()
-    graph = builders.fat_tree(4, servers=8)
-    _say(f"MetaFlow demo: k=4 fat-tree, 8 storage servers ({args.store}), 8 clients, "
+    graph = builders.with_clients(builders.named(args.topology))
+    _say(f"MetaFlow demo: {graph.graph['name']}, {len(builders.switches(graph))} switches, "
+         f"{len(builders.storage_hosts(graph))} storage servers ({args.store}), "
+         f"{len(builders.client_hosts(graph))} clients, "
          f"{args.files} files, capacity {args.capacity} keys per server, {args.replicas} copies of each")
     with MetaFlowNet(graph, capacity=args.capacity, store=args.store, workdir=workdir,
-                     replicas=args.replicas, controller_args=["--bootstrap", "preallocate:2"]) as mf:
+                     replicas=args.replicas, controller_args=["--bootstrap", "preallocate:2"],
+                     mgmt_subnet=args.mgmt_subnet, heartbeat=args.heartbeat) as mf:
         _say(f"network up in {mf.timings['network_built_s']} s "
              f"(Mininet + agents {mf.timings['scenario_up_s']} s, then discovery and B-tree)")
         first_request = time.monotonic()
@@ -168,6 +173,7 @@ def _means(counts: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_fabric_arguments(p)
     p.add_argument("--files", type=int, default=20_000, help="files written in phase 1")
     p.add_argument("--capacity", type=int, default=8000,
                    help="keys per server (its backups' included) before it splits")

@@ -23,6 +23,7 @@ every agent every controller's URL, and `view` reads the leader's.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import signal
@@ -37,6 +38,7 @@ import networkx as nx
 
 from btree.fake_network import FakeNetwork
 from btree.flows import Table
+from client_lib.api.admin import ADMIN
 from client_lib.api.auth import load_secret
 from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST
@@ -50,9 +52,13 @@ from mininet_scenarios.etcd import EtcdProcess
 from mininet_scenarios.mgmt import DEFAULT_SUBNET
 from mininet_scenarios.scenario import Scenario
 from nat_agent.ports import listen_port
+from topology import builders
 from topology.classify import discovered_graph, map_topology
 
 ROOT = Path(__file__).resolve().parents[1]
+BUILD_TIMEOUT_S = 60.0
+PER_AGENT_S = 0.5
+"""What one more agent adds to the bring-up's timeouts (measured: docs/testbed.md)."""
 
 Resp = TypeVar("Resp")
 
@@ -99,20 +105,50 @@ class ControllerProcess:
             return self.proc.wait()
 
 
+def add_fabric_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of a command that brings up a `MetaFlowNet` on a named fabric
+    (`make demo`, `metaflowctl bench`): --topology, --heartbeat, --mgmt-subnet.
+    A bad topology is refused by the parser."""
+    def topology(spec: str) -> str:
+        try:
+            builders.named(spec)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return spec
+
+    p.add_argument("--topology", type=topology, default=builders.DEFAULT_TOPOLOGY,
+                   help="the fabric, by name: testbed (the paper's 200 servers; testbed:servers_per_edge=N "
+                        "for fewer), fat-tree:8, three-tier:core=2,edges=4, ...; one whose hosts are all "
+                        "storage servers gets a switch of client hosts under the core")
+    p.add_argument("--heartbeat", type=float, nargs=2, metavar=("PERIOD", "TIMEOUT"), default=None,
+                   help="the agents' --heartbeat and the controller's --heartbeat-timeout (default theirs; "
+                        "a large fabric on a loaded machine needs longer ones: docs/testbed.md)")
+    p.add_argument("--mgmt-subnet", default=DEFAULT_SUBNET,
+                   help="the management network's subnet, to run beside another scenario")
+
+
 class MetaFlowNet:
     def __init__(self, graph: nx.Graph, *, capacity: int | None = None, store: str = "leveldb",
                  replicas: int = DEFAULT_REPLICAS, controller_args: Sequence[str] = (),
-                 agent_args: Sequence[str] = (), build_timeout: float = 60.0,
+                 agent_args: Sequence[str] = (), build_timeout: float | None = None,
                  workdir: Path | None = None, mgmt_subnet: str = DEFAULT_SUBNET,
                  silent_clients: bool = False, mode: str = "full", operator_flows: Sequence[str] = (),
-                 controller_later: bool = False, controllers: int = 1, lease_ttl: int = 1) -> None:
+                 controller_later: bool = False, controllers: int = 1, lease_ttl: int = 1,
+                 heartbeat: Sequence[float] | None = None) -> None:
         """`mgmt_subnet`: the management network's; another one lets this
         network run beside another scenario on the same machine.
         `silent_clients`: clients are not announced, so their first packet
         is also the controller's first word of them (a test of that path).
         `mode`: the controller's --mode. `operator_flows`: see `Scenario`.
         `controller_later`: bring the fabric up without a controller.
-        `controllers`: how many run (more than one: with etcd, one leads)."""
+        `controllers`: how many run (more than one: with etcd, one leads).
+        `build_timeout`: seconds for discovery and the B-tree, and the agents
+        get as long to answer /health; by default 60 s plus `PER_AGENT_S` per
+        storage server: every agent starts at once on the machine's few cores
+        and the controller locates and registers each one. `heartbeat`: the
+        agents' --heartbeat and the controller's --heartbeat-timeout (default
+        theirs); a large fabric on a loaded machine needs longer ones
+        (docs/testbed.md)."""
         if controllers < 1:
             raise ValueError(f"at least one controller, not {controllers}")
         self.graph = graph
@@ -122,10 +158,13 @@ class MetaFlowNet:
         self.silent_clients = silent_clients
         self.capacity = capacity
         self.replicas = replicas
-        self.agent_args = list(agent_args)
+        beat, dead = (["--heartbeat", str(heartbeat[0])], ["--heartbeat-timeout", str(heartbeat[1])]) \
+            if heartbeat else ([], [])
+        self.agent_args = [*agent_args, *beat]
         self.store = store
-        self.controller_args = list(controller_args)
-        self.build_timeout = build_timeout
+        self.controller_args = [*controller_args, *dead]
+        servers = sum(1 for _, d in graph.nodes(data=True) if d.get("role") == "storage")
+        self.build_timeout = build_timeout or BUILD_TIMEOUT_S + PER_AGENT_S * servers
         self.mgmt_subnet = mgmt_subnet
         self.of_ports = [listen_port() for _ in range(controllers)]
         self.rest_ports = [listen_port() for _ in range(controllers)]
@@ -213,7 +252,8 @@ class MetaFlowNet:
                                  start_controller=self._start_controller, agent_args=self.agent_args,
                                  mgmt_subnet=self.mgmt_subnet, operator_flows=self.operator_flows,
                                  await_controller=not self.controller_later,
-                                 standby_controllers=[("127.0.0.1", p) for p in self.of_ports[1:]])
+                                 standby_controllers=[("127.0.0.1", p) for p in self.of_ports[1:]],
+                                 agent_timeout=self.build_timeout)
         if len(self.rest_ports) > 1:
             self.scenario.rest_urls = tuple(self.urls())
         self.scenario.__enter__()
@@ -386,6 +426,27 @@ class MetaFlowNet:
                 self.announce()  # a host whose first ARP raced the switches' connection
         raise TimeoutError(f"controller did not build the network in {self.build_timeout} s; "
                            f"topology: {self.view(REST.topology)}")
+
+    def wait_served(self, timeout: float = 60.0) -> None:
+        """Until every live server's agent holds the blocks the controller
+        gave it (`ADMIN.blocks`): the build only sends the roles, and a
+        client that finds a server by itself (the benchmarks' hash mapping)
+        is answered MOVED until they arrive, which on a large fabric is
+        seconds after `wait_built`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            servers = self.view(REST.servers).servers
+            behind = {}
+            for node, agent in self.running.agents.items():
+                want = set(servers[self.running.topo.names[node]].blocks)
+                have = {b.block for b in agent.call(ADMIN.blocks).blocks}
+                if not want <= have:
+                    behind[agent.name] = sorted(map(str, want - have))
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"agents without their blocks after {timeout} s: {behind}")
+            time.sleep(0.5)
 
     # -- use ---------------------------------------------------------------------
 

@@ -272,6 +272,8 @@ class Settings:
     rejoin_timeout: float = 20.0
     mgmt_subnet: str = DEFAULT_SUBNET
     """Another one runs the nemesis beside another scenario."""
+    liveness_datagrams: bool = False
+    """Agents beat by liveness datagram (their ``--liveness-datagrams``), not HTTP."""
 
 
 # -- what the agents say they serve ------------------------------------------------------
@@ -897,6 +899,7 @@ def run(settings: Settings, say: Callable[[str], None] = print, keep: Path | Non
         graph = builders.fat_tree(4, servers=8)
         with MetaFlowNet(graph, capacity=1_000_000, store=settings.store, replicas=settings.replicas,
                          workdir=workdir, controller_args=["--no-auto-split"],
+                         agent_args=["--liveness-datagrams"] if settings.liveness_datagrams else [],
                          mgmt_subnet=settings.mgmt_subnet, controllers=settings.controllers) as mf:
             say(f"nemesis: k=4 fat-tree, 8 servers ({settings.store}, r={settings.replicas}), "
                 f"{settings.clients} clients, {settings.controllers} controller(s); "
@@ -1022,11 +1025,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mgmt-subnet", default=DEFAULT_SUBNET,
                    help="the management network (another one runs beside another scenario)")
     p.add_argument("--keep", type=Path, help="keep histories and logs in this (new) directory")
+    p.add_argument("--liveness-datagrams", action="store_true",
+                   help="agents beat by signed liveness datagram instead of HTTP (docs/liveness.md)")
     args = p.parse_args(argv)
     settings = Settings(kills=args.kills, pauses=args.pauses, partitions=args.partitions,
                         slow_disks=args.slow_disks, leader_kills=args.leader_kills,
                         controllers=args.controllers, seed=args.seed, clients=args.clients, store=args.store,
-                        hot=args.hot, unique=args.unique, mgmt_subnet=args.mgmt_subnet)
+                        hot=args.hot, unique=args.unique, mgmt_subnet=args.mgmt_subnet,
+                        liveness_datagrams=args.liveness_datagrams)
     summary = run(settings, lambda text: print(text, flush=True), args.keep)
     text = json.dumps({k: v for k, v in summary.items() if k != "round_log"}, indent=2)
     print(text)

@@ -55,7 +55,7 @@ from nat_agent.agent import Agent, Identity
 from nat_agent.extension import PYTHON_PATH_NOTICE, UNAVAILABLE
 from nat_agent.metrics import AgentMetrics
 from nat_agent.migration import Migrator
-from nat_agent.registration import Registrar
+from nat_agent.registration import STATE_PERIOD_S, Registrar
 from nat_agent.replica import ReplicaServer
 from nat_agent.replication import DEFAULT_TIMEOUT as REPLICATION_TIMEOUT
 from nat_agent.replication import Replicator
@@ -68,7 +68,7 @@ from nat_agent.syncs import Syncs
 
 log = logging.getLogger("metaflow.agent")
 
-LIVE_FLAGS = frozenset({"log_level", "heartbeat"})
+LIVE_FLAGS = frozenset({"log_level", "heartbeat", "state_period"})
 """The flags (by their `argparse` names) a running agent takes from a reload;
 every other one shapes a listener, the store or the compiled request path,
 which only a restart rebuilds."""
@@ -156,6 +156,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat", type=float, default=0.25,
                    help="seconds between heartbeats (the controller declares a silent server "
                         "failed after a few missed ones)")
+    p.add_argument("--liveness-datagrams", action="store_true",
+                   help="beat by signed UDP datagrams to a controller that takes them, with HTTP heartbeats "
+                        "only when the state changes or the controller asks; off by default: with it on, "
+                        "the nemesis still loses reads (docs/liveness.md)")
+    p.add_argument("--state-period", type=float, default=STATE_PERIOD_S,
+                   help="seconds between HTTP heartbeats while beating by datagram (the safety net; a "
+                        "change of state is sent at once)")
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop")
     p.add_argument("--request-path", choices=("compiled", "python"), default="compiled",
                    help="compiled: GET/SET/EXISTS/PING that need no waiting are answered in compiled "
@@ -189,7 +196,7 @@ def from_args(args: argparse.Namespace) -> argparse.Namespace:
             "and give the same file to the controller and every agent")
     args.secret = checked("--secret-file", load_secret, args.secret_file)
     args.controller = controller_urls(args.controller) if args.controller else None
-    for flag in ("peer_timeout", "replication_timeout", "heartbeat"):
+    for flag in ("peer_timeout", "replication_timeout", "heartbeat", "state_period"):
         if not getattr(args, flag) > 0:
             raise InvalidArgument(f"--{flag.replace('_', '-')} must be positive")
     if not 0 <= args.metrics_port <= 65535:
@@ -237,6 +244,8 @@ def reload(running: argparse.Namespace, new: argparse.Namespace, registrar: Regi
         set_log_level(new.log_level)
     if "heartbeat" in outcome.applied and registrar is not None:
         registrar.interval = new.heartbeat
+    if "state_period" in outcome.applied and registrar is not None:
+        registrar.state_period = new.state_period
     for name in outcome.applied:
         setattr(running, name, getattr(new, name))
     return outcome
@@ -309,7 +318,8 @@ async def run(args: argparse.Namespace, reread: Callable[[], argparse.Namespace]
         await admin.start(admin_host, admin_port)
         undo.push_async_callback(admin.stop)
         if args.controller:
-            registrar = Registrar(agent, args.controller, args.secret, args.heartbeat)
+            registrar = Registrar(agent, args.controller, args.secret, args.heartbeat,
+                                  args.liveness_datagrams, args.state_period)
             registrar.start()
             undo.push_async_callback(registrar.stop)
         log.info("agent %s serving %s on %s:%d (rewrite %s, data %s/%s), admin on %s:%d, replication "

@@ -32,6 +32,26 @@ to its controller (the answers are signed). What the answers mean:
 - 401: the controller does not share our secret (or is not the
   controller): an error too, and keep asking.
 
+Liveness datagrams (issue 26, `client_lib.liveness`): a controller that
+takes them says where in its answer to a registration
+(`Registered.liveness_port`). Then the beats go as signed UDP datagrams,
+a few dozen bytes each, and an HTTP heartbeat only when the state it
+carries (owned, frozen, degraded blocks) changes, every
+``--state-period`` as a safety net, when the controller nudges us (it
+does not know us, declared us failed, is a standby, or holds an older
+state of us), and when datagrams go unanswered for `ACK_WAIT_S`: that
+heartbeat finds a controller that is down or paused, and its failure
+moves us on as before; when it succeeds the datagrams resume, unless
+that happened more than `UNANSWERED_LIMIT` times in a row without an ACK
+between (UDP blocked on the way: then HTTP for a state period). When the
+heartbeat's answer says the controller does take our datagrams
+(`Ack.datagram_age_s`), only its replies are late (a controller starved
+of CPU): the next HTTP heartbeat waits twice as long, up to
+`ACK_WAIT_MAX_S`, instead of putting our load back on HTTP, which would
+starve it further. The key count
+rides in every datagram, so writes cause no HTTP heartbeats.
+Agents beat by datagram only with ``--liveness-datagrams`` (off by default: docs/liveness.md).
+
 A controller that is down is not an agent error: we log once per outage
 and keep trying every interval, serving clients all the while.
 
@@ -53,14 +73,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from client_lib.api.admin import AssignRequest
 from client_lib.api.clients import AsyncApiClient
 from client_lib.api.leaders import Leaders, moves_on
 from client_lib.api.rest import REST, Heartbeat, Registered, Registration
 from client_lib.errors import ApiError, AuthError, Conflict, InvalidArgument, NotFound, NotLeader
+from client_lib.liveness import NUDGE, LivenessError, LivenessKey, decode_reply, encode_beat, state_digest
+from client_lib.liveness import Sequence as BeatSequence
 from nat_agent.agent import Agent
 from nat_agent.fence import StaleTerm
 
@@ -84,12 +108,49 @@ STAY_S = 1.0
 full timeout after that)."""
 STOP_WAIT_S = 0.5
 """How long `Registrar.stop` waits for a cancellation to end the loop before it cancels again."""
+STATE_PERIOD_S = 60.0
+"""Seconds between HTTP heartbeats while beating by datagram (``--state-period``):
+only the safety net (a change of state goes at once; a controller's
+restart, a standby, a failure declared or a state it lost nudge at once;
+a silent controller is noticed by the missing ACKs), so it may be long:
+2,000 servers at one per 60 s are 33 requests a second, about 3 % of a
+controller core at the 0.8-1 ms one costs (docs/liveness.md)."""
+ACK_WAIT_S = 1.0
+"""How long datagrams may go unanswered before the agent beats over HTTP
+(the controller's heartbeat timeout, 1 s by default): a controller that is
+paused or gone is then found, and left, as over HTTP alone."""
+ACK_WAIT_MAX_S = 4.0
+"""The longest `ACK_WAIT_S` doubles to while the controller says it takes our
+datagrams but its replies do not come: 2,000 agents then send 500 HTTP
+heartbeats a second, not 8,000; a controller that stops answering HTTP too
+is left within this and a request's timeout."""
+UNANSWERED_LIMIT = 2
+"""HTTP heartbeats sent in a row because datagrams went unanswered, after
+which the next one puts the agent on HTTP alone for a state period: a
+lost or late ACK (a busy controller) must not put its load back on HTTP;
+three times in a row is UDP that does not get through."""
+
+
+class _Replies(asyncio.DatagramProtocol):
+    """The controller's replies to our beats, handed to `Registrar._reply`."""
+
+    def __init__(self, registrar: Registrar) -> None:
+        self._registrar = registrar
+
+    def datagram_received(self, data: bytes, addr: tuple[str | object, ...]) -> None:
+        self._registrar._reply(data)
+
+    def error_received(self, exc: Exception) -> None:
+        """A refused port (ICMP): nothing to do; the missing replies say it (`ACK_WAIT_S`)."""
 
 
 class Registrar:
     def __init__(self, agent: Agent, controllers: str | Sequence[str], secret: bytes,
-                 interval: float = 0.25) -> None:
-        """`controllers`: one base URL, or several (`client_lib.api.leaders`)."""
+                 interval: float = 0.25, datagrams: bool = True,
+                 state_period: float = STATE_PERIOD_S) -> None:
+        """`controllers`: one base URL, or several (`client_lib.api.leaders`);
+        `datagrams`: beat by datagram where the controller takes them;
+        `state_period`: seconds between HTTP heartbeats meanwhile."""
         ident = agent.identity
         if not (ident.data_ip and ident.data_mac):
             raise ValueError("registration needs the data-plane address and MAC")
@@ -108,6 +169,26 @@ class Registrar:
         self._silent: tuple[str, float] | None = None
         """The controller that last gave no answer, and when it first did."""
         self._quick: dict[str, AsyncApiClient] = {}
+        self.datagrams = datagrams
+        self.state_period = state_period
+        self.beats = 0
+        """Datagrams sent (`heartbeats` counts the HTTP ones)."""
+        self._key = LivenessKey(secret)
+        self._seq = BeatSequence()
+        self._udp: asyncio.DatagramTransport | None = None
+        self._target: tuple[object, ...] = ()
+        self._port = 0
+        """The current controller's liveness port (`Registered.liveness_port`; 0: HTTP only)."""
+        self._http: tuple[bytes, float] | None = None
+        """The state digest of our last HTTP heartbeat, and when it was answered."""
+        self._answered = 0.0
+        self._ack_wait = ACK_WAIT_S
+        """How long datagrams may go unanswered now (`ACK_WAIT_S`, doubled while only replies are late)."""
+        self._nudged = False
+        self._http_only_until = 0.0
+        self._unanswered = 0
+        """HTTP heartbeats sent, in a row, because datagrams went unanswered."""
+        self._last_reply: dict[str, int] = {}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="registrar")
@@ -116,6 +197,9 @@ class Registrar:
         """Cancel the loop, again if need be: a cancellation that lands as a
         request times out can come back as the request's timeout error,
         which the loop would take for a controller that is down and go on."""
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
         if self._task is None:
             return
         self._stopping = True
@@ -202,11 +286,22 @@ class Registrar:
     async def _once(self) -> None:
         if self.registered:
             ownership = self.agent.ownership
-            beat = Heartbeat(await self.agent.store.total(), ownership.owned, ownership.frozen,
-                             ownership.degraded)
+            keys = await self.agent.store.total()
+            digest = state_digest(ownership.owned, ownership.frozen, ownership.degraded)
+            if await self._beat(keys, digest):
+                return
+            beat = Heartbeat(keys, ownership.owned, ownership.frozen, ownership.degraded)
             try:
-                await self.controller.call(REST.heartbeat, beat, name=self.agent.identity.name)
+                ack = await self.controller.call(REST.heartbeat, beat, name=self.agent.identity.name)
                 self.heartbeats += 1
+                self._http = (digest, time.monotonic())
+                self._answered = self._http[1]
+                self._nudged = False
+                age = ack.datagram_age_s
+                if self._unanswered and age is not None and age <= self._ack_wait:
+                    # sent for want of replies, but the controller takes our datagrams: they are late
+                    self._unanswered = 0
+                    self._ack_wait = min(2 * self._ack_wait, ACK_WAIT_MAX_S)
                 return
             except NotFound:
                 log.info("the controller forgot us; registering again")
@@ -214,11 +309,65 @@ class Registrar:
         answer = await self.controller.call(REST.register, self.registration())
         await self.agent.admit_term(answer.term, "the answer to our registration")
         self.registered = True
+        self._to_controller(answer.liveness_port)
         log.info("registered with the controller at %s as %s%s", self.controller.base_url,
                  self.agent.identity.name, "" if answer.roles is not None else
                  "; it has no word on our roles yet" + (" (still suspended)"
                                                          if self.agent.ownership.suspended else ""))
         await self._adopt(answer)
+
+    def _to_controller(self, port: int) -> None:
+        """Beat (by datagram, if `port`) to the controller that just registered us."""
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
+        self._port = port if self.datagrams else 0
+        self._http, self._nudged, self._http_only_until, self._unanswered = None, False, 0.0, 0
+        self._ack_wait = ACK_WAIT_S
+
+    async def _beat(self, keys: int, digest: bytes) -> bool:
+        """Beat by datagram if that is enough now (module docstring); False: send an HTTP heartbeat."""
+        now = time.monotonic()
+        if (not self._port or self._nudged or self._http is None or self._http[0] != digest
+                or now - self._http[1] >= self.state_period or now < self._http_only_until):
+            return False
+        if now - self._answered > self._ack_wait:
+            self._unanswered += 1
+            if self._unanswered > UNANSWERED_LIMIT:
+                self._unanswered = 0
+                self._http_only_until = now + self.state_period
+                self._report("datagrams", logging.WARNING,
+                             f"no answer to our liveness datagrams from {self.controller.base_url} "
+                             f"(UDP port {self._port}) while it answers HTTP; heartbeats over HTTP for "
+                             f"{self.state_period:g} s")
+            return False
+        if self._udp is None:
+            loop = asyncio.get_running_loop()
+            host = urlsplit(self.controller.base_url).hostname or ""
+            found = await loop.getaddrinfo(host, self._port, type=socket.SOCK_DGRAM)
+            family, _, _, _, self._target = found[0]
+            self._udp, _ = await loop.create_datagram_endpoint(lambda: _Replies(self), family=family)
+        self._udp.sendto(encode_beat(self._key, self.agent.identity.name, self._seq.next(), digest, keys,
+                                     self.agent.fence.term), self._target)
+        self.beats += 1
+        return True
+
+    def _reply(self, data: bytes) -> None:
+        """The controller's reply to a beat: ACK (heard), NUDGE (send an HTTP heartbeat now)."""
+        name = self.agent.identity.name
+        try:
+            reply = decode_reply(data, self._key, time.time(), self._last_reply)
+        except LivenessError as exc:
+            log.debug("%s", exc)
+            return
+        if reply.name != name:
+            return
+        self._last_reply[name] = reply.seq
+        self._answered = time.monotonic()
+        self._unanswered = 0
+        self._ack_wait = ACK_WAIT_S
+        if reply.kind == NUDGE:
+            self._nudged = True
 
     async def _adopt(self, answer: Registered) -> None:
         """Hold exactly the roles the controller answered with, if it did."""

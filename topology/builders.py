@@ -15,7 +15,8 @@ pod, the three-tier aggregation block, or in a two-tier tree the edge switch its
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import inspect
+from collections.abc import Callable, Iterable
 from ipaddress import IPv4Address
 from typing import TypeAlias
 
@@ -147,6 +148,22 @@ def two_tier(core: int = 2, edges: int = 4, servers_per_edge: int = 4,
     return _tier_tree(f"twotier-c{core}-e{edges}", core, 0, edges, servers_per_edge, clients_per_edge, 1)
 
 
+def paper_testbed(servers_per_edge: int = 20, clients: int = 10) -> Topology:
+    """The paper's testbed (Section VII-A, Fig. 12): a three-tier tree of 1 core,
+    2 aggregation and 10 edge switches of ``servers_per_edge`` storage servers
+    (20: 200 servers), and the application cluster's ``clients`` client hosts on
+    one client switch under the core (the paper's SwitchD).
+
+    The paper ran 50 client containers, each on a core of its own; here every
+    client host runs a client process on the machine's shared cores, so the
+    default is 10, and ``clients`` says how many.
+    """
+    tree = three_tier(core=1, agg=2, edges=10, servers_per_edge=servers_per_edge)
+    g = attach_app_cluster(tree, switches=1, hosts_per_switch=_int_arg("clients", clients, 1))
+    g.graph["name"] = f"testbed-{10 * servers_per_edge}x{clients}"
+    return g
+
+
 def attach_app_cluster(
     g: Topology, switches: int = 1, hosts_per_switch: int = 4, attach_to: str | list[str] = "core"
 ) -> Topology:
@@ -174,6 +191,69 @@ def attach_app_cluster(
         for target in targets:
             w.link(sw, target)
     return out
+
+
+# --- topologies by name -------------------------------------------------------------
+
+TOPOLOGIES: dict[str, Callable[..., Topology]] = {
+    "fattree": fat_tree, "three-tier": three_tier, "two-tier": two_tier, "testbed": paper_testbed}
+"""Every topology a command line can name (`metaflowctl plan --topology`,
+`metaflowctl bench --topology`, `make demo TOPOLOGY=`): name -> builder."""
+ALIASES = {"fat-tree": "fattree", "threetier": "three-tier", "twotier": "two-tier"}
+DEFAULT_TOPOLOGY = "fattree:4,servers=8"
+"""What `make demo` and `metaflowctl bench` run unless told otherwise: 8 servers, 8 clients."""
+APP_CLIENTS = 8
+"""Client hosts `with_clients` adds by default."""
+
+
+def parse_topology(spec: str) -> tuple[str, dict[str, int | str]]:
+    """``NAME[:ARG,...]`` -> (builder name, keyword arguments).
+
+    An ARG is ``key=value`` (a parameter of the builder; ``-`` may stand for
+    ``_``) or a bare value for the next parameter in the builder's order, so
+    ``fat-tree:8`` is ``fat_tree(k=8)``, ``fattree:8,servers=64`` keeps 64
+    storage servers and ``testbed:servers_per_edge=4`` has 40. Values are
+    integers unless they are not digits (``placement=spread``).
+    """
+    name, _, args = spec.strip().partition(":")
+    name = ALIASES.get(name.strip(), name.strip())
+    if name not in TOPOLOGIES:
+        raise ValueError(f"unknown topology {name!r} in {spec!r}; one of "
+                         f"{', '.join(TOPOLOGIES)} (or {', '.join(ALIASES)})")
+    params = list(inspect.signature(TOPOLOGIES[name]).parameters)
+    kwargs: dict[str, int | str] = {}
+    keyed = False
+    for position, arg in enumerate(a.strip() for a in args.split(",") if a.strip()):
+        key, eq, raw = arg.partition("=")
+        keyed = keyed or bool(eq)
+        if not eq:
+            if keyed or position >= len(params):
+                raise ValueError(f"{spec!r}: bare value {arg!r} after a key=value or beyond the "
+                                 f"{len(params)} parameters of {name} ({', '.join(params)})")
+            key, raw = params[position], arg
+        key = key.strip().replace("-", "_")
+        if key not in params:
+            raise ValueError(f"{spec!r}: {name} has no parameter {key!r}; it takes {', '.join(params)}")
+        if key in kwargs:
+            raise ValueError(f"{spec!r}: {key} given twice")
+        raw = raw.strip()
+        kwargs[key] = int(raw) if raw.lstrip("-").isdigit() else raw
+    return name, kwargs
+
+
+def named(spec: str) -> Topology:
+    """The topology a name such as ``testbed``, ``fat-tree:8`` or
+    ``three-tier:core=2,edges=4`` stands for (see `parse_topology`); a builder's
+    own error for a bad value names the parameter."""
+    name, kwargs = parse_topology(spec)
+    return TOPOLOGIES[name](**kwargs)
+
+
+def with_clients(g: Topology, clients: int = APP_CLIENTS) -> Topology:
+    """``g`` itself if it has client hosts, else ``g`` with an application
+    cluster of ``clients`` hosts on one client switch under every core switch
+    (a fat-tree whose hosts are all storage servers, as the paper's k=8 one)."""
+    return g if client_hosts(g) else attach_app_cluster(g, switches=1, hosts_per_switch=clients)
 
 
 # --- internals --------------------------------------------------------------------

@@ -97,12 +97,26 @@ MOVES = Family("metaflow_moves_total", "counter",
                ("kind", "result"))
 MOVE_SECONDS = Family("metaflow_move_seconds", "histogram", "seconds a move of blocks took", ("kind",))
 
+LIVENESS_DATAGRAMS = Family("metaflow_liveness_datagrams_total", "counter",
+                            "agents' liveness datagrams by outcome: taken (accepted; stale: alive, but "
+                            "its state is newer than the last HTTP heartbeat's), nudged to send an HTTP "
+                            "heartbeat (unknown name, failed server, standby controller) or refused "
+                            "(oversized, malformed, signature, replay, skew)", ("outcome",))
+
+DECISION_SECONDS = Family("metaflow_decision_event_seconds", "histogram",
+                          "seconds the decision thread spent on one event: the core's decision and "
+                          "sending the steps it returned, by the event's kind (Tick, Heartbeat, ArpIn, "
+                          "StepDone, ...): what every other event waited behind", ("event",))
+DECISION_BUCKETS = (0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+"""Buckets of the decision thread's per-event seconds: a heartbeat's tens of microseconds to a
+k=32 build's tens of seconds (docs/decision-thread.md)."""
+
 CONTROLLER: tuple[Family, ...] = (
     SWITCHES_CONNECTED, NETWORK_BUILT, REPLICAS, SWITCH_ENTRIES, TABLE_BUDGET, FLOW_MODS, FLOW_MODS_REFUSED,
     BARRIER_SECONDS, SERVERS, SERVER_KEYS, SERVER_LOAD, HEARTBEAT_AGE, OLDEST_HEARTBEAT, HEARTBEAT_TIMEOUT,
     BLOCKS, BLOCKS_UNBACKED, BLOCKS_NOT_SERVING, IMBALANCE, IMBALANCE_THRESHOLD, DATA_LOST, OPERATIONS,
     OPERATION_SECONDS, OPERATIONS_RUNNING, OPERATION_AGE, MIGRATION_LEASE, MOVES, MOVE_SECONDS,
-    LEADER, TERM, TAKEOVERS, ETCD_REACHABLE)
+    LEADER, TERM, TAKEOVERS, ETCD_REACHABLE, LIVENESS_DATAGRAMS, DECISION_SECONDS)
 
 # -- an agent --------------------------------------------------------------------------
 

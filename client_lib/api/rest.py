@@ -59,6 +59,10 @@ class Registered:
     """The leadership term of the controller that answered (0: a single
     controller without etcd). An agent that has seen a higher term does
     not adopt these roles: the answer comes from an older leader."""
+    liveness_port: int = 0
+    """The UDP port, on the controller's REST address, where it takes
+    liveness datagrams (`client_lib.liveness`); 0: none (an older
+    controller, or ``--liveness-port 0``): beat over HTTP."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,12 @@ class Heartbeat:
 @dataclass(frozen=True)
 class Ack:
     ok: bool
+    datagram_age_s: float | None = None
+    """The answer to a heartbeat: how long ago the controller took this
+    agent's last liveness datagram (None: none yet, or an older
+    controller). Datagrams that arrive while their replies do not (a
+    controller starved of CPU replies late) are no reason to beat over HTTP
+    instead (`nat_agent.registration`)."""
 
 
 # -- views -----------------------------------------------------------------------

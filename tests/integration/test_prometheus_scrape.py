@@ -166,6 +166,10 @@ def test_prometheus_stores_what_the_client_sent_and_the_dashboard_has_data(
     assert prometheus.value(f'{requests}{{command="get",outcome="moved"}}') == 3
     assert prometheus.value(m.KEYS.name) == 30
     assert prometheus.value(m.NETWORK_BUILT.name) == 0
+    # the decision thread timed its events (no agent registers with this controller: its ticks)
+    decided = {str(r["metric"]["event"]): float(r["value"][1])   # type: ignore[index]
+               for r in prometheus.query(f"{m.DECISION_SECONDS.name}_count")}
+    assert decided.get("Tick", 0) > 0, decided
     time.sleep(3)   # a few more scrapes, for the rates over the requests
     empty = [(title, expr) for title, expr in panel_queries()
              if title not in NEED_A_FABRIC and not prometheus.query(expr)]

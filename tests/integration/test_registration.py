@@ -280,3 +280,70 @@ def test_a_registration_answer_from_an_older_leader_is_not_adopted(tmp_path: Pat
             controller.roles, controller.term = [newer], 6
             _until(lambda: agent.call(ADMIN.health).roles == [newer])
             assert not agent.call(ADMIN.health).suspended
+
+
+class _DeafUdp:
+    """Takes liveness datagrams and never replies (a controller starved of
+    CPU replies late or not at all); keeps when each came."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port: int = self.sock.getsockname()[1]
+        self.arrivals: list[float] = []
+        self.running = True
+        self.thread = threading.Thread(target=self._take, daemon=True)
+        self.thread.start()
+
+    def _take(self) -> None:
+        while self.running:
+            try:
+                self.sock.recv(2048)
+            except TimeoutError:
+                continue
+            self.arrivals.append(time.monotonic())
+
+    def close(self) -> None:
+        self.running = False
+        self.thread.join(5)
+        self.sock.close()
+
+
+def test_datagrams_taken_but_not_answered_back_off_the_http_heartbeats(tmp_path: Path,
+                                                                        cluster_secret: Path) -> None:
+    """The controller takes the agent's datagrams (its heartbeat answers
+    say so, `Ack.datagram_age_s`) but its replies do not come: the agent
+    keeps beating by datagram and sends its HTTP heartbeats ever less often
+    (1, 2, 4 s apart), instead of going over to HTTP alone at the full rate,
+    which is what a starved controller can least afford."""
+    udp = _DeafUdp()
+    http: list[float] = []
+
+    def handle(call: Call) -> object:
+        if call.route is REST.register:
+            return Registered(call.body.name, [], 0, liveness_port=udp.port)
+        if call.route is REST.heartbeat:
+            http.append(time.monotonic())
+            last = udp.arrivals[-1] if udp.arrivals else None
+            return Ack(True, None if last is None else time.monotonic() - last)
+        raise NotFound(f"the stand-in does not serve {call.route}", 404)
+
+    try:
+        with FakeApi(REST.ALL, load_secret(cluster_secret), handle) as api, \
+                AgentProcess(f"leveldb:{tmp_path / 'db'}", "--controller", api.url, "--heartbeat", "0.2",
+                             "--liveness-datagrams", "--data-ip", "127.0.0.1", "--capacity", "1234",
+                             log_path=tmp_path / "agent.log", secret_file=cluster_secret):
+            _until(lambda: len(udp.arrivals) >= 1)
+            started = time.monotonic()
+            time.sleep(10)
+            ended = time.monotonic()
+    finally:
+        udp.close()
+    after = [t for t in http if t > started]
+    recent = [t for t in udp.arrivals if t > ended - 2]
+    gaps = [round(b - a, 1) for a, b in zip(after, after[1:])]
+    # HTTP alone at 5 a second would be about 50; backing off 1, 2, 4, 4 s apart: about 4
+    assert 2 <= len(after) <= 7, (len(after), gaps)
+    assert gaps and max(gaps) >= 3.5, gaps
+    assert len(recent) >= 5, "the datagrams went on"

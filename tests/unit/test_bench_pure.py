@@ -110,6 +110,17 @@ def test_the_report_shows_every_scheme_and_every_target():
     for needle in needles:
         assert needle in text
     assert text.index("metaflow") < text.index("\nhash") < text.index("\nchord")
+    # beside the paper's testbed (LevelDB on SSD, Figs. 14 and 16): ours x hash, then the paper's
+    assert "chord 0.30 / nan (paper 0.35 / 5.5)" in text and "onehop" not in text.split("paper's testbed")[1]
+
+
+def test_agent_memory_is_read_from_smaps_rollup():
+    from benchmarks.testbed import parse_rollup
+
+    text = ("55d0-7ffd ---p 00000000 00:00 0    [rollup]\nRss:               55808 kB\n"
+            "Pss:               45160 kB\nShared_Clean:      11264 kB\nPrivate_Clean:       512 kB\n"
+            "Private_Dirty:     43264 kB\nSwap:                  0 kB\n")
+    assert parse_rollup(text) == {"rss_mb": 54.5, "pss_mb": 44.1015625, "uss_mb": 42.75}
 
 
 def test_fig20_table_gives_medians_and_paired_ratios_against_metaflow():

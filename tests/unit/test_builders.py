@@ -12,16 +12,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topology.builders import (
+    DEFAULT_TOPOLOGY,
     LAYERS,
+    TOPOLOGIES,
     attach_app_cluster,
     client_hosts,
     fat_tree,
     hosts,
+    named,
+    paper_testbed,
+    parse_topology,
     port,
     storage_hosts,
     switches,
     three_tier,
     two_tier,
+    with_clients,
 )
 
 MAC_RE = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
@@ -204,6 +210,60 @@ def test_three_tier_paper_testbed() -> None:
     assert [port(g, "a1", f"e{e}") for e in range(5, 10)] == [1, 2, 3, 4, 5]
     assert port(g, "a1", "c0") == 6
     assert port(g, "c0", "a0") == 1 and port(g, "c0", "a1") == 2
+
+
+def test_testbed_is_the_papers_tree_with_an_application_cluster_under_the_core() -> None:
+    g = paper_testbed()
+    check_schema(g)
+    assert g.graph["name"] == "testbed-200x10"
+    assert [len(by_layer(g, layer)) for layer in LAYERS] == [1, 2, 10, 1]
+    assert len(storage_hosts(g)) == 200 and client_hosts(g) == [f"app0h{j}" for j in range(10)]
+    assert g.number_of_edges() == 200 + 10 + 2 + 10 + 1
+    # the storage tree is three_tier()'s, port for port; the client switch hangs off the core's next port
+    tree = three_tier()
+    assert all(g.edges[u, v]["ports"] == d["ports"] for u, v, d in tree.edges(data=True))
+    assert port(g, "c0", "app0") == 3 and port(g, "app0", "c0") == 11
+    assert g.nodes["app0h0"]["ip"] == "10.0.0.201"
+    small = paper_testbed(servers_per_edge=2, clients=3)
+    check_schema(small)
+    assert len(switches(small)) == 14 and len(storage_hosts(small)) == 20 and len(client_hosts(small)) == 3
+    assert port(small, "e9", "a1") == 3
+
+
+def test_topologies_by_name() -> None:
+    assert same_graph(named("testbed"), paper_testbed())
+    assert same_graph(named("fat-tree:8"), fat_tree(8))
+    assert same_graph(named("fattree:4,servers=8"), fat_tree(4, servers=8))
+    assert same_graph(named(DEFAULT_TOPOLOGY), fat_tree(4, servers=8))
+    assert same_graph(named("three-tier:2,2,3,servers-per-edge=4"), three_tier(2, 2, 3, 4))
+    assert same_graph(named(" two-tier : core=3 "), two_tier(core=3))
+    assert parse_topology("fattree:8,placement=spread") == ("fattree", {"k": 8, "placement": "spread"})
+    assert parse_topology("testbed:servers_per_edge=4,clients=2") == (
+        "testbed", {"servers_per_edge": 4, "clients": 2})
+    assert set(TOPOLOGIES) == {"fattree", "three-tier", "two-tier", "testbed"}
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("ring", "unknown topology 'ring'"),
+    ("fattree:q=1", "fattree has no parameter 'q'; it takes k, servers, placement"),
+    ("fattree:k=8,16", "bare value '16' after a key=value"),
+    ("two-tier:1,2,3,4,5", "beyond the 4 parameters of two-tier"),
+    ("fattree:8,k=8", "k given twice"),
+    ("fattree:3", "k must be an integer >= 4, got 3"),
+    ("testbed:clients=0", "clients must be an integer >= 1, got 0"),
+])
+def test_topology_names_refused_with_the_reason(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        named(spec)
+
+
+def test_with_clients_adds_an_application_cluster_only_where_there_is_none() -> None:
+    all_storage = fat_tree(8)
+    g = with_clients(all_storage, 4)
+    check_schema(g)
+    assert len(storage_hosts(g)) == 128 and len(client_hosts(g)) == 4
+    assert neighbors_of_kind(g, "app0", "core") == set(by_layer(g, "core"))
+    assert with_clients(g) is g and with_clients(paper_testbed()).graph["name"] == "testbed-200x10"
 
 
 def test_three_tier_dual_homed() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from btree.bootstrap import Bootstrap
 from btree.tree import State
+from client_lib.api.rest import Heartbeat as HeartbeatBody
 from client_lib.api.rest import Outcome, Registered, Registration
 from client_lib.constants import METAFLOW_PORT
 from client_lib.errors import Conflict, NotFound
@@ -18,6 +19,7 @@ from controller.steps import (
     ArpIn,
     CallAgent,
     FailNow,
+    Heartbeat,
     PacketOut,
     PortDown,
     ReadFlows,
@@ -438,3 +440,45 @@ def test_the_last_live_server_failed_keeps_its_blocks_and_serves_them_when_back(
     assert not world.core.registry[last].failed
     assert any(e["event"] == "server-rejoined" and e["server"] == last for e in world.core.events)
     assert all(world.read(mdid) == ("serve", value) for mdid, value in acked.items())
+
+
+def test_a_first_build_waits_for_the_servers_its_preallocation_wants() -> None:
+    """preallocate:8, one server registering late (within --locate-timeout):
+    the build waits for it, and all 8 own a part of the space."""
+    world = World(fat_tree(4, servers=8), replicas=1, bootstrap=Bootstrap("preallocate", 8))
+    late = sorted(world.agents)[0]
+    world.agents[late].dead = True
+    world.boot(patience=world.settings.locate_timeout_s / 2)
+    assert world.core.tree is None          # the 7 registered and located: it waits
+    world.agents[late].dead = False
+    world.register(world.agents[late])
+    world.beat_for(world.settings.settle_s)
+    world.tick()
+    assert world.core.tree is not None
+    assert sorted(world.tree.leaves_in(State.BUSY)) == sorted(world.agents)
+    assert not any(e["event"] == "bootstrap-short" for e in world.core.events)
+
+
+def test_a_server_missing_at_the_first_build_leaves_the_preallocated_space_to_the_others() -> None:
+    """preallocate:8 on 8 servers, one of which never registers: the build
+    spreads the space over the 7 (it refused to build at all, every tick)."""
+    world = World(fat_tree(4, servers=8), replicas=1, bootstrap=Bootstrap("preallocate", 8))
+    silent = sorted(world.agents)[0]
+    world.agents[silent].dead = True
+    world.boot()
+    assert world.core.tree is not None
+    assert sorted(world.tree.leaves_in(State.BUSY)) == sorted(set(world.agents) - {silent})
+    short = [e for e in world.core.events if e["event"] == "bootstrap-short"]
+    assert [(e["owners"], e["wanted"]) for e in short] == [(7, 8)]
+
+
+def test_a_heartbeats_answer_says_how_long_ago_the_servers_last_datagram_came(built: World) -> None:
+    """What lets an agent tell late replies from datagrams that do not get
+    through (`Ack.datagram_age_s`, `nat_agent.registration`)."""
+    name = sorted(built.agents)[0]
+    agent = built.agents[name]
+    beat = HeartbeatBody(len(agent.records), agent.owned(), [], [])
+    assert built.ask(Heartbeat, name=name, beat=beat).datagram_age_s is None
+    built.core.registry.heard[name] = (built.now, 0)
+    built.advance(0.3)
+    assert built.ask(Heartbeat, name=name, beat=beat).datagram_age_s == pytest.approx(0.3)

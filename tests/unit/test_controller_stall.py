@@ -181,3 +181,19 @@ def test_when_one_server_still_beats_the_silent_ones_are_failed_over() -> None:
     world.beat_for(world.settings.heartbeat_timeout_s + 0.1)
     world.tick()
     assert _failed(world) == set(world.agents) - {speaker}
+
+
+def test_a_cut_ended_by_a_liveness_datagram_fails_nobody_over() -> None:
+    """Agents that beat by datagram send HTTP rarely: the datagram the
+    liveness thread verifies is the word that ends the controller's silence
+    (`Registry.hearing`), read at the next tick."""
+    world = _booted()
+    timeout = world.settings.heartbeat_timeout_s
+    first = sorted(world.agents)[0]
+    world.advance(1.5 * timeout)             # the cut: nothing heard, no tick
+    registry = world.core.registry
+    registry.heard[first] = (world.now, 0)   # what the liveness thread writes for a verified beat
+    registry.hearing.word(world.now)
+    world.tick()
+    assert _failed(world) == set()
+    assert [e["event"] for e in world.core.events].count("controller-heard-again") == 1

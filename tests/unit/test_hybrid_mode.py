@@ -26,6 +26,7 @@ from client_lib.constants import (
 )
 from controller import arp as arp_frames
 from controller.arp import GATEWAY_MAC, ArpMessage
+from controller.core import PROBE_INTERVAL_S
 from controller.inventory import Inventory
 from controller.ofmsgs import (
     base_entries,
@@ -250,6 +251,25 @@ def test_hybrid_mode_asks_for_unlocated_servers_out_of_edge_ports_until_they_ans
         g.nodes[s]["ip"] for s in servers[1:]}
     assert {(p.dpid, p.port) for p in again} == set(at) - {down}
     world.advance(world.settings.heartbeat_timeout_s + 0.1)   # the rest fell silent: dead, not asked for
+    assert _probes(world) == []
+
+
+def test_servers_that_beat_by_datagram_only_are_still_asked_for():
+    """Agents beat by liveness datagram (`controller.liveness` writes
+    `registry.heard`), not by HTTP: they are heard lately, and asked for,
+    for as long as their datagrams come (a real run located none of them
+    when the probes read only the HTTP heartbeat's time)."""
+    g = two_tier(core=1, edges=2, servers_per_edge=2, clients_per_edge=1)
+    world = World(g, mode="hybrid")
+    _connect(world)
+    world.register_all()
+    world.advance(world.settings.settle_s + world.settings.heartbeat_timeout_s + 1.0)
+    names = {world.core.registry.by_ip(g.nodes[s]["ip"]).name: g.nodes[s]["ip"] for s in storage_hosts(g)}
+    for name in names:
+        world.core.registry.heard[name] = (world.now, 0)
+    asked = {packet.Packet(p.data).get_protocol(arp.arp).dst_ip for p in _probes(world)}
+    assert asked == set(names.values())
+    world.advance(world.settings.heartbeat_timeout_s + PROBE_INTERVAL_S + 0.1)   # the datagrams stopped
     assert _probes(world) == []
 
 

@@ -51,7 +51,8 @@ RULE: dict[str, set[str]] = {
     "mininet_scenarios": _CONTRACT | _FILE_SYSTEM | _CORE | _DAEMONS | {"mininet", "networkx", "os_ken"},
     "benchmarks": _CONTRACT | _FILE_SYSTEM | _CORE | _DAEMONS | {"mininet_scenarios", "mininet", "os_ken",
                                                                   "networkx", "sortedcontainers", "numpy",
-                                                                  "tqdm", "matplotlib", "uvloop"},
+                                                                  "tqdm", "matplotlib", "uvloop",
+                                                                  "aiohttp"},   # emulated agents' admin API
 }
 """Which layer may import which: none imports a layer above it, and the client
 library outside its two subpackages imports nothing else of MetaFlow, its

@@ -44,6 +44,7 @@ def test_stop_ends_a_loop_that_swallows_its_cancellation() -> None:
         registrar._task, registrar._stopping, registrar._trouble, registrar._told = None, False, None, 0.0
         registrar._hopped = False
         registrar._silent, registrar._quick = None, {}
+        registrar._port, registrar._udp = 0, None   # a controller without liveness datagrams: HTTP only
         registrar.start()
         await asyncio.sleep(0.05)
         await asyncio.wait_for(registrar.stop(), 5)

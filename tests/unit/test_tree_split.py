@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sortedcontainers import SortedList
 
+from btree.bootstrap import Bootstrap
 from btree.flows import FlowPlanner
 from btree.split import SplitBounds, SplitPlan, apply_split, plan_split
 from btree.tree import LogicalBTree, Move, State, TreeError
@@ -365,6 +366,20 @@ def test_bootstrap_preallocate_skips_failed_leaves():
     t2.fail("a")
     with pytest.raises(TreeError):
         t2.bootstrap_preallocate(5)
+
+
+@pytest.mark.parametrize("policy", ["preallocate:5", "preallocate:4", "preallocate"])
+def test_the_policy_spreads_over_the_usable_leaves_when_fewer_are_left_than_it_wants(policy):
+    """A controller whose servers failed before the first build builds on the
+    others (the tree alone refuses: above) instead of failing every tick."""
+    t = hand_tree()
+    for leaf in "abc":
+        t.fail(leaf)
+    bootstrap = Bootstrap.parse(policy)
+    bootstrap.apply(t)
+    check_invariants(t)
+    assert set(t.leaves_in(State.BUSY)) == {"d", "e"}
+    assert bootstrap.wanted(t) == {"preallocate:5": 5, "preallocate:4": 4, "preallocate": 2}[policy]
 
 
 @pytest.mark.parametrize("count", [1, 2, 3])

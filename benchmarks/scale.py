@@ -1,0 +1,431 @@
+"""`make bench-scale`: the real controller against emulated fat-trees, k = 4 to 32.
+
+For each size, one real `metaflow-controller` (a subprocess on ports of its
+own), the switch emulator (`benchmarks.ofemu`: one OpenFlow 1.0 connection
+per switch) and the agent generator (`benchmarks.agentemu`: the signed
+registration, heartbeats and the admin API of every storage server), then:
+
+- switches: from the first switch's FEATURES_REPLY to every switch in the
+  controller's topology view, and every link found by LLDP;
+- registration: every server's signed registration accepted (a storage row
+  powering up: all at once, 32 in flight);
+- location: then every server's first ARP leaves its edge port, until the
+  controller has located them all (it gives each new host a /32 route on
+  every switch, confirmed by barriers, before it answers);
+- the first build: from the last server located until the build operation
+  has ended (its flows confirmed by barriers) and every switch holds exactly
+  the table the controller's planner computed;
+- the whole-fabric check: the emulated switches' tables, fed to
+  `btree.fake_network.FakeNetwork` on the fabric as the controller
+  discovered it, deliver every ID of the space to the owner of its block
+  from every edge switch (`misdelivered`), and agree entry for entry with
+  the planner's (`REST.flows`: `planner.table` of the controller's tree);
+- optionally (`--restart`) a rebuild by a successor: the controller is
+  stopped and started again on the same ports (a new leader's path without
+  etcd: it rebuilds from the agents and the switches' tables), timed from
+  its start to the same check passing again;
+- all along: the controller's CPU (% of one core) and RSS every 0.5 s from
+  /proc, and the round trip of a REST view, which is computed on the decision
+  thread, as the decision thread's queueing latency (the controller exposes no
+  per-event latency of its own).
+
+Writes benchmarks/results/scale.json and scale.png.
+
+    python -m benchmarks.scale --k 4 8 16 --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, TypeVar
+
+from benchmarks.agentemu import AgentFarm
+from benchmarks.cpu import cpu_seconds
+from benchmarks.ofemu import Emulator
+from btree.fake_network import FakeNetwork, misdelivered
+from btree.flows import FlowEntry, Table
+from client_lib.api.auth import load_secret, write_secret
+from client_lib.api.clients import AsyncApiClient
+from client_lib.api.rest import REST
+from client_lib.cidr import Block
+from client_lib.constants import DEFAULT_SPACE_CIDR
+from client_lib.errors import ApiError
+from topology import builders
+from topology.classify import discovered_graph, map_topology
+
+T = TypeVar("T")
+
+SERVERS = {4: 16, 8: 128, 16: 1024, 32: 2000}
+"""Storage servers per k: every host up to k=16, the paper's 2,000 at k=32."""
+SAMPLE_S = 0.5
+TARGET_S = 30.0
+"""The issue's target for registration, the first build and a rebuild at k=32."""
+HEARTBEAT_S = 1.0
+"""The emulated agents' heartbeat interval (by datagram; a real agent's is
+0.25 s): this process also plays every switch, on the same 2 cores."""
+MIN_TIMEOUT_S = 10.0
+"""The controller's heartbeat timeout: four intervals, 10 s at least. On 2
+cores shared with other work a shorter one failed servers over whose beats
+were only late (k=8, load average 18)."""
+
+
+@dataclass
+class Sample:
+    t: float
+    cpu_pct: float
+    rss_mb: float
+    view_ms: float | None
+    flow_mods: int
+    """Flow mods the emulated switches had received by then."""
+
+
+@dataclass
+class Sampler:
+    """The controller's CPU and memory, and a decision-thread round trip, every `SAMPLE_S`."""
+
+    pid: int
+    client: AsyncApiClient
+    flow_mods: Callable[[], int]
+    start: float = field(default_factory=time.monotonic)
+    samples: list[Sample] = field(default_factory=list)
+
+    async def run(self) -> None:
+        last_t, last_cpu = time.monotonic(), cpu_seconds(self.pid)
+        while True:
+            await asyncio.sleep(SAMPLE_S)
+            began = time.monotonic()
+            try:
+                await self.client.call(REST.operations)
+                view_ms: float | None = 1000 * (time.monotonic() - began)
+            except ApiError:
+                view_ms = None
+            now, cpu = time.monotonic(), cpu_seconds(self.pid)
+            pct = 100 * (cpu - last_cpu) / (now - last_t) if cpu >= last_cpu else 0.0
+            self.samples.append(Sample(round(now - self.start, 2), round(pct, 1), rss_mb(self.pid),
+                                       None if view_ms is None else round(view_ms, 1), self.flow_mods()))
+            last_t, last_cpu = now, cpu
+
+
+def peak_rate(samples: list[Sample]) -> float:
+    """The highest flow-mod rate between two samples (per second)."""
+    return max((round((b.flow_mods - a.flow_mods) / (b.t - a.t), 1) for a, b in pairwise(samples)
+                if b.t > a.t), default=0.0)
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except FileNotFoundError:
+        pass
+    return 0.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def until(what: str, check: Callable[[], Awaitable[T | None]], timeout: float,
+                every: float = 0.25) -> T:
+    """The first truthy result of `check`, asked every `every` s; TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got = await check()
+        except ApiError:
+            got = None
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:g} s")
+        await asyncio.sleep(every)
+
+
+class Controller:
+    """One `metaflow-controller` subprocess on ports of its own."""
+
+    def __init__(self, workdir: Path, args: list[str]) -> None:
+        self.workdir = workdir
+        self.secret_file = write_secret(workdir / "secret")
+        self.secret = load_secret(self.secret_file)
+        self.of_port, self.rest_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.rest_port}"
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = open(self.workdir / f"controller-{self.starts}.log", "wb")
+        cmd = [sys.executable, "-m", "controller.launcher", "--secret-file", str(self.secret_file),
+               "--of-port", str(self.of_port), "--rest-port", str(self.rest_port), *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+def planned_tables(flows: dict[str, list[Any]]) -> dict[int, Table]:
+    """`REST.flows` (the controller's planner, per switch) as tables."""
+    return {int(dpid): {(f.priority, f.prefix): FlowEntry(f.priority, f.prefix, f.out_port, f.set_dl_dst)
+                        for f in entries} for dpid, entries in flows.items()}
+
+
+async def fabric_check(client: AsyncApiClient, emulator: Emulator, space: Block) -> dict[str, Any]:
+    """The whole-fabric check (module doc): entries that differ from the
+    plan, and the edge switches from which some ID misses its owner."""
+    started = time.monotonic()
+    topo = await client.call(REST.topology)
+    servers = (await client.call(REST.servers)).servers
+    plan = planned_tables((await client.call(REST.flows)).switches)
+    held = emulator.tables()
+    differing = sorted(dpid for dpid in held if held[dpid] != plan.get(dpid, {}))
+    storage = {s.data_ip: name for name, s in servers.items()}
+    hosts = [(storage.get(h.ip, f"h{h.ip}"), h.dpid, h.port, h.mac, h.ip,
+              "storage" if h.ip in storage else "client") for h in topo.hosts]
+    graph = discovered_graph([s.dpid for s in topo.switches], topo.links, hosts)
+    _, _, fabric = map_topology(graph, space)
+    partition = sorted((b, name) for name, s in servers.items() for b in s.blocks)
+    edges = sorted({dpid for dpid, _ in fabric.hosts.values()})
+    wrong = misdelivered(FakeNetwork(fabric, held), partition, space, edges)
+    return {"switches": len(held), "entries": sum(len(t) for t in held.values()),
+            "differing_from_plan": differing[:20], "differing_count": len(differing),
+            "ingress_checked": len(edges), "misdelivered_from": [d for d, _ in wrong][:20],
+            "owners": len({name for _, name in partition}), "ok": not differing and not wrong,
+            "seconds": round(time.monotonic() - started, 2)}
+
+
+async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dict[str, Any] | None:
+    """The first build's (or a rebuild's) end: a `network-built` event after
+    `since`, no build operation left, every switch holding the plan."""
+    events = (await client.call(REST.events)).events
+    done = [e for e in events if e["event"] == "network-built" and float(str(e["t"])) >= since]
+    if not done:
+        return None
+    if any(op.kind == "build" for op in (await client.call(REST.operations)).operations):
+        return None
+    plan = planned_tables((await client.call(REST.flows)).switches)
+    if not plan or emulator.tables() != {dpid: plan.get(dpid, {}) for dpid in emulator.switches}:
+        return None
+    return done[-1]
+
+
+async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float,
+                   phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S) -> dict[str, Any]:
+    """One size, measured (module doc); `phase_s`: how long a phase may take before the run stops there."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    graph = builders.fat_tree(k, servers=servers)
+    space = Block.parse(DEFAULT_SPACE_CIDR)
+    interval = heartbeat_s
+    timeout = max(MIN_TIMEOUT_S, 4 * interval)
+    controller = Controller(workdir, ["--settle", str(settle), "--heartbeat-timeout", str(timeout),
+                                      "--locate-timeout", "300", "--barrier-timeout", "60",
+                                      "--agent-timeout", "60", "--log-level", "WARNING"])
+    emulator = Emulator(graph)
+    n_switches = len(emulator.switches)
+    n_links = len(emulator.wiring.links) // 2
+    client = AsyncApiClient(controller.url, controller.secret, timeout=60.0)
+    result: dict[str, Any] = {"k": k, "switches": n_switches, "links": n_links, "servers": servers,
+                              "heartbeat_interval_s": interval, "heartbeat_timeout_s": timeout,
+                              "settle_s": settle, "load_before": os.getloadavg()}
+    farm = AgentFarm(graph, controller.url, controller.secret, space)
+    controller.start()
+    sampler = Sampler(controller.pid, client, lambda: emulator.counters.flow_mods)
+    sampling = asyncio.create_task(sampler.run())
+    try:
+        await until("controller REST", lambda: client.call(REST.leadership), 30)
+        await farm.start()
+        t0 = time.monotonic()
+        await emulator.start("127.0.0.1", controller.of_port)
+
+        async def switches_up() -> bool:
+            return len((await client.call(REST.topology)).switches) == n_switches
+
+        await until("every switch connected", switches_up, 120)
+        t_switches = time.monotonic()
+        first = min(emulator.counters.connected.values())
+        result["switches_connected_s"] = round(t_switches - first, 2)
+
+        async def links_found() -> bool:
+            return len((await client.call(REST.topology)).links) == n_links
+
+        await until("every link found by LLDP", links_found, 300)
+        result["links_found_s"] = round(time.monotonic() - t0, 2)
+
+        t_reg = time.monotonic()
+        farm.start_beating(interval)
+        failed = await farm.register_all()
+        t_registered = time.monotonic()
+        result["registration_s"] = round(t_registered - t_reg, 2)
+        result["registration_failed"] = failed
+
+        # The servers talk: each one's ARP reaches its edge switch (and after a
+        # restart, each one registered again asks again at once).
+        emulator.announce(farm.agents)
+        farm.on_registered = lambda agent: emulator.announce([agent.name])
+
+        async def located() -> bool:
+            return not (await client.call(REST.topology)).missing_servers
+
+        await until("every server located", located, phase_s, every=1.0)
+        t_located = time.monotonic()
+        result["locate_s"] = round(t_located - t_registered, 2)
+
+        async def first_build() -> dict[str, Any] | None:
+            return await built(client, emulator, t_reg)
+
+        event = await until("the first build", first_build, phase_s, every=1.0)
+        t_built = time.monotonic()
+        result["build_s"] = round(t_built - t_located, 2)
+        result["build_planned_at_s"] = round(float(event["t"]) - t_located, 2)
+        result["entries"] = event.get("entries")
+        result["flow_mods"] = emulator.counters.flow_mods
+        result["barriers"] = emulator.counters.barriers
+        result["check"] = await fabric_check(client, emulator, space)
+        result["load_after_build"] = os.getloadavg()
+        if restart:
+            await asyncio.sleep(2 * interval)   # every agent beats the built tree at least once
+            controller.stop()
+            t_restart = time.monotonic()
+            controller.start()
+            sampler.pid = controller.pid
+            await until("controller REST after the restart", lambda: client.call(REST.leadership), 30)
+            event = await until("the rebuild", first_build, phase_s, every=1.0)
+            result["rebuild_s"] = round(time.monotonic() - t_restart, 2)
+            # A successor builds no sooner than one heartbeat timeout after it starts (`core.build_after`).
+            result["rebuild_planned_at_s"] = round(float(event["t"]) - t_restart, 2)
+            result["check_after_rebuild"] = await fabric_check(client, emulator, space)
+            events = (await client.call(REST.events)).events
+            result["rebuild_events"] = [{**e, "t": round(float(str(e["t"])) - t_restart, 2)}
+                                        for e in events if e["event"] != "agent-registered"][:20]
+    except (TimeoutError, ApiError) as exc:   # a phase that did not end: said, with what was reached
+        result["error"] = str(exc)
+        reached: dict[str, Any] = {"flow_mods": emulator.counters.flow_mods,
+                                   "barriers": emulator.counters.barriers, "load": os.getloadavg()}
+        with contextlib.suppress(ApiError):   # a controller that answers nothing any more adds nothing
+            topo = await client.call(REST.topology)
+            reached.update(switches=len(topo.switches), links=len(topo.links), hosts=len(topo.hosts),
+                           missing_servers=len(topo.missing_servers))
+            known = (await client.call(REST.servers)).servers
+            reached["servers_failed"] = sum(1 for s in known.values() if s.failed)
+        result["at_error"] = reached
+    finally:
+        sampling.cancel()
+        await asyncio.gather(sampling, return_exceptions=True)
+        await emulator.close()
+        await farm.close()
+        controller.stop()
+    result.update(http_beats=farm.beats, datagrams=farm.datagrams, beat_errors=farm.beat_errors)
+    result["samples"] = [asdict(s) for s in sampler.samples]
+    cpu = [s.cpu_pct for s in sampler.samples]
+    views = [s.view_ms for s in sampler.samples if s.view_ms is not None]
+    result["cpu_pct_mean"] = round(statistics.fmean(cpu), 1) if cpu else None
+    result["rss_mb_max"] = max((s.rss_mb for s in sampler.samples), default=None)
+    result["view_ms_p50"] = round(statistics.median(views), 1) if views else None
+    result["view_ms_max"] = max(views, default=None)
+    result["flow_mods_per_s_peak"] = peak_rate(sampler.samples)
+    return result
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (cpu_ax, rss_ax, times_ax) = plt.subplots(1, 3, figsize=(15, 4.5))
+    for r in results:
+        label = f"k={r['k']} ({r['switches']} sw, {r['servers']} srv)"
+        ts = [s["t"] for s in r["samples"]]
+        cpu_ax.plot(ts, [s["cpu_pct"] for s in r["samples"]], label=label)
+        rss_ax.plot(ts, [s["rss_mb"] for s in r["samples"]], label=label)
+    cpu_ax.set(title="controller CPU", xlabel="s", ylabel="% of one core")
+    rss_ax.set(title="controller RSS", xlabel="s", ylabel="MB")
+    names = ["switches_connected_s", "links_found_s", "registration_s", "locate_s", "build_s", "rebuild_s"]
+    xs = [f"k={r['k']}" for r in results]
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        times_ax.bar([j + i * width for j in range(len(xs))], [r.get(name) or 0 for r in results], width,
+                     label=name.removesuffix("_s"))
+    times_ax.axhline(TARGET_S, color="grey", linestyle="--", linewidth=1)
+    times_ax.set_xticks([j + 0.4 - width / 2 for j in range(len(xs))], xs)
+    times_ax.set(title="phases (target 30 s at k=32)", ylabel="s")
+    for ax in (cpu_ax, rss_ax, times_ax):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--k", type=int, nargs="+", default=[4, 8, 16, 32], help="fat-tree arities, in order")
+    defaults = ", ".join(f"k={k}: {n}" for k, n in SERVERS.items())
+    p.add_argument("--servers", type=int, nargs="*", default=None,
+                   help=f"storage servers per k (default: {defaults})")
+    p.add_argument("--restart", action="store_true", help="also time a successor's rebuild (a restart)")
+    p.add_argument("--settle", type=float, default=2.0, help="the controller's --settle")
+    p.add_argument("--heartbeat", type=float, default=HEARTBEAT_S,
+                   help="the emulated agents' heartbeat interval")
+    p.add_argument("--phase-timeout", type=float, default=600.0,
+                   help="seconds a phase (location, build, rebuild) may take before the size stops there")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--append", action="store_true",
+                   help="keep the other sizes of an earlier scale.json (each result says its command)")
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/metaflow-scale"))
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # unwinds: the controller is stopped
+    if args.servers and len(args.servers) != len(args.k):
+        p.error("--servers needs one count per --k")
+    sizes = list(zip(args.k, args.servers or [SERVERS.get(k, k**3 // 4) for k in args.k], strict=True))
+    args.out.mkdir(parents=True, exist_ok=True)
+    earlier = args.out / "scale.json"
+    results = [r for r in json.loads(earlier.read_text())["results"] if r["k"] not in args.k] \
+        if args.append and earlier.exists() else []
+    for k, servers in sizes:
+        print(f"k={k}: {servers} servers ...", flush=True)
+        result = asyncio.run(run_size(k, servers, args.workdir / f"k{k}", args.restart, args.settle,
+                                      args.phase_timeout, args.heartbeat))
+        results.append(result)
+        results.sort(key=lambda r: int(r["k"]))
+        print(json.dumps({key: v for key, v in result.items() if key != "samples"}), flush=True)
+        result["command"] = " ".join(sys.argv)
+        result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        report = {"cpus": os.cpu_count(), "results": results}
+        (args.out / "scale.json").write_text(json.dumps(report, indent=1) + "\n")
+    done = [r for r in results if "samples" in r]
+    if done:
+        plot(done, args.out / "scale.png")
+    return 0 if all("error" not in r and r["check"]["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

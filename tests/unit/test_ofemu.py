@@ -1,0 +1,204 @@
+"""benchmarks.ofemu, the pure parts: the topology's wires, the table the flow
+mods build, and the bytes an emulated switch answers, read back by os-ken's
+own OpenFlow 1.0 parser (what the real controller reads them with)."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+from os_ken.ofproto import ofproto_parser
+from os_ken.ofproto import ofproto_v1_0 as ofp
+from os_ken.ofproto import ofproto_v1_0_parser as parser
+
+from benchmarks.ofemu import (
+    HEADER,
+    MAX_MESSAGE,
+    Emulator,
+    FlowTable,
+    Wiring,
+    _Datapath,
+    covers,
+    flow_stats,
+    is_lldp,
+    stats_replies,
+)
+from btree.flows import FlowEntry, SwitchDiff
+from client_lib.cidr import Block
+from controller import arp, ofmsgs
+from topology import builders
+
+GRAPH = builders.fat_tree(4, servers=8)
+ENTRIES = [FlowEntry(2010, Block.parse("100.64.0.0/10"), 3, "00:00:00:00:00:01"),
+           FlowEntry(2012, Block.parse("100.64.0.0/12"), 4, None),
+           FlowEntry(1999, Block.parse("100.64.0.0/11"), 1, None)]
+
+
+class Collected:
+    """A switch's connection, as the bytes written to it."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def messages(self) -> list[Any]:
+        """Every message written, parsed as the controller parses it."""
+        out, buf = [], bytes(self.data)
+        while buf:
+            version, msg_type, length, xid = HEADER.unpack_from(buf)
+            out.append(ofproto_parser.msg(_Datapath, version, msg_type, length, xid, buf[:length]))
+            buf = buf[length:]
+        return out
+
+
+def _wire(msg: Any) -> bytes:
+    msg.datapath = _Datapath
+    if msg.xid is None:
+        msg.set_xid(7)
+    msg.serialize()
+    return bytes(msg.buf)
+
+
+def _packet_out(port: int, frame: bytes) -> Any:
+    return parser.OFPPacketOut(None, ofp.OFP_NO_BUFFER, ofp.OFPP_NONE, [parser.OFPActionOutput(port)], frame)
+
+
+def _feed(emulator: Emulator, dpid: int, msgs: list[Any]) -> None:
+    for msg in msgs:
+        data = _wire(msg)
+        _, msg_type, _, xid = HEADER.unpack_from(data)
+        emulator.switches[dpid].handle(msg_type, xid, data)
+
+
+def test_every_link_of_the_topology_leads_back_and_hosts_are_where_the_builder_put_them() -> None:
+    wiring = Wiring.of(GRAPH)
+    for (dpid, port), (peer, peer_port) in wiring.links.items():
+        assert wiring.peer(peer, peer_port) == (dpid, port)
+    a, b = "p0e0", "p0a1"
+    assert wiring.peer(GRAPH.nodes[a]["dpid"], builders.port(GRAPH, a, b)) == \
+        (GRAPH.nodes[b]["dpid"], builders.port(GRAPH, b, a))
+    host = builders.storage_hosts(GRAPH)[0]
+    (edge,) = GRAPH.neighbors(host)
+    at = (GRAPH.nodes[edge]["dpid"], builders.port(GRAPH, edge, host))
+    assert wiring.hosts[host] == at and wiring.peer(*at) is None   # a frame to a host leaves the emulation
+    assert len(wiring.links) == 2 * 32 and sum(len(p) for p in wiring.ports.values()) == 20 * 4
+
+
+def test_flow_mods_from_the_controllers_own_messages_build_the_table_it_meant() -> None:
+    emulator = Emulator(GRAPH)
+    _feed(emulator, 1, ofmsgs.diff_messages(SwitchDiff(add=ENTRIES)))
+    assert emulator.switches[1].table.metaflow() == {e.match: e for e in ENTRIES}
+    moved = FlowEntry(2010, ENTRIES[0].prefix, 2, "00:00:00:00:00:02")
+    _feed(emulator, 1, ofmsgs.diff_messages(SwitchDiff(modify=[moved], delete=[ENTRIES[1]])))
+    assert emulator.switches[1].table.metaflow() == {moved.match: moved, ENTRIES[2].match: ENTRIES[2]}
+    assert emulator.counters.flow_mods == 2 * 3 + 2 * 2   # a tcp and a udp entry each
+    assert emulator.switches[2].table.entries == {}
+
+
+def test_a_non_strict_delete_removes_what_its_match_covers() -> None:
+    table = FlowTable()
+    for msg in ofmsgs.diff_messages(SwitchDiff(add=ENTRIES)) + ofmsgs.base_messages("full", "100.64.0.1"):
+        table.apply(msg)
+    wide = parser.OFPMatch(dl_type=0x0800, nw_proto=6)   # every tcp entry, whatever nw_dst
+    delete = parser.OFPFlowMod(None, wide, 0, ofp.OFPFC_DELETE, 0, 0, 0, ofp.OFP_NO_BUFFER, ofp.OFPP_NONE)
+    table.apply(delete)
+    assert table.metaflow() == {}   # the tcp halves are gone
+    assert any(e.match.nw_proto == 17 for e in table.entries.values())   # the udp halves are not
+    table.apply(parser.OFPFlowMod(None, parser.OFPMatch(), 0, ofp.OFPFC_DELETE, 0, 0, 0, ofp.OFP_NO_BUFFER,
+                                  ofp.OFPP_NONE))
+    assert table.entries == {}
+
+
+def test_covers_is_openflow_10_non_strict_matching() -> None:
+    def tcp(prefix: str) -> Any:
+        return ofmsgs.metaflow_matches(FlowEntry(2000, Block.parse(prefix), 1))[0]
+
+    ten, twelve, other = tcp("100.64.0.0/10"), tcp("100.64.0.0/12"), tcp("100.128.0.0/10")
+    assert covers(ten, twelve) and not covers(twelve, ten) and not covers(ten, other)
+    assert covers(parser.OFPMatch(), ten) and not covers(ten, parser.OFPMatch())
+
+
+def test_flow_stats_are_read_back_by_os_ken_as_the_table_held() -> None:
+    table = FlowTable()
+    for msg in ofmsgs.diff_messages(SwitchDiff(add=ENTRIES)):
+        table.apply(msg)
+    (reply,) = stats_replies(ofp.OFPST_FLOW, 9, flow_stats(table.entries.values(), 0.0))
+    msg = ofproto_parser.msg(_Datapath, *HEADER.unpack_from(reply), reply)
+    assert msg.xid == 9 and not msg.flags & ofp.OFPSF_REPLY_MORE
+    assert ofmsgs.installed(msg.body).table == {e.match: e for e in ENTRIES}
+
+
+def test_a_long_stats_reply_is_cut_into_parts_flagged_more() -> None:
+    records = [bytes(1000)] * 200
+    parts = stats_replies(ofp.OFPST_FLOW, 1, records)
+    assert len(parts) == 4 and all(len(p) <= MAX_MESSAGE for p in parts)
+    flags = [struct.unpack_from("!H", p, HEADER.size + 2)[0] for p in parts]
+    assert flags == [ofp.OFPSF_REPLY_MORE] * 3 + [0]
+    assert sum(len(p) - HEADER.size - 4 for p in parts) == 200 * 1000
+
+
+def test_lldp_sent_out_of_a_link_port_comes_in_at_the_other_end() -> None:
+    emulator = Emulator(GRAPH)
+    sinks = {dpid: Collected() for dpid in emulator.switches}
+    for dpid, switch in emulator.switches.items():
+        switch.sink = sinks[dpid]
+    (here, there), = [(a, b) for a, b in emulator.wiring.links.items() if a[0] == 1][:1]
+    lldp = bytes.fromhex("0180c200000e" "020000000001" "88cc") + bytes(20)
+    assert is_lldp(lldp) and not is_lldp(arp.probe("10.0.0.1", "100.64.0.1"))
+    out = _packet_out(here[1], lldp)
+    _feed(emulator, here[0], [out])
+    (packet_in,) = sinks[there[0]].messages()
+    assert isinstance(packet_in, parser.OFPPacketIn)
+    assert (packet_in.in_port, bytes(packet_in.data)) == (there[1], lldp)
+    assert all(not sinks[d].data for d in sinks if d != there[0])
+    emulator.switches[there[0]].sink = None   # not connected yet: the frame waits for it
+    _feed(emulator, here[0], [out])
+    emulator.switches[there[0]].sink = sinks[there[0]]
+    sinks[there[0]].data.clear()
+    _feed(emulator, there[0], [parser.OFPFeaturesRequest(None)])
+    features, held = sinks[there[0]].messages()
+    assert isinstance(held, parser.OFPPacketIn) and held.in_port == there[1]
+    emulator.set_port(*there, up=False)   # a link that is down carries nothing
+    sinks[there[0]].data.clear()
+    _feed(emulator, here[0], [out])
+    assert sinks[there[0]].messages() == []
+
+
+def test_a_servers_announcement_is_an_arp_packet_in_from_its_edge_port() -> None:
+    emulator = Emulator(GRAPH)
+    host = builders.storage_hosts(GRAPH)[3]
+    dpid, port = emulator.wiring.hosts[host]
+    sink = Collected()
+    emulator.switches[dpid].sink = sink
+    emulator.gateway_ip = "100.64.0.1"
+    emulator.announce([host])
+    (packet_in,) = sink.messages()
+    message = arp.parse(bytes(packet_in.data))
+    assert packet_in.in_port == port and message is not None
+    assert (message.sender_ip, message.sender_mac, message.target_ip) == \
+        (GRAPH.nodes[host]["ip"], GRAPH.nodes[host]["mac"], "100.64.0.1")
+    assert host in emulator.asking   # asked again until answered
+    reply = arp.reply(message, arp.GATEWAY_MAC)
+    _feed(emulator, dpid, [_packet_out(port % 4 + 1, reply)])
+    assert host in emulator.asking   # an answer out of another port is not this server's
+    _feed(emulator, dpid, [_packet_out(port, reply)])
+    assert host not in emulator.asking
+
+
+@pytest.mark.parametrize("role", [1, 2])
+def test_features_barrier_echo_and_role_are_answered_as_os_ken_expects(role: int) -> None:
+    emulator = Emulator(GRAPH)
+    sink = Collected()
+    switch = emulator.switches[5]
+    switch.sink = sink
+    _feed(emulator, 5, [parser.OFPFeaturesRequest(None), parser.OFPBarrierRequest(None),
+                        parser.OFPEchoRequest(None, b"hi"), ofmsgs.role_request(role == 1)])
+    features, barrier, echo, role_reply = sink.messages()
+    assert features.datapath_id == 5 and set(features.ports) == {*emulator.wiring.ports[5], ofp.OFPP_LOCAL}
+    assert features.ports[ofp.OFPP_LOCAL].name.rstrip(b"\0").decode() == switch.name
+    assert isinstance(barrier, parser.OFPBarrierReply) and bytes(echo.data) == b"hi"
+    assert switch.role == role and role_reply.xid == 7
+    assert 5 in emulator.counters.connected
