@@ -24,6 +24,7 @@ through the same loop.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import logging
@@ -103,6 +104,12 @@ bootstrap, the addresses, the secret, the mode) and take a restart."""
 PROBE_INTERVAL_S = 2.0
 """Hybrid mode: how often a storage server not located yet is asked for
 (`arp.probe` out of every edge port)."""
+PROBE_BUDGET = 4096
+"""Hybrid mode: the most probes (packet-outs) one round sends. A probe goes
+to every edge port for each server not located, so a storage row powering up
+at k=32 (2,000 servers, 8,192 edge ports) would ask for 16 million in one
+tick; the servers are asked for a few at a time instead, in turn (at least
+one per round), while their own ARP for the gateway locates most of them."""
 
 
 BUSY = "is busy"
@@ -151,6 +158,7 @@ class MetaFlowCore:
         self._told_links: tuple[tuple[int, int, int, int], ...] = ()
         """The links the leader last published (`FabricSeen`)."""
         self._probed = float("-inf")   # hybrid mode: when the last probes went out
+        self._probed_up_to = ""   # ... and the last address they asked for (the next round goes on after it)
         self._grow_tried: tuple[float, int] | None = None
         """(last topology change, registrations) of the last new-rack attempt: tried once per state."""
         self.first_registration: float | None = None
@@ -433,7 +441,7 @@ class MetaFlowCore:
     def _probe(self, now: float) -> list[Step]:
         """Hybrid mode: ask for every storage server the data plane does not
         reach yet, out of every edge port (`arp.probe`), every
-        PROBE_INTERVAL_S; its answer to the gateway locates it (`_arp`). Only
+        PROBE_INTERVAL_S, as many as PROBE_BUDGET allows, in turn; its answer to the gateway locates it (`_arp`). Only
         servers heard from lately (registered or beating, failed ones too,
         which rejoin once located): a dead one is not asked for forever. Only
         once the topology has been quiet for --settle: every switch then
@@ -450,6 +458,9 @@ class MetaFlowCore:
             return []
         self._probed = now
         ports = self.inventory.edge_ports()
+        turn = bisect.bisect_right(targets, self._probed_up_to)
+        targets = (targets[turn:] + targets[:turn])[:max(1, PROBE_BUDGET // max(1, len(ports)))]
+        self._probed_up_to = targets[-1]
         steps: list[Step] = [PacketOut(dpid=dpid, port=port, data=arp.probe(ip, self.settings.gateway_ip))
                              for ip in targets for dpid, port in ports]
         for step in steps:

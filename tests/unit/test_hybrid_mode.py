@@ -26,6 +26,7 @@ from client_lib.constants import (
 )
 from controller import arp as arp_frames
 from controller.arp import GATEWAY_MAC, ArpMessage
+from controller import core as core_module
 from controller.core import PROBE_INTERVAL_S
 from controller.inventory import Inventory
 from controller.ofmsgs import (
@@ -373,3 +374,26 @@ def test_a_link_is_held_the_same_whichever_end_lldp_saw_first():
     assert not one.link_up(3, 10, 7, 2)   # the same link, not news
     assert one.links == other.links == {(3, 10, 7, 2)}
     assert other.link_down(7, 2, 3, 10) and not other.links
+
+
+def test_probes_stay_within_the_budget_and_ask_for_every_server_in_turn(monkeypatch):
+    """A storage row powering up at k=32 would ask for 2,000 servers out of
+    8,192 edge ports at once: a round sends at most PROBE_BUDGET probes (at
+    least one server's), and the next round goes on with the servers after
+    the last one asked for, so every one is asked for within a few rounds."""
+    g = two_tier(core=1, edges=2, servers_per_edge=2, clients_per_edge=1)
+    world = World(g, mode="hybrid")
+    at = _connect(world)
+    world.register_all()
+    world.advance(world.settings.settle_s)
+    monkeypatch.setattr(core_module, "PROBE_BUDGET", 2 * len(at))   # two servers' probes a round
+    servers = sorted(g.nodes[s]["ip"] for s in storage_hosts(g))
+    rounds = []
+    for _ in range(3):
+        probes = _probes(world)
+        assert len(probes) <= 2 * len(at)
+        rounds.append(sorted({packet.Packet(p.data).get_protocol(arp.arp).dst_ip for p in probes}))
+        world.beat_for(PROBE_INTERVAL_S)   # heard lately: still asked for
+    assert rounds == [servers[:2], servers[2:], servers[:2]]
+    monkeypatch.setattr(core_module, "PROBE_BUDGET", 1)   # fewer than one server's: still one a round
+    assert len({packet.Packet(p.data).get_protocol(arp.arp).dst_ip for p in _probes(world)}) == 1
