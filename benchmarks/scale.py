@@ -240,8 +240,10 @@ async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dic
 
 
 async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float,
-                   phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S) -> dict[str, Any]:
-    """One size, measured (module doc); `phase_s`: how long a phase may take before the run stops there."""
+                   phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S, mode: str = "full") -> dict[str, Any]:
+    """One size, measured (module doc); `phase_s`: how long a phase may take
+    before the run stops there; `mode`: the controller's --mode (hybrid
+    installs no host routes)."""
     workdir.mkdir(parents=True, exist_ok=True)
     graph = builders.fat_tree(k, servers=servers)
     space = Block.parse(DEFAULT_SPACE_CIDR)
@@ -249,12 +251,12 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
     timeout = max(MIN_TIMEOUT_S, 4 * interval)
     controller = Controller(workdir, ["--settle", str(settle), "--heartbeat-timeout", str(timeout),
                                       "--locate-timeout", "300", "--barrier-timeout", "60",
-                                      "--agent-timeout", "60", "--log-level", "WARNING"])
+                                      "--agent-timeout", "60", "--mode", mode, "--log-level", "WARNING"])
     emulator = Emulator(graph)
     n_switches = len(emulator.switches)
     n_links = len(emulator.wiring.links) // 2
     client = AsyncApiClient(controller.url, controller.secret, timeout=60.0)
-    result: dict[str, Any] = {"k": k, "switches": n_switches, "links": n_links, "servers": servers,
+    result: dict[str, Any] = {"k": k, "mode": mode, "switches": n_switches, "links": n_links, "servers": servers,
                               "heartbeat_interval_s": interval, "heartbeat_timeout_s": timeout,
                               "settle_s": settle, "load_before": os.getloadavg()}
     farm = AgentFarm(graph, controller.url, controller.secret, space)
@@ -363,14 +365,14 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
     fig, (cpu_ax, rss_ax, times_ax) = plt.subplots(1, 3, figsize=(15, 4.5))
     for r in results:
-        label = f"k={r['k']} ({r['switches']} sw, {r['servers']} srv)"
+        label = f"k={r['k']} {r.get('mode', 'full')} ({r['switches']} sw, {r['servers']} srv)"
         ts = [s["t"] for s in r["samples"]]
         cpu_ax.plot(ts, [s["cpu_pct"] for s in r["samples"]], label=label)
         rss_ax.plot(ts, [s["rss_mb"] for s in r["samples"]], label=label)
     cpu_ax.set(title="controller CPU", xlabel="s", ylabel="% of one core")
     rss_ax.set(title="controller RSS", xlabel="s", ylabel="MB")
     names = ["switches_connected_s", "links_found_s", "registration_s", "locate_s", "build_s", "rebuild_s"]
-    xs = [f"k={r['k']}" for r in results]
+    xs = [f"k={r['k']}" + (" hybrid" if r.get("mode") == "hybrid" else "") for r in results]
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         times_ax.bar([j + i * width for j in range(len(xs))], [r.get(name) or 0 for r in results], width,
@@ -393,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"storage servers per k (default: {defaults})")
     p.add_argument("--restart", action="store_true", help="also time a successor's rebuild (a restart)")
     p.add_argument("--settle", type=float, default=2.0, help="the controller's --settle")
+    p.add_argument("--mode", choices=("full", "hybrid"), default="full",
+                   help="the controller's --mode (hybrid: no host routes, the switches' NORMAL carries replies)")
     p.add_argument("--heartbeat", type=float, default=HEARTBEAT_S,
                    help="the emulated agents' heartbeat interval")
     p.add_argument("--phase-timeout", type=float, default=600.0,
@@ -408,14 +412,15 @@ def main(argv: list[str] | None = None) -> int:
     sizes = list(zip(args.k, args.servers or [SERVERS.get(k, k**3 // 4) for k in args.k], strict=True))
     args.out.mkdir(parents=True, exist_ok=True)
     earlier = args.out / "scale.json"
-    results = [r for r in json.loads(earlier.read_text())["results"] if r["k"] not in args.k] \
+    results = [r for r in json.loads(earlier.read_text())["results"]
+               if (r["k"], r.get("mode", "full")) not in {(k, args.mode) for k in args.k}] \
         if args.append and earlier.exists() else []
     for k, servers in sizes:
-        print(f"k={k}: {servers} servers ...", flush=True)
+        print(f"k={k}, {args.mode} mode: {servers} servers ...", flush=True)
         result = asyncio.run(run_size(k, servers, args.workdir / f"k{k}", args.restart, args.settle,
-                                      args.phase_timeout, args.heartbeat))
+                                      args.phase_timeout, args.heartbeat, args.mode))
         results.append(result)
-        results.sort(key=lambda r: int(r["k"]))
+        results.sort(key=lambda r: (int(r["k"]), r.get("mode", "full")))
         print(json.dumps({key: v for key, v in result.items() if key != "samples"}), flush=True)
         result["command"] = " ".join(sys.argv)
         result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
