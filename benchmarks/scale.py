@@ -240,7 +240,8 @@ async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dic
 
 
 async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float,
-                   phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S, mode: str = "full") -> dict[str, Any]:
+                   phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S,
+                   mode: str = "full") -> dict[str, Any]:
     """One size, measured (module doc); `phase_s`: how long a phase may take
     before the run stops there; `mode`: the controller's --mode (hybrid
     installs no host routes)."""
@@ -256,7 +257,8 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
     n_switches = len(emulator.switches)
     n_links = len(emulator.wiring.links) // 2
     client = AsyncApiClient(controller.url, controller.secret, timeout=60.0)
-    result: dict[str, Any] = {"k": k, "mode": mode, "switches": n_switches, "links": n_links, "servers": servers,
+    result: dict[str, Any] = {"k": k, "mode": mode, "switches": n_switches, "links": n_links,
+                              "servers": servers,
                               "heartbeat_interval_s": interval, "heartbeat_timeout_s": timeout,
                               "settle_s": settle, "load_before": os.getloadavg()}
     farm = AgentFarm(graph, controller.url, controller.secret, space)
@@ -396,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart", action="store_true", help="also time a successor's rebuild (a restart)")
     p.add_argument("--settle", type=float, default=2.0, help="the controller's --settle")
     p.add_argument("--mode", choices=("full", "hybrid"), default="full",
-                   help="the controller's --mode (hybrid: no host routes, the switches' NORMAL carries replies)")
+                   help="the controller's --mode (hybrid: no host routes; NORMAL carries replies)")
     p.add_argument("--heartbeat", type=float, default=HEARTBEAT_S,
                    help="the emulated agents' heartbeat interval")
     p.add_argument("--phase-timeout", type=float, default=600.0,

@@ -441,7 +441,8 @@ class MetaFlowCore:
     def _probe(self, now: float) -> list[Step]:
         """Hybrid mode: ask for every storage server the data plane does not
         reach yet, out of every edge port (`arp.probe`), every
-        PROBE_INTERVAL_S, as many as PROBE_BUDGET allows, in turn; its answer to the gateway locates it (`_arp`). Only
+        PROBE_INTERVAL_S, as many as PROBE_BUDGET allows, in turn; its
+        answer to the gateway locates it (`_arp`). Only
         servers heard from lately (registered or beating, failed ones too,
         which rejoin once located): a dead one is not asked for forever. Only
         once the topology has been quiet for --settle: every switch then

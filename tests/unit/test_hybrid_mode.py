@@ -25,8 +25,8 @@ from client_lib.constants import (
     UPRULE_PRIORITY,
 )
 from controller import arp as arp_frames
-from controller.arp import GATEWAY_MAC, ArpMessage
 from controller import core as core_module
+from controller.arp import GATEWAY_MAC, ArpMessage
 from controller.core import PROBE_INTERVAL_S
 from controller.inventory import Inventory
 from controller.ofmsgs import (
