@@ -108,8 +108,8 @@ PROBE_BUDGET = 4096
 """Hybrid mode: the most probes (packet-outs) one round sends. A probe goes
 to every edge port for each server not located, so a storage row powering up
 at k=32 (2,000 servers, 8,192 edge ports) would ask for 16 million in one
-tick; the servers are asked for a few at a time instead, in turn (at least
-one per round), while their own ARP for the gateway locates most of them."""
+tick; the (server, port) pairs are asked through in turn instead, this many a
+round, while the servers' own ARP for the gateway locates most of them."""
 
 
 BUSY = "is busy"
@@ -158,7 +158,8 @@ class MetaFlowCore:
         self._told_links: tuple[tuple[int, int, int, int], ...] = ()
         """The links the leader last published (`FabricSeen`)."""
         self._probed = float("-inf")   # hybrid mode: when the last probes went out
-        self._probed_up_to = ""   # ... and the last address they asked for (the next round goes on after it)
+        self._probed_up_to: tuple[str, tuple[int, int]] = ("", (0, 0))
+        """... and the last (server address, edge port) they asked through: a round goes on after it."""
         self._grow_tried: tuple[float, int] | None = None
         """(last topology change, registrations) of the last new-rack attempt: tried once per state."""
         self.first_registration: float | None = None
@@ -441,8 +442,8 @@ class MetaFlowCore:
     def _probe(self, now: float) -> list[Step]:
         """Hybrid mode: ask for every storage server the data plane does not
         reach yet, out of every edge port (`arp.probe`), every
-        PROBE_INTERVAL_S, as many as PROBE_BUDGET allows, in turn; its
-        answer to the gateway locates it (`_arp`). Only
+        PROBE_INTERVAL_S, as many (server, port) pairs as PROBE_BUDGET
+        allows, in turn; its answer to the gateway locates it (`_arp`). Only
         servers heard from lately (registered or beating, failed ones too,
         which rejoin once located): a dead one is not asked for forever. Only
         once the topology has been quiet for --settle: every switch then
@@ -459,11 +460,19 @@ class MetaFlowCore:
             return []
         self._probed = now
         ports = self.inventory.edge_ports()
-        turn = bisect.bisect_right(targets, self._probed_up_to)
-        targets = (targets[turn:] + targets[:turn])[:max(1, PROBE_BUDGET // max(1, len(ports)))]
-        self._probed_up_to = targets[-1]
+        if not ports:
+            return []
+        # (server, port) pairs in order, a round going on after the last pair the one before sent
+        ip, where = self._probed_up_to
+        turn = bisect.bisect_left(targets, ip)
+        same = targets[turn:turn + 1] == [ip]
+        start = turn * len(ports) + (bisect.bisect_right(ports, where) if same else 0)
+        total = len(targets) * len(ports)
+        pairs = [(targets[n // len(ports)], ports[n % len(ports)])
+                 for n in ((start + i) % total for i in range(min(PROBE_BUDGET, total)))]
+        self._probed_up_to = pairs[-1]
         steps: list[Step] = [PacketOut(dpid=dpid, port=port, data=arp.probe(ip, self.settings.gateway_ip))
-                             for ip in targets for dpid, port in ports]
+                             for ip, (dpid, port) in pairs]
         for step in steps:
             self._issue(step)
         return steps

@@ -378,9 +378,9 @@ def test_a_link_is_held_the_same_whichever_end_lldp_saw_first():
 
 def test_probes_stay_within_the_budget_and_ask_for_every_server_in_turn(monkeypatch):
     """A storage row powering up at k=32 would ask for 2,000 servers out of
-    8,192 edge ports at once: a round sends at most PROBE_BUDGET probes (at
-    least one server's), and the next round goes on with the servers after
-    the last one asked for, so every one is asked for within a few rounds."""
+    8,192 edge ports at once: a round sends at most PROBE_BUDGET probes, and
+    the next round goes on with the (server, port) pair after the last one
+    asked through, so every server is asked for at every port in turn."""
     g = two_tier(core=1, edges=2, servers_per_edge=2, clients_per_edge=1)
     world = World(g, mode="hybrid")
     at = _connect(world)
@@ -395,5 +395,12 @@ def test_probes_stay_within_the_budget_and_ask_for_every_server_in_turn(monkeypa
         rounds.append(sorted({packet.Packet(p.data).get_protocol(arp.arp).dst_ip for p in probes}))
         world.beat_for(PROBE_INTERVAL_S)   # heard lately: still asked for
     assert rounds == [servers[:2], servers[2:], servers[:2]]
-    monkeypatch.setattr(core_module, "PROBE_BUDGET", 1)   # fewer than one server's: still one a round
-    assert len({packet.Packet(p.data).get_protocol(arp.arp).dst_ip for p in _probes(world)}) == 1
+    # Fewer than one server's ports a round: every (server, port) pair once, in turn.
+    monkeypatch.setattr(core_module, "PROBE_BUDGET", 5)
+    asked: list[tuple[str, int, int]] = []
+    for _ in range(len(servers) * len(at) // 5):
+        probes = _probes(world)
+        assert len(probes) == 5
+        asked += [(packet.Packet(p.data).get_protocol(arp.arp).dst_ip, p.dpid, p.port) for p in probes]
+        world.beat_for(PROBE_INTERVAL_S)
+    assert len(asked) == len(set(asked)) == len(servers) * len(at) - len(servers) * len(at) % 5
