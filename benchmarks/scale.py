@@ -64,6 +64,7 @@ from client_lib.api.rest import REST
 from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_SPACE_CIDR
 from client_lib.errors import ApiError
+from controller.settings import MODES, Mode
 from topology import builders
 from topology.classify import discovered_graph, map_topology
 
@@ -241,7 +242,7 @@ async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dic
 
 async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float,
                    phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S,
-                   mode: str = "full") -> dict[str, Any]:
+                   mode: Mode = "full") -> dict[str, Any]:
     """One size, measured (module doc); `phase_s`: how long a phase may take
     before the run stops there; `mode`: the controller's --mode (hybrid
     installs no host routes)."""
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"storage servers per k (default: {defaults})")
     p.add_argument("--restart", action="store_true", help="also time a successor's rebuild (a restart)")
     p.add_argument("--settle", type=float, default=2.0, help="the controller's --settle")
-    p.add_argument("--mode", choices=("full", "hybrid"), default="full",
+    p.add_argument("--mode", choices=MODES, default="full",
                    help="the controller's --mode (hybrid: no host routes; NORMAL carries replies)")
     p.add_argument("--heartbeat", type=float, default=HEARTBEAT_S,
                    help="the emulated agents' heartbeat interval")

@@ -111,9 +111,7 @@ at k=32 (2,000 servers, 8,192 edge ports) would ask for 16 million in one
 tick; the (server, port) pairs are asked through in turn instead, this many a
 round (512 packet-outs a second, against the 930 flow mods a second the
 controller sent at most in the k=32 run), while the servers' own ARP for the
-gateway locates most of them. The first k=32 hybrid run, with one server's
-8,192 probes a round at least, ended with re-sync barriers unanswered for 60 s
-(docs/scale.md)."""
+gateway locates most of them."""
 
 
 BUSY = "is busy"

@@ -166,8 +166,8 @@ def _table_difference(mf: MetaFlowNet, dpids: set[str]) -> dict[str, dict[str, l
     out = {}
     for dpid in sorted(dpids):
         mine, theirs = held.get(int(dpid), {}), plan.get(int(dpid), {})
-        out[dpid] = {"switch only": [str(e) for m, e in mine.items() if theirs.get(m) != e],
-                     "planner only": [str(e) for m, e in theirs.items() if mine.get(m) != e]}
+        out[dpid] = {"switch only": [str(e) for match, e in mine.items() if theirs.get(match) != e],
+                     "planner only": [str(e) for match, e in theirs.items() if mine.get(match) != e]}
     return out
 
 
