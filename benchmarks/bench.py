@@ -57,7 +57,6 @@ from client_lib.api.rest import REST
 from client_lib.constants import LOOKUP_PORT
 from mininet_scenarios.daemons import ROOT
 from mininet_scenarios.metaflow_net import MetaFlowNet
-from mininet_scenarios.mgmt import DEFAULT_SUBNET
 from topology import builders
 
 OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
@@ -85,7 +84,7 @@ class BenchConfig:
     nat_rounds: int = 4
     nat_ops: int = 3000
     schemes: tuple[str, ...] = SCHEMES
-    mgmt_subnet: str = DEFAULT_SUBNET
+    mgmt_subnet: str | None = None
     """The management network's: another lets the run share the machine with another scenario."""
     heartbeat: tuple[float, float] | None = None
     """The agents' --heartbeat and the controller's --heartbeat-timeout (default theirs): on a

@@ -59,7 +59,7 @@ from typing import Any
 from client_lib.api.rest import REST
 from client_lib.cidr import Block
 from mininet_scenarios.metaflow_net import MetaFlowNet
-from mininet_scenarios.mgmt import DEFAULT_SUBNET
+from mininet_scenarios.mgmt import SUBNET_HELP
 from mininet_scenarios.nemesis import back_in_service, settled
 from topology import builders
 
@@ -168,7 +168,8 @@ def summarize_leader(trials: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @contextmanager
-def _cluster(mgmt_subnet: str, controller_args: list[str], controllers: int = 1) -> Iterator[MetaFlowNet]:
+def _cluster(mgmt_subnet: str | None, controller_args: list[str],
+             controllers: int = 1) -> Iterator[MetaFlowNet]:
     """The benchmark's fabric, with data to re-replicate after each kill."""
     with tempfile.TemporaryDirectory(prefix="mffailover") as tmp:
         with MetaFlowNet(builders.fat_tree(4, servers=8), capacity=1_000_000, workdir=Path(tmp),
@@ -178,7 +179,7 @@ def _cluster(mgmt_subnet: str, controller_args: list[str], controllers: int = 1)
             yield mf
 
 
-def run_leader(kills: int, seed: int, settle_timeout: float = 60.0, mgmt_subnet: str = DEFAULT_SUBNET,
+def run_leader(kills: int, seed: int, settle_timeout: float = 60.0, mgmt_subnet: str | None = None,
                say: Callable[[str], object] = print) -> dict[str, Any]:
     rng = random.Random(seed)
     trials: list[dict[str, Any]] = []
@@ -240,7 +241,7 @@ def summarize(trials: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(kills: int, seed: int, heartbeat_timeout: float = 1.0, settle_timeout: float = 60.0,
-        mgmt_subnet: str = DEFAULT_SUBNET, say: Callable[[str], object] = print) -> dict[str, Any]:
+        mgmt_subnet: str | None = None, say: Callable[[str], object] = print) -> dict[str, Any]:
     """`kills` per detection, interleaved; the trials and their summary."""
     rng = random.Random(seed)
     trials: list[dict[str, Any]] = []
@@ -312,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--heartbeat-timeout", type=float, default=1.0, help="the controller's (seconds)")
     p.add_argument("--out", type=Path, default=None, help="write failover.json and failover.png here")
-    p.add_argument("--mgmt-subnet", default=DEFAULT_SUBNET,
-                   help="the management network (another one runs beside another scenario)")
+    p.add_argument("--mgmt-subnet", default=None, help=SUBNET_HELP)
     p.add_argument("--leader-kill", action="store_true",
                    help="two controllers and etcd: kill -9 the leader and a primary in each trial")
     args = p.parse_args(argv)

@@ -44,7 +44,7 @@ from client_lib.api.rest import REST
 from client_lib.cidr import Block
 from controller.status import block_loads
 from mininet_scenarios.metaflow_net import ROOT, MetaFlowNet
-from mininet_scenarios.mgmt import DEFAULT_SUBNET
+from mininet_scenarios.mgmt import SUBNET_HELP
 from mininet_scenarios.zipf_load import hottest_share
 from topology import builders
 
@@ -255,7 +255,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--exponent", type=float, default=1.2, help="Zipf exponent over the paths")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="write hotspot.json and hotspot.png here")
-    p.add_argument("--mgmt-subnet", default=DEFAULT_SUBNET)
+    p.add_argument("--mgmt-subnet", default=None, help=SUBNET_HELP)
     return p
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from client_lib.api.rest import REST
 from mininet_scenarios.demo import _say
 from mininet_scenarios.metaflow_net import MetaFlowNet
+from mininet_scenarios.mgmt import SUBNET_HELP
 from topology import builders
 
 GRAPH = builders.three_tier(core=1, agg=2, edges=4, servers_per_edge=2, edge_uplinks=1, clients_per_edge=1)
@@ -104,7 +105,7 @@ def _wait_events(mf: MetaFlowNet, since: float, until: tuple[str, ...], timeout:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--files", type=int, default=200, help="files each client writes per phase")
-    p.add_argument("--mgmt-subnet", default="10.234.0.0/16", help="the management network")
+    p.add_argument("--mgmt-subnet", default=None, help=SUBNET_HELP)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mfdemoha") as workdir:
         return run(args, Path(workdir))

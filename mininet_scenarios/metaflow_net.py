@@ -49,7 +49,7 @@ from client_lib.errors import ApiError, MetaFlowError
 from mininet_scenarios import ofdump
 from mininet_scenarios.daemons import AgentProcess
 from mininet_scenarios.etcd import EtcdProcess
-from mininet_scenarios.mgmt import DEFAULT_SUBNET
+from mininet_scenarios.mgmt import SUBNET_HELP
 from mininet_scenarios.scenario import Scenario
 from nat_agent.ports import listen_port
 from topology import builders
@@ -123,15 +123,14 @@ def add_fabric_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heartbeat", type=float, nargs=2, metavar=("PERIOD", "TIMEOUT"), default=None,
                    help="the agents' --heartbeat and the controller's --heartbeat-timeout (default theirs; "
                         "a large fabric on a loaded machine needs longer ones: docs/testbed.md)")
-    p.add_argument("--mgmt-subnet", default=DEFAULT_SUBNET,
-                   help="the management network's subnet, to run beside another scenario")
+    p.add_argument("--mgmt-subnet", default=None, help=SUBNET_HELP)
 
 
 class MetaFlowNet:
     def __init__(self, graph: nx.Graph, *, capacity: int | None = None, store: str = "leveldb",
                  replicas: int = DEFAULT_REPLICAS, controller_args: Sequence[str] = (),
                  agent_args: Sequence[str] = (), build_timeout: float | None = None,
-                 workdir: Path | None = None, mgmt_subnet: str = DEFAULT_SUBNET,
+                 workdir: Path | None = None, mgmt_subnet: str | None = None,
                  silent_clients: bool = False, mode: str = "full", operator_flows: Sequence[str] = (),
                  controller_later: bool = False, controllers: int = 1, lease_ttl: int = 1,
                  heartbeat: Sequence[float] | None = None) -> None:

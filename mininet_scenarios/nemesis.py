@@ -107,7 +107,7 @@ from mininet_scenarios.faults import ROOT_NS, HasProcess, cut_off, dropped, paus
 from mininet_scenarios.flowwatch import FlowWatch
 from mininet_scenarios.hostns import HostNamespace
 from mininet_scenarios.metaflow_net import MetaFlowNet
-from mininet_scenarios.mgmt import DEFAULT_SUBNET
+from mininet_scenarios.mgmt import SUBNET_HELP
 from topology import builders
 
 FAULTS = ("kill-primary", "kill-backup", "link-down", "controller-during-failover", "kill-during-split")
@@ -270,7 +270,7 @@ class Settings:
     think: float = 0.01
     settle_timeout: float = 60.0
     rejoin_timeout: float = 20.0
-    mgmt_subnet: str = DEFAULT_SUBNET
+    mgmt_subnet: str | None = None
     """Another one runs the nemesis beside another scenario."""
     liveness_datagrams: bool = False
     """Agents beat by liveness datagram (their ``--liveness-datagrams``), not HTTP."""
@@ -1022,8 +1022,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hot", type=int, default=Settings.hot, help="hot keys shared by every client")
     p.add_argument("--unique", type=int, default=Settings.unique, help="keys of each client alone")
     p.add_argument("--out", type=Path, help="also write the summary (JSON) here")
-    p.add_argument("--mgmt-subnet", default=DEFAULT_SUBNET,
-                   help="the management network (another one runs beside another scenario)")
+    p.add_argument("--mgmt-subnet", default=None, help=SUBNET_HELP)
     p.add_argument("--keep", type=Path, help="keep histories and logs in this (new) directory")
     p.add_argument("--liveness-datagrams", action="store_true",
                    help="agents beat by signed liveness datagram instead of HTTP (docs/liveness.md)")

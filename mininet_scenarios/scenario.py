@@ -77,7 +77,7 @@ from mininet_scenarios.daemons import AgentProcess
 from mininet_scenarios.hostns import HostNamespace
 from mininet_scenarios.interrupts import SignalsHeld, SigtermAsInterrupt
 from mininet_scenarios.leaks import leaks, netns_inode, sweep, unique_prefix
-from mininet_scenarios.mgmt import DEFAULT_SUBNET, ManagementNetwork
+from mininet_scenarios.mgmt import ManagementNetwork
 from mininet_scenarios.syscmd import ofctl, vsctl
 from mininet_scenarios.topos import HOST_NETWORK, GraphTopo, host_number, mininet_name
 from nat_agent.rules import DEFAULT_MODE
@@ -111,7 +111,7 @@ class Scenario:
                  fail_mode: str = "secure", start_controller: ControllerHook | None = None,
                  rest_port: int | None = None, store: str = "leveldb", rewrite: str = DEFAULT_MODE,
                  space: str = str(DEFAULT_SPACE), gateway: str = DEFAULT_GATEWAY,
-                 mgmt_subnet: str = DEFAULT_SUBNET, prefix: str | None = None,
+                 mgmt_subnet: str | None = None, prefix: str | None = None,
                  agent_args: Sequence[str] = (), connect_timeout: float = 30.0,
                  agent_timeout: float = 30.0, operator_flows: Sequence[str] = (),
                  await_controller: bool = True, standby_controllers: Sequence[tuple[str, int]] = (),

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,24 @@ def test_a_management_subnet_already_routed_here_is_refused():
     with pytest.raises(RuntimeError, match="overlaps"):
         mgmt.up()
     assert leaks("mfnone") == {}
+
+
+def test_scenarios_started_at_once_without_a_subnet_take_different_free_ones():
+    """The choice is made under a lock: threads racing to `up` never share a subnet."""
+    nets = [ManagementNetwork(f"mfsub{i}") for i in range(3)]
+    try:
+        with ThreadPoolExecutor(len(nets)) as pool:
+            list(pool.map(lambda mgmt: mgmt.up(), nets))
+        subnets = [mgmt.network for mgmt in nets]
+        assert all(not a.overlaps(b) for i, a in enumerate(subnets) for b in subnets[i + 1:]), subnets
+        for mgmt in nets:
+            route = subprocess.run(["ip", "-4", "route", "show", "dev", mgmt.bridge], capture_output=True,
+                                   text=True, check=True).stdout
+            assert route.startswith(f"{mgmt.network} "), (mgmt.bridge, route)
+    finally:
+        for mgmt in nets:
+            mgmt.close()
+    assert all(leaks(f"mfsub{i}") == {} for i in range(len(nets)))
 
 
 @pytest.mark.timeout(30)
