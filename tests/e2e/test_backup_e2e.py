@@ -34,13 +34,12 @@ CAPACITY = 8000
 """The demo's (mininet_scenarios/demo.py)."""
 
 
-MGMT_SUBNET = "10.249.0.0/16"
 """Not the default: this long test can run beside another scenario."""
 
 
 def _demo_net(workdir: Path) -> MetaFlowNet:
     return MetaFlowNet(builders.fat_tree(4, servers=8), capacity=CAPACITY, workdir=workdir,
-                       controller_args=["--bootstrap", "preallocate:2"], mgmt_subnet=MGMT_SUBNET)
+                       controller_args=["--bootstrap", "preallocate:2"])
 
 
 def _ctl(mf: MetaFlowNet, *args: str) -> tuple[float, str]:

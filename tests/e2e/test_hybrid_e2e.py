@@ -32,7 +32,6 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 GRAPH = builders.three_tier(core=1, agg=2, edges=4, servers_per_edge=2, edge_uplinks=1, clients_per_edge=1)
 OPERATOR_NORMAL = "priority=0,actions=NORMAL"
-MGMT_SUBNET = "10.236.0.0/16"   # none of the other e2e tests' (they may run at the same time)
 IPERF_PORT = 5001
 PING_TIMEOUT = 2
 FILES = 60
@@ -123,7 +122,7 @@ def check_tables(mf: MetaFlowNet) -> None:
 
 @pytest.mark.timeout(900)
 def test_hybrid_mode_beside_a_fabric_that_forwards_on_its_own(tmp_path):
-    with MetaFlowNet(GRAPH, workdir=tmp_path, mgmt_subnet=MGMT_SUBNET, mode="hybrid",
+    with MetaFlowNet(GRAPH, workdir=tmp_path, mode="hybrid",
                      operator_flows=[OPERATOR_NORMAL], controller_later=True, build_timeout=120) as mf:
         forwards(mf, "before the controller starts")
         mf.start_controller()

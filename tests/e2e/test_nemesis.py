@@ -37,8 +37,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 @pytest.mark.timeout(1200)
 def test_kills_pauses_cuts_and_a_slow_disk_lose_nothing_and_every_history_is_linearizable(tmp_path) -> None:
-    summary = run(Settings(kills=20, pauses=6, partitions=4, slow_disks=2, seed=11,
-                           mgmt_subnet="10.252.0.0/16"), say=lambda _text: None,
+    summary = run(Settings(kills=20, pauses=6, partitions=4, slow_disks=2, seed=11), say=lambda _text: None,
                   keep=tmp_path / "nemesis")   # its histories and every daemon's log, kept on failure
     brief = {k: v for k, v in summary.items() if k not in ("round_log", "settings")}
     assert "stuck" not in summary, brief

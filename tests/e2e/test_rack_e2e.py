@@ -35,7 +35,7 @@ def test_a_new_rack_joins_the_running_fabric_and_takes_the_next_splits(tmp_path)
     before = whole.copy()
     before.remove_nodes_from([rack_switch, *(h for h in whole.adj[rack_switch]
                                              if whole.nodes[h]["kind"] == "host")])
-    with MetaFlowNet(before, capacity=800, workdir=tmp_path, mgmt_subnet="10.247.0.0/16",
+    with MetaFlowNet(before, capacity=800, workdir=tmp_path,
                      controller_args=["--bootstrap", "preallocate:6"]) as mf:
         results = mf.run_clients(100, tmp_path, read_back=False)
         assert all(r["errors"] == 0 and r["written"] == 100 for r in results), results

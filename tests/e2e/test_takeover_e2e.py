@@ -28,7 +28,6 @@ from topology import builders
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 GRAPH = builders.two_tier(core=2, edges=2, servers_per_edge=2, clients_per_edge=1)
-MGMT_SUBNET = "10.233.0.0/16"
 """Not the default (another scenario may run beside this one)."""
 TAKEOVER_S = 3.0
 """The issue's target: a fail-over decided by the new leader within 3 s of the old one's death."""
@@ -47,7 +46,7 @@ def _events_since(mf: MetaFlowNet, since: float, kind: str) -> list[dict]:
 
 @pytest.mark.timeout(600)
 def test_the_standby_takes_over_without_touching_a_flow_and_fails_over_a_server(tmp_path):
-    with MetaFlowNet(GRAPH, controllers=2, capacity=1_000_000, workdir=tmp_path, mgmt_subnet=MGMT_SUBNET,
+    with MetaFlowNet(GRAPH, controllers=2, capacity=1_000_000, workdir=tmp_path,
                      controller_args=["--no-auto-split"]) as mf:
         first = mf.leader()
         term = mf.view(REST.leadership).term
@@ -99,7 +98,7 @@ def test_a_split_the_old_leader_left_in_flight_is_aborted_by_the_new_one(tmp_pat
     """The leader dies while a split copies: the new leader's rebuild finds the
     migration on the source agent and aborts it (today's restart path), so no
     block stays frozen and every write succeeds afterwards."""
-    with MetaFlowNet(GRAPH, controllers=2, capacity=1_000_000, workdir=tmp_path, mgmt_subnet=MGMT_SUBNET,
+    with MetaFlowNet(GRAPH, controllers=2, capacity=1_000_000, workdir=tmp_path,
                      controller_args=["--no-auto-split", "--migration-lease", "30"]) as mf:
         results = mf.collect(mf.start_clients(2000, tmp_path, read_back=False, concurrency=16))
         assert all(r["errors"] == 0 for r in results), results

@@ -20,7 +20,6 @@ from mininet_scenarios.metaflow_net import MetaFlowNet
 from topology import builders
 
 GRAPH = builders.named("testbed:servers_per_edge=2,clients=2")
-MGMT_SUBNET = "10.226.0.0/16"   # none of the other e2e tests' (they may run at the same time)
 
 
 def declared_links() -> set[frozenset[tuple[int, int]]]:
@@ -33,7 +32,7 @@ def declared_links() -> set[frozenset[tuple[int, int]]]:
 
 @pytest.mark.timeout(300)
 def test_the_testbed_topology_comes_up_routes_and_goes(tmp_path):
-    with MetaFlowNet(GRAPH, capacity=100_000, replicas=1, workdir=tmp_path, mgmt_subnet=MGMT_SUBNET,
+    with MetaFlowNet(GRAPH, capacity=100_000, replicas=1, workdir=tmp_path,
                      controller_args=["--bootstrap", "preallocate:20"]) as mf:
         topo = mf.view(REST.topology)
         layers = {GRAPH.nodes[s]["dpid"]: GRAPH.nodes[s]["layer"] for s in builders.switches(GRAPH)}
