@@ -49,6 +49,7 @@ from client_lib.api.clients import ApiClient
 from client_lib.errors import MetaFlowError
 from controller import arp, ofmsgs, views
 from controller.core import MetaFlowCore
+from controller.discovery import lldp_timing
 from controller.etcd_lease import EtcdElection
 from controller.leadership import Leadership
 from controller.liveness import Liveness, LivenessServer
@@ -135,6 +136,7 @@ class MetaFlowApp(app_manager.OSKenApp):
         self.core = MetaFlowCore(settings, recorder=self.metrics)
         self.inbox: queue.Queue[object] = queue.Queue()
         self.datapaths: dict[int, Any] = {}
+        self._ports: dict[int, int] = {}   # switch ports per connected switch, for `_pace_lldp`
         self.pending: dict[tuple[int, int], tuple[int, list[Any] | None]] = {}  # (dpid, xid) -> step
         self.deadlines: list[tuple[float, int, tuple[int, int]]] = []
         self.barriers: dict[tuple[int, int], float] = {}   # (dpid, xid) -> when a barrier was sent
@@ -377,22 +379,28 @@ class MetaFlowApp(app_manager.OSKenApp):
             return
         parts: list[Any] | None = None   # a barrier's reply has no body; flow stats collect theirs
         if isinstance(step, SendFlows):
-            for msg in step.messages:
-                msg.datapath = dp
-                dp.send_msg(msg)
-            self.metrics.sent(step.dpid, len(step.messages))
             request = parser.OFPBarrierRequest(dp)
+            messages = [*step.messages, request]
+            self.metrics.sent(step.dpid, len(step.messages))
         else:
             request = parser.OFPFlowStatsRequest(dp, 0, parser.OFPMatch(), 0xFF, ofp.OFPP_NONE)
-            parts = []
-        dp.set_xid(request)
+            messages, parts = [request], []
+        for msg in messages:
+            msg.datapath = dp
+            if msg.xid is None:
+                dp.set_xid(msg)
+            msg.serialize()
         key = (step.dpid, request.xid)
         with self.lock:
             self.pending[key] = (step.id, parts)
             if parts is None:
                 self.barriers[key] = time.monotonic()
             heapq.heappush(self.deadlines, (time.monotonic() + self.settings.barrier_timeout_s, step.id, key))
-        dp.send_msg(request)
+        # One buffer per step: os-ken's per-switch send queue holds 16 buffers
+        # and blocks the sender when full, so a build's flow mods sent one by
+        # one (dozens per switch) held the decision thread hostage to every
+        # switch's reading speed; and each buffer is a hand-off between threads.
+        dp.send(b"".join(bytes(msg.buf) for msg in messages))
 
     def _reply(self, dpid: int, xid: int, body: list[Any] | None, more: bool) -> None:
         with self.lock:
@@ -412,6 +420,19 @@ class MetaFlowApp(app_manager.OSKenApp):
 
     # -- OpenFlow events ----------------------------------------------------------------
 
+    def _pace_lldp(self) -> None:
+        """os-ken's LLDP timing for the ports connected now (`discovery`)."""
+        switches = app_manager.lookup_service_brick("switches")
+        if switches is None:
+            return
+        timing = lldp_timing(sum(self._ports.values()))
+        if timing.link_timeout_s != switches.LINK_TIMEOUT:
+            log.info("LLDP paced for %d ports: a round every %.1f s, links kept %.0f s",
+                     sum(self._ports.values()), timing.period_s, timing.link_timeout_s)
+        switches.LLDP_SEND_GUARD = timing.guard_s
+        switches.LLDP_SEND_PERIOD_PER_PORT = timing.period_s
+        switches.LINK_TIMEOUT = timing.link_timeout_s
+
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def _state(self, ev: Any) -> None:
         dp = ev.datapath
@@ -422,6 +443,8 @@ class MetaFlowApp(app_manager.OSKenApp):
             log.info("switch %s connected", dp.id)
             ofp = dp.ofproto
             ports = tuple(sorted(p for p in dp.ports if p <= ofp.OFPP_MAX))
+            self._ports[dp.id] = len(ports)
+            self._pace_lldp()
             local = dp.ports.get(ofp.OFPP_LOCAL)
             name = local.name.decode(errors="replace").rstrip("\0") if local is not None else ""
             if self.leadership.coordinated:
@@ -429,6 +452,7 @@ class MetaFlowApp(app_manager.OSKenApp):
             self.post(SwitchUp(dp.id, ports, name))
         elif self.datapaths.pop(dp.id, None) is not None:
             log.warning("switch %s disconnected", dp.id)
+            self._ports.pop(dp.id, None)
             with self.lock:
                 lost = [(key, step) for key, (step, _) in self.pending.items() if key[0] == dp.id]
                 for key, _ in lost:

@@ -1,0 +1,41 @@
+"""LLDP pacing for the fabric's size (`controller.discovery`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.discovery import LINK_TIMEOUT_ROUNDS, LLDP_RATE, lldp_timing
+from topology import builders
+
+
+def switch_ports(k: int) -> int:
+    graph = builders.fat_tree(k)
+    return sum(graph.degree(n) for n in builders.switches(graph))
+
+
+def test_a_small_fabric_keeps_os_kens_timing_but_sends_faster():
+    timing = lldp_timing(switch_ports(4))
+    assert (timing.period_s, timing.link_timeout_s) == (0.9, 10.0)
+    assert timing.guard_s == 1 / LLDP_RATE < 0.05
+
+
+def test_a_k32_fabric_sends_a_round_at_the_rate_and_keeps_links_for_rounds():
+    ports = switch_ports(32)
+    assert ports == 32 * 1280
+    timing = lldp_timing(ports)
+    assert timing.period_s == pytest.approx(ports / LLDP_RATE)
+    # a link outlives the time its two ports take to come round again, several times
+    assert timing.link_timeout_s == pytest.approx(LINK_TIMEOUT_ROUNDS * timing.period_s)
+    assert timing.link_timeout_s > 2 * timing.period_s
+
+
+@pytest.mark.parametrize("ports", [0, 1, 399, 4_000, 40_960, 200_000])
+def test_links_always_outlive_a_round(ports):
+    timing = lldp_timing(ports)
+    assert timing.link_timeout_s >= 2 * timing.period_s
+    assert ports * timing.guard_s <= timing.period_s + 1e-9
+
+
+def test_a_rate_that_is_not_positive_is_refused():
+    with pytest.raises(ValueError, match="positive"):
+        lldp_timing(100, rate=0)
