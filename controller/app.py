@@ -49,7 +49,6 @@ from client_lib.api.clients import ApiClient
 from client_lib.errors import MetaFlowError
 from controller import arp, ofmsgs, views
 from controller.core import MetaFlowCore
-from controller.discovery import lldp_timing
 from controller.etcd_lease import EtcdElection
 from controller.leadership import Leadership
 from controller.liveness import Liveness, LivenessServer
@@ -136,7 +135,6 @@ class MetaFlowApp(app_manager.OSKenApp):
         self.core = MetaFlowCore(settings, recorder=self.metrics)
         self.inbox: queue.Queue[object] = queue.Queue()
         self.datapaths: dict[int, Any] = {}
-        self._ports: dict[int, int] = {}   # switch ports per connected switch, for `_pace_lldp`
         self.pending: dict[tuple[int, int], tuple[int, list[Any] | None]] = {}  # (dpid, xid) -> step
         self.deadlines: list[tuple[float, int, tuple[int, int]]] = []
         self.barriers: dict[tuple[int, int], float] = {}   # (dpid, xid) -> when a barrier was sent
@@ -420,19 +418,6 @@ class MetaFlowApp(app_manager.OSKenApp):
 
     # -- OpenFlow events ----------------------------------------------------------------
 
-    def _pace_lldp(self) -> None:
-        """os-ken's LLDP timing for the ports connected now (`discovery`)."""
-        switches = app_manager.lookup_service_brick("switches")
-        if switches is None:
-            return
-        timing = lldp_timing(sum(self._ports.values()))
-        if timing.link_timeout_s != switches.LINK_TIMEOUT:
-            log.info("LLDP paced for %d ports: a round every %.1f s, links kept %.0f s",
-                     sum(self._ports.values()), timing.period_s, timing.link_timeout_s)
-        switches.LLDP_SEND_GUARD = timing.guard_s
-        switches.LLDP_SEND_PERIOD_PER_PORT = timing.period_s
-        switches.LINK_TIMEOUT = timing.link_timeout_s
-
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def _state(self, ev: Any) -> None:
         dp = ev.datapath
@@ -443,8 +428,6 @@ class MetaFlowApp(app_manager.OSKenApp):
             log.info("switch %s connected", dp.id)
             ofp = dp.ofproto
             ports = tuple(sorted(p for p in dp.ports if p <= ofp.OFPP_MAX))
-            self._ports[dp.id] = len(ports)
-            self._pace_lldp()
             local = dp.ports.get(ofp.OFPP_LOCAL)
             name = local.name.decode(errors="replace").rstrip("\0") if local is not None else ""
             if self.leadership.coordinated:
@@ -452,7 +435,6 @@ class MetaFlowApp(app_manager.OSKenApp):
             self.post(SwitchUp(dp.id, ports, name))
         elif self.datapaths.pop(dp.id, None) is not None:
             log.warning("switch %s disconnected", dp.id)
-            self._ports.pop(dp.id, None)
             with self.lock:
                 lost = [(key, step) for key, (step, _) in self.pending.items() if key[0] == dp.id]
                 for key, _ in lost:

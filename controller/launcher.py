@@ -111,13 +111,28 @@ def reload(app: Reconfigurable, new_args: argparse.Namespace) -> Outcome:
     return outcome
 
 
+APPS = ("controller.discovery", "controller.app")
+"""The os-ken apps of a controller, by module."""
+
+
+def load_apps(manager: app_manager.AppManager) -> None:
+    """`APPS` into `manager`, and nothing else.
+
+    os-ken's topology events name os-ken's own `Switches` as their source,
+    so loading an app that observes them loads that too: `LinkDiscovery`
+    is the source here, and two would each send and answer every LLDP frame.
+    """
+    manager.load_apps(list(APPS))
+    manager.applications_cls.pop("os_ken.topology.switches", None)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Flags over the --config file, checked before anything listens (a refusal exits 2).
     args, settings = parse(ROLES["controller"], parser(), argv, from_args)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     set_log_level(args.log_level, "os_ken")
-    importlib.import_module("os_ken.topology.switches")  # registers --observe-links
+    importlib.import_module("os_ken.topology.switches")  # registers --observe-links (LinkDiscovery's)
     cfg.CONF(args=["--ofp-listen-host", settings.of_host, "--ofp-tcp-listen-port", str(settings.of_port),
                    "--observe-links"], project="os_ken")
     # The handlers only queue the signal (SimpleQueue.put is safe there); the
@@ -126,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _: signals.put(signum))
     manager = app_manager.AppManager.get_instance()
-    manager.load_apps(["os_ken.topology.switches", "controller.app"])
+    load_apps(manager)
     try:
         manager.instantiate_apps(**manager.create_contexts(), settings=settings)
     except OSError as exc:   # a port taken (REST, metrics): os-ken's threads are running already

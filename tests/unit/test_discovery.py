@@ -39,3 +39,20 @@ def test_links_always_outlive_a_round(ports):
 def test_a_rate_that_is_not_positive_is_refused():
     with pytest.raises(ValueError, match="positive"):
         lldp_timing(100, rate=0)
+
+
+def test_the_controller_loads_link_discovery_as_its_only_topology_service():
+    from os_ken.base import app_manager
+    from os_ken.topology.switches import Switches
+
+    from controller.discovery import LinkDiscovery
+    from controller.launcher import APPS, load_apps
+
+    manager = app_manager.AppManager()
+    load_apps(manager)
+    assert set(APPS) <= set(manager.applications_cls)
+    services = [name for name, cls in manager.applications_cls.items() if issubclass(cls, Switches)]
+    assert services == ["controller.discovery"]
+    assert manager.applications_cls["controller.discovery"] is LinkDiscovery
+    # no host table is kept: the packet-in handler that fills it is not a handler here
+    assert not hasattr(LinkDiscovery.host_discovery_packet_in_handler, "callers")
