@@ -20,6 +20,8 @@ registration, heartbeats and the admin API of every storage server), then:
   discovered it, deliver every ID of the space to the owner of its block
   from every edge switch (`misdelivered`), and agree entry for entry with
   the planner's (`REST.flows`: `planner.table` of the controller's tree);
+- the steady state (`--steady`, 30 s): the built fabric's controller CPU
+  with nothing to do but the agents' liveness and LLDP;
 - optionally (`--restart`) a rebuild by a successor: the controller is
   stopped and started again on the same ports (a new leader's path without
   etcd: it rebuilds from the agents and the switches' tables), timed from
@@ -240,12 +242,25 @@ async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dic
     return done[-1]
 
 
+async def steady_state(sampler: Sampler, farm: AgentFarm, seconds: float) -> dict[str, Any]:
+    """The controller's cost with nothing to do but liveness and LLDP: its
+    CPU over `seconds` after the build, and the beats that came meanwhile."""
+    began, beats, datagrams = time.monotonic() - sampler.start, farm.beats, farm.datagrams
+    await asyncio.sleep(seconds)
+    window = [s for s in sampler.samples if s.t > began + SAMPLE_S]
+    cpu = [s.cpu_pct for s in window]
+    return {"seconds": seconds, "cpu_pct_mean": round(statistics.fmean(cpu), 1) if cpu else None,
+            "cpu_pct_max": max(cpu, default=None), "http_beats": farm.beats - beats,
+            "datagrams": farm.datagrams - datagrams}
+
+
 async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float,
                    phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S,
-                   mode: Mode = "full") -> dict[str, Any]:
+                   mode: Mode = "full", steady_s: float = 0.0) -> dict[str, Any]:
     """One size, measured (module doc); `phase_s`: how long a phase may take
     before the run stops there; `mode`: the controller's --mode (hybrid
-    installs no host routes)."""
+    installs no host routes); `steady_s`: how long to measure the built
+    fabric's steady cost (`steady_state`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     graph = builders.fat_tree(k, servers=servers)
     space = Block.parse(DEFAULT_SPACE_CIDR)
@@ -317,6 +332,8 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         result["barriers"] = emulator.counters.barriers
         result["check"] = await fabric_check(client, emulator, space)
         result["load_after_build"] = os.getloadavg()
+        if steady_s > 0:
+            result["steady"] = await steady_state(sampler, farm, steady_s)
         if restart:
             await asyncio.sleep(2 * interval)   # every agent beats the built tree at least once
             controller.stop()
@@ -340,6 +357,9 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             topo = await client.call(REST.topology)
             reached.update(switches=len(topo.switches), links=len(topo.links), hosts=len(topo.hosts),
                            missing_servers=len(topo.missing_servers))
+            named = set(topo.missing_servers[:5])   # what the controller last said of a few
+            reached["missing_events"] = [e for e in (await client.call(REST.events)).events
+                                         if named & {str(v) for v in e.values()}][-20:]
             known = (await client.call(REST.servers)).servers
             reached["servers_failed"] = sum(1 for s in known.values() if s.failed)
         result["at_error"] = reached
@@ -404,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the emulated agents' heartbeat interval")
     p.add_argument("--phase-timeout", type=float, default=600.0,
                    help="seconds a phase (location, build, rebuild) may take before the size stops there")
+    p.add_argument("--steady", type=float, default=30.0,
+                   help="seconds of the built fabric's steady cost (CPU with liveness and LLDP only)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--append", action="store_true",
                    help="keep the other sizes of an earlier scale.json (each result says its command)")
@@ -421,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, servers in sizes:
         print(f"k={k}, {args.mode} mode: {servers} servers ...", flush=True)
         result = asyncio.run(run_size(k, servers, args.workdir / f"k{k}", args.restart, args.settle,
-                                      args.phase_timeout, args.heartbeat, args.mode))
+                                      args.phase_timeout, args.heartbeat, args.mode, args.steady))
         results.append(result)
         results.sort(key=lambda r: (int(r["k"]), r.get("mode", "full")))
         print(json.dumps({key: v for key, v in result.items() if key != "samples"}), flush=True)

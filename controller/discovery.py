@@ -4,26 +4,27 @@
 LLDP (its events, `EventLinkAdd` and the rest, are os-ken's own). It differs
 from os-ken's `Switches` in two ways, both for large fabrics.
 
-**Pacing.** os-ken's `Switches` app sends one LLDP frame out of every port of every
-switch: all of a new port's at once, then each port again after
-`LLDP_SEND_PERIOD_PER_PORT` (0.9 s) but one port at a time with
-`LLDP_SEND_GUARD` (0.05 s) between frames, i.e. at most 20 frames a second;
-and it deletes a link not seen again within `LINK_TIMEOUT` (10 s). On a
-k=4 fat-tree (80 ports) that is a round every 4 s. On k=32 (40,960 ports)
-a round takes 34 minutes, so every link found by the first burst expired
-10 s later and was found again only when its ports came round: links
-flapped without end, every flap postponed the build (`core.last_change`),
-and the whole fabric was never seen at once within 300 s.
+**Pacing, and a timeout that works.** os-ken's `lldp_loop` sends a new
+port's first LLDP frame at once and is meant to send each port's again
+every `LLDP_SEND_PERIOD_PER_PORT` (0.9 s), one frame per `LLDP_SEND_GUARD`
+(50 ms). It sleeps on `hub.Event.wait(timeout)`, and under os-ken's native
+hub (ours: no eventlet) that timeout never fires: the loop wakes only when
+something sets the event (a port added, a link found one way only). So no
+frame was ever sent again; a link whose first frame was lost (its peer
+switch still connecting) stayed unfound until some other port's event
+came along (the emulator's LLDP count stood still after the first burst).
+At k=32 that made link discovery take 333 s in one run and never finish
+in 300 s in the next. Here the
+loop sleeps on a `threading.Event`, whose timeout works, and sends at
+`LLDP_RATE` frames a second: a round of all ports takes ports / rate
+(never under `MIN_ROUND_S`), and the link timeout is `LINK_TIMEOUT_ROUNDS`
+rounds (never under os-ken's 10 s).
 
-So the timing follows the number of ports: frames go out at `LLDP_RATE`
-(a budget of controller CPU: sending one and taking its packet-in back
-costs it a few hundred microseconds), a round of all ports takes
-ports / rate (never less than os-ken's 0.9 s), and a link lives for
-`LINK_TIMEOUT_ROUNDS` rounds (never less than os-ken's 10 s). Small
-fabrics keep os-ken's timing exactly; a port or switch going down is
-seen at once from PORT_STATUS whatever the size: LLDP only finds links,
-and finds a silently dead one within the link timeout. `lldp_timing` is
-the arithmetic; the app reads it for the ports it knows at each use.
+os-ken's `link_loop`, which deletes a link not seen within the link
+timeout, sleeps the same way and is left so: it runs only when a link is
+found one way only, as it always has here. A link or switch that fails is
+seen from PORT_STATUS and the OpenFlow connection (`controller.core`); a
+link that dies silently, with its ports up, is not detected by LLDP.
 
 **No host table.** os-ken learns hosts from every packet-in that is not
 LLDP, and checks each against every link (`_is_edge_port` is a scan of the
@@ -36,14 +37,18 @@ table is left empty and neither scan runs.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
+from os_ken.lib import hub
 from os_ken.topology.switches import Switches
 
 LLDP_RATE = 400.0
 """LLDP frames a second after a port's first, at most (about 10 % of one core)."""
-OS_KEN_PERIOD_S = 0.9
+MIN_ROUND_S = 10.0
+"""A small fabric's round: a first frame lost to a peer still connecting is
+sent again within this, at under 10 frames a second on a k=4 fat-tree."""
 OS_KEN_LINK_TIMEOUT_S = 10.0
 LINK_TIMEOUT_ROUNDS = 3
 """Rounds a link may go unseen before it is deleted: one lost frame is no failure."""
@@ -63,12 +68,19 @@ def lldp_timing(ports: int, rate: float = LLDP_RATE) -> LldpTiming:
     if rate <= 0:
         raise ValueError(f"LLDP rate must be positive, not {rate}")
     guard = 1.0 / rate
-    period = max(OS_KEN_PERIOD_S, max(ports, 0) * guard)
+    period = max(MIN_ROUND_S, max(ports, 0) * guard)
     return LldpTiming(guard, period, max(OS_KEN_LINK_TIMEOUT_S, LINK_TIMEOUT_ROUNDS * period))
 
 
 class LinkDiscovery(Switches):
-    """os-ken's `Switches` with `lldp_timing` and no host discovery (module doc)."""
+    """os-ken's `Switches` with `lldp_timing`, an LLDP loop that wakes on
+    time, and no host discovery (module doc)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.link_discovery and hub.HUB_TYPE == "native":
+            waited_on, self.lldp_event = self.lldp_event, threading.Event()
+            waited_on.set()   # a loop already asleep on os-ken's event comes round to this one
 
     @property
     def LLDP_SEND_GUARD(self) -> float:  # noqa: N802   # os-ken's attribute names

@@ -16,10 +16,12 @@ from benchmarks.scale import run_size
 
 @pytest.mark.timeout(120)
 def test_a_k8_fat_tree_of_emulated_switches_is_built_and_routes_every_id(tmp_path: Path) -> None:
-    result = asyncio.run(run_size(8, 128, tmp_path, restart=False, settle=1.0))
+    result = asyncio.run(run_size(8, 128, tmp_path, restart=False, settle=1.0, steady_s=3.0))
     assert (result["switches"], result["links"], result["servers"]) == (80, 256, 128)
     assert result["registration_failed"] == []
     check = result["check"]
     assert check["differing_count"] == 0 and check["misdelivered_from"] == [], check
     assert check["ingress_checked"] == 32 and check["owners"] == 64 and check["ok"]
     assert result["flow_mods"] > 0 and result["barriers"] >= 80   # the build confirmed every switch
+    steady = result["steady"]   # the built fabric's cost: the agents beat, the controller was measured
+    assert steady["datagrams"] + steady["http_beats"] > 0 and steady["cpu_pct_mean"] is not None, steady
