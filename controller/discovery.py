@@ -76,10 +76,13 @@ class LinkDiscovery(Switches):
     """os-ken's `Switches` with `lldp_timing`, an LLDP loop that wakes on
     time, and no host discovery (module doc)."""
 
+    lldp_event: Any   # os-ken's hub.Event, or here a threading.Event
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.link_discovery and hub.HUB_TYPE == "native":
-            waited_on, self.lldp_event = self.lldp_event, threading.Event()
+            waited_on = self.lldp_event
+            self.lldp_event = threading.Event()
             waited_on.set()   # a loop already asleep on os-ken's event comes round to this one
 
     @property
