@@ -16,6 +16,8 @@ os-ken's own OFP 1.0 parser) and plays the wires of the topology:
 - hosts: `Emulator.announce` sends the ARP a server sends when it comes up
   ("who has the gateway, tell me") as a PACKET_IN from its edge port, which
   is how the controller locates a server (`controller.arp`, `inventory`);
+  a server answers an ARP request for its address (hybrid mode's probe)
+  the same way;
 - ports: `Emulator.set_port` sends PORT_STATUS for a port taken down or up.
 
 The tables are read back as the controller reads a switch's flow stats
@@ -504,12 +506,18 @@ class Emulator:
                                                              self.gateway_ip))
 
     def to_host(self, dpid: int, port: int, frame: bytes) -> None:
-        """A frame the controller sent out of a host's port: an ARP reply to it ends its asking."""
+        """A frame the controller sent out of a host's port: an ARP reply to it
+        ends its asking; an ARP request for its address (hybrid mode's probe)
+        gets its reply, as from any host, back up through its edge switch."""
         host = self.host_at.get((dpid, port))
-        if host is not None and host in self.asking:
-            message = arp.parse(frame)
-            if message is not None and not message.is_request and message.target_ip == self.wiring.ips[host]:
-                del self.asking[host]
+        message = arp.parse(frame) if host is not None else None
+        if host is None or message is None or message.target_ip != self.wiring.ips[host]:
+            return
+        if message.is_request:
+            self.counters.packet_ins += 1
+            self.switches[dpid].packet_in(port, arp.reply(message, self.wiring.macs[host]))
+        else:
+            self.asking.pop(host, None)
 
     async def _ask_again(self) -> None:
         _, longest = ARP_RETRY_S

@@ -202,3 +202,22 @@ def test_features_barrier_echo_and_role_are_answered_as_os_ken_expects(role: int
     assert isinstance(barrier, parser.OFPBarrierReply) and bytes(echo.data) == b"hi"
     assert switch.role == role and role_reply.xid == 7
     assert 5 in emulator.counters.connected
+
+
+def test_a_server_answers_a_probe_for_its_address_out_of_its_own_port_only() -> None:
+    emulator = Emulator(GRAPH)
+    host = builders.storage_hosts(GRAPH)[3]
+    dpid, port = emulator.wiring.hosts[host]
+    sink = Collected()
+    emulator.switches[dpid].sink = sink
+    ip, mac = GRAPH.nodes[host]["ip"], GRAPH.nodes[host]["mac"]
+    probe = arp.probe(ip, "100.64.0.1")
+    _feed(emulator, dpid, [_packet_out(port % 4 + 1, probe)])   # another port: nobody there answers
+    assert sink.messages() == []
+    _feed(emulator, dpid, [_packet_out(port, arp.probe("10.9.9.9", "100.64.0.1"))])   # not its address
+    assert sink.messages() == []
+    _feed(emulator, dpid, [_packet_out(port, probe)])
+    (packet_in,) = sink.messages()
+    answer = arp.parse(bytes(packet_in.data))
+    assert packet_in.in_port == port and answer is not None and not answer.is_request
+    assert (answer.sender_ip, answer.sender_mac, answer.target_ip) == (ip, mac, "100.64.0.1")
