@@ -181,6 +181,11 @@ class MetaFlowNet:
     # -- bring-up -------------------------------------------------------------
 
     def _start_controller(self, scenario: Scenario):
+        if len(self.rest_ports) > 1:
+            # The agents, started after this hook, register with whichever
+            # leads. Known only now: the management network's address is
+            # chosen when it comes up, just before this hook.
+            scenario.rest_urls = tuple(self.urls())
         if not self.controller_later:
             self._launch(scenario)
         return self._stop_controllers
@@ -253,8 +258,6 @@ class MetaFlowNet:
                                  await_controller=not self.controller_later,
                                  standby_controllers=[("127.0.0.1", p) for p in self.of_ports[1:]],
                                  agent_timeout=self.build_timeout)
-        if len(self.rest_ports) > 1:
-            self.scenario.rest_urls = tuple(self.urls())
         self.scenario.__enter__()
         try:
             self.timings["scenario_up_s"] = round(time.monotonic() - started, 2)
