@@ -17,12 +17,13 @@ At k=32 that made link discovery take 333 s in one run and never finish
 in 300 s in the next. Here the
 loop sleeps on a `threading.Event`, whose timeout works, and sends at
 `LLDP_RATE` frames a second: a round of all ports takes ports / rate
-(never under `MIN_ROUND_S`), and the link timeout is `LINK_TIMEOUT_ROUNDS`
-rounds (never under os-ken's 10 s).
+(never under `MIN_ROUND_S`).
 
-os-ken's `link_loop`, which deletes a link not seen within the link
-timeout, sleeps the same way and is left so: it runs only when a link is
-found one way only, as it always has here. A link or switch that fails is
+os-ken's `link_loop`, which deletes a link not seen within `LINK_TIMEOUT`,
+sleeps the same way and is left so: under the native hub it makes one pass
+at start and never wakes again, as it always was here, so `LINK_TIMEOUT`
+(`LINK_TIMEOUT_ROUNDS` rounds, never under os-ken's 10 s) is read only
+under os-ken's eventlet hub, which this project does not run. A link or switch that fails is
 seen from PORT_STATUS and the OpenFlow connection (`controller.core`); a
 link that dies silently, with its ports up, is not detected by LLDP.
 

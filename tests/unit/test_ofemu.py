@@ -167,12 +167,18 @@ def test_lldp_sent_out_of_a_link_port_comes_in_at_the_other_end() -> None:
     assert sinks[there[0]].messages() == []
 
 
-def test_a_servers_announcement_is_an_arp_packet_in_from_its_edge_port() -> None:
-    emulator = Emulator(GRAPH)
+def _a_server_and_its_edge(emulator: Emulator) -> tuple[str, int, int, Collected]:
+    """A storage server, its edge switch and port, and that switch's connection."""
     host = builders.storage_hosts(GRAPH)[3]
     dpid, port = emulator.wiring.hosts[host]
     sink = Collected()
     emulator.switches[dpid].sink = sink
+    return host, dpid, port, sink
+
+
+def test_a_servers_announcement_is_an_arp_packet_in_from_its_edge_port() -> None:
+    emulator = Emulator(GRAPH)
+    host, dpid, port, sink = _a_server_and_its_edge(emulator)
     emulator.gateway_ip = "100.64.0.1"
     emulator.announce([host])
     (packet_in,) = sink.messages()
@@ -206,10 +212,7 @@ def test_features_barrier_echo_and_role_are_answered_as_os_ken_expects(role: int
 
 def test_a_server_answers_a_probe_for_its_address_out_of_its_own_port_only() -> None:
     emulator = Emulator(GRAPH)
-    host = builders.storage_hosts(GRAPH)[3]
-    dpid, port = emulator.wiring.hosts[host]
-    sink = Collected()
-    emulator.switches[dpid].sink = sink
+    host, dpid, port, sink = _a_server_and_its_edge(emulator)
     ip, mac = GRAPH.nodes[host]["ip"], GRAPH.nodes[host]["mac"]
     probe = arp.probe(ip, "100.64.0.1")
     _feed(emulator, dpid, [_packet_out(port % 4 + 1, probe)])   # another port: nobody there answers
