@@ -21,11 +21,10 @@ loop sleeps on a `threading.Event`, whose timeout works, and sends at
 
 os-ken's `link_loop`, which deletes a link not seen within `LINK_TIMEOUT`,
 sleeps the same way and is left so: under the native hub it makes one pass
-at start and never wakes again, as it always was here, so `LINK_TIMEOUT`
-(`LINK_TIMEOUT_ROUNDS` rounds, never under os-ken's 10 s) is read only
-under os-ken's eventlet hub, which this project does not run. A link or switch that fails is
-seen from PORT_STATUS and the OpenFlow connection (`controller.core`); a
-link that dies silently, with its ports up, is not detected by LLDP.
+at start and never wakes again, as it always was here. A link or switch
+that fails is seen from PORT_STATUS and the OpenFlow connection
+(`controller.core`); a link that dies silently, with its ports up, is not
+detected by LLDP.
 
 **No host table.** os-ken learns hosts from every packet-in that is not
 LLDP, and checks each against every link (`_is_edge_port` is a scan of the
@@ -50,9 +49,6 @@ LLDP_RATE = 400.0
 MIN_ROUND_S = 10.0
 """A small fabric's round: a first frame lost to a peer still connecting is
 sent again within this, at under 10 frames a second on a k=4 fat-tree."""
-OS_KEN_LINK_TIMEOUT_S = 10.0
-LINK_TIMEOUT_ROUNDS = 3
-"""Rounds a link may go unseen before it is deleted: one lost frame is no failure."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +57,6 @@ class LldpTiming:
 
     guard_s: float     # LLDP_SEND_GUARD
     period_s: float    # LLDP_SEND_PERIOD_PER_PORT
-    link_timeout_s: float   # LINK_TIMEOUT
 
 
 def lldp_timing(ports: int, rate: float = LLDP_RATE) -> LldpTiming:
@@ -69,8 +64,7 @@ def lldp_timing(ports: int, rate: float = LLDP_RATE) -> LldpTiming:
     if rate <= 0:
         raise ValueError(f"LLDP rate must be positive, not {rate}")
     guard = 1.0 / rate
-    period = max(MIN_ROUND_S, max(ports, 0) * guard)
-    return LldpTiming(guard, period, max(OS_KEN_LINK_TIMEOUT_S, LINK_TIMEOUT_ROUNDS * period))
+    return LldpTiming(guard, max(MIN_ROUND_S, max(ports, 0) * guard))
 
 
 class LinkDiscovery(Switches):
@@ -93,10 +87,6 @@ class LinkDiscovery(Switches):
     @property
     def LLDP_SEND_PERIOD_PER_PORT(self) -> float:  # noqa: N802
         return lldp_timing(len(self.ports)).period_s
-
-    @property
-    def LINK_TIMEOUT(self) -> float:  # noqa: N802
-        return lldp_timing(len(self.ports)).link_timeout_s
 
     def host_discovery_packet_in_handler(self, ev: Any) -> None:
         """Not an event handler here (no `set_ev_cls`): hosts are MetaFlow's to locate."""
