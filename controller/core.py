@@ -553,9 +553,11 @@ class MetaFlowCore:
 
     def _register(self, event: Register) -> list[Step]:
         """Answer what the agent may hold: nothing yet (None) while the network
-        is not built; its roles as this controller knows them; or nothing at
-        all ([]) for a server that was declared failed, which rejoins empty and
-        idle. An agent that restarted while in service is failed over first
+        is not built, or while a server declared failed has its fail-over
+        running or pending (its store may be what a salvage copies); its roles
+        as this controller knows them; or nothing at all ([]) for a server that
+        was declared failed once its blocks are elsewhere, which rejoins empty
+        and idle. An agent that restarted while in service is failed over first
         when every set it is in has another synced copy: its store may hold
         writes its sets never acknowledged (a write it applied and then died
         before its backups had it), and serving them, or being promoted with
@@ -595,8 +597,13 @@ class MetaFlowCore:
                                      was=server.failed, note="with its blocks: no fail-over could take them")
                     server.failed = None
                 return Registered(server.name, self.world.roles_of(server.name), self.world.term), []
-            if cut_off or busy or self.tree.blocks(server.name):
-                # not back on the data plane, or its fail-over runs
+            if busy or self.tree.blocks(server.name):
+                # Its fail-over runs, or has not moved its blocks yet: no word,
+                # so it keeps its store, which a salvage may be copying (told
+                # to hold nothing here, it once deleted what was being copied).
+                return Registered(server.name, None, self.world.term), []
+            if cut_off:
+                # its blocks live elsewhere now: a stale copy must not resurface
                 return Registered(server.name, [], self.world.term), []
             self.world.event("server-rejoined", server=server.name, was=server.failed, note="empty, idle")
             server.failed = None

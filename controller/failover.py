@@ -105,6 +105,8 @@ def failover_saga(world: SagaWorld, op: Operation, name: str, reason: str) -> Sa
     return world.outcome_event("takeover", ok=True, server=name, reason=reason,
                                promoted={str(b): heir for b, heir in promoted.items()},
                                shrunk=len(shrunk), successor=successor, blocks=len(orphans) + len(promoted),
-                               salvaged=migration is not None, why=takeover.reason,
+                               salvaged=migration is not None,
+                               salvaged_keys=migration.keys if migration is not None else 0,
+                               why=takeover.reason,
                                seconds=round(world.clock() - started, 4))
 
