@@ -22,6 +22,13 @@ HTTP heartbeat when the controller has not yet heard the state it carries
 (after a registration, a change of roles, every `STATE_PERIOD_S`) or nudged
 the agent (a restarted controller does not know it: the heartbeat's 404
 makes it register again). One UDP socket serves every agent.
+
+Several controllers (a leader and standbys, elected through etcd): the
+farm talks to one at a time and moves on as a real agent does
+(`client_lib.api.leaders`: to the leader a `NotLeader` names, or the next
+URL when one does not answer). The farm moves as one, not agent by agent:
+the first agent to find the leader gone takes them all along, which is
+what 2,000 real agents do within one heartbeat of each other.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from client_lib.api.admin import (
 )
 from client_lib.api.auth import Verifier, server_authority
 from client_lib.api.clients import AsyncApiClient
+from client_lib.api.leaders import Leaders, moves_on
 from client_lib.api.rest import REST, Heartbeat, Registration
 from client_lib.api.route import Route
 from client_lib.cidr import Block
@@ -165,12 +173,14 @@ class AgentFarm:
     """Every storage server of a topology as an emulated agent, and the one
     HTTP server of their admin APIs."""
 
-    def __init__(self, graph: Topology, controller: str, secret: bytes, space: Block, capacity: int = 1000,
-                 host: str = "127.0.0.1", servers: Sequence[str] | None = None,
+    def __init__(self, graph: Topology, controllers: Sequence[str], secret: bytes, space: Block,
+                 capacity: int = 1000, host: str = "127.0.0.1", servers: Sequence[str] | None = None,
                  on_registered: Callable[[EmulatedAgent], None] | None = None) -> None:
-        """`on_registered` is told of each registration the controller accepted
+        """`controllers`: their REST URLs (one, or a leader's and its standbys');
+        `on_registered` is told of each registration the controller accepted
         (the switch emulator then lets the server's first ARP out)."""
-        self.controller, self.secret, self.space = controller, secret, space
+        self.leaders, self.secret, self.space = Leaders(controllers), secret, space
+        self._clients: dict[tuple[str, float], AsyncApiClient] = {}
         self.capacity, self.host = capacity, host
         self.on_registered = on_registered
         self._pending: set[asyncio.Task[None]] = set()
@@ -229,6 +239,22 @@ class AgentFarm:
             await self._runner.cleanup()
             self._runner = None
 
+    def client(self, timeout: float) -> AsyncApiClient:
+        """A client of the controller the farm talks to now."""
+        key = (self.leaders.current, timeout)
+        if key not in self._clients:
+            self._clients[key] = AsyncApiClient(key[0], self.secret, timeout=timeout)
+        return self._clients[key]
+
+    def _moved(self, exc: ApiError, asked: AsyncApiClient) -> bool:
+        """Move on from the controller `asked` if `exc` says "not here"
+        (`moves_on`), unless another agent already moved the farm."""
+        if not moves_on(exc):
+            return False
+        if asked.base_url.rstrip("/") == self.leaders.current:
+            self.leaders.move(getattr(exc, "leader", None))
+        return True
+
     async def register(self, client: AsyncApiClient, agent: EmulatedAgent) -> None:
         """One registration, as `Registrar` sends it; the answer's roles adopted."""
         answer = await client.call(REST.register, agent.registration())
@@ -243,17 +269,18 @@ class AgentFarm:
     async def register_all(self, concurrency: int = 32) -> list[str]:
         """Register every agent (`concurrency` requests at once); the names
         that failed, each tried three times."""
-        client = AsyncApiClient(self.controller, self.secret, timeout=30.0)
         gate = asyncio.Semaphore(concurrency)
         failed = []
 
         async def one(agent: EmulatedAgent) -> None:
             async with gate:
                 for _ in range(3):
+                    client = self.client(30.0)
                     try:
                         await self.register(client, agent)
                         return
-                    except ApiError:
+                    except ApiError as exc:
+                        self._moved(exc, client)
                         await asyncio.sleep(0.5)
                 failed.append(agent.name)
 
@@ -263,13 +290,14 @@ class AgentFarm:
     def start_beating(self, interval: float) -> None:
         """Every registered agent beats every `interval`, spread evenly over it;
         one the controller does not know (404: it restarted) registers again."""
-        client = AsyncApiClient(self.controller, self.secret, timeout=max(1.0, interval))
+        timeout = max(1.0, interval)
 
         async def loop() -> None:
             slices = max(1, round(interval / BEAT_SLICE_S))
             while True:
                 agents = [a for a in self.agents.values() if a.registered is not None]
                 for i in range(slices):
+                    client = self.client(timeout)
                     for agent in agents[i::slices]:
                         if not beat(self, agent, client.host) and agent.name not in self._http_busy:
                             self._http_busy.add(agent.name)
@@ -288,8 +316,10 @@ class AgentFarm:
         except NotFound:   # the controller restarted, or failed us over: register again
             with contextlib.suppress(ApiError):
                 await self.register(client, agent)
-        except ApiError:
+        except ApiError as exc:
             self.beat_errors += 1
+            if self._moved(exc, client):   # a new leader does not know us yet: its 404 brings us in
+                agent.nudged = True
         finally:
             self._http_busy.discard(agent.name)
             self._pending.discard(asyncio.current_task())

@@ -20,11 +20,21 @@ os-ken's own OFP 1.0 parser) and plays the wires of the topology:
   the same way;
 - ports: `Emulator.set_port` sends PORT_STATUS for a port taken down or up.
 
+Several controllers (a leader and its standbys, `--etcd`): each switch keeps
+one connection to each, as Open vSwitch does with several `set-controller`
+targets. Each connection has its own Nicira role; a slave's flow mods and
+packet-outs are refused with EPERM, as Open vSwitch refuses them. Every
+asynchronous message (PACKET_IN, PORT_STATUS) goes to every connection,
+which is what MetaFlow's controllers ask for (`ofmsgs.async_config`: a
+standby hears the packet-ins and port status too); the emulator does not
+read NXT_SET_ASYNC_CONFIG itself.
+
 The tables are read back as the controller reads a switch's flow stats
 (`controller.ofmsgs.installed`), so `btree.fake_network.FakeNetwork` can
 forward over exactly what each emulated switch holds.
 
     python -m benchmarks.ofemu --k 4 --of-port 6653    # until SIGTERM / Ctrl-C
+    python -m benchmarks.ofemu --k 4 --of-port 6653 --of-port 6654   # two controllers
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ import contextlib
 import signal
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -300,6 +310,15 @@ class Counters:
     lldp: int = 0
 
 
+@dataclass(eq=False)
+class Channel:
+    """A switch's connection to one controller: where its messages go, and
+    the role that controller claimed (Nicira: OTHER until it asks)."""
+
+    sink: Sink
+    role: int = nx.NX_ROLE_OTHER
+
+
 class EmulatedSwitch:
     def __init__(self, emulator: Emulator, dpid: int) -> None:
         self.emulator = emulator
@@ -307,14 +326,17 @@ class EmulatedSwitch:
         self.name = emulator.wiring.names[dpid]
         self.table = FlowTable()
         self.down: set[int] = set()
-        self.role = nx.NX_ROLE_OTHER
-        self.sink: Sink | None = None
-        """Where this switch's messages go: its connection's writer while connected."""
-        self._writer: asyncio.StreamWriter | None = None
+        self.channels: list[Channel] = []
+        """One per controller connected now."""
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.channels)
 
     async def run(self, host: str, port: int) -> None:
-        """Stay connected: a switch whose controller went away keeps its table
-        (fail mode "secure") and connects again, as Open vSwitch does."""
+        """Stay connected to the controller at host:port: a switch whose
+        controller went away keeps its table (fail mode "secure") and connects
+        again, as Open vSwitch does."""
         while True:
             try:
                 await self._session(host, port)
@@ -323,39 +345,47 @@ class EmulatedSwitch:
             await asyncio.sleep(RECONNECT_S)
 
     async def _session(self, host: str, port: int) -> None:
-        reader, self._writer = await asyncio.open_connection(host, port)
-        self.sink = self._writer
-        self._send(message(ofp.OFPT_HELLO, 0))
+        reader, writer = await asyncio.open_connection(host, port)
+        channel = Channel(writer)
+        self.channels.append(channel)
+        channel.sink.write(message(ofp.OFPT_HELLO, 0))
         try:
             while True:
                 head = await reader.readexactly(HEADER.size)
                 _version, msg_type, length, xid = HEADER.unpack(head)
                 body = await reader.readexactly(length - HEADER.size)
-                self.handle(msg_type, xid, head + body)
+                self.handle(channel, msg_type, xid, head + body)
         except asyncio.IncompleteReadError:
             pass
         finally:
-            self.close()
+            if channel in self.channels:   # (not if `close` came first)
+                self.channels.remove(channel)
+            writer.close()
 
     def close(self) -> None:
-        self.sink = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        for channel in self.channels:
+            if isinstance(channel.sink, asyncio.StreamWriter):
+                channel.sink.close()
+        self.channels.clear()
 
     def _send(self, data: bytes) -> None:
-        if self.sink is not None:
-            self.sink.write(data)
+        """An asynchronous message: to every controller (module doc)."""
+        for channel in self.channels:
+            channel.sink.write(data)
 
-    def handle(self, msg_type: int, xid: int, buf: bytes) -> None:
-        """One message from the controller; replies are queued in order, so a
-        barrier's reply leaves after everything before it was applied."""
+    def handle(self, channel: Channel, msg_type: int, xid: int, buf: bytes) -> None:
+        """One message from the controller on `channel`; replies are queued in
+        order, so a barrier's reply leaves after everything before it was applied."""
         body = buf[HEADER.size:]
         counters = self.emulator.counters
-        if msg_type == ofp.OFPT_ECHO_REQUEST:
-            self._send(message(ofp.OFPT_ECHO_REPLY, xid, body))
+        reply = channel.sink.write
+        if msg_type in (ofp.OFPT_FLOW_MOD, ofp.OFPT_PACKET_OUT) and channel.role == nx.NX_ROLE_SLAVE:
+            error = struct.pack(ofp.OFP_ERROR_MSG_PACK_STR, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_EPERM)
+            reply(message(ofp.OFPT_ERROR, xid, error + buf[:64]))
+        elif msg_type == ofp.OFPT_ECHO_REQUEST:
+            reply(message(ofp.OFPT_ECHO_REPLY, xid, body))
         elif msg_type == ofp.OFPT_FEATURES_REQUEST:
-            self._send(self.features(xid))
+            reply(self.features(xid))
             counters.connected.setdefault(self.dpid, time.monotonic())
             try:   # once os-ken has taken the switch in (a packet-in before that is dropped)
                 asyncio.get_running_loop().call_later(HELD_LLDP_S, self._release_held)
@@ -363,7 +393,7 @@ class EmulatedSwitch:
                 self._release_held()
         elif msg_type == ofp.OFPT_GET_CONFIG_REQUEST:
             config = struct.pack(ofp.OFP_SWITCH_CONFIG_PACK_STR, 0, 128)
-            self._send(message(ofp.OFPT_GET_CONFIG_REPLY, xid, config))
+            reply(message(ofp.OFPT_GET_CONFIG_REPLY, xid, config))
         elif msg_type == ofp.OFPT_FLOW_MOD:
             mod = parser.OFPFlowMod.parser(_Datapath, ofp.OFP_VERSION, msg_type, len(buf), xid, buf)
             self.table.apply(mod)
@@ -373,13 +403,14 @@ class EmulatedSwitch:
             counters.last_mod = now
         elif msg_type == ofp.OFPT_BARRIER_REQUEST:
             counters.barriers += 1
-            self._send(message(ofp.OFPT_BARRIER_REPLY, xid))
+            reply(message(ofp.OFPT_BARRIER_REPLY, xid))
         elif msg_type == ofp.OFPT_PACKET_OUT:
             self._packet_out(body)
         elif msg_type == ofp.OFPT_STATS_REQUEST:
-            self._stats(xid, body)
+            for part in self._stats(xid, body):
+                reply(part)
         elif msg_type == ofp.OFPT_VENDOR:
-            self._vendor(xid, body)
+            self._vendor(channel, xid, body)
         # HELLO, SET_CONFIG, PORT_MOD, replies: nothing to answer
 
     def _release_held(self) -> None:
@@ -417,7 +448,7 @@ class EmulatedSwitch:
         body = struct.pack("!B7x", ofp.OFPPR_MODIFY) + phy_port(self.dpid, port, f"{self.name}-eth{port}", up)
         self._send(message(ofp.OFPT_PORT_STATUS, 0, body))
 
-    def _stats(self, xid: int, body: bytes) -> None:
+    def _stats(self, xid: int, body: bytes) -> list[bytes]:
         stats_type, _flags = struct.unpack_from(ofp.OFP_STATS_MSG_PACK_STR, body)
         if stats_type == ofp.OFPST_FLOW:
             records = flow_stats(self.table.entries.values(), time.monotonic())
@@ -429,20 +460,24 @@ class EmulatedSwitch:
                        for p in self.emulator.wiring.ports[self.dpid]]
         else:
             records = []
-        for reply in stats_replies(stats_type, xid, records):
-            self._send(reply)
+        return stats_replies(stats_type, xid, records)
 
-    def _vendor(self, xid: int, body: bytes) -> None:
+    def _vendor(self, channel: Channel, xid: int, body: bytes) -> None:
         vendor, subtype = struct.unpack_from(nx.NICIRA_HEADER_PACK_STR, body)
         if vendor == ofproto_common.NX_EXPERIMENTER_ID and subtype == nx.NXT_ROLE_REQUEST:
-            (self.role,) = struct.unpack_from(nx.NX_ROLE_PACK_STR, body, 8)
+            (role,) = struct.unpack_from(nx.NX_ROLE_PACK_STR, body, 8)
+            if role == nx.NX_ROLE_MASTER:   # one master at a time: the one before becomes a slave
+                for other in self.channels:
+                    if other is not channel and other.role == nx.NX_ROLE_MASTER:
+                        other.role = nx.NX_ROLE_SLAVE
+            channel.role = role
             reply = struct.pack(nx.NICIRA_HEADER_PACK_STR, vendor, nx.NXT_ROLE_REPLY) + \
-                struct.pack(nx.NX_ROLE_PACK_STR, self.role)
-            self._send(message(ofp.OFPT_VENDOR, xid, reply))
+                struct.pack(nx.NX_ROLE_PACK_STR, role)
+            channel.sink.write(message(ofp.OFPT_VENDOR, xid, reply))
 
 
 class Emulator:
-    """Every switch of a topology, connected to one controller."""
+    """Every switch of a topology, connected to each of its controllers."""
 
     def __init__(self, graph: Topology) -> None:
         self.graph = graph
@@ -457,13 +492,15 @@ class Emulator:
         """LLDP frames for a switch not connected yet, by dpid (`deliver_lldp`)."""
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def start(self, host: str = "127.0.0.1", port: int = OPENFLOW_PORT) -> None:
-        """Connect every switch (`CONNECT_BATCH` at a time); they run in the background."""
+    async def start(self, controllers: Sequence[tuple[str, int]] = (("127.0.0.1", OPENFLOW_PORT),)) -> None:
+        """Connect every switch to every controller (host, port) (`CONNECT_BATCH`
+        switches at a time); they run in the background."""
         self._tasks.append(asyncio.create_task(self._ask_again(), name="arp retries"))
         switches = list(self.switches.values())
         for i in range(0, len(switches), CONNECT_BATCH):
             for switch in switches[i:i + CONNECT_BATCH]:
-                self._tasks.append(asyncio.create_task(switch.run(host, port), name=f"switch {switch.dpid}"))
+                self._tasks += [asyncio.create_task(switch.run(host, port), name=f"s{switch.dpid} to {port}")
+                                for host, port in controllers]
             await asyncio.sleep(0.01)
 
     async def close(self) -> None:
@@ -485,7 +522,7 @@ class Emulator:
             return
         self.counters.lldp += 1
         target = self.switches[peer[0]]
-        if target.sink is None:
+        if not target.connected:
             self.held.setdefault(peer[0], []).append((peer[1], frame))
         else:
             target.packet_in(peer[1], frame)
@@ -542,12 +579,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=4, help="fat-tree arity")
     p.add_argument("--servers", type=int, default=None, help="storage servers (default all hosts)")
     p.add_argument("--of-host", default="127.0.0.1")
-    p.add_argument("--of-port", type=int, default=OPENFLOW_PORT)
+    p.add_argument("--of-port", type=int, action="append",
+                   help=f"a controller's OpenFlow port (repeat for several; default {OPENFLOW_PORT})")
     args = p.parse_args(argv)
 
     async def run() -> None:
         emulator = Emulator(builders.fat_tree(args.k, servers=args.servers))
-        await emulator.start(args.of_host, args.of_port)
+        await emulator.start([(args.of_host, port) for port in args.of_port or [OPENFLOW_PORT]])
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

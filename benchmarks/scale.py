@@ -26,6 +26,11 @@ registration, heartbeats and the admin API of every storage server), then:
   stopped and started again on the same ports (a new leader's path without
   etcd: it rebuilds from the agents and the switches' tables), timed from
   its start to the same check passing again;
+- optionally (`--leader-change`) the same with two controllers elected
+  through a real etcd: every switch connected to both (Nicira roles), the
+  agents given both URLs; the leader is killed (SIGKILL) and the standby,
+  which has heard the fabric all along, is timed from the kill to its
+  election and to the same check passing again;
 - all along: the controller's CPU (% of one core) and RSS every 0.5 s from
   /proc, and the round trip of a REST view, which is computed on the decision
   thread, as the decision thread's queueing latency (the controller exposes no
@@ -41,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -67,6 +73,7 @@ from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_SPACE_CIDR
 from client_lib.errors import ApiError
 from controller.settings import MODES, Mode
+from mininet_scenarios.etcd import EtcdProcess
 from topology import builders
 from topology.classify import discovered_graph, map_topology
 
@@ -80,6 +87,9 @@ TARGET_S = 30.0
 HEARTBEAT_S = 1.0
 """The emulated agents' heartbeat interval (by datagram; a real agent's is
 0.25 s): this process also plays every switch, on the same 2 cores."""
+LEASE_TTL_S = 3
+"""The leader's etcd lease with `--leader-change`: the 1 s default is for a
+controller that never stalls for long, and at k=32 on 2 cores this one does."""
 MIN_TIMEOUT_S = 10.0
 """The controller's heartbeat timeout: four intervals, 10 s at least. On 2
 cores shared with other work a shorter one failed servers over whose beats
@@ -164,9 +174,11 @@ async def until(what: str, check: Callable[[], Awaitable[T | None]], timeout: fl
 class Controller:
     """One `metaflow-controller` subprocess on ports of its own."""
 
-    def __init__(self, workdir: Path, args: list[str]) -> None:
-        self.workdir = workdir
-        self.secret_file = write_secret(workdir / "secret")
+    def __init__(self, workdir: Path, args: list[str], name: str = "controller",
+                 secret_file: Path | None = None) -> None:
+        """`secret_file`: the cluster's, shared with other controllers (default: a new one)."""
+        self.workdir, self.name = workdir, name
+        self.secret_file = secret_file or write_secret(workdir / "secret")
         self.secret = load_secret(self.secret_file)
         self.of_port, self.rest_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.rest_port}"
@@ -176,11 +188,17 @@ class Controller:
 
     def start(self) -> None:
         self.starts += 1
-        log = open(self.workdir / f"controller-{self.starts}.log", "wb")
+        log = open(self.workdir / f"{self.name}-{self.starts}.log", "wb")
         cmd = [sys.executable, "-m", "controller.launcher", "--secret-file", str(self.secret_file),
                "--of-port", str(self.of_port), "--rest-port", str(self.rest_port), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
+
+    def kill(self) -> None:
+        """SIGKILL: a leader that dies without handing anything over."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -254,43 +272,57 @@ async def steady_state(sampler: Sampler, farm: AgentFarm, seconds: float) -> dic
             "datagrams": farm.datagrams - datagrams}
 
 
+async def leads(client: AsyncApiClient) -> bool:
+    return (await client.call(REST.leadership)).state == "leader"
+
+
 async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float,
                    phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S,
-                   mode: Mode = "full", steady_s: float = 0.0) -> dict[str, Any]:
+                   mode: Mode = "full", steady_s: float = 0.0, leader_change: bool = False) -> dict[str, Any]:
     """One size, measured (module doc); `phase_s`: how long a phase may take
     before the run stops there; `mode`: the controller's --mode (hybrid
     installs no host routes); `steady_s`: how long to measure the built
-    fabric's steady cost (`steady_state`)."""
+    fabric's steady cost (`steady_state`); `leader_change`: two controllers
+    and etcd, the leader killed after the build."""
     workdir.mkdir(parents=True, exist_ok=True)
     graph = builders.fat_tree(k, servers=servers)
     space = Block.parse(DEFAULT_SPACE_CIDR)
     interval = heartbeat_s
     timeout = max(MIN_TIMEOUT_S, 4 * interval)
-    controller = Controller(workdir, ["--settle", str(settle), "--heartbeat-timeout", str(timeout),
-                                      "--locate-timeout", "300", "--barrier-timeout", "60",
-                                      "--agent-timeout", "60", "--mode", mode, "--log-level", "WARNING"])
+    etcd = EtcdProcess(workdir / "etcd").start() if leader_change else None
+    args = ["--settle", str(settle), "--heartbeat-timeout", str(timeout), "--locate-timeout", "300",
+            "--barrier-timeout", "60", "--agent-timeout", "60", "--mode", mode, "--log-level", "WARNING"]
+    if etcd is not None:
+        args += ["--etcd", etcd.url, "--lease-ttl", str(LEASE_TTL_S)]
+    controller = Controller(workdir, args)
+    controllers = [controller, *([Controller(workdir, args, "standby", controller.secret_file)]
+                                 if leader_change else [])]
     emulator = Emulator(graph)
     n_switches = len(emulator.switches)
     n_links = len(emulator.wiring.links) // 2
     client = AsyncApiClient(controller.url, controller.secret, timeout=60.0)
     result: dict[str, Any] = {"k": k, "mode": mode, "switches": n_switches, "links": n_links,
-                              "servers": servers,
+                              "servers": servers, "controllers": len(controllers),
                               "heartbeat_interval_s": interval, "heartbeat_timeout_s": timeout,
                               "settle_s": settle, "load_before": os.getloadavg()}
-    farm = AgentFarm(graph, controller.url, controller.secret, space)
+    farm = AgentFarm(graph, [c.url for c in controllers], controller.secret, space)
     controller.start()
     sampler = Sampler(controller.pid, client, lambda: emulator.counters.flow_mods)
     sampling = asyncio.create_task(sampler.run())
     try:
-        await until("controller REST", lambda: client.call(REST.leadership), 30)
+        await until("the controller leading", lambda: leads(client), 30)
+        for standby in controllers[1:]:   # after the first leads: that one is the leader
+            standby.start()
+            asked = AsyncApiClient(standby.url, standby.secret)
+            await until("the standby's REST", functools.partial(asked.call, REST.leadership), 30)
         await farm.start()
         t0 = time.monotonic()
-        await emulator.start("127.0.0.1", controller.of_port)
+        await emulator.start([("127.0.0.1", c.of_port) for c in controllers])
 
         async def switches_up() -> bool:
             return len((await client.call(REST.topology)).switches) == n_switches
 
-        await until("every switch connected", switches_up, 120)
+        await until("every switch connected", switches_up, max(120.0, phase_s))
         t_switches = time.monotonic()
         first = min(emulator.counters.connected.values())
         result["switches_connected_s"] = round(t_switches - first, 2)
@@ -349,6 +381,23 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             events = (await client.call(REST.events)).events
             result["rebuild_events"] = [{**e, "t": round(float(str(e["t"])) - t_restart, 2)}
                                         for e in events if e["event"] != "agent-registered"][:20]
+        if leader_change:
+            await asyncio.sleep(2 * interval)   # every agent beats the built tree at least once
+            successor = controllers[1]
+            client = AsyncApiClient(successor.url, successor.secret, timeout=60.0)
+            controller.kill()
+            t_kill = time.monotonic()
+            sampler.pid, sampler.client = successor.pid, client
+            await until("the standby elected", lambda: leads(client), 60, every=0.1)
+            result["leader_elected_s"] = round(time.monotonic() - t_kill, 2)
+            event = await until("the rebuild by the new leader", lambda: built(client, emulator, t_kill),
+                                phase_s, every=1.0)
+            result["leader_rebuild_s"] = round(time.monotonic() - t_kill, 2)
+            result["leader_rebuild_planned_at_s"] = round(float(event["t"]) - t_kill, 2)
+            result["check_after_leader_change"] = await fabric_check(client, emulator, space)
+            events = (await client.call(REST.events)).events
+            result["leader_change_events"] = [{**e, "t": round(float(str(e["t"])) - t_kill, 2)}
+                                              for e in events if e["event"] != "agent-registered"][:20]
     except (TimeoutError, ApiError) as exc:   # a phase that did not end: said, with what was reached
         result["error"] = str(exc)
         reached: dict[str, Any] = {"flow_mods": emulator.counters.flow_mods,
@@ -368,7 +417,10 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         await asyncio.gather(sampling, return_exceptions=True)
         await emulator.close()
         await farm.close()
-        controller.stop()
+        for each in controllers:
+            each.stop()
+        if etcd is not None:
+            etcd.stop()
     result.update(http_beats=farm.beats, datagrams=farm.datagrams, beat_errors=farm.beat_errors)
     result["samples"] = [asdict(s) for s in sampler.samples]
     cpu = [s.cpu_pct for s in sampler.samples]
@@ -394,7 +446,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         rss_ax.plot(ts, [s["rss_mb"] for s in r["samples"]], label=label)
     cpu_ax.set(title="controller CPU", xlabel="s", ylabel="% of one core")
     rss_ax.set(title="controller RSS", xlabel="s", ylabel="MB")
-    names = ["switches_connected_s", "links_found_s", "registration_s", "locate_s", "build_s", "rebuild_s"]
+    names = ["switches_connected_s", "links_found_s", "registration_s", "locate_s", "build_s", "rebuild_s",
+             "leader_rebuild_s"]
     xs = [f"k={r['k']}" + (" hybrid" if r.get("mode") == "hybrid" else "") for r in results]
     width = 0.8 / len(names)
     for i, name in enumerate(names):
@@ -417,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", type=int, nargs="*", default=None,
                    help=f"storage servers per k (default: {defaults})")
     p.add_argument("--restart", action="store_true", help="also time a successor's rebuild (a restart)")
+    p.add_argument("--leader-change", action="store_true",
+                   help="two controllers and etcd: also time the standby's rebuild after the leader is "
+                        "killed")
     p.add_argument("--settle", type=float, default=2.0, help="the controller's --settle")
     p.add_argument("--mode", choices=MODES, default="full",
                    help="the controller's --mode (hybrid: no host routes; NORMAL carries replies)")
@@ -443,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, servers in sizes:
         print(f"k={k}, {args.mode} mode: {servers} servers ...", flush=True)
         result = asyncio.run(run_size(k, servers, args.workdir / f"k{k}", args.restart, args.settle,
-                                      args.phase_timeout, args.heartbeat, args.mode, args.steady))
+                                      args.phase_timeout, args.heartbeat, args.mode, args.steady,
+                                      args.leader_change))
         results.append(result)
         results.sort(key=lambda r: (int(r["k"]), r.get("mode", "full")))
         print(json.dumps({key: v for key, v in result.items() if key != "samples"}), flush=True)
@@ -454,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     done = [r for r in results if "samples" in r]
     if done:
         plot(done, args.out / "scale.png")
-    return 0 if all("error" not in r and r["check"]["ok"] for r in results) else 1
+    checks = ("check", "check_after_rebuild", "check_after_leader_change")
+    return 0 if all("error" not in r and all(r[c]["ok"] for c in checks if c in r) for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -158,6 +158,9 @@ class MetaFlowCore:
         """ARP replies from or for such hosts, sent once none of them is in `_routing`."""
         self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
         self._told_links: tuple[tuple[int, int, int, int], ...] = ()
+        self._expected: frozenset[str] = frozenset()
+        """The servers the leader had in service (`FabricSeen.servers`): a
+        successor builds once all of them registered, not only after `build_after`."""
         """The links the leader last published (`FabricSeen`)."""
         self._probed = float("-inf")   # hybrid mode: when the last probes went out
         self._probed_up_to: tuple[str, tuple[int, int]] = ("", (0, 0))
@@ -274,6 +277,7 @@ class MetaFlowCore:
         # the 503s end): a build waits one heartbeat timeout for them, and one
         # not heard from by then counts as gone (its blocks' backups are promoted).
         new.build_after = self.clock() + self.settings.heartbeat_timeout_s
+        new._expected = self._expected
         if term:
             new.world.event("leader-elected", term=term, note="rebuilding from the agents and the switches")
         return new
@@ -403,6 +407,7 @@ class MetaFlowCore:
         for ip, mac, dpid, port in event.hosts:
             changed |= ip not in self.inventory.hosts and self.inventory.learn(ip, mac, dpid, port)
         self._told_links = event.links
+        self._expected = frozenset(event.servers)
         if self._take_told_links() or changed:
             self.last_change = self.clock()
         return []
@@ -417,7 +422,8 @@ class MetaFlowCore:
     def fabric_seen(self) -> FabricSeen:
         """What a leader publishes for the standbys."""
         return FabricSeen(tuple(sorted((h.ip, h.mac, h.dpid, h.port) for h in self.inventory.hosts.values())),
-                          tuple(sorted(self.inventory.links)))
+                          tuple(sorted(self.inventory.links)),
+                          tuple(sorted(s.name for s in self.registry.live())))
 
     def _confirmed(self, step: int) -> list[Step]:
         """A loose step is over (done or failed: a switch that does not answer
@@ -705,7 +711,7 @@ class MetaFlowCore:
             self.world.event("controller-stalled", logging.WARNING, seconds=round(tick.stalled_s, 2),
                              grace=self._grace())
         if self.tree is None:
-            if now - self.last_change >= self.settings.settle_s and now >= self.build_after:
+            if now - self.last_change >= self.settings.settle_s and self._waited(now):
                 return self._build(now)
             return []
         steps: list[Step] = []
@@ -762,9 +768,20 @@ class MetaFlowCore:
     def _build_due(self) -> list[Step]:
         """A successor (`build_after` set) builds at the registration that finds
         its wait over, not at the next tick, up to a second later."""
-        if self.tree is None and self.build_after and self.clock() >= self.build_after:
+        if self.tree is None and self.build_after and self._waited(self.clock()):
             return self._tick(Tick())
         return []
+
+    def _waited(self, now: float) -> bool:
+        """A successor's wait for the agents is over: `build_after` passed, or
+        every server the leader had in service registered here (the agents
+        find a new leader within a heartbeat or two; the timeout is for those
+        that never will)."""
+        if now >= self.build_after:
+            return True
+        servers = self.registry.servers   # (counted first: this runs at every registration)
+        return bool(self._expected) and len(servers) >= len(self._expected) and \
+            all(name in servers and not servers[name].failed for name in self._expected)
 
     def _heard(self, now: float) -> None:
         """An agent's word (by HTTP here; by datagram in the liveness thread,

@@ -17,9 +17,10 @@ one thread of a controller that talks to the coordination service.
 - etcd unreachable: each URL is tried in turn; the controller stays or
   becomes a standby (its bound runs out) and says so, and keeps retrying.
 
-- The leader also keeps `PREFIX/fabric` (the hosts it located and the
-  links it found: JSON ``{"hosts": [[ip, mac, dpid, port], ...], "links":
-  [[dpid, port, dpid, port], ...]}``) current, written only while the
+- The leader also keeps `PREFIX/fabric` (the hosts it located, the
+  links it found and the servers in service: JSON ``{"hosts": [[ip, mac,
+  dpid, port], ...], "links": [[dpid, port, dpid, port], ...], "servers":
+  [name, ...]}``) current, written only while the
   leader key is still its own (a transaction on the key's create revision,
   which is the term); a standby hands what it reads (`FabricSeen`) to
   `fabric_seen`, since it hears no ARP a host sent before it started.

@@ -97,16 +97,25 @@ class FabricSeen:
     """(ip, mac, dpid, port) each."""
     links: tuple[tuple[int, int, int, int], ...] = ()
     """(dpid, port, dpid, port) each."""
+    servers: tuple[str, ...] = ()
+    """The storage servers in service (registered, not failed): a successor
+    builds as soon as all of them have registered with it."""
 
     def to_json(self) -> str:
-        return json.dumps({"hosts": [list(h) for h in self.hosts], "links": [list(k) for k in self.links]})
+        return json.dumps({"hosts": [list(h) for h in self.hosts], "links": [list(k) for k in self.links],
+                           "servers": list(self.servers)})
 
     @classmethod
     def from_json(cls, text: str) -> FabricSeen:
-        """As `to_json` wrote it; ValueError, TypeError or KeyError if it is not."""
+        """As `to_json` wrote it (`servers` may be missing: an older leader's);
+        ValueError, TypeError or KeyError if it is not."""
         record = json.loads(text)
         hosts = tuple((str(ip), str(mac), int(dpid), int(port)) for ip, mac, dpid, port in record["hosts"])
-        return cls(hosts, tuple((int(a), int(pa), int(b), int(pb)) for a, pa, b, pb in record["links"]))
+        servers = record.get("servers", [])
+        if not isinstance(servers, list):
+            raise TypeError(f"servers must be a list of names, not {servers!r}")
+        return cls(hosts, tuple((int(a), int(pa), int(b), int(pb)) for a, pa, b, pb in record["links"]),
+                   tuple(str(name) for name in servers))
 
 
 @dataclass(frozen=True)

@@ -25,3 +25,21 @@ def test_a_k8_fat_tree_of_emulated_switches_is_built_and_routes_every_id(tmp_pat
     assert result["flow_mods"] > 0 and result["barriers"] >= 80   # the build confirmed every switch
     steady = result["steady"]   # the built fabric's cost: the agents beat, the controller was measured
     assert steady["datagrams"] + steady["http_beats"] > 0 and steady["cpu_pct_mean"] is not None, steady
+
+
+@pytest.mark.timeout(180)
+def test_a_standby_rebuilds_the_emulated_fabric_after_the_leader_is_killed(tmp_path: Path) -> None:
+    """Two real controllers elected through a real etcd, every emulated switch
+    connected to both: the leader is killed after the build and the standby
+    rebuilds the same tables without waiting out the heartbeat timeout
+    (it knows the leader's servers in service from etcd)."""
+    result = asyncio.run(run_size(4, 16, tmp_path, restart=False, settle=1.0, heartbeat_s=5.0,
+                                  leader_change=True))
+    assert "error" not in result, result.get("error")
+    assert result["controllers"] == 2 and result["check"]["ok"]
+    check = result["check_after_leader_change"]
+    assert check["ok"] and check["owners"] == result["check"]["owners"], check
+    events = [e["event"] for e in result["leader_change_events"]]
+    assert events.index("leader-elected") < events.index("network-built")
+    # built once every server registered again, well before the 20 s heartbeat timeout ran out
+    assert result["leader_rebuild_planned_at_s"] < result["heartbeat_timeout_s"], result

@@ -211,6 +211,11 @@ def test_a_standby_takes_the_leaders_hosts_and_links_where_it_has_none_of_its_ow
                                              ("10.0.0.2", "00:00:00:00:00:02", 4, 2)),
                                             ((3, 5, 4, 5), (3, 6, 7, 1)))
     assert FabricSeen.from_json(seen.to_json()) == seen
+    named = FabricSeen(seen.hosts, seen.links, ("p0e0h0", "p0e0h1"))
+    assert FabricSeen.from_json(named.to_json()) == named
+    assert FabricSeen.from_json('{"hosts": [], "links": []}').servers == ()   # an older leader's
+    with pytest.raises(TypeError):
+        FabricSeen.from_json('{"hosts": [], "links": [], "servers": "p0e0h0"}')
     for bad in ('[]', '{"hosts": [["10.0.0.2", "m", 4]], "links": []}', '{"hosts": []}', 'nope'):
         with pytest.raises((ValueError, TypeError, KeyError)):
             FabricSeen.from_json(bad)

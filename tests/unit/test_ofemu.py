@@ -8,6 +8,7 @@ import struct
 from typing import Any
 
 import pytest
+from os_ken.ofproto import nicira_ext as nx
 from os_ken.ofproto import ofproto_parser
 from os_ken.ofproto import ofproto_v1_0 as ofp
 from os_ken.ofproto import ofproto_v1_0_parser as parser
@@ -15,6 +16,7 @@ from os_ken.ofproto import ofproto_v1_0_parser as parser
 from benchmarks.ofemu import (
     HEADER,
     MAX_MESSAGE,
+    Channel,
     Emulator,
     FlowTable,
     Wiring,
@@ -66,11 +68,26 @@ def _packet_out(port: int, frame: bytes) -> Any:
     return parser.OFPPacketOut(None, ofp.OFP_NO_BUFFER, ofp.OFPP_NONE, [parser.OFPActionOutput(port)], frame)
 
 
-def _feed(emulator: Emulator, dpid: int, msgs: list[Any]) -> None:
+def _attach(emulator: Emulator, dpid: int) -> Channel:
+    """A controller's connection to the switch, collecting what it is sent."""
+    channel = Channel(Collected())
+    emulator.switches[dpid].channels.append(channel)
+    return channel
+
+
+def _sent(channel: Channel) -> Collected:
+    assert isinstance(channel.sink, Collected)
+    return channel.sink
+
+
+def _feed(emulator: Emulator, dpid: int, msgs: list[Any], channel: Channel | None = None) -> None:
+    """`msgs` from the controller on `channel` (default: the switch's first connection)."""
+    switch = emulator.switches[dpid]
+    channel = channel or (switch.channels[0] if switch.channels else _attach(emulator, dpid))
     for msg in msgs:
         data = _wire(msg)
         _, msg_type, _, xid = HEADER.unpack_from(data)
-        emulator.switches[dpid].handle(msg_type, xid, data)
+        switch.handle(channel, msg_type, xid, data)
 
 
 def test_every_link_of_the_topology_leads_back_and_hosts_are_where_the_builder_put_them() -> None:
@@ -142,9 +159,8 @@ def test_a_long_stats_reply_is_cut_into_parts_flagged_more() -> None:
 
 def test_lldp_sent_out_of_a_link_port_comes_in_at_the_other_end() -> None:
     emulator = Emulator(GRAPH)
-    sinks = {dpid: Collected() for dpid in emulator.switches}
-    for dpid, switch in emulator.switches.items():
-        switch.sink = sinks[dpid]
+    channels = {dpid: _attach(emulator, dpid) for dpid in emulator.switches}
+    sinks = {dpid: _sent(channel) for dpid, channel in channels.items()}
     (here, there), = [(a, b) for a, b in emulator.wiring.links.items() if a[0] == 1][:1]
     lldp = bytes.fromhex("0180c200000e" "020000000001" "88cc") + bytes(20)
     assert is_lldp(lldp) and not is_lldp(arp.probe("10.0.0.1", "100.64.0.1"))
@@ -154,9 +170,9 @@ def test_lldp_sent_out_of_a_link_port_comes_in_at_the_other_end() -> None:
     assert isinstance(packet_in, parser.OFPPacketIn)
     assert (packet_in.in_port, bytes(packet_in.data)) == (there[1], lldp)
     assert all(not sinks[d].data for d in sinks if d != there[0])
-    emulator.switches[there[0]].sink = None   # not connected yet: the frame waits for it
+    emulator.switches[there[0]].channels.clear()   # not connected yet: the frame waits for it
     _feed(emulator, here[0], [out])
-    emulator.switches[there[0]].sink = sinks[there[0]]
+    emulator.switches[there[0]].channels.append(channels[there[0]])
     sinks[there[0]].data.clear()
     _feed(emulator, there[0], [parser.OFPFeaturesRequest(None)])
     features, held = sinks[there[0]].messages()
@@ -171,9 +187,7 @@ def _a_server_and_its_edge(emulator: Emulator) -> tuple[str, int, int, Collected
     """A storage server, its edge switch and port, and that switch's connection."""
     host = builders.storage_hosts(GRAPH)[3]
     dpid, port = emulator.wiring.hosts[host]
-    sink = Collected()
-    emulator.switches[dpid].sink = sink
-    return host, dpid, port, sink
+    return host, dpid, port, _sent(_attach(emulator, dpid))
 
 
 def test_a_servers_announcement_is_an_arp_packet_in_from_its_edge_port() -> None:
@@ -197,16 +211,16 @@ def test_a_servers_announcement_is_an_arp_packet_in_from_its_edge_port() -> None
 @pytest.mark.parametrize("role", [1, 2])
 def test_features_barrier_echo_and_role_are_answered_as_os_ken_expects(role: int) -> None:
     emulator = Emulator(GRAPH)
-    sink = Collected()
+    channel = _attach(emulator, 5)
+    sink = _sent(channel)
     switch = emulator.switches[5]
-    switch.sink = sink
     _feed(emulator, 5, [parser.OFPFeaturesRequest(None), parser.OFPBarrierRequest(None),
                         parser.OFPEchoRequest(None, b"hi"), ofmsgs.role_request(role == 1)])
     features, barrier, echo, role_reply = sink.messages()
     assert features.datapath_id == 5 and set(features.ports) == {*emulator.wiring.ports[5], ofp.OFPP_LOCAL}
     assert features.ports[ofp.OFPP_LOCAL].name.rstrip(b"\0").decode() == switch.name
     assert isinstance(barrier, parser.OFPBarrierReply) and bytes(echo.data) == b"hi"
-    assert switch.role == role and role_reply.xid == 7
+    assert channel.role == role and role_reply.xid == 7
     assert 5 in emulator.counters.connected
 
 
@@ -224,3 +238,30 @@ def test_a_server_answers_a_probe_for_its_address_out_of_its_own_port_only() -> 
     answer = arp.parse(bytes(packet_in.data))
     assert packet_in.in_port == port and answer is not None and not answer.is_request
     assert (answer.sender_ip, answer.sender_mac, answer.target_ip) == (ip, mac, "100.64.0.1")
+
+
+def test_with_two_controllers_replies_go_to_the_asker_events_to_both_and_a_slave_changes_nothing() -> None:
+    emulator = Emulator(GRAPH)
+    host, dpid, port, _ = _a_server_and_its_edge(emulator)
+    leader, standby = emulator.switches[dpid].channels[0], _attach(emulator, dpid)
+    _feed(emulator, dpid, [ofmsgs.role_request(True)], leader)
+    _feed(emulator, dpid, [ofmsgs.role_request(False), parser.OFPBarrierRequest(None)], standby)
+    assert (leader.role, standby.role) == (nx.NX_ROLE_MASTER, nx.NX_ROLE_SLAVE)
+    assert len(_sent(leader).messages()) == 1 and len(_sent(standby).messages()) == 2   # each its own replies
+    for channel in (leader, standby):
+        _sent(channel).data.clear()
+    emulator.announce([host])   # a packet-in: both hear it (ofmsgs.async_config asks for that)
+    assert all(isinstance(m, parser.OFPPacketIn) for c in (leader, standby) for m in _sent(c).messages())
+    assert [len(_sent(c).messages()) for c in (leader, standby)] == [1, 1]
+    _sent(standby).data.clear()
+    changes = ofmsgs.diff_messages(SwitchDiff(add=ENTRIES)) + [_packet_out(port, b"x" * 60)]
+    _feed(emulator, dpid, changes, standby)
+    assert emulator.switches[dpid].table.entries == {}   # a slave's changes are refused, as by OVS
+    errors = _sent(standby).messages()
+    assert errors and all(isinstance(e, parser.OFPErrorMsg) and ofmsgs.refused_as_slave(e.type, e.code)
+                          for e in errors)
+    # the standby takes over: the old master becomes a slave, the new one's flow mods apply
+    _feed(emulator, dpid, [ofmsgs.role_request(True)], standby)
+    assert (leader.role, standby.role) == (nx.NX_ROLE_SLAVE, nx.NX_ROLE_MASTER)
+    _feed(emulator, dpid, ofmsgs.diff_messages(SwitchDiff(add=ENTRIES)), standby)
+    assert emulator.switches[dpid].table.metaflow() == {e.match: e for e in ENTRIES}

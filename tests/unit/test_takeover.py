@@ -1,9 +1,10 @@
 """A takeover without a network: the standby's core becomes the leader's
 successor, the agents register with it, and it rebuilds as a restarted
 controller does (fake switches and agents: `controller_world`). Its epochs
-carry its term, it removes no flow entry, it waits one heartbeat timeout for
-the agents and builds at the first registration after that, and a server
-that never registered is failed over (its backups promoted)."""
+carry its term, it removes no flow entry, it waits for the agents (every
+server the leader had in service, or one heartbeat timeout) and builds at
+the registration that ends the wait, and a server that never registered is
+failed over (its backups promoted)."""
 
 from __future__ import annotations
 
@@ -116,3 +117,24 @@ def test_a_successor_builds_without_claims_that_never_come_after_its_longest_wai
     world.tick()
     world.run()
     assert world.core.tree is not None
+
+
+def test_a_successor_told_the_leaders_servers_builds_once_they_all_registered_not_after_the_timeout() -> None:
+    """The standby reads the servers in service with the fabric (`FabricSeen.servers`);
+    at k=32 with 15 s heartbeats the timeout alone held every rebuild 60 s."""
+    world = World(fat_tree(4, servers=8), replicas=2, heartbeat_timeout_s=30.0)
+    world.boot()
+    seen = world.core.fabric_seen()
+    assert set(seen.servers) == set(world.agents)
+    world.core.handle(seen)   # what the standby read from etcd, taken over with the fabric
+    world.core = world.core.successor(TERM)
+    *first, last = world.agents.values()
+    for agent in first:
+        world.register(agent)
+    world.advance(1.0)
+    world.tick()
+    assert world.core.tree is None   # one of them still finding the new leader: wait for it
+    world.register(last)
+    world.run()
+    assert world.core.tree is not None   # at once, 29 s before the timeout
+    assert any(e["event"] == "network-built" and e["restored"] for e in world.core.events)
