@@ -421,9 +421,10 @@ class MetaFlowCore:
 
     def fabric_seen(self) -> FabricSeen:
         """What a leader publishes for the standbys."""
+        # a successor waits for the servers in service; before a build, for all that register
+        in_service = sorted(s.name for s in self.registry.live()) if self.tree is not None else []
         return FabricSeen(tuple(sorted((h.ip, h.mac, h.dpid, h.port) for h in self.inventory.hosts.values())),
-                          tuple(sorted(self.inventory.links)),
-                          tuple(sorted(s.name for s in self.registry.live())))
+                          tuple(sorted(self.inventory.links)), tuple(in_service))
 
     def _confirmed(self, step: int) -> list[Step]:
         """A loose step is over (done or failed: a switch that does not answer

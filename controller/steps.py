@@ -98,8 +98,10 @@ class FabricSeen:
     links: tuple[tuple[int, int, int, int], ...] = ()
     """(dpid, port, dpid, port) each."""
     servers: tuple[str, ...] = ()
-    """The storage servers in service (registered, not failed): a successor
-    builds as soon as all of them have registered with it."""
+    """The storage servers in service (registered, not failed) once the
+    leader has built: a successor builds as soon as all of them have
+    registered with it. Before a build, none: a successor then waits its
+    heartbeat timeout for every server still registering."""
 
     def to_json(self) -> str:
         return json.dumps({"hosts": [list(h) for h in self.hosts], "links": [list(k) for k in self.links],

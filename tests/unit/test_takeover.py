@@ -123,6 +123,8 @@ def test_a_successor_told_the_leaders_servers_builds_once_they_all_registered_no
     """The standby reads the servers in service with the fabric (`FabricSeen.servers`);
     at k=32 with 15 s heartbeats the timeout alone held every rebuild 60 s."""
     world = World(fat_tree(4, servers=8), replicas=2, heartbeat_timeout_s=30.0)
+    world.register_all()
+    assert world.core.fabric_seen().servers == ()   # before a build: a successor waits for all that come
     world.boot()
     seen = world.core.fabric_seen()
     assert set(seen.servers) == set(world.agents)
