@@ -110,6 +110,8 @@ class EmulatedAgent:
     unanswered: float | None = None
     """When the first datagram the controller has not answered yet went out."""
     started: float = field(default_factory=time.monotonic)
+    dead: bool = False
+    """Powered off (`AgentFarm.kill`): it neither beats nor answers."""
 
     def registration(self) -> Registration:
         return Registration(self.name, self.data_ip, self.data_mac, METAFLOW_PORT, self.admin_url, STORE,
@@ -239,6 +241,11 @@ class AgentFarm:
             await self._runner.cleanup()
             self._runner = None
 
+    def kill(self, names: Sequence[str]) -> None:
+        """Power these servers off: no beat, no answer, from now on."""
+        for name in names:
+            self.agents[name].dead = True
+
     def client(self, timeout: float) -> AsyncApiClient:
         """A client of the controller the farm talks to now."""
         key = (self.leaders.current, timeout)
@@ -295,7 +302,7 @@ class AgentFarm:
         async def loop() -> None:
             slices = max(1, round(interval / BEAT_SLICE_S))
             while True:
-                agents = [a for a in self.agents.values() if a.registered is not None]
+                agents = [a for a in self.agents.values() if a.registered is not None and not a.dead]
                 for i in range(slices):
                     client = self.client(timeout)
                     for agent in agents[i::slices]:
@@ -331,8 +338,12 @@ class AgentFarm:
                                         request.headers, body)
         if not isinstance(call, Call):
             return web.Response(status=call.status, body=call.body, headers=call.headers)
+        agent = self.agents.get(call.params["agent"])
+        if agent is not None and agent.dead:
+            if request.transport is not None:
+                request.transport.close()   # a dead server's connection just ends: no answer
+            return web.Response(status=503)   # (written to nobody)
         try:
-            agent = self.agents.get(call.params["agent"])
             if agent is None:
                 raise NotFound(f"no emulated agent {call.params['agent']!r}", 404)
             handler = self.handlers.get(PREFIXED[call.route])

@@ -22,6 +22,11 @@ registration, heartbeats and the admin API of every storage server), then:
   the planner's (`REST.flows`: `planner.table` of the controller's tree);
 - the steady state (`--steady`, 30 s): the built fabric's controller CPU
   with nothing to do but the agents' liveness and LLDP;
+- optionally (`--faults`) the issue's faults at scale on the built fabric:
+  `FLAPS` random switches disconnect and connect again (each keeps its table
+  and is re-synced, `switch-resync`), then `RACK` servers lose power at once
+  (a rack: whole edge switches' servers, their agents silent and their edge
+  ports down), each followed by the same whole-fabric check;
 - optionally (`--restart`) a rebuild by a successor: the controller is
   stopped and started again on the same ports (a new leader's path without
   etcd: it rebuilds from the agents and the switches' tables), timed from
@@ -49,6 +54,7 @@ import contextlib
 import functools
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -87,9 +93,16 @@ TARGET_S = 30.0
 HEARTBEAT_S = 1.0
 """The emulated agents' heartbeat interval (by datagram; a real agent's is
 0.25 s): this process also plays every switch, on the same 2 cores."""
+FLAPS = 50
+"""`--faults`: switches that disconnect and connect again, one every `FLAP_EVERY_S`."""
+FLAP_EVERY_S = 0.1
+RACK = 100
+"""`--faults`: servers that lose power at once."""
 LEASE_TTL_S = 3
-"""The leader's etcd lease with `--leader-change`: the 1 s default is for a
-controller that never stalls for long, and at k=32 on 2 cores this one does."""
+"""The leader's etcd lease with `--leader-change` (`--lease-ttl`): the
+controller's 1 s default is for a controller that never stalls for long,
+and at k=32 on 2 cores this one does (a 3 s lease was lost once, 45 s into
+a rebuild, under the registration storm)."""
 MIN_TIMEOUT_S = 10.0
 """The controller's heartbeat timeout: four intervals, 10 s at least. On 2
 cores shared with other work a shorter one failed servers over whose beats
@@ -272,18 +285,84 @@ async def steady_state(sampler: Sampler, farm: AgentFarm, seconds: float) -> dic
             "datagrams": farm.datagrams - datagrams}
 
 
+async def settled(client: AsyncApiClient, emulator: Emulator) -> bool:
+    """No operation under way, and every switch holding the plan."""
+    if (await client.call(REST.operations)).operations:
+        return False
+    plan = planned_tables((await client.call(REST.flows)).switches)
+    return bool(plan) and emulator.tables() == {dpid: plan.get(dpid, {}) for dpid in emulator.switches}
+
+
+async def events_since(client: AsyncApiClient, kind: str, since: float) -> list[dict[str, Any]]:
+    return [e for e in (await client.call(REST.events)).events
+            if e["event"] == kind and float(str(e["t"])) >= since]
+
+
+async def faults(client: AsyncApiClient, emulator: Emulator, farm: AgentFarm, space: Block,
+                 phase_s: float, flaps: int = FLAPS, rack: int = RACK, seed: int = 26) -> dict[str, Any]:
+    """The built fabric through `flaps` switch disconnects and a rack of
+    `rack` servers powered off (module doc): how long each took to settle,
+    and the whole-fabric check after each."""
+    rng = random.Random(seed)
+    out: dict[str, Any] = {}
+    dpids = rng.sample(sorted(emulator.switches), min(flaps, len(emulator.switches)))
+    began = time.monotonic()
+    for dpid in dpids:
+        emulator.switches[dpid].close()   # its connection ends; it connects again, its table kept
+        await asyncio.sleep(FLAP_EVERY_S)
+
+    async def resynced() -> bool:
+        return all(emulator.switches[d].connected for d in dpids) and \
+            len((await client.call(REST.topology)).switches) == len(emulator.switches) and \
+            len(await events_since(client, "switch-resync", began)) >= len(dpids) and \
+            await settled(client, emulator)
+
+    await until("every flapped switch re-synced", resynced, phase_s, every=0.5)
+    out["flaps"] = {"switches": len(dpids), "settled_s": round(time.monotonic() - began, 2),
+                    "check": await fabric_check(client, emulator, space)}
+
+    by_edge: dict[int, list[str]] = {}
+    for name in farm.agents:
+        by_edge.setdefault(emulator.wiring.hosts[name][0], []).append(name)
+    victims: list[str] = []
+    for edge in rng.sample(sorted(by_edge), len(by_edge)):
+        victims += by_edge[edge][:rack - len(victims)]
+        if len(victims) >= rack:
+            break
+    began = time.monotonic()
+    farm.kill(victims)
+    for name in victims:
+        emulator.set_port(*emulator.wiring.hosts[name], up=False)
+
+    async def failed_over() -> bool:
+        servers = (await client.call(REST.servers)).servers
+        return all(servers[v].failed and not servers[v].blocks for v in victims) and \
+            await settled(client, emulator)
+
+    await until("the rack failed over", failed_over, phase_s, every=0.5)
+    out["rack"] = {"servers": len(victims), "edges": len({emulator.wiring.hosts[v][0] for v in victims}),
+                   "settled_s": round(time.monotonic() - began, 2),
+                   "takeovers": len(await events_since(client, "takeover", began)),
+                   "data_lost": len(await events_since(client, "DATA-LOST", began)),
+                   "check": await fabric_check(client, emulator, space)}
+    return out
+
+
 async def leads(client: AsyncApiClient) -> bool:
     return (await client.call(REST.leadership)).state == "leader"
 
 
 async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float,
                    phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S,
-                   mode: Mode = "full", steady_s: float = 0.0, leader_change: bool = False) -> dict[str, Any]:
+                   mode: Mode = "full", steady_s: float = 0.0, leader_change: bool = False,
+                   fault_sizes: tuple[int, int] | None = None,
+                   lease_ttl: int = LEASE_TTL_S) -> dict[str, Any]:
     """One size, measured (module doc); `phase_s`: how long a phase may take
     before the run stops there; `mode`: the controller's --mode (hybrid
     installs no host routes); `steady_s`: how long to measure the built
     fabric's steady cost (`steady_state`); `leader_change`: two controllers
-    and etcd, the leader killed after the build."""
+    and etcd, the leader killed after the build; `fault_sizes`: (switches
+    that flap, servers of the rack that fails) for `faults`."""
     workdir.mkdir(parents=True, exist_ok=True)
     graph = builders.fat_tree(k, servers=servers)
     space = Block.parse(DEFAULT_SPACE_CIDR)
@@ -293,7 +372,7 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
     args = ["--settle", str(settle), "--heartbeat-timeout", str(timeout), "--locate-timeout", "300",
             "--barrier-timeout", "60", "--agent-timeout", "60", "--mode", mode, "--log-level", "WARNING"]
     if etcd is not None:
-        args += ["--etcd", etcd.url, "--lease-ttl", str(LEASE_TTL_S)]
+        args += ["--etcd", etcd.url, "--lease-ttl", str(lease_ttl)]
     controller = Controller(workdir, args)
     controllers = [controller, *([Controller(workdir, args, "standby", controller.secret_file)]
                                  if leader_change else [])]
@@ -366,6 +445,8 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         result["load_after_build"] = os.getloadavg()
         if steady_s > 0:
             result["steady"] = await steady_state(sampler, farm, steady_s)
+        if fault_sizes is not None:
+            result["faults"] = await faults(client, emulator, farm, space, phase_s, *fault_sizes)
         if restart:
             await asyncio.sleep(2 * interval)   # every agent beats the built tree at least once
             controller.stop()
@@ -395,6 +476,8 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             result["leader_rebuild_s"] = round(time.monotonic() - t_kill, 2)
             result["leader_rebuild_planned_at_s"] = round(float(event["t"]) - t_kill, 2)
             result["check_after_leader_change"] = await fabric_check(client, emulator, space)
+            # more than one: the new leader lost its lease and took over again (starved of CPU)
+            result["successor_takeovers"] = (await client.call(REST.leadership)).takeovers
             events = (await client.call(REST.events)).events
             result["leader_change_events"] = [{**e, "t": round(float(str(e["t"])) - t_kill, 2)}
                                               for e in events if e["event"] != "agent-registered"][:20]
@@ -411,6 +494,10 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
                                          if named & {str(v) for v in e.values()}][-20:]
             known = (await client.call(REST.servers)).servers
             reached["servers_failed"] = sum(1 for s in known.values() if s.failed)
+            under_way = (await client.call(REST.operations)).operations
+            reached["operations"] = [asdict(op) for op in under_way][:10]
+            reached["last_events"] = [e for e in (await client.call(REST.events)).events
+                                      if e["event"] != "agent-registered"][-15:]
         result["at_error"] = reached
     finally:
         sampling.cancel()
@@ -473,6 +560,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--leader-change", action="store_true",
                    help="two controllers and etcd: also time the standby's rebuild after the leader is "
                         "killed")
+    p.add_argument("--lease-ttl", type=int, default=LEASE_TTL_S, help="the controllers' etcd lease (s)")
+    p.add_argument("--faults", action="store_true",
+                   help=f"after the build: {FLAPS} switch disconnects, then {RACK} servers powered off "
+                        "at once")
     p.add_argument("--settle", type=float, default=2.0, help="the controller's --settle")
     p.add_argument("--mode", choices=MODES, default="full",
                    help="the controller's --mode (hybrid: no host routes; NORMAL carries replies)")
@@ -500,7 +591,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"k={k}, {args.mode} mode: {servers} servers ...", flush=True)
         result = asyncio.run(run_size(k, servers, args.workdir / f"k{k}", args.restart, args.settle,
                                       args.phase_timeout, args.heartbeat, args.mode, args.steady,
-                                      args.leader_change))
+                                      args.leader_change, (FLAPS, RACK) if args.faults else None,
+                                      args.lease_ttl))
         results.append(result)
         results.sort(key=lambda r: (int(r["k"]), r.get("mode", "full")))
         print(json.dumps({key: v for key, v in result.items() if key != "samples"}), flush=True)
@@ -511,8 +603,15 @@ def main(argv: list[str] | None = None) -> int:
     done = [r for r in results if "samples" in r]
     if done:
         plot(done, args.out / "scale.png")
-    checks = ("check", "check_after_rebuild", "check_after_leader_change")
-    return 0 if all("error" not in r and all(r[c]["ok"] for c in checks if c in r) for r in results) else 1
+    return 0 if all("error" not in r and all(check["ok"] for check in checks(r)) for r in results) else 1
+
+
+def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every whole-fabric check a result holds."""
+    faults = result.get("faults", {})
+    named = ("check", "check_after_rebuild", "check_after_leader_change")
+    return [result[c] for c in named if c in result] + \
+        [faults[f]["check"] for f in ("flaps", "rack") if f in faults]
 
 
 if __name__ == "__main__":

@@ -87,6 +87,26 @@ def diff_tables(old: Table, new: Table) -> SwitchDiff:
     return out
 
 
+def as_now(change: SwitchDiff, table: Table) -> SwitchDiff:
+    """`change`, computed earlier, brought up to `table` as it is now: each
+    entry it touches as the table now has it (added or modified if there,
+    deleted if not). Two operations' diffs for one switch can be sent in
+    either order, since each waits on agents between computing its diff and
+    sending it; sent as computed, the older one undid the newer (a rack of
+    servers failing over at once left stale entries behind)."""
+    out = SwitchDiff()
+    for part, kept in ((change.add, out.add), (change.modify, out.modify), (change.delete, out.add)):
+        for entry in part:
+            now = table.get(entry.match)
+            if now is None:
+                out.delete.append(entry)
+            else:
+                kept.append(now)
+    for part in (out.add, out.modify, out.delete):
+        part.sort()
+    return out
+
+
 def diff_networks(old: dict[int, Table], new: dict[int, Table]) -> FlowDiff:
     out: FlowDiff = {}
     for dpid in old.keys() | new.keys():

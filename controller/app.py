@@ -135,7 +135,8 @@ class MetaFlowApp(app_manager.OSKenApp):
         self.core = MetaFlowCore(settings, recorder=self.metrics)
         self.inbox: queue.Queue[object] = queue.Queue()
         self.datapaths: dict[int, Any] = {}
-        self.pending: dict[tuple[int, int], tuple[int, list[Any] | None]] = {}  # (dpid, xid) -> step
+        self.pending: dict[tuple[int, int], tuple[int, list[Any] | None, Any]] = {}
+        """(dpid, xid) -> the step, the stats parts collected, the connection it went on."""
         self.deadlines: list[tuple[float, int, tuple[int, int]]] = []
         self.barriers: dict[tuple[int, int], float] = {}   # (dpid, xid) -> when a barrier was sent
         self.lock = threading.Lock()   # pending and deadlines: os-ken threads and ours
@@ -390,7 +391,7 @@ class MetaFlowApp(app_manager.OSKenApp):
             msg.serialize()
         key = (step.dpid, request.xid)
         with self.lock:
-            self.pending[key] = (step.id, parts)
+            self.pending[key] = (step.id, parts, dp)
             if parts is None:
                 self.barriers[key] = time.monotonic()
             heapq.heappush(self.deadlines, (time.monotonic() + self.settings.barrier_timeout_s, step.id, key))
@@ -405,7 +406,7 @@ class MetaFlowApp(app_manager.OSKenApp):
             waiting = self.pending.get((dpid, xid))
             if waiting is None:
                 return
-            step, parts = waiting
+            step, parts, _ = waiting
             if parts is not None and body:
                 parts.extend(body)
             if more:
@@ -433,16 +434,24 @@ class MetaFlowApp(app_manager.OSKenApp):
             if self.leadership.coordinated:
                 self._claim_role(dp, self.leadership.leads())
             self.post(SwitchUp(dp.id, ports, name))
-        elif self.datapaths.pop(dp.id, None) is not None:
-            log.warning("switch %s disconnected", dp.id)
+        else:
+            # A switch that connected again before its old connection was seen
+            # to end (os-ken: "Multiple connections") is up on the new one:
+            # only what went over the old one is lost, and the switch is not down.
+            current = self.datapaths.get(dp.id) is dp
             with self.lock:
-                lost = [(key, step) for key, (step, _) in self.pending.items() if key[0] == dp.id]
+                lost = [(key, step) for key, (step, _, conn) in self.pending.items() if conn is dp]
                 for key, _ in lost:
                     del self.pending[key]
                     self.barriers.pop(key, None)
             for _, step in lost:
                 self.post(StepFailed(step, f"switch {dp.id} disconnected"))
-            self.post(SwitchDown(dp.id))
+            if current:
+                del self.datapaths[dp.id]
+                log.warning("switch %s disconnected", dp.id)
+                self.post(SwitchDown(dp.id))
+            else:
+                log.info("an older connection of switch %s ended; it is connected on a newer one", dp.id)
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, MAIN_DISPATCHER)
     def _error(self, ev: Any) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from btree.flows import FlowDiff, FlowPlanner
+from btree.flows import FlowDiff, FlowPlanner, as_now
 from btree.rebalance import ChurnLimit
 from btree.replicas import Placement, Replicas
 from btree.tree import LogicalBTree, Move
@@ -169,7 +169,10 @@ class SagaWorld:
     # -- switch I/O as steps -----------------------------------------------------------
 
     def send_diff(self, diff: FlowDiff) -> list[Step]:
-        return [SendFlows(dpid=dpid, messages=ofmsgs.diff_messages(change))
+        """The switches' part of `diff`, each entry as the planner has it now
+        (`as_now`): another operation may have changed it since."""
+        planner = self.planner_or_raise()
+        return [SendFlows(dpid=dpid, messages=ofmsgs.diff_messages(as_now(change, planner.table(dpid))))
                 for dpid, change in diff.items() if dpid in self._inventory.dpids]
 
     def base_entries(self) -> list[ofmsgs.BaseEntry]:

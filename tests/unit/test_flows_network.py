@@ -32,6 +32,9 @@ from btree.flows import (
     UP,
     FlowEntry,
     FlowPlanner,
+    SwitchDiff,
+    Table,
+    as_now,
     diff_networks,
     diff_tables,
     spread,
@@ -515,3 +518,38 @@ def test_cost_of_needs_minimize():
     tree.bootstrap_organic()
     with pytest.raises(ValueError):
         FlowPlanner(tree, fabric, minimize=False).cost_of([])
+
+
+def _applied(table: Table, change: SwitchDiff) -> Table:
+    """A switch's table after `change`, as OpenFlow applies it."""
+    out = dict(table)
+    for entry in [*change.add, *change.modify]:
+        out[entry.match] = entry
+    for entry in change.delete:
+        out.pop(entry.match, None)
+    return out
+
+
+def test_two_diffs_sent_in_the_other_order_end_as_the_planner_is_when_brought_up_to_date():
+    """Two operations' diffs for the same switches, the older sent last (each
+    waits on agents between computing and sending): sent as computed, the
+    older one undoes the newer; brought up to date (`as_now`) they leave
+    every switch with the planner's table."""
+    c, fabric = classified("fat4")
+    tree = build_tree(c, SPACE)
+    tree.bootstrap_preallocate(4)
+    planner = FlowPlanner(tree, fabric)
+    held = planner.tables()
+    first, second = tree.leaves_in(State.BUSY)[:2]
+    idle = tree.leaves_in(State.IDLE)
+    older = planner.update(tree.transfer(tree.blocks(first), idle[0]))
+    newer = planner.update(tree.transfer(tree.blocks(idle[0]) + tree.blocks(second), idle[1]))
+    assert older.keys() & newer.keys()
+    raw, fixed = dict(held), dict(held)
+    for diff in (newer, older):
+        for dpid, change in diff.items():
+            raw[dpid] = _applied(raw[dpid], change)
+            fixed[dpid] = _applied(fixed[dpid], as_now(change, planner.table(dpid)))
+    assert raw != planner.tables()   # the older diff undid part of the newer
+    assert fixed == planner.tables()
+    assert as_now(SwitchDiff(), planner.table(next(iter(older)))) == SwitchDiff()
