@@ -273,21 +273,25 @@ class AgentFarm:
         if self.on_registered is not None:
             self.on_registered(agent)
 
-    async def register_all(self, concurrency: int = 32) -> list[str]:
+    async def register_all(self, concurrency: int = 32, patience: float = 60.0) -> list[str]:
         """Register every agent (`concurrency` requests at once); the names
-        that failed, each tried three times."""
+        that failed, each tried again every 0.5 s for `patience` seconds (as
+        an agent keeps trying: a leader may die in the middle)."""
         gate = asyncio.Semaphore(concurrency)
         failed = []
+        deadline = time.monotonic() + patience
 
         async def one(agent: EmulatedAgent) -> None:
             async with gate:
-                for _ in range(3):
+                while True:
                     client = self.client(30.0)
                     try:
                         await self.register(client, agent)
                         return
                     except ApiError as exc:
                         self._moved(exc, client)
+                        if time.monotonic() > deadline:
+                            break
                         await asyncio.sleep(0.5)
                 failed.append(agent.name)
 

@@ -16,9 +16,9 @@ registration, heartbeats and the admin API of every storage server), then:
   has ended (its flows confirmed by barriers) and every switch holds exactly
   the table the controller's planner computed;
 - the whole-fabric check: the emulated switches' tables, fed to
-  `btree.fake_network.FakeNetwork` on the fabric as the controller
-  discovered it, deliver every ID of the space to the owner of its block
-  from every edge switch (`misdelivered`), and agree entry for entry with
+  `btree.fake_network.FakeNetwork` on the fabric as it is wired, deliver
+  every ID of the space to the owner of its block from every edge switch
+  (`misdelivered`), and agree entry for entry with
   the planner's (`REST.flows`: `planner.table` of the controller's tree);
 - the steady state (`--steady`, 30 s): the built fabric's controller CPU
   with nothing to do but the agents' liveness and LLDP;
@@ -35,7 +35,9 @@ registration, heartbeats and the admin API of every storage server), then:
   through a real etcd: every switch connected to both (Nicira roles), the
   agents given both URLs; the leader is killed (SIGKILL) and the standby,
   which has heard the fabric all along, is timed from the kill to its
-  election and to the same check passing again;
+  election and to the same check passing again; `--leader-change storm`
+  kills it instead when half the servers have registered (a registration
+  storm), and the standby makes the first build;
 - all along: the controller's CPU (% of one core) and RSS every 0.5 s from
   /proc, and the round trip of a REST view, which is computed on the decision
   thread, as the decision thread's queueing latency (the controller exposes no
@@ -238,15 +240,17 @@ async def fabric_check(client: AsyncApiClient, emulator: Emulator, space: Block)
     """The whole-fabric check (module doc): entries that differ from the
     plan, and the edge switches from which some ID misses its owner."""
     started = time.monotonic()
-    topo = await client.call(REST.topology)
     servers = (await client.call(REST.servers)).servers
     plan = planned_tables((await client.call(REST.flows)).switches)
     held = emulator.tables()
     differing = sorted(dpid for dpid in held if held[dpid] != plan.get(dpid, {}))
-    storage = {s.data_ip: name for name, s in servers.items()}
-    hosts = [(storage.get(h.ip, f"h{h.ip}"), h.dpid, h.port, h.mac, h.ip,
-              "storage" if h.ip in storage else "client") for h in topo.hosts]
-    graph = discovered_graph([s.dpid for s in topo.switches], topo.links, hosts)
+    # Forwarded over the wires as they are, not as discovered: LLDP finds a
+    # reconnected switch's links again only within a round (102 s at k=32).
+    wiring = emulator.wiring
+    links = [(*a, *b) for a, b in wiring.links.items() if a < b]
+    hosts = [(name, *wiring.hosts[name], wiring.macs[name], wiring.ips[name], "storage")
+             for name in servers if name in wiring.hosts]
+    graph = discovered_graph(sorted(wiring.names), links, hosts)
     _, _, fabric = map_topology(graph, space)
     partition = sorted((b, name) for name, s in servers.items() for b in s.blocks)
     edges = sorted({dpid for dpid, _ in fabric.hosts.values()})
@@ -354,14 +358,15 @@ async def leads(client: AsyncApiClient) -> bool:
 
 async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: float,
                    phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S,
-                   mode: Mode = "full", steady_s: float = 0.0, leader_change: bool = False,
+                   mode: Mode = "full", steady_s: float = 0.0, leader_change: str | None = None,
                    fault_sizes: tuple[int, int] | None = None,
                    lease_ttl: int = LEASE_TTL_S) -> dict[str, Any]:
     """One size, measured (module doc); `phase_s`: how long a phase may take
     before the run stops there; `mode`: the controller's --mode (hybrid
     installs no host routes); `steady_s`: how long to measure the built
     fabric's steady cost (`steady_state`); `leader_change`: two controllers
-    and etcd, the leader killed after the build; `fault_sizes`: (switches
+    and etcd, the leader killed after the build ("built") or when half the
+    servers have registered ("storm"); `fault_sizes`: (switches
     that flap, servers of the rack that fails) for `faults`."""
     workdir.mkdir(parents=True, exist_ok=True)
     graph = builders.fat_tree(k, servers=servers)
@@ -412,9 +417,35 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         await until("every link found by LLDP", links_found, 300)
         result["links_found_s"] = round(time.monotonic() - t0, 2)
 
+        async def take_over() -> float:
+            """SIGKILL to the leader, and the standby's election timed; when it was killed."""
+            nonlocal client
+            successor = controllers[1]
+            client = AsyncApiClient(successor.url, successor.secret, timeout=60.0)
+            controller.kill()
+            killed = time.monotonic()
+            sampler.pid, sampler.client = successor.pid, client
+            await until("the standby elected", lambda: leads(client), 60, every=0.1)
+            result["leader_elected_s"] = round(time.monotonic() - killed, 2)
+            return killed
+
         t_reg = time.monotonic()
+        half, registered = asyncio.Event(), 0
+
+        def counted(_: object) -> None:
+            nonlocal registered
+            registered += 1
+            if registered >= servers // 2:
+                half.set()
+
+        farm.on_registered = counted
         farm.start_beating(interval)
-        failed = await farm.register_all()
+        registering = asyncio.create_task(farm.register_all())
+        if leader_change == "storm":
+            await asyncio.wait_for(half.wait(), phase_s)
+            result["killed_at_registered"] = registered
+            await take_over()
+        failed = await registering
         t_registered = time.monotonic()
         result["registration_s"] = round(t_registered - t_reg, 2)
         result["registration_failed"] = failed
@@ -462,15 +493,9 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             events = (await client.call(REST.events)).events
             result["rebuild_events"] = [{**e, "t": round(float(str(e["t"])) - t_restart, 2)}
                                         for e in events if e["event"] != "agent-registered"][:20]
-        if leader_change:
+        if leader_change == "built":
             await asyncio.sleep(2 * interval)   # every agent beats the built tree at least once
-            successor = controllers[1]
-            client = AsyncApiClient(successor.url, successor.secret, timeout=60.0)
-            controller.kill()
-            t_kill = time.monotonic()
-            sampler.pid, sampler.client = successor.pid, client
-            await until("the standby elected", lambda: leads(client), 60, every=0.1)
-            result["leader_elected_s"] = round(time.monotonic() - t_kill, 2)
+            t_kill = await take_over()
             event = await until("the rebuild by the new leader", lambda: built(client, emulator, t_kill),
                                 phase_s, every=1.0)
             result["leader_rebuild_s"] = round(time.monotonic() - t_kill, 2)
@@ -557,9 +582,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", type=int, nargs="*", default=None,
                    help=f"storage servers per k (default: {defaults})")
     p.add_argument("--restart", action="store_true", help="also time a successor's rebuild (a restart)")
-    p.add_argument("--leader-change", action="store_true",
-                   help="two controllers and etcd: also time the standby's rebuild after the leader is "
-                        "killed")
+    p.add_argument("--leader-change", nargs="?", const="built", choices=("built", "storm"),
+                   help="two controllers and etcd: kill the leader once the fabric is built and time the "
+                        "standby's rebuild (built, the default), or when half the servers have registered "
+                        "(storm)")
     p.add_argument("--lease-ttl", type=int, default=LEASE_TTL_S, help="the controllers' etcd lease (s)")
     p.add_argument("--faults", action="store_true",
                    help=f"after the build: {FLAPS} switch disconnects, then {RACK} servers powered off "
