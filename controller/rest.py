@@ -110,9 +110,20 @@ def _wait(future: Future[object], timeout: float, route: object) -> object:
         raise ApiError(f"{route}: no answer from the controller within {timeout:g} s", 503) from None
 
 
+REST_BACKLOG = 1024
+"""Connections the REST listener queues before it accepts them (the kernel
+caps this at net.core.somaxconn). socketserver's default is 5: at a
+takeover every agent registers at once, the sixth connection's SYN was
+dropped, and its agent waited for the retransmission a second later, past
+the successor's wait, so a live server was failed over (the two-controller
+nemesis, twice: a registration sent 0.3 s before the election answered
+1.5 s after it)."""
+
+
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = REST_BACKLOG
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -14,6 +14,7 @@ from client_lib.api.auth import write_secret
 from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST, Heartbeat
 from client_lib.errors import ApiError, AuthError, NotFound
+from controller.rest import REST_BACKLOG
 from mininet_scenarios.daemons import ROOT
 from nat_agent.ports import listen_port
 
@@ -58,6 +59,11 @@ def test_signed_rest_and_a_clean_shutdown(tmp_path: Path) -> None:
                 assert running, (tmp_path / "controller.log").read_text()
                 time.sleep(0.2)
         assert not tree.built
+        # the listener queues a takeover's burst of registrations (`REST_BACKLOG`): ss shows a
+        # listening socket's backlog as its Send-Q
+        listening = subprocess.run(["ss", "-ltnH", f"sport = :{rest_port}"], capture_output=True,
+                                   text=True, check=True).stdout.split()
+        assert int(listening[2]) == min(REST_BACKLOG, int(Path("/proc/sys/net/core/somaxconn").read_text()))
         with pytest.raises(AuthError):
             ApiClient(f"http://127.0.0.1:{rest_port}", None).call(REST.tree)
         with pytest.raises(NotFound):   # a heartbeat from a server never registered: register again
