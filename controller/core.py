@@ -158,10 +158,10 @@ class MetaFlowCore:
         """ARP replies from or for such hosts, sent once none of them is in `_routing`."""
         self._unjoinable: set[str] = set()   # servers told they cannot join (said once)
         self._told_links: tuple[tuple[int, int, int, int], ...] = ()
+        """The links the leader last published (`FabricSeen`)."""
         self._expected: frozenset[str] = frozenset()
         """The servers the leader had in service (`FabricSeen.servers`): a
         successor builds once all of them registered, not only after `build_after`."""
-        """The links the leader last published (`FabricSeen`)."""
         self._probed = float("-inf")   # hybrid mode: when the last probes went out
         self._probed_up_to: tuple[str, tuple[int, int]] = ("", (0, 0))
         """... and the last (server address, edge port) they asked through: a round goes on after it."""
@@ -274,8 +274,9 @@ class MetaFlowCore:
         new = MetaFlowCore(self.settings, self.clock, self.recorder, term, self.next_id(), self.inventory)
         new.last_change = self.last_change
         # The agents find a new leader on their own (their next heartbeat after
-        # the 503s end): a build waits one heartbeat timeout for them, and one
-        # not heard from by then counts as gone (its blocks' backups are promoted).
+        # the 503s end): a build waits for them (`_waited`: every server the
+        # leader had in service, or one heartbeat timeout), and one not heard
+        # from by then counts as gone (its blocks' backups are promoted).
         new.build_after = self.clock() + self.settings.heartbeat_timeout_s
         new._expected = self._expected
         if term:
