@@ -199,6 +199,7 @@ class AgentFarm:
         """HTTP heartbeats answered."""
         self.datagrams = 0
         self.beat_errors = 0
+        self.refused: dict[str, str] = {}   # agent name: the controller's last refusal of its registration
         self.key = LivenessKey(secret)
         self.sequence = BeatSequence()
         self.udp: asyncio.DatagramTransport | None = None
@@ -246,6 +247,10 @@ class AgentFarm:
         for name in names:
             self.agents[name].dead = True
 
+    def refusals(self, n: int) -> list[str]:
+        """The last refusals of `n` registrations (name: controller: error), for a report."""
+        return [f"{name}: {why}" for name, why in list(self.refused.items())[-n:]]
+
     def client(self, timeout: float) -> AsyncApiClient:
         """A client of the controller the farm talks to now."""
         key = (self.leaders.current, timeout)
@@ -290,6 +295,7 @@ class AgentFarm:
                         return
                     except ApiError as exc:
                         self._moved(exc, client)
+                        self.refused[agent.name] = f"{client.base_url}: {exc}"
                         if time.monotonic() > deadline:
                             break
                         await asyncio.sleep(0.5)
