@@ -46,7 +46,7 @@ SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("pu
 
 .PHONY: setup apt mininet-link ovs test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
         bench-flowtables bench-testbed bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-fs bench-fig20 plan clean \
-        bench-scale
+        bench-scale bench-ovs-fit
 
 setup: apt $(STAMP) mininet-link ovs
 
@@ -293,6 +293,12 @@ profile-decision: setup
 # BENCH_SCALE_ARGS="--k 4 8" for the small sizes only (about a minute).
 bench-scale: setup
 	$(PY) -m benchmarks.scale --restart --out benchmarks/results $(BENCH_SCALE_ARGS)
+
+# How many real Open vSwitch bridges fit: the switches of fat-trees k = 4, 8
+# and 16 as userspace-datapath bridges wired by veth pairs, discovered by the
+# real controller; ovs-vswitchd's CPU and memory at idle (docs/scale.md).
+bench-ovs-fit: setup ovs
+	$(PY) -m benchmarks.ovs_fit --out benchmarks/results $(BENCH_OVS_FIT_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build $(FASTPATH_CRATE)/target nat_agent/_fastpath*.so site

@@ -328,7 +328,7 @@ class Scenario:
                 steps.append(("stop controller", self._stop_controller))
             steps.append(("stop agents", lambda: self._stop_agents(failures)))
             if self.net is not None:
-                steps.append(("stop Mininet", partial(_stop_mininet, self.net)))
+                steps.append(("stop Mininet", partial(stop_mininet, self.net)))
             steps += [("remove management network", self.mgmt.close),
                       ("sweep", self._sweep)]
             if self.workdir is not None:
@@ -374,7 +374,7 @@ class Scenario:
             self.timings[phase] = round(time.monotonic() - start, 3)
 
 
-def _stop_mininet(net: Mininet) -> None:
+def stop_mininet(net: Mininet) -> None:
     """`Mininet.stop`, then every node's shell by its PID, whatever `stop` did.
 
     The RemoteController node's `stop` is a no-op, so Mininet would leave
