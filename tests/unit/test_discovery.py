@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from controller.discovery import LLDP_RATE, MIN_ROUND_S, LockedPorts, lldp_timing
+from controller.discovery import LLDP_RATE, MIN_ROUND_S, LldpTiming, LockedPorts, lldp_timing, lldp_turn
 from topology import builders
 
 
@@ -116,3 +116,53 @@ def test_the_port_table_survives_the_lldp_loop_and_the_event_thread_at_once() ->
         sys.setswitchinterval(before)
     assert errors == []
     assert sorted(p.no for p in table) == list(range(50))   # the order still holds every port once
+
+
+def _table(n: int, sent_at: float | None) -> tuple[LockedPorts, list[_Port]]:
+    """`n` ports in send order, each last sent at `sent_at` (None: never)."""
+    ports = [_Port(i) for i in range(n)]
+    table = LockedPorts()
+    for port in reversed(ports):   # add_port puts a new port first
+        table.add_port(port, b"")
+    for port in ports:
+        table[port].timestamp = sent_at
+    return table, ports
+
+
+def test_a_turn_sends_the_new_ports_at_once_and_the_expired_ones_one_per_guard() -> None:
+    table, ports = _table(6, sent_at=100.0)
+    table[ports[0]].timestamp = None   # a port moved to the front (its link seen one way)
+    table[ports[4]].timestamp = 105.0  # the first not due at 111: the walk stops there
+    sent: list[int] = []
+    slept: list[float] = []
+    wait = lldp_turn(table, now=111.0, timing=LldpTiming(guard_s=0.5, period_s=10.0),
+                     send=lambda p: sent.append(p.no), sleep=slept.append)
+    assert sent == [0, 1, 2, 3] and slept == [0.5, 0.5, 0.5]   # port 5 lies past the first not due
+    assert wait == 0.0   # it sent: it comes round again at once
+
+
+def test_a_turn_with_nothing_due_sleeps_until_the_next_port_expires() -> None:
+    table, ports = _table(3, sent_at=100.0)
+    table[ports[0]].timestamp = 98.0
+    wait = lldp_turn(table, now=105.0, timing=LldpTiming(guard_s=0.5, period_s=10.0),
+                     send=lambda p: pytest.fail(f"sent {p.no}"), sleep=lambda s: None)
+    assert wait == pytest.approx(3.0)
+
+
+def test_a_turn_that_sent_every_port_comes_round_again_instead_of_waiting_for_an_event() -> None:
+    """os-ken's loop slept with no timeout when every port had been due (all
+    of them new at start): no second round came until some event."""
+    table, _ = _table(4, sent_at=None)
+    sent: list[int] = []
+    wait = lldp_turn(table, now=time.time(), timing=lldp_timing(4), send=lambda p: sent.append(p.no),
+                     sleep=lambda s: None)
+    assert sent == [0, 1, 2, 3] and wait == 0.0
+    for port in list(table):   # what os-ken's send_lldp_packet does with each
+        table.lldp_sent(port)
+    wait = lldp_turn(table, now=time.time(), timing=lldp_timing(4), send=lambda p: pytest.fail("again"),
+                     sleep=lambda s: None)
+    assert wait is not None and 0 < wait <= MIN_ROUND_S   # the next round, on time
+
+
+def test_an_empty_table_waits_for_an_event() -> None:
+    assert lldp_turn(LockedPorts(), 0.0, lldp_timing(0), send=lambda p: None, sleep=lambda s: None) is None
