@@ -422,8 +422,7 @@ class MetaFlowCore:
 
     def fabric_seen(self) -> FabricSeen:
         """What a leader publishes for the standbys."""
-        # a successor waits for the servers in service; before a build, for all that register
-        in_service = sorted(s.name for s in self.registry.live()) if self.tree is not None else []
+        in_service = sorted(s.name for s in self.registry.live())   # (`FabricSeen.servers`)
         return FabricSeen(tuple(sorted((h.ip, h.mac, h.dpid, h.port) for h in self.inventory.hosts.values())),
                           tuple(sorted(self.inventory.links)), tuple(in_service))
 

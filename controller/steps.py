@@ -98,10 +98,14 @@ class FabricSeen:
     links: tuple[tuple[int, int, int, int], ...] = ()
     """(dpid, port, dpid, port) each."""
     servers: tuple[str, ...] = ()
-    """The storage servers in service (registered, not failed) once the
-    leader has built: a successor builds as soon as all of them have
-    registered with it. Before a build, none: a successor then waits its
-    heartbeat timeout for every server still registering."""
+    """The storage servers registered with the leader and not failed: a
+    successor builds as soon as all of them have registered with it (and
+    the topology has been quiet for --settle), its heartbeat timeout
+    staying the bound for those that never come. Before the leader's first
+    build these are the servers registered so far: a successor that takes
+    over in a registration storm builds once they are back, as the first
+    leader would have built without waiting for servers not yet
+    registered (those join the tree as idle servers, `server-joined`)."""
 
     def to_json(self) -> str:
         return json.dumps({"hosts": [list(h) for h in self.hosts], "links": [list(k) for k in self.links],
