@@ -88,6 +88,8 @@ def lldp_timing(ports: int, rate: float = LLDP_RATE) -> LldpTiming:
     return LldpTiming(guard, max(MIN_ROUND_S, max(ports, 0) * guard))
 
 
+STARTUP_POLL_S = 0.01
+"""How often the LLDP loop looks, at start, for the port table it needs (`LinkDiscovery.lldp_loop`)."""
 LOOP_RESTART_S = 1.0
 """How long the LLDP loop waits before it runs again after it raised."""
 
@@ -206,6 +208,9 @@ class LinkDiscovery(Switches):
 
     def lldp_loop(self) -> None:
         """os-ken's loop, turn by turn (`lldp_turn`), said and run again if it raises (module doc)."""
+        while self.is_active and not isinstance(self.ports, LockedPorts):
+            # `Switches.__init__` starts this thread before `__init__` here has put LockedPorts in
+            time.sleep(STARTUP_POLL_S)
         while self.is_active:
             try:
                 self.lldp_event.clear()
