@@ -201,15 +201,13 @@ class LinkDiscovery(Switches):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.link_discovery and hub.HUB_TYPE == "native":
-            waited_on = self.lldp_event
-            self.lldp_event = threading.Event()
-            waited_on.set()   # a loop already asleep on os-ken's event comes round to this one
+            self.lldp_event = threading.Event()   # before the loop's first turn: it waits for the next line
         self.ports = LockedPorts()   # before any switch connects: nothing to carry over
 
     def lldp_loop(self) -> None:
         """os-ken's loop, turn by turn (`lldp_turn`), said and run again if it raises (module doc)."""
         while self.is_active and not isinstance(self.ports, LockedPorts):
-            # `Switches.__init__` starts this thread before `__init__` here has put LockedPorts in
+            # `Switches.__init__` starts this thread before `__init__` here put its Event and LockedPorts in
             time.sleep(STARTUP_POLL_S)
         while self.is_active:
             try:
