@@ -73,7 +73,6 @@ def test_switch_flaps_and_a_rack_powered_off_leave_every_id_routed_to_a_live_own
     # backups avoid their primary's edge, not three edges at once; `data_lost` reports how many)
 
 
-
 @pytest.mark.timeout(240)
 def test_a_leader_killed_in_the_registration_storm_leaves_the_build_to_the_standby(tmp_path: Path) -> None:
     """The issue's leader change during a registration storm: the leader dies
