@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -112,11 +113,13 @@ class EmulatedAgent:
     started: float = field(default_factory=time.monotonic)
     dead: bool = False
     """Powered off (`AgentFarm.kill`): it neither beats nor answers."""
+    incarnation: str = field(default_factory=lambda: secrets.token_hex(8))
+    """Its process's `Registration.incarnation`."""
 
     def registration(self) -> Registration:
         return Registration(self.name, self.data_ip, self.data_mac, METAFLOW_PORT, self.admin_url, STORE,
                             self.capacity, self.space, self.ownership.owned, f"{self.data_ip}:0",
-                            self.ownership.roles, self.ownership.suspended)
+                            self.ownership.roles, self.ownership.suspended, self.incarnation)
 
     def heartbeat(self) -> Heartbeat:
         own = self.ownership

@@ -45,7 +45,7 @@ import contextlib
 import signal
 import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -308,6 +308,8 @@ class Counters:
     barriers: int = 0
     packet_ins: int = 0
     lldp: int = 0
+    dropped: int = 0
+    """Frames from real switches that were not LLDP (`Emulator.from_real`)."""
 
 
 @dataclass(eq=False)
@@ -477,13 +479,22 @@ class EmulatedSwitch:
 
 
 class Emulator:
-    """Every switch of a topology, connected to each of its controllers."""
+    """Every switch of a topology, connected to each of its controllers;
+    with `real`, every switch but those, which are real switches elsewhere
+    (Open vSwitch bridges: `benchmarks.sample`) wired to the emulated ones
+    through `attach` and `from_real`."""
 
-    def __init__(self, graph: Topology) -> None:
+    def __init__(self, graph: Topology, real: Iterable[int] = ()) -> None:
         self.graph = graph
         self.wiring = Wiring.of(graph)
         self.counters = Counters()
-        self.switches = {dpid: EmulatedSwitch(self, dpid) for dpid in self.wiring.names}
+        self.real = frozenset(real)
+        self.switches = {dpid: EmulatedSwitch(self, dpid)
+                         for dpid in self.wiring.names if dpid not in self.real}
+        self.doors: dict[Port, Callable[[bytes], None]] = {}
+        """A real switch's port -> what puts a frame into it (`attach`)."""
+        self.real_tables: Callable[[], dict[int, Table]] = dict
+        """The real switches' tables, by dpid (`tables`)."""
         self.host_at = {at: host for host, at in self.wiring.hosts.items()}
         self.asking: dict[str, tuple[float, float]] = {}
         """Servers whose ARP is unanswered: when to ask again, and the wait after that."""
@@ -518,14 +529,46 @@ class Emulator:
         for the 40,960 ports of k=32), so a first frame lost to a peer still
         connecting would hide that link for a round."""
         peer = self.wiring.peer(dpid, port)
-        if peer is None or port in self.switches[dpid].down or peer[1] in self.switches[peer[0]].down:
+        if peer is None or port in self.switches[dpid].down:
             return
+        if peer[0] in self.real:
+            door = self.doors.get(peer)
+            if door is not None:
+                self.counters.lldp += 1
+                door(frame)
+            return
+        self._enter(peer, frame)
+
+    def _enter(self, port: Port, frame: bytes) -> bool:
+        """An LLDP frame into emulated switch port `port` (held until the
+        switch is connected); False if that port is down."""
+        dpid, number = port
+        if number in self.switches[dpid].down:
+            return False
         self.counters.lldp += 1
-        target = self.switches[peer[0]]
+        target = self.switches[dpid]
         if not target.connected:
-            self.held.setdefault(peer[0], []).append((peer[1], frame))
+            self.held.setdefault(dpid, []).append((number, frame))
         else:
-            target.packet_in(peer[1], frame)
+            target.packet_in(number, frame)
+        return True
+
+    def attach(self, port: Port, send: Callable[[bytes], None]) -> None:
+        """`send` puts a frame into real switch port `port`: the LLDP frames
+        an emulated peer's controller sends out of the other end."""
+        if port[0] not in self.real or self.wiring.peer(*port) is None:
+            raise ValueError(f"{port} is not a real switch's port wired to an emulated switch")
+        self.doors[port] = send
+
+    def from_real(self, port: Port, frame: bytes) -> bool:
+        """A frame that left real switch port `port`: an LLDP frame enters
+        the emulated switch at the other end (as `deliver_lldp`); anything
+        else is dropped, the emulated fabric carrying no data. True if it went on."""
+        if not is_lldp(frame):
+            self.counters.dropped += 1
+            return False
+        peer = self.wiring.peer(*port)
+        return peer is not None and peer[0] not in self.real and self._enter(peer, frame)
 
     def announce(self, hosts: Iterable[str]) -> None:
         """Each host's ARP for the gateway, as a PACKET_IN from its edge port,
@@ -570,8 +613,9 @@ class Emulator:
         self.switches[dpid].port_status(port, up)
 
     def tables(self) -> dict[int, Table]:
-        """Every switch's MetaFlow entries as it holds them, by dpid."""
-        return {dpid: switch.table.metaflow() for dpid, switch in self.switches.items()}
+        """Every switch's MetaFlow entries as it holds them, by dpid (the real
+        ones' as `real_tables` reads them)."""
+        return {dpid: switch.table.metaflow() for dpid, switch in self.switches.items()} | self.real_tables()
 
 
 def main(argv: list[str] | None = None) -> int:

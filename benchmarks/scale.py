@@ -72,11 +72,12 @@ from typing import Any, TypeVar
 from benchmarks.agentemu import AgentFarm
 from benchmarks.cpu import cpu_seconds
 from benchmarks.ofemu import Emulator
+from benchmarks.sample import RealSample, outside, sample_edges
 from btree.fake_network import FakeNetwork, misdelivered
 from btree.flows import FlowEntry, Table
 from client_lib.api.auth import load_secret, write_secret
 from client_lib.api.clients import AsyncApiClient
-from client_lib.api.rest import REST
+from client_lib.api.rest import REST, ServerInfo
 from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_SPACE_CIDR
 from client_lib.errors import ApiError
@@ -100,6 +101,8 @@ FLAPS = 50
 FLAP_EVERY_S = 0.1
 RACK = 100
 """`--faults`: servers that lose power at once."""
+SAMPLE_FILES = 100
+"""`--sample`: paths each sample client writes before the faults, and again after."""
 LEASE_TTL_S = 3
 """The leader's etcd lease with `--leader-change` (`--lease-ttl`): the
 controller's 1 s default is for a controller that never stalls for long,
@@ -196,7 +199,8 @@ class Controller:
         self.secret_file = secret_file or write_secret(workdir / "secret")
         self.secret = load_secret(self.secret_file)
         self.of_port, self.rest_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.rest_port}"
+        self.rest_host = "127.0.0.1"
+        """Where its REST API listens (a sample's agents need the management network's address)."""
         self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -205,9 +209,14 @@ class Controller:
         self.starts += 1
         log = open(self.workdir / f"{self.name}-{self.starts}.log", "wb")
         cmd = [sys.executable, "-m", "controller.launcher", "--secret-file", str(self.secret_file),
-               "--of-port", str(self.of_port), "--rest-port", str(self.rest_port), *self.args]
+               "--of-port", str(self.of_port), "--rest-host", self.rest_host,
+               "--rest-port", str(self.rest_port), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.rest_host}:{self.rest_port}"
 
     def kill(self) -> None:
         """SIGKILL: a leader that dies without handing anything over."""
@@ -272,7 +281,7 @@ async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dic
     if any(op.kind == "build" for op in (await client.call(REST.operations)).operations):
         return None
     plan = planned_tables((await client.call(REST.flows)).switches)
-    if not plan or emulator.tables() != {dpid: plan.get(dpid, {}) for dpid in emulator.switches}:
+    if not plan or emulator.tables() != {dpid: plan.get(dpid, {}) for dpid in emulator.wiring.names}:
         return None
     return done[-1]
 
@@ -294,7 +303,7 @@ async def settled(client: AsyncApiClient, emulator: Emulator) -> bool:
     if (await client.call(REST.operations)).operations:
         return False
     plan = planned_tables((await client.call(REST.flows)).switches)
-    return bool(plan) and emulator.tables() == {dpid: plan.get(dpid, {}) for dpid in emulator.switches}
+    return bool(plan) and emulator.tables() == {dpid: plan.get(dpid, {}) for dpid in emulator.wiring.names}
 
 
 async def events_since(client: AsyncApiClient, kind: str, since: float) -> list[dict[str, Any]]:
@@ -352,6 +361,106 @@ async def faults(client: AsyncApiClient, emulator: Emulator, farm: AgentFarm, sp
     return out
 
 
+def owners(servers: dict[str, ServerInfo]) -> list[tuple[Block, str]]:
+    """(block, primary) of every server in service."""
+    return [(b, name) for name, info in servers.items() if not info.failed for b in info.blocks]
+
+
+async def sample_faults(client: AsyncApiClient, sample: RealSample, emulator: Emulator, space: Block,
+                        phase_s: float, workdir: Path) -> dict[str, Any]:
+    """The sample's real agents (`benchmarks.sample`) through a fail-over
+    (a server powered off), a split and a drain, on the built fabric: each
+    client writes `SAMPLE_FILES` paths owned in its own edge before and after
+    them, and at the end every acknowledged write is read back through the
+    bridge of its owner's edge; the whole-fabric check after each step."""
+    acked = workdir / "sample-acked.jsonl"
+    acked.unlink(missing_ok=True)
+    servers = (await client.call(REST.servers)).servers
+    out: dict[str, Any] = {"servers": len(sample.servers), "edges": sample.edges,
+                           "outside": outside(servers, sample.servers)}
+
+    async def write_round(start: int) -> list[dict[str, Any]]:
+        held = (await client.call(REST.servers)).servers
+        by_edge: dict[str, list[Block]] = {}
+        for block, name in owners(held):
+            if name in sample.servers:
+                by_edge.setdefault(sample.edge_of(name), []).append(block)
+        return [await asyncio.to_thread(sample.write, edge, blocks, SAMPLE_FILES, start, acked)
+                for edge, blocks in sorted(by_edge.items())]
+
+    async def step(what: str, done: Callable[[dict[str, ServerInfo]], bool], began: float) -> dict[str, Any]:
+        async def over() -> bool:
+            return done((await client.call(REST.servers)).servers) and await settled(client, emulator)
+
+        await until(f"the sample's {what}", over, phase_s, every=0.5)
+        return {"settled_s": round(time.monotonic() - began, 2),
+                "check": await fabric_check(client, emulator, space)}
+
+    began = time.monotonic()
+    await asyncio.to_thread(sample.start_spares)
+
+    async def joined() -> bool:
+        held = (await client.call(REST.servers)).servers
+        return all(n in held and held[n].state == "idle" for n in sample.spares)
+
+    await until("the sample's spares joined", joined, phase_s, every=0.5)
+    out["spares"] = {"servers": sample.spares, "joined_s": round(time.monotonic() - began, 2)}
+    out["writes"] = await write_round(0)
+    first, last = sample.edges[0], sample.edges[-1]
+    victim = next(name for name in sample.servers if servers[name].blocks and sample.edge_of(name) == first)
+    began = time.monotonic()
+    await asyncio.to_thread(sample.power_off, victim)
+    out["fail_over"] = {"server": victim, **await step(
+        "fail-over", lambda held: bool(held[victim].failed) and not held[victim].blocks, began)}
+
+    async def leaders(but: str = "") -> list[str]:
+        """Sample servers that lead a block now, those of the last edge first."""
+        held = (await client.call(REST.servers)).servers
+        return sorted((n for n in sample.servers if held[n].blocks and n != but),
+                      key=lambda n: sample.edge_of(n) != last)
+
+    split = (await leaders())[0]
+    began = time.monotonic()
+    outcome = await client.call(REST.split, name=split)
+    out["split"] = {"server": split, "ok": outcome.ok, "detail": outcome.detail,
+                    **await step("split", lambda held: True, began)}
+    drained = (await leaders(but=split))[0]
+    began = time.monotonic()
+    await client.call(REST.drain, name=drained)
+
+    async def drain_over() -> bool:
+        return (await client.call(REST.drains)).drains[drained].state != "draining"
+
+    await until("the sample's drain", drain_over, phase_s, every=0.5)
+    out["drain"] = {"server": drained, "state": (await client.call(REST.drains)).drains[drained].state,
+                    **await step("drain", lambda held: True, began)}
+    out["writes_after"] = await write_round(1_000_000)
+
+    held = (await client.call(REST.servers)).servers
+    table = owners(held)
+    expected: dict[str, dict[str, str]] = {}
+    unreachable = 0
+    for line in acked.read_text().splitlines():
+        record = json.loads(line)
+        owner = next((name for block, name in table if block.contains(record["mdid"])), None)
+        if owner in sample.servers:
+            expected.setdefault(sample.edge_of(owner), {})[record["path"]] = record["digest"]
+        else:
+            unreachable += 1
+    reads = [await asyncio.to_thread(sample.verify, edge, paths, workdir / f"sample-check-{edge}.json")
+             for edge, paths in sorted(expected.items())]
+    out["acked"] = sum(len(paths) for paths in expected.values()) + unreachable
+    out["read_back"] = {**{n: sum(r[n] for r in reads) for n in ("checked", "missing", "wrong")},
+                        "owned_outside_the_sample": unreachable,
+                        "sample": [x for r in reads for x in r["sample"]][:5]}
+    out["outside_at_end"] = outside(held, sample.servers)
+    out["ok"] = out["split"]["ok"] and out["drain"]["state"] == "drained" and \
+        not out["outside"] and not out["outside_at_end"] and not unreachable and \
+        out["read_back"]["missing"] == out["read_back"]["wrong"] == 0 and \
+        all(out[s]["check"]["ok"] for s in ("fail_over", "split", "drain"))
+    return out
+
+
 async def leads(client: AsyncApiClient) -> bool:
     return (await client.call(REST.leadership)).state == "leader"
 
@@ -360,14 +469,16 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
                    phase_s: float = 600.0, heartbeat_s: float = HEARTBEAT_S,
                    mode: Mode = "full", steady_s: float = 0.0, leader_change: str | None = None,
                    fault_sizes: tuple[int, int] | None = None,
-                   lease_ttl: int = LEASE_TTL_S) -> dict[str, Any]:
+                   lease_ttl: int = LEASE_TTL_S, sample_size: int = 0) -> dict[str, Any]:
     """One size, measured (module doc); `phase_s`: how long a phase may take
     before the run stops there; `mode`: the controller's --mode (hybrid
     installs no host routes); `steady_s`: how long to measure the built
     fabric's steady cost (`steady_state`); `leader_change`: two controllers
     and etcd, the leader killed after the build ("built") or when half the
     servers have registered ("storm"); `fault_sizes`: (switches
-    that flap, servers of the rack that fails) for `faults`."""
+    that flap, servers of the rack that fails) for `faults`; `sample_size`:
+    edge switches made real, with real agents (`benchmarks.sample`), put
+    through `sample_faults` after the first build."""
     workdir.mkdir(parents=True, exist_ok=True)
     graph = builders.fat_tree(k, servers=servers)
     space = Block.parse(DEFAULT_SPACE_CIDR)
@@ -381,15 +492,24 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
     controller = Controller(workdir, args)
     controllers = [controller, *([Controller(workdir, args, "standby", controller.secret_file)]
                                  if leader_change else [])]
-    emulator = Emulator(graph)
-    n_switches = len(emulator.switches)
+    real_args = ["--heartbeat", str(min(interval, 1.0)), "--liveness-datagrams"]
+    of_targets = [("127.0.0.1", c.of_port) for c in controllers]
+    sample = RealSample(graph, sample_edges(graph, sample_size), of_targets, controller.secret_file,
+                        workdir / "sample-logs", real_args) if sample_size else None
+    if sample is not None:
+        sample.up()   # (the management network first: the controllers listen on it)
+        for each in controllers:
+            each.rest_host = sample.root_ip
+    emulator = Emulator(graph, real=sample.dpids if sample is not None else ())
+    n_switches = len(emulator.wiring.names)
     n_links = len(emulator.wiring.links) // 2
     client = AsyncApiClient(controller.url, controller.secret, timeout=60.0)
     result: dict[str, Any] = {"k": k, "mode": mode, "switches": n_switches, "links": n_links,
                               "servers": servers, "controllers": len(controllers),
                               "heartbeat_interval_s": interval, "heartbeat_timeout_s": timeout,
                               "settle_s": settle, "load_before": os.getloadavg()}
-    farm = AgentFarm(graph, [c.url for c in controllers], controller.secret, space)
+    emulated = [h for h in builders.storage_hosts(graph) if sample is None or h not in sample.servers]
+    farm = AgentFarm(graph, [c.url for c in controllers], controller.secret, space, servers=emulated)
     controller.start()
     sampler = Sampler(controller.pid, client, lambda: emulator.counters.flow_mods)
     sampling = asyncio.create_task(sampler.run())
@@ -400,6 +520,8 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             asked = AsyncApiClient(standby.url, standby.secret)
             await until("the standby's REST", functools.partial(asked.call, REST.leadership), 30)
         await farm.start()
+        if sample is not None:
+            sample.attach(emulator)
         t0 = time.monotonic()
         await emulator.start([("127.0.0.1", c.of_port) for c in controllers])
 
@@ -441,6 +563,9 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         farm.on_registered = counted
         farm.start_beating(interval)
         registering = asyncio.create_task(farm.register_all())
+        urls = [c.url for c in controllers]
+        real_agents = asyncio.create_task(asyncio.to_thread(sample.start_agents, urls)) \
+            if sample is not None else None
         if leader_change == "storm":
             halfway = asyncio.create_task(half.wait())
             await asyncio.wait([halfway, registering], timeout=phase_s, return_when=asyncio.FIRST_COMPLETED)
@@ -451,6 +576,9 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             result["killed_at_registered"] = registered
             await take_over()
         failed = await registering
+        if real_agents is not None:
+            await real_agents
+            result["sample_agents_started_s"] = round(time.monotonic() - t_reg, 2)
         t_registered = time.monotonic()
         result["registration_s"] = round(t_registered - t_reg, 2)
         result["registration_failed"] = failed
@@ -481,6 +609,8 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         result["barriers"] = emulator.counters.barriers
         result["check"] = await fabric_check(client, emulator, space)
         result["load_after_build"] = os.getloadavg()
+        if sample is not None:
+            result["sample"] = await sample_faults(client, sample, emulator, space, phase_s, workdir)
         if steady_s > 0:
             result["steady"] = await steady_state(sampler, farm, steady_s)
         if fault_sizes is not None:
@@ -539,6 +669,8 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         await farm.close()
         for each in controllers:
             each.stop()
+        if sample is not None:   # after the controllers (`Scenario`'s teardown says why)
+            sample.close()
         if etcd is not None:
             etcd.stop()
     result.update(http_beats=farm.beats, datagrams=farm.datagrams, beat_errors=farm.beat_errors)
@@ -598,6 +730,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", action="store_true",
                    help=f"after the build: {FLAPS} switch disconnects, then {RACK} servers powered off "
                         "at once")
+    p.add_argument("--sample", type=int, default=0, metavar="EDGES",
+                   help="make the first EDGES edge switches real Open vSwitch bridges with real agents and a "
+                        "client each (hybrid mode), and put them through a fail-over, a split and a drain "
+                        "after the build, every acknowledged write read back")
     p.add_argument("--settle", type=float, default=2.0, help="the controller's --settle")
     p.add_argument("--mode", choices=MODES, default="full",
                    help="the controller's --mode (hybrid: no host routes; NORMAL carries replies)")
@@ -626,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(run_size(k, servers, args.workdir / f"k{k}", args.restart, args.settle,
                                       args.phase_timeout, args.heartbeat, args.mode, args.steady,
                                       args.leader_change, (FLAPS, RACK) if args.faults else None,
-                                      args.lease_ttl))
+                                      args.lease_ttl, args.sample))
         results.append(result)
         results.sort(key=lambda r: (int(r["k"]), r.get("mode", "full")))
         print(json.dumps({key: v for key, v in result.items() if key != "samples"}), flush=True)
@@ -637,15 +773,18 @@ def main(argv: list[str] | None = None) -> int:
     done = [r for r in results if "samples" in r]
     if done:
         plot(done, args.out / "scale.png")
-    return 0 if all("error" not in r and all(check["ok"] for check in checks(r)) for r in results) else 1
+    return 0 if all("error" not in r and all(check["ok"] for check in checks(r))
+                    and r.get("sample", {}).get("ok", True) for r in results) else 1
 
 
 def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Every whole-fabric check a result holds."""
     faults = result.get("faults", {})
+    sample = result.get("sample", {})
     named = ("check", "check_after_rebuild", "check_after_leader_change")
     return [result[c] for c in named if c in result] + \
-        [faults[f]["check"] for f in ("flaps", "rack") if f in faults]
+        [faults[f]["check"] for f in ("flaps", "rack") if f in faults] + \
+        [sample[s]["check"] for s in ("fail_over", "split", "drain") if s in sample]
 
 
 if __name__ == "__main__":

@@ -569,10 +569,12 @@ class MetaFlowCore:
         writes its sets never acknowledged (a write it applied and then died
         before its backups had it), and serving them, or being promoted with
         them, would show a value that can vanish. Where it holds the only
-        synced copy (r=1), it serves what it holds again."""
+        synced copy (r=1), it serves what it holds again. The same process
+        registering again (`Registration.incarnation`) did not restart."""
         answer, grown = self._registered(event)
         name = answer.name
-        if answer.roles and self.registry[name].suspended and self._backed_up(name):
+        server = self.registry[name]
+        if answer.roles and server.suspended and not server.again and self._backed_up(name):
             steps = self._fail(name, "restarted: its store may hold writes its sets never acknowledged")
             return [*steps, self._issue_answer(event.reply, Registered(name, [], self.world.term))]
         return [*grown, self._issue_answer(event.reply, answer)]

@@ -58,6 +58,11 @@ class Server:
     carries another says this record is not current."""
     failed: str | None = None
     """Why it is out of service; a failed server stays failed until it rejoins empty."""
+    incarnation: str = ""
+    """`Registration.incarnation`: which process of the agent's this is."""
+    again: bool = False
+    """Its last registration came from the process that registered before
+    (same incarnation): its `suspended` may predate roles given since."""
 
     def identity(self) -> tuple[str, str, str]:
         return self.data_ip, self.data_mac.lower(), self.admin_url.rstrip("/")
@@ -130,7 +135,7 @@ class Registry:
             raise Conflict(f"{reg.name} serves the space {reg.space}, the controller {self.space}")
         server = Server(reg.name, reg.data_ip, reg.data_mac, reg.admin_url.rstrip("/"), reg.capacity,
                         reg.store, reg.replication, list(reg.owned), list(reg.roles), reg.suspended,
-                        last_seen=now, digest=state_digest(reg.owned, [], []))
+                        last_seen=now, digest=state_digest(reg.owned, [], []), incarnation=reg.incarnation)
         old = self.servers.get(reg.name)
         if old is not None and old.identity() != server.identity():
             raise Conflict(f"{reg.name} is registered as {old.data_ip} ({old.data_mac}, {old.admin_url}); "
@@ -142,6 +147,7 @@ class Registry:
         if old is not None:
             server.failed = old.failed
             server.keys = old.keys
+            server.again = bool(reg.incarnation) and reg.incarnation == old.incarnation
         self.servers[reg.name] = server
         self._by_ip[server.data_ip] = self._by_url[server.admin_url] = reg.name
         return server, old is None

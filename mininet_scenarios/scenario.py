@@ -115,7 +115,8 @@ class Scenario:
                  agent_args: Sequence[str] = (), connect_timeout: float = 30.0,
                  agent_timeout: float = 30.0, operator_flows: Sequence[str] = (),
                  await_controller: bool = True, standby_controllers: Sequence[tuple[str, int]] = (),
-                 rest_urls: Sequence[str] = ()) -> None:
+                 rest_urls: Sequence[str] = (), agents_at_start: bool = True,
+                 builder_names: bool = False, secret_file: Path | None = None) -> None:
         """`controller` is the OpenFlow controller's address as seen from the
         root namespace (OVS runs there), None for no controller (then
         `fail_mode` must be "standalone"). `rest_port`: the controller's REST
@@ -126,7 +127,14 @@ class Scenario:
         yet can connect (`await_controller` False: nothing waits for it).
         `standby_controllers`: more OpenFlow targets of every bridge (several
         controllers, one leader: issue 25); `rest_urls`: every controller's
-        REST URL, for the agents' --controller (default: the one at `rest_port`)."""
+        REST URL, for the agents' --controller (default: the one at `rest_port`).
+        `agents_at_start` off: no agent starts at bring-up (`start_agents`
+        starts them, e.g. once controllers started after the management
+        network, and told `rest_urls`, are running). `builder_names`: agents
+        register under their builder host names (``p0e0h3``) instead of their
+        Mininet names, as the hosts of an emulated fabric around them do.
+        `secret_file`: the cluster's secret, shared with controllers made
+        elsewhere (default: a new one in the scenario's directory)."""
         if fail_mode not in ("secure", "standalone"):
             raise ValueError(f"fail_mode must be 'secure' or 'standalone', got {fail_mode!r}")
         if controller is None and fail_mode == "secure" and not operator_flows:
@@ -156,9 +164,11 @@ class Scenario:
         self.agent_timeout = agent_timeout
         self.operator_flows = tuple(operator_flows)
         self.await_controller = await_controller
+        self.agents_at_start = agents_at_start
+        self.builder_names = builder_names
         self.net: Mininet | None = None
         self.workdir: Path | None = None
-        self.secret_file: Path | None = None
+        self.secret_file: Path | None = secret_file
         self.agents: dict[str, AgentProcess] = {}
         self.mgmt_ips: dict[str, str] = {}
         self.netns_inodes: list[int] = []
@@ -198,7 +208,8 @@ class Scenario:
     def _bring_up(self) -> None:
         _preflight()
         workdir = self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-"))
-        secret_file = self.secret_file = write_secret(workdir / "cluster.secret")
+        if self.secret_file is None:
+            self.secret_file = write_secret(workdir / "cluster.secret")
         with self._timed("mgmt"):
             self.mgmt.up()
         if self.start_controller is not None:
@@ -220,8 +231,8 @@ class Scenario:
             for node in builders.client_hosts(self.graph):
                 self.ns(node).run("ip", "route", "add", self.space, "via", self.gateway,
                                   "dev", self.host(node).defaultIntf().name)
-        with self._timed("agents"):
-            self._start_agents(workdir, secret_file)
+        if self.agents_at_start:
+            self.start_agents()
 
     def _build(self) -> Mininet:
         switch = partial(OVSSwitch, datapath="user", protocols="OpenFlow10", failMode=self.fail_mode)
@@ -245,9 +256,16 @@ class Scenario:
                "net.ipv6.conf.default.disable_ipv6=1")
         self.mgmt_ips[node] = self.mgmt.attach(ns, host_number(self.graph, node))
 
+    def start_agents(self, nodes: Sequence[str] | None = None) -> None:
+        """One agent per storage host (of `nodes`, default all), awaited until
+        /health answers; timed as the ``agents`` phase."""
+        if self.net is None or self.workdir is None or self.secret_file is None:
+            raise RuntimeError(f"scenario {self.prefix} is not running")
+        with self._timed("agents"):
+            self._start_agents(self.workdir, self.secret_file, nodes)
+
     def _start_agents(self, workdir: Path, secret_file: Path,
                       nodes: Sequence[str] | None = None) -> None:
-        """One agent per storage host (of `nodes`, default all), awaited until /health answers."""
         urls = self.rest_urls or ([f"http://{self.mgmt.root_ip}:{self.rest_port}"] if self.rest_port else [])
         controller = ["--controller", ",".join(urls)] if urls else []
         started = []
@@ -256,7 +274,8 @@ class Scenario:
             store = STORES[self.store].format(dir=workdir / name)
             self.agents[node] = AgentProcess(
                 store, "--data-ip", self.graph.nodes[node]["ip"], "--space", self.space, *controller,
-                *self.agent_args, name=name, rewrite=self.rewrite, host="0.0.0.0", port=METAFLOW_PORT,
+                *self.agent_args, name=node if self.builder_names else name, rewrite=self.rewrite,
+                host="0.0.0.0", port=METAFLOW_PORT,
                 admin_host=self.mgmt_ips[node], admin_port=ADMIN_PORT, replication_port=REPLICATION_PORT,
                 netns=self.ns(node),
                 admin_from_here=True, log_path=workdir / f"{name}.log", secret_file=secret_file)

@@ -17,9 +17,12 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Sequence
 
+from client_lib.cidr import Block
 from client_lib.client import AsyncMetaFlowClient, MetaFlowError, RetryPolicy
 from client_lib.constants import DEFAULT_SPACE_CIDR
+from client_lib.mdid import mdid
 from client_lib.metadata import FileMetadata
 
 
@@ -27,9 +30,31 @@ def digest(value: bytes) -> str:
     return hashlib.blake2b(value, digest_size=8).hexdigest()
 
 
+def path_of(client: str, i: int) -> str:
+    """File `i` of a client's small namespace: directories of 50 files."""
+    return f"/demo/{client}/d{i // 50:04d}/f{i:06d}.dat"
+
+
 def paths_for(client: str, files: int, start: int = 0) -> list[str]:
-    """A small namespace per client: directories of 50 files."""
-    return [f"/demo/{client}/d{i // 50:04d}/f{i:06d}.dat" for i in range(start, start + files)]
+    return [path_of(client, i) for i in range(start, start + files)]
+
+
+def paths_within(client: str, files: int, blocks: Sequence[Block], space: Block, start: int = 0) -> list[str]:
+    """The first `files` paths of the client's namespace, from number `start`
+    on, whose MetaDataID lies in one of `blocks` (a client that reaches only
+    part of the space); ValueError if the blocks hold too few of them."""
+    share = sum(b.size for b in blocks if space.covers(b)) / space.size
+    if share <= 0:
+        raise ValueError(f"none of {[str(b) for b in blocks]} lies in the space {space}")
+    out: list[str] = []
+    limit = start + int(100 * files / share) + 1000   # far past what the blocks' share needs
+    for i in range(start, limit):
+        path = path_of(client, i)
+        if any(b.contains(mdid(path, space)) for b in blocks):
+            out.append(path)
+            if len(out) == files:
+                return out
+    raise ValueError(f"only {len(out)} of {files} paths of {client} lie in the blocks")
 
 
 async def write_all(client: AsyncMetaFlowClient, paths: list[str], acked, concurrency: int,
@@ -89,7 +114,8 @@ def _ms(samples: list[float], q: float) -> float:
 
 
 async def main_async(args: argparse.Namespace) -> dict:
-    paths = paths_for(args.client, args.files, args.start)
+    paths = paths_within(args.client, args.files, args.within, Block.parse(args.space), args.start) \
+        if args.within else paths_for(args.client, args.files, args.start)
     write_lat: list[float] = []
     read_lat: list[float] = []
     errors: list[str] = []
@@ -122,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--acked", required=True, help="append acknowledged writes here (JSON lines)")
     p.add_argument("--no-read-back", dest="read_back", action="store_false")
+    p.add_argument("--within", type=Block.parse, action="append", default=[], metavar="CIDR",
+                   help="only paths whose MetaDataID lies in this block (repeatable): a client that "
+                        "reaches part of the space only")
     args = p.parse_args(argv)
     print(json.dumps(asyncio.run(main_async(args))))
     return 0

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import socket
 import time
 from collections.abc import Sequence
@@ -173,6 +174,8 @@ class Registrar:
         self.state_period = state_period
         self.beats = 0
         """Datagrams sent (`heartbeats` counts the HTTP ones)."""
+        self.incarnation = secrets.token_hex(8)
+        """This process's `Registration.incarnation`."""
         self._key = LivenessKey(secret)
         self._seq = BeatSequence()
         self._udp: asyncio.DatagramTransport | None = None
@@ -227,7 +230,7 @@ class Registrar:
         ownership = agent.ownership
         return Registration(ident.name, ident.data_ip, ident.data_mac, ident.data_port, ident.admin_url,
                             agent.store.kind, ident.capacity, agent.space, ownership.owned,
-                            ident.replication, ownership.roles, ownership.suspended)
+                            ident.replication, ownership.roles, ownership.suspended, self.incarnation)
 
     async def _run(self) -> None:
         while not self._stopping:

@@ -45,6 +45,14 @@ class Registration:
     """True after the agent restarted: it serves nothing until it is told
     (`Registered.roles`, or an exclusive ``/assign``), so a server that was
     declared failed never serves what it saved."""
+    incarnation: str = ""
+    """Drawn at random when the agent process starts. A registration with
+    the incarnation of the one before is the same process registering again
+    (its heartbeat timed out, say), not a restart, whatever `suspended` says
+    of the moment it was sent: an agent that registered suspended, then was
+    assigned its roles by the first build while its next registration was on
+    its way, must not be failed over as restarted (real agents at k=32,
+    where a build holds the controller for seconds). "": not said."""
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,8 @@ class FakeAgent:
     """Packets `World.deliver` brought here, per ID: what `/ops` reports (the
     fake's window is everything since the last `requests.clear()`)."""
     suspended: bool = False
+    incarnation: int = 1
+    """Its process: `World.restart` starts another."""
     reachable: bool = True
     dead: bool = False
     failing_syncs: int = 0
@@ -669,7 +671,7 @@ class World:
         reply = next(self.ids)
         registration = Registration(agent.name, agent.ip, agent.mac, METAFLOW_PORT, agent.url, "fake",
                                     100, SPACE, agent.owned(), agent.replication, agent.role_list(),
-                                    agent.suspended)
+                                    agent.suspended, str(agent.incarnation))
         self.post(Register(reply, registration))
         self.run()
         answer = self.answers[reply]
@@ -682,6 +684,7 @@ class World:
         it serves nothing until the controller answers its registration."""
         agent = self.agents[name]
         agent.dead, agent.suspended = False, True
+        agent.incarnation += 1
         agent.fenced.clear()
         agent.degraded.clear()
         self.register(agent)

@@ -512,3 +512,27 @@ def test_a_heartbeats_answer_says_how_long_ago_the_servers_last_datagram_came(bu
     built.core.registry.heard[name] = (built.now, 0)
     built.advance(0.3)
     assert built.ask(Heartbeat, name=name, beat=beat).datagram_age_s == pytest.approx(0.3)
+
+
+def test_a_registration_sent_before_the_first_assignment_and_taken_after_it_is_no_restart() -> None:
+    """A real agent starts suspended and registers; its heartbeat times out
+    while the first build holds the controller, so it registers again, still
+    suspended, and the build's assignment reaches it while that registration
+    is on its way (k=32 with real agents). The same process (incarnation)
+    registering again keeps its roles; another process, with backups, is
+    failed over as restarted (above)."""
+    world = World(fat_tree(4, servers=8), replicas=2)
+    for agent in world.agents.values():
+        agent.suspended = True   # started with --controller: serving nothing until told
+    world.boot()
+    name = world.tree.leaves_in(State.BUSY)[0]
+    blocks = world.tree.blocks(name)
+    agent = world.agents[name]
+    assert not agent.suspended and agent.owned() == blocks   # the build's assignment
+    agent.suspended = True   # the registration sent before it arrived
+    answer = world.register(agent)
+    assert [r.block for r in answer.roles if r.primary] == blocks
+    assert not world.core.registry[name].failed and world.tree.blocks(name) == blocks
+    assert not any(e["event"] == "server-failed" for e in world.core.events)
+    world.restart(name)   # another process of the same server's
+    assert world.core.registry[name].failed and world.tree.owner(blocks[0].first) != name

@@ -183,6 +183,42 @@ def test_lldp_sent_out_of_a_link_port_comes_in_at_the_other_end() -> None:
     assert sinks[there[0]].messages() == []
 
 
+def test_a_real_switchs_port_takes_the_lldp_of_its_emulated_peer_and_sends_its_own_back() -> None:
+    edge = next(s for s in builders.switches(GRAPH) if GRAPH.nodes[s]["layer"] == "edge")
+    real = GRAPH.nodes[edge]["dpid"]
+    emulator = Emulator(GRAPH, real=[real])
+    assert real not in emulator.switches and len(emulator.switches) == len(emulator.wiring.names) - 1
+    (mine, theirs), = [(a, b) for a, b in emulator.wiring.links.items() if a[0] == real][:1]
+    sink = _sent(_attach(emulator, theirs[0]))
+    into: list[bytes] = []
+    emulator.attach(mine, into.append)
+    lldp = bytes.fromhex("0180c200000e" "020000000001" "88cc") + bytes(20)
+    _feed(emulator, theirs[0], [_packet_out(theirs[1], lldp)])   # the emulated side's frame
+    assert into == [lldp] and sink.messages() == []
+    assert emulator.from_real(mine, lldp)   # the real side's frame
+    (packet_in,) = sink.messages()
+    assert (packet_in.in_port, bytes(packet_in.data)) == (theirs[1], lldp)
+    data = arp.probe("10.0.0.1", "100.64.0.1")   # anything else: the emulated fabric carries no data
+    assert not emulator.from_real(mine, data) and emulator.counters.dropped == 1
+    emulator.set_port(*theirs, up=False)
+    assert not emulator.from_real(mine, lldp)
+    host_port = emulator.wiring.hosts[next(h for h in GRAPH.adj[edge] if GRAPH.nodes[h]["kind"] == "host")]
+    with pytest.raises(ValueError, match="not a real switch's port"):
+        emulator.attach(host_port, into.append)
+    with pytest.raises(ValueError, match="not a real switch's port"):
+        emulator.attach(theirs, into.append)
+
+
+def test_the_tables_of_real_switches_come_from_whoever_reads_them() -> None:
+    real = GRAPH.nodes["p0e0"]["dpid"]
+    emulator = Emulator(GRAPH, real=[real])
+    assert real not in emulator.tables()
+    held = {(2016, Block.parse("100.64.0.0/16")): FlowEntry(2016, Block.parse("100.64.0.0/16"), 1, None)}
+    emulator.real_tables = lambda: {real: held}
+    tables = emulator.tables()
+    assert tables[real] == held and set(tables) == set(emulator.wiring.names)
+
+
 def _a_server_and_its_edge(emulator: Emulator) -> tuple[str, int, int, Collected]:
     """A storage server, its edge switch and port, and that switch's connection."""
     host = builders.storage_hosts(GRAPH)[3]
