@@ -366,99 +366,114 @@ def owners(servers: dict[str, ServerInfo]) -> list[tuple[Block, str]]:
     return [(b, name) for name, info in servers.items() if not info.failed for b in info.blocks]
 
 
-async def sample_faults(client: AsyncApiClient, sample: RealSample, emulator: Emulator, space: Block,
-                        phase_s: float, workdir: Path) -> dict[str, Any]:
-    """The sample's real agents (`benchmarks.sample`) through a fail-over
-    (a server powered off), a split and a drain, on the built fabric: each
-    client writes `SAMPLE_FILES` paths owned in its own edge before and after
-    them, and at the end every acknowledged write is read back through the
-    bridge of its owner's edge; the whole-fabric check after each step."""
-    acked = workdir / "sample-acked.jsonl"
-    acked.unlink(missing_ok=True)
-    servers = (await client.call(REST.servers)).servers
-    out: dict[str, Any] = {"servers": len(sample.servers), "edges": sample.edges,
-                           "outside": outside(servers, sample.servers)}
+class SampleRun:
+    """The sample's real agents (`benchmarks.sample`) on the built fabric, in
+    three parts around the rest of the run: `prepare` (the spares join, each
+    client writes `SAMPLE_FILES` paths owned in its own edge), `faults` (a
+    server powered off, a split, a drain, each followed by the whole-fabric
+    check, then the same writes again) and `read_back` (every acknowledged
+    write read through the bridge of its owner's edge, after whatever the
+    run did in between: the issue's faults, a leader change)."""
 
-    async def write_round(start: int) -> list[dict[str, Any]]:
-        held = (await client.call(REST.servers)).servers
+    def __init__(self, sample: RealSample, emulator: Emulator, space: Block, phase_s: float,
+                 workdir: Path) -> None:
+        self.sample, self.emulator, self.space, self.phase_s = sample, emulator, space, phase_s
+        self.workdir = workdir
+        self.acked = workdir / "sample-acked.jsonl"
+        self.out: dict[str, Any] = {"servers": len(sample.servers), "edges": sample.edges}
+
+    async def _servers(self, client: AsyncApiClient) -> dict[str, ServerInfo]:
+        return (await client.call(REST.servers)).servers
+
+    async def _write(self, client: AsyncApiClient, start: int) -> list[dict[str, Any]]:
         by_edge: dict[str, list[Block]] = {}
-        for block, name in owners(held):
-            if name in sample.servers:
-                by_edge.setdefault(sample.edge_of(name), []).append(block)
-        return [await asyncio.to_thread(sample.write, edge, blocks, SAMPLE_FILES, start, acked)
+        for block, name in owners(await self._servers(client)):
+            if name in self.sample.servers:
+                by_edge.setdefault(self.sample.edge_of(name), []).append(block)
+        return [await asyncio.to_thread(self.sample.write, edge, blocks, SAMPLE_FILES, start, self.acked)
                 for edge, blocks in sorted(by_edge.items())]
 
-    async def step(what: str, done: Callable[[dict[str, ServerInfo]], bool], began: float) -> dict[str, Any]:
+    async def prepare(self, client: AsyncApiClient) -> None:
+        sample, out = self.sample, self.out
+        self.acked.unlink(missing_ok=True)
+        out["outside"] = outside(await self._servers(client), sample.servers)
+        began = time.monotonic()
+        await asyncio.to_thread(sample.start_spares)
+
+        async def joined() -> bool:
+            held = await self._servers(client)
+            return all(n in held and held[n].state == "idle" for n in sample.spares)
+
+        await until("the sample's spares joined", joined, self.phase_s, every=0.5)
+        out["spares"] = {"servers": sample.spares, "joined_s": round(time.monotonic() - began, 2)}
+        out["writes"] = await self._write(client, 0)
+
+    async def _step(self, client: AsyncApiClient, what: str, done: Callable[[dict[str, ServerInfo]], bool],
+                    began: float) -> dict[str, Any]:
         async def over() -> bool:
-            return done((await client.call(REST.servers)).servers) and await settled(client, emulator)
+            return done(await self._servers(client)) and await settled(client, self.emulator)
 
-        await until(f"the sample's {what}", over, phase_s, every=0.5)
+        await until(f"the sample's {what}", over, self.phase_s, every=0.5)
         return {"settled_s": round(time.monotonic() - began, 2),
-                "check": await fabric_check(client, emulator, space)}
+                "check": await fabric_check(client, self.emulator, self.space)}
 
-    began = time.monotonic()
-    await asyncio.to_thread(sample.start_spares)
+    async def faults(self, client: AsyncApiClient) -> None:
+        sample, out = self.sample, self.out
+        first, last = sample.edges[0], sample.edges[-1]
 
-    async def joined() -> bool:
-        held = (await client.call(REST.servers)).servers
-        return all(n in held and held[n].state == "idle" for n in sample.spares)
+        async def leaders(but: str = "") -> list[str]:
+            """Sample servers that lead a block now, those of the last edge first."""
+            held = await self._servers(client)
+            return sorted((n for n in sample.servers if n in held and held[n].blocks and n != but),
+                          key=lambda n: sample.edge_of(n) != last)
 
-    await until("the sample's spares joined", joined, phase_s, every=0.5)
-    out["spares"] = {"servers": sample.spares, "joined_s": round(time.monotonic() - began, 2)}
-    out["writes"] = await write_round(0)
-    first, last = sample.edges[0], sample.edges[-1]
-    victim = next(name for name in sample.servers if servers[name].blocks and sample.edge_of(name) == first)
-    began = time.monotonic()
-    await asyncio.to_thread(sample.power_off, victim)
-    out["fail_over"] = {"server": victim, **await step(
-        "fail-over", lambda held: bool(held[victim].failed) and not held[victim].blocks, began)}
+        victim = next(n for n in await leaders() if sample.edge_of(n) == first)
+        began = time.monotonic()
+        await asyncio.to_thread(sample.power_off, victim)
+        out["fail_over"] = {"server": victim, **await self._step(
+            client, "fail-over", lambda held: bool(held[victim].failed) and not held[victim].blocks, began)}
+        split = (await leaders())[0]
+        began = time.monotonic()
+        outcome = await client.call(REST.split, name=split)
+        out["split"] = {"server": split, "ok": outcome.ok, "detail": outcome.detail,
+                        **await self._step(client, "split", lambda held: True, began)}
+        drained = (await leaders(but=split))[0]
+        began = time.monotonic()
+        await client.call(REST.drain, name=drained)
 
-    async def leaders(but: str = "") -> list[str]:
-        """Sample servers that lead a block now, those of the last edge first."""
-        held = (await client.call(REST.servers)).servers
-        return sorted((n for n in sample.servers if held[n].blocks and n != but),
-                      key=lambda n: sample.edge_of(n) != last)
+        async def drain_over() -> bool:
+            return (await client.call(REST.drains)).drains[drained].state != "draining"
 
-    split = (await leaders())[0]
-    began = time.monotonic()
-    outcome = await client.call(REST.split, name=split)
-    out["split"] = {"server": split, "ok": outcome.ok, "detail": outcome.detail,
-                    **await step("split", lambda held: True, began)}
-    drained = (await leaders(but=split))[0]
-    began = time.monotonic()
-    await client.call(REST.drain, name=drained)
+        await until("the sample's drain", drain_over, self.phase_s, every=0.5)
+        out["drain"] = {"server": drained, "state": (await client.call(REST.drains)).drains[drained].state,
+                        **await self._step(client, "drain", lambda held: True, began)}
+        out["writes_after"] = await self._write(client, 1_000_000)
 
-    async def drain_over() -> bool:
-        return (await client.call(REST.drains)).drains[drained].state != "draining"
-
-    await until("the sample's drain", drain_over, phase_s, every=0.5)
-    out["drain"] = {"server": drained, "state": (await client.call(REST.drains)).drains[drained].state,
-                    **await step("drain", lambda held: True, began)}
-    out["writes_after"] = await write_round(1_000_000)
-
-    held = (await client.call(REST.servers)).servers
-    table = owners(held)
-    expected: dict[str, dict[str, str]] = {}
-    unreachable = 0
-    for line in acked.read_text().splitlines():
-        record = json.loads(line)
-        owner = next((name for block, name in table if block.contains(record["mdid"])), None)
-        if owner in sample.servers:
-            expected.setdefault(sample.edge_of(owner), {})[record["path"]] = record["digest"]
-        else:
-            unreachable += 1
-    reads = [await asyncio.to_thread(sample.verify, edge, paths, workdir / f"sample-check-{edge}.json")
-             for edge, paths in sorted(expected.items())]
-    out["acked"] = sum(len(paths) for paths in expected.values()) + unreachable
-    out["read_back"] = {**{n: sum(r[n] for r in reads) for n in ("checked", "missing", "wrong")},
-                        "owned_outside_the_sample": unreachable,
-                        "sample": [x for r in reads for x in r["sample"]][:5]}
-    out["outside_at_end"] = outside(held, sample.servers)
-    out["ok"] = out["split"]["ok"] and out["drain"]["state"] == "drained" and \
-        not out["outside"] and not out["outside_at_end"] and not unreachable and \
-        out["read_back"]["missing"] == out["read_back"]["wrong"] == 0 and \
-        all(out[s]["check"]["ok"] for s in ("fail_over", "split", "drain"))
-    return out
+    async def read_back(self, client: AsyncApiClient) -> dict[str, Any]:
+        sample, out = self.sample, self.out
+        held = await self._servers(client)
+        table = owners(held)
+        expected: dict[str, dict[str, str]] = {}
+        unreachable = 0
+        for line in self.acked.read_text().splitlines():
+            record = json.loads(line)
+            owner = next((name for block, name in table if block.contains(record["mdid"])), None)
+            if owner in sample.servers:
+                expected.setdefault(sample.edge_of(owner), {})[record["path"]] = record["digest"]
+            else:
+                unreachable += 1
+        reads = [await asyncio.to_thread(sample.verify, edge, paths, self.workdir / f"sample-{edge}.json")
+                 for edge, paths in sorted(expected.items())]
+        out["acked"] = sum(len(paths) for paths in expected.values()) + unreachable
+        out["read_back"] = {**{n: sum(r[n] for r in reads) for n in ("checked", "missing", "wrong")},
+                            "owned_outside_the_sample": unreachable,
+                            "sample": [x for r in reads for x in r["sample"]][:5]}
+        out["outside_at_end"] = outside(held, sample.servers)
+        out["ok"] = out["split"]["ok"] and out["drain"]["state"] == "drained" \
+            and not out["outside"] and not out["outside_at_end"] and not unreachable \
+            and out["read_back"]["missing"] == out["read_back"]["wrong"] == 0 \
+            and all(out[s]["check"]["ok"] for s in ("fail_over", "split", "drain"))
+        return out
 
 
 async def leads(client: AsyncApiClient) -> bool:
@@ -609,12 +624,16 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         result["barriers"] = emulator.counters.barriers
         result["check"] = await fabric_check(client, emulator, space)
         result["load_after_build"] = os.getloadavg()
-        if sample is not None:
-            result["sample"] = await sample_faults(client, sample, emulator, space, phase_s, workdir)
+        sample_run = SampleRun(sample, emulator, space, phase_s, workdir) if sample is not None else None
+        if sample_run is not None:
+            result["sample"] = sample_run.out   # (filled in as it goes)
+            await sample_run.prepare(client)
         if steady_s > 0:
             result["steady"] = await steady_state(sampler, farm, steady_s)
         if fault_sizes is not None:
             result["faults"] = await faults(client, emulator, farm, space, phase_s, *fault_sizes)
+        if sample_run is not None:
+            await sample_run.faults(client)
         if restart:
             await asyncio.sleep(2 * interval)   # every agent beats the built tree at least once
             controller.stop()
@@ -643,6 +662,8 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             events = (await client.call(REST.events)).events
             result["leader_change_events"] = [{**e, "t": round(float(str(e["t"])) - t_kill, 2)}
                                               for e in events if e["event"] != "agent-registered"][:20]
+        if sample_run is not None:
+            await sample_run.read_back(client)
     except (TimeoutError, ApiError) as exc:   # a phase that did not end: said, with what was reached
         result["error"] = str(exc)
         reached: dict[str, Any] = {"flow_mods": emulator.counters.flow_mods,
@@ -774,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
     if done:
         plot(done, args.out / "scale.png")
     return 0 if all("error" not in r and all(check["ok"] for check in checks(r))
-                    and r.get("sample", {}).get("ok", True) for r in results) else 1
+                    and r.get("sample", {"ok": True}).get("ok") is True for r in results) else 1
 
 
 def checks(result: dict[str, Any]) -> list[dict[str, Any]]:

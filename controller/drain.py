@@ -170,7 +170,11 @@ def _move_backup(world: SagaWorld, op: Operation, name: str, block: Block, drain
     drain stops."""
     replicas = world.replicas_or_raise()
     current = replicas.sets[block]
-    placement = world.place([block], current.members, 1)
+    # Placed for the set it will be, without `name`: the rack the copy leaves
+    # is as good as any other (with `name` counted, a two-rack fabric put the
+    # copy beside its primary, and a k=32 one sent it to a third rack).
+    staying = [m for m in current.members if m != name]
+    placement = world.place([block], staying, 1, avoid={name})
     if placement.short:
         return f"{NO_ROOM}no live server outside {block}'s set can take the copy {name} keeps"
     new = placement.backups[0]

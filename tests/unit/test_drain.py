@@ -37,7 +37,7 @@ from controller.steps import DrainNow, FailNow, SplitNow
 from tests.unit.controller_world import SECRET, World, check_consistent, fill
 from tests.unit.test_controller_faults import _check_drained
 from tests.unit.test_tree_split import check_invariants, hand_tree, topo_fabric, topo_tree
-from topology.builders import fat_tree
+from topology.builders import fat_tree, two_tier
 
 # -- the plan ------------------------------------------------------------------------
 
@@ -166,6 +166,27 @@ def test_a_drained_server_holds_nothing_and_every_write_reads_back(replicas: int
     kinds = [e["event"] for e in world.core.events]
     assert {"drain-started", "drain-progress", "drained"} <= set(kinds)
     assert "takeover" not in kinds and "DATA-LOST" not in kinds
+
+
+def test_a_backup_leaving_a_drained_server_may_stay_in_its_rack_not_beside_its_primary() -> None:
+    """Two racks: the copy a drained server keeps goes to another server of
+    its own rack, the only one apart from the primary's (placed as if the
+    leaving server were staying, it went beside its primary, and at k=32 with
+    real agents to a third rack that could not take it)."""
+    world = World(two_tier(core=1, edges=2, servers_per_edge=4, clients_per_edge=1), replicas=2,
+                  capacity=1000)
+    world.boot()
+    replicas = world.core.world.replicas_or_raise()
+    rack = replicas.domain
+    name, block = next((m, b) for b, s in replicas.sets.items()
+                       for m in s.backups if rack(m) != rack(s.primary))
+    acked = fill(world, replicas.sets[block].primary, 40, seed=5)
+    assert world.ask(DrainNow, name=name).ok
+    assert _drains(world).drains[name].state == "drained"
+    moved = world.core.world.replicas_or_raise().sets[block]
+    assert name not in moved.members and rack(moved.backups[0]) == rack(name) != rack(moved.primary)
+    assert not [e for e in world.core.events if e["event"] == "replicas-share-a-rack"]
+    check_consistent(world, acked)
 
 
 def test_a_drain_without_room_stops_before_anything_moves() -> None:
