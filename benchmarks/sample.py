@@ -36,6 +36,7 @@ import ipaddress
 import json
 import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -235,7 +236,9 @@ class RealSample:
         """The agents of every sample server but the spares, registering with
         `rest_urls` (blocks until each answers)."""
         self.scenario.rest_urls = tuple(rest_urls)
-        self.scenario.start_agents([h for h in self.servers if h not in self.spares])
+        first = [h for h in self.servers if h not in self.spares]
+        self.scenario.start_agents(first)
+        self.announce(first)
 
     def start_spares(self) -> None:
         """The spares' agents: servers that join the built tree idle, the
@@ -243,6 +246,18 @@ class RealSample:
         sample's blocks land on them rather than on emulated servers, which
         cannot take a real copy."""
         self.scenario.start_agents(self.spares)
+        self.announce(self.spares)
+
+    def announce(self, servers: Sequence[str]) -> None:
+        """Each server's ARP for the gateway, as the emulated servers send
+        theirs when they come up (`Emulator.announce`): the controller
+        locates a server by it (hybrid mode's own probes find a late server
+        too, but at k=32 one a round, every 2 s)."""
+        gateway = self.scenario.gateway
+        pings = [subprocess.Popen(self.scenario.ns(node).command("ping", "-c1", "-W1", gateway),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for node in servers]
+        for ping in pings:   # (no answer until the controller has located it: that is fine)
+            ping.wait(timeout=30)
 
     def tables(self) -> dict[int, Table]:
         """The bridges' MetaFlow entries as Open vSwitch holds them, by dpid."""

@@ -326,7 +326,7 @@ async def faults(client: AsyncApiClient, emulator: Emulator, farm: AgentFarm, sp
 
     async def resynced() -> bool:
         return all(emulator.switches[d].connected for d in dpids) and \
-            len((await client.call(REST.topology)).switches) == len(emulator.switches) and \
+            len((await client.call(REST.topology)).switches) == len(emulator.wiring.names) and \
             len(await events_since(client, "switch-resync", began)) >= len(dpids) and \
             await settled(client, emulator)
 
@@ -681,7 +681,13 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             under_way = (await client.call(REST.operations)).operations
             reached["operations"] = [asdict(op) for op in under_way][:10]
             reached["last_events"] = [e for e in (await client.call(REST.events)).events
-                                      if e["event"] != "agent-registered"][-15:]
+                                      if e["event"] not in ("agent-registered", "controller-stalled")][-15:]
+            plan, held = planned_tables((await client.call(REST.flows)).switches), emulator.tables()
+            reached["tables_differing"] = [  # (dpid, entries held, planned, the first few that differ)
+                (dpid, len(held.get(dpid, {})), len(plan.get(dpid, {})),
+                 [str(e) for k, e in held.get(dpid, {}).items() if plan.get(dpid, {}).get(k) != e][:3] +
+                 [str(e) for k, e in plan.get(dpid, {}).items() if held.get(dpid, {}).get(k) != e][:3])
+                for dpid in sorted(emulator.wiring.names) if held.get(dpid, {}) != plan.get(dpid, {})][:10]
         result["at_error"] = reached
     finally:
         sampling.cancel()
@@ -770,6 +776,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/metaflow-scale"))
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # unwinds: the controller is stopped
+    if args.sample and args.faults:
+        # The rack's blocks would go to the sample's idle spares, and their new copies to
+        # emulated servers, which cannot take a real copy: the two are measured apart.
+        p.error("--sample and --faults are measured in separate runs")
     if args.servers and len(args.servers) != len(args.k):
         p.error("--servers needs one count per --k")
     sizes = list(zip(args.k, args.servers or [SERVERS.get(k, k**3 // 4) for k in args.k], strict=True))

@@ -117,9 +117,12 @@ a silent controller is noticed by the missing ACKs), so it may be long:
 2,000 servers at one per 60 s are 33 requests a second, about 3 % of a
 controller core at the 0.8-1 ms one costs (docs/liveness.md)."""
 ACK_WAIT_S = 1.0
-"""How long datagrams may go unanswered before the agent beats over HTTP
-(the controller's heartbeat timeout, 1 s by default): a controller that is
-paused or gone is then found, and left, as over HTTP alone."""
+"""How long datagrams may go unanswered, beyond one heartbeat interval (the
+next beat, whose reply would say it, goes out only then), before the agent
+beats over HTTP (the controller's heartbeat timeout, 1 s by default): a
+controller that is paused or gone is then found, and left, as over HTTP
+alone. (Counted from the last reply alone, every beat of an agent beating
+every 1 s or slower was "unanswered", and it fell back to HTTP.)"""
 ACK_WAIT_MAX_S = 4.0
 """The longest `ACK_WAIT_S` doubles to while the controller says it takes our
 datagrams but its replies do not come: 2,000 agents then send 500 HTTP
@@ -334,7 +337,7 @@ class Registrar:
         if (not self._port or self._nudged or self._http is None or self._http[0] != digest
                 or now - self._http[1] >= self.state_period or now < self._http_only_until):
             return False
-        if now - self._answered > self._ack_wait:
+        if now - self._answered > self._ack_wait + self.interval:
             self._unanswered += 1
             if self._unanswered > UNANSWERED_LIMIT:
                 self._unanswered = 0

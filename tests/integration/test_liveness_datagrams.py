@@ -81,3 +81,15 @@ def test_an_agent_beats_by_datagram_and_forgeries_replays_and_state_changes_are_
             settled = counts()
             _until(lambda: counts()["accepted"] >= settled["accepted"] + 5)
             assert counts().get("stale", 0) <= settled.get("stale", 0) + 1
+
+
+def test_an_agent_beating_slower_than_the_ack_wait_stays_on_datagrams(tmp_path: Path) -> None:
+    """Beats every 1.5 s, each answered: the last reply is always older than
+    `ACK_WAIT_S` when the next beat goes out, which is no silence (the scale
+    bench's real agents, beating every 1 s, fell back to HTTP for that)."""
+    with controller(tmp_path) as ctl:
+        with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--controller", ctl["url"], "--heartbeat", "1.5",
+                          "--liveness-datagrams", "--data-ip", "127.0.0.1", own=[str(OWN)],
+                          log_path=tmp_path / "agent.log", secret_file=tmp_path / "secret") as agent:
+            _until(lambda: datagram_counts(ctl["metrics"]).get("accepted", 0) >= 5, timeout=30)
+            assert "no answer to our liveness datagrams" not in agent.log()
