@@ -90,8 +90,10 @@ def test_registration_and_heartbeats_reach_the_controller(tmp_path: Path, cluste
     role = Role(OWN, 0, True, [Member(agent.name, agent.replication)])
     assert first == Registration(agent.name, "127.0.0.1", first.data_mac, agent.port, agent.admin_url,
                                  "leveldb", 1234, Block.parse("100.64.0.0/10"), [OWN], agent.replication,
-                                 [role], suspended=True)
+                                 [role], suspended=True, incarnation=first.incarnation)
     assert first.data_mac  # read from the interface holding the data address
+    # the same process registering again says so: no restart (`Registration.incarnation`)
+    assert len(first.incarnation) == 16 and controller.registrations[1].incarnation == first.incarnation
     assert controller.beats[-1] == Heartbeat(0, [OWN], [], [])
     assert "registering again" in agent.log()
 

@@ -49,6 +49,7 @@ def test_a_standby_rebuilds_the_emulated_fabric_after_the_leader_is_killed(tmp_p
     result = measured(tmp_path, k=4, servers=16, heartbeat_s=5.0, leader_change="built")
     assert "error" not in result, result.get("error")
     assert result["controllers"] == 2 and result["check"]["ok"]
+    assert result["standby_switches_at_kill"] == result["switches"]   # it had heard every switch
     check = result["check_after_leader_change"]
     assert check["ok"] and check["owners"] == result["check"]["owners"], check
     events = [e["event"] for e in result["leader_change_events"]]
