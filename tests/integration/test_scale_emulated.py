@@ -64,7 +64,9 @@ def test_switch_flaps_and_a_rack_powered_off_leave_every_id_routed_to_a_live_own
     disconnect and connect again (their tables kept and re-synced), then a
     rack of 12 servers (three edge switches' worth) loses power at once; the
     whole-fabric check holds after each, with the dead servers owning nothing."""
-    result = measured(tmp_path, k=8, servers=128, heartbeat_s=1.0, fault_sizes=(10, 12))
+    # 60 s phases: a stalled one ends in the run's own error, with what it reached (the
+    # tables that differ from the plan among it), before the test's timeout (one CI run hung)
+    result = measured(tmp_path, k=8, servers=128, heartbeat_s=1.0, phase_s=60.0, fault_sizes=(10, 12))
     assert "error" not in result, (result.get("error"), result.get("at_error"))
     flaps, rack = result["faults"]["flaps"], result["faults"]["rack"]
     assert flaps["switches"] == 10 and flaps["check"]["ok"], flaps
