@@ -493,7 +493,7 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
     servers have registered ("storm"); `fault_sizes`: (switches
     that flap, servers of the rack that fails) for `faults`; `sample_size`:
     edge switches made real, with real agents (`benchmarks.sample`), put
-    through `sample_faults` after the first build."""
+    through `SampleRun` after the first build."""
     workdir.mkdir(parents=True, exist_ok=True)
     graph = builders.fat_tree(k, servers=servers)
     space = Block.parse(DEFAULT_SPACE_CIDR)
@@ -761,8 +761,8 @@ def main(argv: list[str] | None = None) -> int:
                         "at once")
     p.add_argument("--sample", type=int, default=0, metavar="EDGES",
                    help="make the first EDGES edge switches real Open vSwitch bridges with real agents and a "
-                        "client each (hybrid mode), and put them through a fail-over, a split and a drain "
-                        "after the build, every acknowledged write read back")
+                        "client each (measured with --mode hybrid), and put them through a fail-over, a "
+                        "split and a drain after the build, every acknowledged write read back")
     p.add_argument("--settle", type=float, default=2.0, help="the controller's --settle")
     p.add_argument("--mode", choices=MODES, default="full",
                    help="the controller's --mode (hybrid: no host routes; NORMAL carries replies)")
