@@ -110,16 +110,31 @@ def uplinks(graph: Topology, edges: Sequence[str]) -> list[tuple[str, Port]]:
             for peer in graph.adj[e] if graph.nodes[peer]["kind"] == "switch" and peer not in inside]
 
 
+def members(servers: Mapping[str, ServerInfo]) -> dict[Block, set[str]]:
+    """Every block led by a server in service, with the servers in service
+    that hold it (its primary and its backups)."""
+    held: dict[Block, set[str]] = {}
+    for name, info in servers.items():
+        if not info.failed:
+            for block in (*info.blocks, *info.backups):
+                held.setdefault(block, set()).add(name)
+    led = {b for info in servers.values() if not info.failed for b in info.blocks}
+    return {b: names for b, names in held.items() if b in led}
+
+
 def outside(servers: Mapping[str, ServerInfo], sample: Iterable[str]) -> list[str]:
     """The blocks a sample server leads whose replica set has a member
     outside the sample (a fail-over there would promote an emulated copy)."""
-    inside = set(sample)
-    members: dict[Block, set[str]] = {}
-    for name, info in servers.items():
-        for block in (*info.blocks, *info.backups):
-            members.setdefault(block, set()).add(name)
+    inside, held = set(sample), members(servers)
     return sorted(str(b) for name in inside if name in servers for b in servers[name].blocks
-                  if not members.get(b, set()) <= inside)
+                  if not held.get(b, set()) <= inside)
+
+
+def under_replicated(servers: Mapping[str, ServerInfo], replicas: int) -> list[str]:
+    """The blocks held by fewer than `replicas` servers in service: a
+    fail-over's repair has not yet copied them again (the controller starts
+    it on a later turn, and holds the set's members busy while it runs)."""
+    return sorted(str(b) for b, names in members(servers).items() if len(names) < replicas)
 
 
 # -- one uplink: a veth pair between a bridge and the emulator ------------------------

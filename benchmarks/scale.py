@@ -72,14 +72,14 @@ from typing import Any, TypeVar
 from benchmarks.agentemu import AgentFarm
 from benchmarks.cpu import cpu_seconds
 from benchmarks.ofemu import Emulator
-from benchmarks.sample import RealSample, outside, sample_edges
+from benchmarks.sample import RealSample, outside, sample_edges, under_replicated
 from btree.fake_network import FakeNetwork, misdelivered
 from btree.flows import FlowEntry, Table
 from client_lib.api.auth import load_secret, write_secret
 from client_lib.api.clients import AsyncApiClient
 from client_lib.api.rest import REST, ServerInfo
 from client_lib.cidr import Block
-from client_lib.constants import DEFAULT_SPACE_CIDR
+from client_lib.constants import DEFAULT_REPLICAS, DEFAULT_SPACE_CIDR
 from client_lib.errors import ApiError
 from controller.settings import MODES, Mode
 from mininet_scenarios.etcd import EtcdProcess
@@ -411,7 +411,9 @@ class SampleRun:
     async def _step(self, client: AsyncApiClient, what: str, done: Callable[[dict[str, ServerInfo]], bool],
                     began: float) -> dict[str, Any]:
         async def over() -> bool:
-            return done(await self._servers(client)) and await settled(client, self.emulator)
+            held = await self._servers(client)
+            return done(held) and not under_replicated(held, DEFAULT_REPLICAS) \
+                and await settled(client, self.emulator)
 
         await until(f"the sample's {what}", over, self.phase_s, every=0.5)
         return {"settled_s": round(time.monotonic() - began, 2),
@@ -421,23 +423,26 @@ class SampleRun:
         sample, out = self.sample, self.out
         first, last = sample.edges[0], sample.edges[-1]
 
-        async def leaders(but: str = "") -> list[str]:
-            """Sample servers that lead a block now, those of the last edge first."""
-            held = await self._servers(client)
-            return sorted((n for n in sample.servers if n in held and held[n].blocks and n != but),
-                          key=lambda n: sample.edge_of(n) != last)
+        async def leader(what: str, fits: Callable[[str], bool]) -> str:
+            """A sample server that leads a block now and `fits`, one of the last edge first."""
+            async def found() -> str | None:
+                held = await self._servers(client)
+                return next((n for n in sorted(sample.servers, key=lambda n: sample.edge_of(n) != last)
+                             if n in held and held[n].blocks and fits(n)), None)
 
-        victim = next(n for n in await leaders() if sample.edge_of(n) == first)
+            return await until(f"a sample server leading a block {what}", found, self.phase_s, every=0.5)
+
+        victim = await leader(f"under {first}", lambda n: sample.edge_of(n) == first)
         began = time.monotonic()
         await asyncio.to_thread(sample.power_off, victim)
         out["fail_over"] = {"server": victim, **await self._step(
             client, "fail-over", lambda held: bool(held[victim].failed) and not held[victim].blocks, began)}
-        split = (await leaders())[0]
+        split = await leader("to split", lambda n: True)
         began = time.monotonic()
         outcome = await client.call(REST.split, name=split)
         out["split"] = {"server": split, "ok": outcome.ok, "detail": outcome.detail,
                         **await self._step(client, "split", lambda held: True, began)}
-        drained = (await leaders(but=split))[0]
+        drained = await leader(f"to drain (not {split})", lambda n: n != split)
         began = time.monotonic()
         await client.call(REST.drain, name=drained)
 

@@ -7,7 +7,15 @@ import ipaddress
 
 import pytest
 
-from benchmarks.sample import client_port, outside, sample_edges, sample_graph, spares, uplinks
+from benchmarks.sample import (
+    client_port,
+    outside,
+    sample_edges,
+    sample_graph,
+    spares,
+    under_replicated,
+    uplinks,
+)
 from client_lib.api.rest import ServerInfo
 from client_lib.cidr import Block
 from client_lib.mdid import mdid
@@ -56,8 +64,8 @@ def test_spares_are_a_quarter_of_an_edges_servers_and_at_least_two() -> None:
     assert [spares(n) for n in (2, 4, 8, 16)] == [2, 2, 2, 4]
 
 
-def _server(blocks: list[str], backups: list[str]) -> ServerInfo:
-    return ServerInfo("10.0.0.1", "http://x", 0, 10, None, None, [Block.parse(b) for b in blocks], None,
+def _server(blocks: list[str], backups: list[str], failed: str | None = None) -> ServerInfo:
+    return ServerInfo("10.0.0.1", "http://x", 0, 10, failed, None, [Block.parse(b) for b in blocks], None,
                       [Block.parse(b) for b in backups])
 
 
@@ -67,6 +75,16 @@ def test_outside_names_the_sample_blocks_with_a_copy_elsewhere() -> None:
     assert outside(servers, ["a", "b", "c", "d"]) == []
     assert outside(servers, ["a", "b"]) == ["100.64.0.0/12"]   # its backup c is not in the sample
     assert outside(servers, ["c", "x"]) == ["100.96.0.0/12"]   # (x: not registered yet)
+
+
+def test_under_replicated_counts_only_servers_in_service_and_only_led_blocks() -> None:
+    servers = {"a": _server(["100.64.0.0/12"], ["100.80.0.0/12"]), "b": _server(["100.80.0.0/12"], []),
+               "c": _server([], ["100.64.0.0/12"], failed="port down"), "d": _server([], ["100.96.0.0/12"])}
+    # 100.64/12's backup c failed; 100.96/12 is a copy nobody leads (not a block in service)
+    assert under_replicated(servers, 2) == ["100.64.0.0/12"]
+    assert under_replicated(servers, 1) == []
+    servers["d"] = _server([], ["100.64.0.0/12"])
+    assert under_replicated(servers, 2) == []
 
 
 def test_paths_within_blocks_lie_in_them_and_say_when_there_are_too_few() -> None:
