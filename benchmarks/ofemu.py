@@ -80,6 +80,12 @@ HELD_LLDP_S = 1.0
 (`Emulator.deliver_lldp`)."""
 RECONNECT_S = 0.5
 """How long a switch whose connection ended waits before it connects again."""
+INACTIVITY_PROBE_S = 30.0
+"""Open vSwitch's `inactivity_probe` for a controller: after this long without
+a message from it, the switch sends an echo request; after as long again, it
+drops the connection and connects again. (Open vSwitch's default is 5 s;
+large deployments raise it, as OVN does, because a busy controller answers
+late: at k=32 the 2,560 connections would cost 512 echoes a second at 5 s.)"""
 
 
 # -- the topology as the switches see it (pure) ------------------------------------
@@ -310,6 +316,11 @@ class Counters:
     lldp: int = 0
     dropped: int = 0
     """Frames from real switches that were not LLDP (`Emulator.from_real`)."""
+    probes_failed: int = 0
+    """Connections dropped by the inactivity probe (`INACTIVITY_PROBE_S`)."""
+    session_errors: list[str] = field(default_factory=list)
+    """Connections ended by a message the switch failed on (the first few):
+    the switch connects again, as after any other end."""
 
 
 @dataclass(eq=False)
@@ -319,6 +330,8 @@ class Channel:
 
     sink: Sink
     role: int = nx.NX_ROLE_OTHER
+    heard: float = field(default_factory=time.monotonic)
+    """When the controller last sent anything on it."""
 
 
 class EmulatedSwitch:
@@ -344,6 +357,10 @@ class EmulatedSwitch:
                 await self._session(host, port)
             except OSError:
                 pass
+            except Exception as exc:   # a message it failed on: said, and the switch stays
+                errors = self.emulator.counters.session_errors
+                if len(errors) < 10:
+                    errors.append(f"{self.name} (dpid {self.dpid}): {exc!r}")
             await asyncio.sleep(RECONNECT_S)
 
     async def _session(self, host: str, port: int) -> None:
@@ -351,18 +368,34 @@ class EmulatedSwitch:
         channel = Channel(writer)
         self.channels.append(channel)
         channel.sink.write(message(ofp.OFPT_HELLO, 0))
+        probe = asyncio.create_task(self._probe(channel, writer), name=f"s{self.dpid} probe")
         try:
             while True:
                 head = await reader.readexactly(HEADER.size)
                 _version, msg_type, length, xid = HEADER.unpack(head)
                 body = await reader.readexactly(length - HEADER.size)
+                channel.heard = time.monotonic()
                 self.handle(channel, msg_type, xid, head + body)
         except asyncio.IncompleteReadError:
             pass
         finally:
+            probe.cancel()
             if channel in self.channels:   # (not if `close` came first)
                 self.channels.remove(channel)
             writer.close()
+
+    async def _probe(self, channel: Channel, writer: asyncio.StreamWriter) -> None:
+        """Open vSwitch's inactivity probe (`INACTIVITY_PROBE_S`): a controller
+        that stays silent through an echo request loses the connection."""
+        while True:
+            await asyncio.sleep(INACTIVITY_PROBE_S)
+            silent = time.monotonic() - channel.heard
+            if silent >= 2 * INACTIVITY_PROBE_S:
+                self.emulator.counters.probes_failed += 1
+                writer.transport.abort()   # the session's read ends; it connects again
+                return
+            if silent >= INACTIVITY_PROBE_S:
+                writer.write(message(ofp.OFPT_ECHO_REQUEST, 0))
 
     def close(self) -> None:
         for channel in self.channels:

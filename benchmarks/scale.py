@@ -239,10 +239,26 @@ class Controller:
         return self.proc.pid
 
 
-def planned_tables(flows: dict[str, list[Any]]) -> dict[int, Table]:
+Tables = dict[int, Table]
+"""A table per switch, by dpid."""
+
+
+def planned_tables(flows: dict[str, list[Any]]) -> Tables:
     """`REST.flows` (the controller's planner, per switch) as tables."""
     return {int(dpid): {(f.priority, f.prefix): FlowEntry(f.priority, f.prefix, f.out_port, f.set_dl_dst)
                         for f in entries} for dpid, entries in flows.items()}
+
+
+async def plan_and_tables(client: AsyncApiClient, emulator: Emulator) -> tuple[Tables, Tables]:
+    """The controller's planned table for every switch of the fabric (empty
+    where it plans nothing), and the tables the switches hold now."""
+    plan = planned_tables((await client.call(REST.flows)).switches)
+    return {dpid: plan.get(dpid, {}) for dpid in emulator.wiring.names}, emulator.tables()
+
+
+def differing(plan: Tables, held: Tables) -> list[int]:
+    """The switches whose table is not the plan."""
+    return sorted(dpid for dpid in plan if held.get(dpid, {}) != plan[dpid])
 
 
 async def fabric_check(client: AsyncApiClient, emulator: Emulator, space: Block) -> dict[str, Any]:
@@ -250,9 +266,8 @@ async def fabric_check(client: AsyncApiClient, emulator: Emulator, space: Block)
     plan, and the edge switches from which some ID misses its owner."""
     started = time.monotonic()
     servers = (await client.call(REST.servers)).servers
-    plan = planned_tables((await client.call(REST.flows)).switches)
-    held = emulator.tables()
-    differing = sorted(dpid for dpid in held if held[dpid] != plan.get(dpid, {}))
+    plan, held = await plan_and_tables(client, emulator)
+    wrong_tables = differing(plan, held)
     # Forwarded over the wires as they are, not as discovered: LLDP finds a
     # reconnected switch's links again only within a round (102 s at k=32).
     wiring = emulator.wiring
@@ -265,9 +280,9 @@ async def fabric_check(client: AsyncApiClient, emulator: Emulator, space: Block)
     edges = sorted({dpid for dpid, _ in fabric.hosts.values()})
     wrong = misdelivered(FakeNetwork(fabric, held), partition, space, edges)
     return {"switches": len(held), "entries": sum(len(t) for t in held.values()),
-            "differing_from_plan": differing[:20], "differing_count": len(differing),
+            "differing_from_plan": wrong_tables[:20], "differing_count": len(wrong_tables),
             "ingress_checked": len(edges), "misdelivered_from": [d for d, _ in wrong][:20],
-            "owners": len({name for _, name in partition}), "ok": not differing and not wrong,
+            "owners": len({name for _, name in partition}), "ok": not wrong_tables and not wrong,
             "seconds": round(time.monotonic() - started, 2)}
 
 
@@ -280,10 +295,8 @@ async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dic
         return None
     if any(op.kind == "build" for op in (await client.call(REST.operations)).operations):
         return None
-    plan = planned_tables((await client.call(REST.flows)).switches)
-    if not plan or emulator.tables() != {dpid: plan.get(dpid, {}) for dpid in emulator.wiring.names}:
-        return None
-    return done[-1]
+    plan, held = await plan_and_tables(client, emulator)
+    return done[-1] if any(plan.values()) and not differing(plan, held) else None
 
 
 async def steady_state(sampler: Sampler, farm: AgentFarm, seconds: float) -> dict[str, Any]:
@@ -302,8 +315,8 @@ async def settled(client: AsyncApiClient, emulator: Emulator) -> bool:
     """No operation under way, and every switch holding the plan."""
     if (await client.call(REST.operations)).operations:
         return False
-    plan = planned_tables((await client.call(REST.flows)).switches)
-    return bool(plan) and emulator.tables() == {dpid: plan.get(dpid, {}) for dpid in emulator.wiring.names}
+    plan, held = await plan_and_tables(client, emulator)
+    return any(plan.values()) and not differing(plan, held)
 
 
 async def events_since(client: AsyncApiClient, kind: str, since: float) -> list[dict[str, Any]]:
@@ -566,6 +579,9 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             client = AsyncApiClient(successor.url, successor.secret, timeout=60.0)
             with contextlib.suppress(ApiError):   # what the standby had heard (k=32 once: 1,080 of 1,280)
                 result["standby_switches_at_kill"] = len((await client.call(REST.topology)).switches)
+            # how many controllers each emulated switch is connected to (2: both)
+            channels = [len(sw.channels) for sw in emulator.switches.values()]
+            result["emulated_channels_at_kill"] = {n: channels.count(n) for n in sorted(set(channels))}
             controller.kill()
             killed = time.monotonic()
             sampler.pid, sampler.client = successor.pid, client
@@ -689,12 +705,12 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             reached["operations"] = [asdict(op) for op in under_way][:10]
             reached["last_events"] = [e for e in (await client.call(REST.events)).events
                                       if e["event"] not in ("agent-registered", "controller-stalled")][-15:]
-            plan, held = planned_tables((await client.call(REST.flows)).switches), emulator.tables()
+            plan, held = await plan_and_tables(client, emulator)
             reached["tables_differing"] = [  # (dpid, entries held, planned, the first few that differ)
-                (dpid, len(held.get(dpid, {})), len(plan.get(dpid, {})),
-                 [str(e) for k, e in held.get(dpid, {}).items() if plan.get(dpid, {}).get(k) != e][:3] +
-                 [str(e) for k, e in plan.get(dpid, {}).items() if held.get(dpid, {}).get(k) != e][:3])
-                for dpid in sorted(emulator.wiring.names) if held.get(dpid, {}) != plan.get(dpid, {})][:10]
+                (dpid, len(held.get(dpid, {})), len(plan[dpid]),
+                 [str(e) for k, e in held.get(dpid, {}).items() if plan[dpid].get(k) != e][:3] +
+                 [str(e) for k, e in plan[dpid].items() if held.get(dpid, {}).get(k) != e][:3])
+                for dpid in differing(plan, held)[:10]]
         result["at_error"] = reached
     finally:
         sampling.cancel()
@@ -707,7 +723,9 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             sample.close()
         if etcd is not None:
             etcd.stop()
-    result.update(http_beats=farm.beats, datagrams=farm.datagrams, beat_errors=farm.beat_errors)
+    result.update(http_beats=farm.beats, datagrams=farm.datagrams, beat_errors=farm.beat_errors,
+                  switch_session_errors=emulator.counters.session_errors,
+                  switch_probes_failed=emulator.counters.probes_failed)
     result["samples"] = [asdict(s) for s in sampler.samples]
     cpu = [s.cpu_pct for s in sampler.samples]
     views = [s.view_ms for s in sampler.samples if s.view_ms is not None]

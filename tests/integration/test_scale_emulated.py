@@ -19,11 +19,13 @@ from benchmarks.scale import run_size
 def measured(tmp_path: Path, **kwargs: Any) -> dict[str, Any]:
     """`run_size` in `tmp_path`, its whole result kept there as result.json
     beside the controllers' logs (an assertion's message is cut short), and
-    no controller's LLDP loop having failed."""
+    no controller's LLDP loop having failed, no emulated switch having failed
+    on a message from a controller."""
     result = asyncio.run(run_size(workdir=tmp_path, restart=False, settle=1.0, **kwargs))
     (tmp_path / "result.json").write_text(json.dumps(result, indent=1, default=str))
     for log in tmp_path.glob("*.log"):   # the LLDP loop says what it survived: nothing, here
         assert "the LLDP loop failed" not in log.read_text(errors="replace"), log
+    assert result["switch_session_errors"] == [], result["switch_session_errors"]
     return result
 
 
