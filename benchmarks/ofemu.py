@@ -80,12 +80,14 @@ HELD_LLDP_S = 1.0
 (`Emulator.deliver_lldp`)."""
 RECONNECT_S = 0.5
 """How long a switch whose connection ended waits before it connects again."""
-INACTIVITY_PROBE_S = 30.0
+INACTIVITY_PROBE_S = 60.0
 """Open vSwitch's `inactivity_probe` for a controller: after this long without
 a message from it, the switch sends an echo request; after as long again, it
-drops the connection and connects again. (Open vSwitch's default is 5 s;
-large deployments raise it, as OVN does, because a busy controller answers
-late: at k=32 the 2,560 connections would cost 512 echoes a second at 5 s.)"""
+drops the connection and connects again. Open vSwitch's default is 5 s; an
+operator of a large fabric raises it (or sets 0: no probe), because a busy
+controller answers late: at k=32 with two controllers
+and the sample, echo replies came up to 28 s late, and a 30 s probe dropped
+3,033 connections in one run."""
 
 
 # -- the topology as the switches see it (pure) ------------------------------------
@@ -318,6 +320,11 @@ class Counters:
     """Frames from real switches that were not LLDP (`Emulator.from_real`)."""
     probes_failed: int = 0
     """Connections dropped by the inactivity probe (`INACTIVITY_PROBE_S`)."""
+    echo_rtt_max: float = 0.0
+    """The longest a controller took to answer a probe's echo request (s)."""
+    loop_lag_max: float = 0.0
+    """The longest the emulator's own event loop was late (s): a switch
+    cannot answer while the process that plays it is busy elsewhere."""
     session_errors: list[str] = field(default_factory=list)
     """Connections ended by a message the switch failed on (the first few):
     the switch connects again, as after any other end."""
@@ -332,6 +339,8 @@ class Channel:
     role: int = nx.NX_ROLE_OTHER
     heard: float = field(default_factory=time.monotonic)
     """When the controller last sent anything on it."""
+    echoed: float | None = None
+    """When the probe's echo request went out, until its reply comes."""
 
 
 class EmulatedSwitch:
@@ -395,6 +404,7 @@ class EmulatedSwitch:
                 writer.transport.abort()   # the session's read ends; it connects again
                 return
             if silent >= INACTIVITY_PROBE_S:
+                channel.echoed = channel.echoed or time.monotonic()
                 writer.write(message(ofp.OFPT_ECHO_REQUEST, 0))
 
     def close(self) -> None:
@@ -419,6 +429,9 @@ class EmulatedSwitch:
             reply(message(ofp.OFPT_ERROR, xid, error + buf[:64]))
         elif msg_type == ofp.OFPT_ECHO_REQUEST:
             reply(message(ofp.OFPT_ECHO_REPLY, xid, body))
+        elif msg_type == ofp.OFPT_ECHO_REPLY and channel.echoed is not None:
+            counters.echo_rtt_max = max(counters.echo_rtt_max, time.monotonic() - channel.echoed)
+            channel.echoed = None
         elif msg_type == ofp.OFPT_FEATURES_REQUEST:
             reply(self.features(xid))
             counters.connected.setdefault(self.dpid, time.monotonic())
@@ -539,7 +552,8 @@ class Emulator:
     async def start(self, controllers: Sequence[tuple[str, int]] = (("127.0.0.1", OPENFLOW_PORT),)) -> None:
         """Connect every switch to every controller (host, port) (`CONNECT_BATCH`
         switches at a time); they run in the background."""
-        self._tasks.append(asyncio.create_task(self._ask_again(), name="arp retries"))
+        self._tasks += [asyncio.create_task(self._ask_again(), name="arp retries"),
+                        asyncio.create_task(self._watch_lag(), name="loop lag")]
         switches = list(self.switches.values())
         for i in range(0, len(switches), CONNECT_BATCH):
             for switch in switches[i:i + CONNECT_BATCH]:
@@ -631,6 +645,13 @@ class Emulator:
             self.switches[dpid].packet_in(port, arp.reply(message, self.wiring.macs[host]))
         else:
             self.asking.pop(host, None)
+
+    async def _watch_lag(self, every: float = 0.1) -> None:
+        """`Counters.loop_lag_max`: how late a 0.1 s sleep wakes."""
+        while True:
+            began = time.monotonic()
+            await asyncio.sleep(every)
+            self.counters.loop_lag_max = max(self.counters.loop_lag_max, time.monotonic() - began - every)
 
     async def _ask_again(self) -> None:
         _, longest = ARP_RETRY_S

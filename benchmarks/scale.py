@@ -103,6 +103,11 @@ RACK = 100
 """`--faults`: servers that lose power at once."""
 SAMPLE_FILES = 100
 """`--sample`: paths each sample client writes before the faults, and again after."""
+SAMPLE_POLL_S = 1.0
+"""How often the sample's steps ask the controller whether they are over: a
+settled check reads `REST.flows`, every switch's plan (23,000 entries at
+k=32), on the controller's decision thread, and polling it twice a second
+kept that thread busy."""
 LEASE_TTL_S = 3
 """The leader's etcd lease with `--leader-change` (`--lease-ttl`): the
 controller's 1 s default is for a controller that never stalls for long,
@@ -417,7 +422,7 @@ class SampleRun:
             held = await self._servers(client)
             return all(n in held and held[n].state == "idle" for n in sample.spares)
 
-        await until("the sample's spares joined", joined, self.phase_s, every=0.5)
+        await until("the sample's spares joined", joined, self.phase_s, every=SAMPLE_POLL_S)
         out["spares"] = {"servers": sample.spares, "joined_s": round(time.monotonic() - began, 2)}
         out["writes"] = await self._write(client, 0)
 
@@ -428,7 +433,7 @@ class SampleRun:
             return done(held) and not under_replicated(held, DEFAULT_REPLICAS) \
                 and await settled(client, self.emulator)
 
-        await until(f"the sample's {what}", over, self.phase_s, every=0.5)
+        await until(f"the sample's {what}", over, self.phase_s, every=SAMPLE_POLL_S)
         return {"settled_s": round(time.monotonic() - began, 2),
                 "check": await fabric_check(client, self.emulator, self.space)}
 
@@ -443,7 +448,8 @@ class SampleRun:
                 return next((n for n in sorted(sample.servers, key=lambda n: sample.edge_of(n) != last)
                              if n in held and held[n].blocks and fits(n)), None)
 
-            return await until(f"a sample server leading a block {what}", found, self.phase_s, every=0.5)
+            return await until(f"a sample server leading a block {what}", found, self.phase_s,
+                               every=SAMPLE_POLL_S)
 
         victim = await leader(f"under {first}", lambda n: sample.edge_of(n) == first)
         began = time.monotonic()
@@ -462,7 +468,7 @@ class SampleRun:
         async def drain_over() -> bool:
             return (await client.call(REST.drains)).drains[drained].state != "draining"
 
-        await until("the sample's drain", drain_over, self.phase_s, every=0.5)
+        await until("the sample's drain", drain_over, self.phase_s, every=SAMPLE_POLL_S)
         out["drain"] = {"server": drained, "state": (await client.call(REST.drains)).drains[drained].state,
                         **await self._step(client, "drain", lambda held: True, began)}
         out["writes_after"] = await self._write(client, 1_000_000)
@@ -725,7 +731,9 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
             etcd.stop()
     result.update(http_beats=farm.beats, datagrams=farm.datagrams, beat_errors=farm.beat_errors,
                   switch_session_errors=emulator.counters.session_errors,
-                  switch_probes_failed=emulator.counters.probes_failed)
+                  switch_probes_failed=emulator.counters.probes_failed,
+                  switch_echo_rtt_max_s=round(emulator.counters.echo_rtt_max, 2),
+                  emulator_loop_lag_max_s=round(emulator.counters.loop_lag_max, 2))
     result["samples"] = [asdict(s) for s in sampler.samples]
     cpu = [s.cpu_pct for s in sampler.samples]
     views = [s.view_ms for s in sampler.samples if s.view_ms is not None]

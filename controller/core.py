@@ -115,6 +115,10 @@ gateway locates most of them."""
 
 
 BUSY = "is busy"
+BASE_FLOW_TRIES = 3
+"""How many times a connected switch is sent the base entries before the
+controller gives up on it (each try waits --barrier-timeout for the barrier):
+a switch left without them never punts its servers' ARP."""
 """What a refusal says of a server another operation involves: worth asking
 again once that ends (`mininet_scenarios.rolling` does)."""
 
@@ -152,6 +156,8 @@ class MetaFlowCore:
         self.last_change = clock()
         self._ids = itertools.count(first_id)
         self._loose: dict[int, str] = {}   # steps no operation waits for: what they were
+        self._base: dict[int, tuple[int, int]] = {}
+        """Base-entry steps not yet answered: their switch and which try they are."""
         self._routing: dict[str, set[int]] = {}
         """Hosts just learned: the route steps toward them not yet confirmed."""
         self._held: list[tuple[set[str], PacketOut]] = []
@@ -294,15 +300,29 @@ class MetaFlowCore:
             self._loose[self._issue(step)] = what
         return out
 
+    def _base_flows(self, dpid: int, tries: int) -> list[Step]:
+        """The base entries for a switch that connected (`BASE_FLOW_TRIES`)."""
+        base = ofmsgs.base_messages(self.settings.mode, self.settings.gateway_ip)
+        steps = self._loose_steps([SendFlows(dpid=dpid, messages=base)], f"base flows of {dpid}")
+        self._base[steps[0].id] = (dpid, tries)
+        return steps
+
     def _outcome(self, event: StepDone | StepFailed) -> list[Step]:
         if self.watch.polling(event.step):
             result = event.result if isinstance(event, StepDone) else None
             return self._judge_load() if self.watch.answered(event.step, result, self.clock()) else []
         what = self._loose.pop(event.step, None)
         if what is not None:
+            steps = self._confirmed(event.step)
+            dpid, tries = self._base.pop(event.step, (None, 0))
             if isinstance(event, StepFailed):
-                self.world.event("step-failed", logging.WARNING, what=what, reason=event.error)
-            return self._confirmed(event.step)
+                again = dpid is not None and dpid in self.inventory.dpids and tries < BASE_FLOW_TRIES
+                self.world.event("step-failed", logging.WARNING, what=what, reason=event.error,
+                                 **({"again": tries + 1} if again else {}))
+                if again:
+                    assert dpid is not None
+                    steps += self._base_flows(dpid, tries + 1)
+            return steps
         if isinstance(event, StepDone):
             return self.operations.result(event.step, True, event.result)
         return self.operations.result(event.step, False, event.error)
@@ -331,9 +351,7 @@ class MetaFlowCore:
                 self.world.event("switch-resync", dpid=event.dpid)
                 return self.start("resync", f"s{event.dpid}", set(),
                                   lambda op: self.world.resync([event.dpid]))
-            base = ofmsgs.base_messages(self.settings.mode, self.settings.gateway_ip)
-            return self._loose_steps([SendFlows(dpid=event.dpid, messages=base)],
-                                     f"base flows of {event.dpid}")
+            return self._base_flows(event.dpid, 1)
         if isinstance(event, SwitchDown):
             inv.switch_down(event.dpid)
             self.watch.forget(event.dpid)

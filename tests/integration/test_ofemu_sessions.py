@@ -117,5 +117,6 @@ def test_a_silent_controller_gets_an_echo_request_then_loses_the_connection(monk
         assert silent[0] == ofp.OFPT_HELLO and ofp.OFPT_ECHO_REQUEST in silent
         assert emulator.counters.probes_failed == 1 and len(listener.sessions) == 2
         assert answering.count(ofp.OFPT_ECHO_REQUEST) >= 2 and stayed
+        assert 0 < emulator.counters.echo_rtt_max < 2 * ofemu.INACTIVITY_PROBE_S   # answered in time
 
     asyncio.run(go())

@@ -15,6 +15,7 @@ from client_lib.api.rest import Outcome, Registered, Registration
 from client_lib.constants import METAFLOW_PORT
 from client_lib.errors import Conflict, NotFound
 from controller.arp import ArpMessage
+from controller.core import BASE_FLOW_TRIES
 from controller.steps import (
     ArpIn,
     CallAgent,
@@ -249,6 +250,45 @@ def test_reconnecting_switch_gets_its_table_back_from_what_it_holds(built: World
     assert set(switch.flows) == set(table)
     assert switch.mods - mods <= 2 + 3   # the missing entry (tcp+udp) and the base entries
     assert any(isinstance(s, ReadFlows) and s.dpid == dpid for s in built.executed)
+
+
+@pytest.mark.parametrize("failures", [1, BASE_FLOW_TRIES])
+def test_a_switch_whose_base_entries_time_out_is_sent_them_again_a_few_times(world: World,
+                                                                             failures: int) -> None:
+    dpid = next(iter(world.switches))
+    tries: list[int] = []
+
+    def timing_out(step: object) -> str | None:
+        if isinstance(step, SendFlows) and step.dpid == dpid:
+            tries.append(step.id)
+            return "barrier timeout, not applied" if len(tries) <= failures else None
+        return None
+
+    world.inject = timing_out
+    world.post(SwitchUp(dpid))
+    world.run()
+    held = set(world.switches[dpid].flows)
+    retried = [e for e in world.core.events if e["event"] == "step-failed" and "again" in e]
+    assert len(tries) == min(failures + 1, BASE_FLOW_TRIES)
+    assert len(retried) == min(failures, BASE_FLOW_TRIES - 1)
+    assert bool(held) == (failures < BASE_FLOW_TRIES)   # given up after the last try: said, not retried
+
+
+def test_a_switch_gone_before_its_base_entries_time_out_is_not_sent_them_again(world: World) -> None:
+    dpid = next(iter(world.switches))
+    sent: list[int] = []
+
+    def timing_out(step: object) -> str | None:
+        if isinstance(step, SendFlows) and step.dpid == dpid:
+            sent.append(step.id)
+            world.post(SwitchDown(dpid))   # (handled before the failure it causes)
+            return "barrier timeout, not applied"
+        return None
+
+    world.inject = timing_out
+    world.post(SwitchUp(dpid))
+    world.run()
+    assert len(sent) == 1
 
 
 def test_restarted_controller_rebuilds_ownership_from_the_agents(built: World) -> None:
