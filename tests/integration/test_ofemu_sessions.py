@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from dataclasses import dataclass
 
 from os_ken.ofproto import ofproto_v1_0 as ofp
 
 from benchmarks import ofemu
-from benchmarks.ofemu import HEADER, Emulator, message
+from benchmarks.ofemu import HEADER, EmulatedSwitch, Emulator, message
 from topology import builders
 
 GRAPH = builders.fat_tree(4, servers=8)
@@ -58,14 +59,21 @@ async def until(check, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def test_a_message_the_switch_fails_on_is_said_and_the_switch_connects_again() -> None:
-    async def serve(n: int, reader, writer, seen) -> None:
-        await read_one(reader, seen)   # its HELLO
-        if n == 1:   # a FLOW_MOD far too short to parse
-            writer.write(message(ofp.OFPT_FLOW_MOD, 9, struct.pack("!I", 0)))
-        await reader.read()   # until it hangs up (or the test ends)
+@dataclass
+class Run:
+    """One emulated switch's connections to a `Listener`, once it reconnected."""
 
-    async def go() -> None:
+    listener: Listener
+    emulator: Emulator
+    switch: EmulatedSwitch
+    connected_after: bool
+    """Whether the switch was connected when the run ended (after `linger`)."""
+
+
+def run_switch(serve, linger: float = 0.0) -> Run:
+    """A switch of `GRAPH` connected to a controller that `serve`s, until it
+    has connected a second time and `linger` seconds more."""
+    async def go() -> Run:
         listener = Listener(serve)
         port = await listener.start()
         emulator = Emulator(GRAPH)
@@ -73,15 +81,27 @@ def test_a_message_the_switch_fails_on_is_said_and_the_switch_connects_again() -
         task = asyncio.create_task(switch.run("127.0.0.1", port))
         try:
             await until(lambda: len(listener.sessions) >= 2)
+            await asyncio.sleep(linger)
+            return Run(listener, emulator, switch, switch.connected)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await listener.close()
-        assert len(emulator.counters.session_errors) == 1
-        assert switch.name in emulator.counters.session_errors[0]
-        assert listener.sessions[1][:1] == [ofp.OFPT_HELLO]
 
-    asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_a_message_the_switch_fails_on_is_said_and_the_switch_connects_again() -> None:
+    async def serve(n: int, reader, writer, seen) -> None:
+        await read_one(reader, seen)   # its HELLO
+        if n == 1:   # a FLOW_MOD far too short to parse
+            writer.write(message(ofp.OFPT_FLOW_MOD, 9, struct.pack("!I", 0)))
+        await reader.read()   # until it hangs up (or the test ends)
+
+    run = run_switch(serve)
+    errors = run.emulator.counters.session_errors
+    assert len(errors) == 1 and run.switch.name in errors[0]
+    assert run.listener.sessions[1][:1] == [ofp.OFPT_HELLO]
 
 
 def test_a_silent_controller_gets_an_echo_request_then_loses_the_connection(monkeypatch) -> None:
@@ -99,24 +119,10 @@ def test_a_silent_controller_gets_an_echo_request_then_loses_the_connection(monk
                 if await read_one(reader, seen) == ofp.OFPT_ECHO_REQUEST:
                     writer.write(message(ofp.OFPT_ECHO_REPLY, 0))
 
-    async def go() -> None:
-        listener = Listener(serve)
-        port = await listener.start()
-        emulator = Emulator(GRAPH)
-        switch = next(iter(emulator.switches.values()))
-        task = asyncio.create_task(switch.run("127.0.0.1", port))
-        try:
-            await until(lambda: len(listener.sessions) >= 2)
-            await asyncio.sleep(1.5)   # several probe periods on the answering one
-            stayed = switch.connected
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await listener.close()
-        silent, answering = listener.sessions[:2]
-        assert silent[0] == ofp.OFPT_HELLO and ofp.OFPT_ECHO_REQUEST in silent
-        assert emulator.counters.probes_failed == 1 and len(listener.sessions) == 2
-        assert answering.count(ofp.OFPT_ECHO_REQUEST) >= 2 and stayed
-        assert 0 < emulator.counters.echo_rtt_max < 2 * ofemu.INACTIVITY_PROBE_S   # answered in time
-
-    asyncio.run(go())
+    run = run_switch(serve, linger=1.5)   # several probe periods on the answering one
+    silent, answering = run.listener.sessions[:2]
+    counters = run.emulator.counters
+    assert silent[0] == ofp.OFPT_HELLO and ofp.OFPT_ECHO_REQUEST in silent
+    assert counters.probes_failed == 1 and len(run.listener.sessions) == 2
+    assert answering.count(ofp.OFPT_ECHO_REQUEST) >= 2 and run.connected_after
+    assert 0 < counters.echo_rtt_max < 2 * ofemu.INACTIVITY_PROBE_S   # answered in time
