@@ -74,9 +74,11 @@ def test_a_new_rack_joins_the_running_fabric_and_takes_the_next_splits(tmp_path)
               f"{landed[0]['copy_s']} s, flows in {landed[0]['flows_s']} s) "
               f"{took:.2f} s after its first server registered; rack added at "
               f"{added['t'] - min(e['t'] for e in registered):.2f} s")
-        # the splits go to the new rack's idle servers; an old server that a false fail-over
-        # emptied (a heartbeat late on the loaded machine: it rejoins empty and idle) may take one too
-        emptied = {e["server"] for e in mf.events("server-rejoined")}
+        # the splits go to the new rack's idle servers; an old server emptied since may take one
+        # too: by a false fail-over (a heartbeat late on the loaded machine: it rejoins empty and
+        # idle), or by a merge into a cold neighbour once every server was busy (a CI run merged
+        # one into the new rack, then split into it)
+        emptied = {e["server"] for e in (*mf.events("server-rejoined"), *mf.events("merge"))}
         assert all(e["target"] in rack | emptied for e in mf.events("split")), (mf.events("split"), emptied)
         assert mf.flow_counts()[rack_switch]["metaflow"] > 0
         # the routes of a quiet fabric: a split still under way has moved its block in the
