@@ -85,9 +85,9 @@ INACTIVITY_PROBE_S = 60.0
 a message from it, the switch sends an echo request; after as long again, it
 drops the connection and connects again. Open vSwitch's default is 5 s; an
 operator of a large fabric raises it (or sets 0: no probe), because a busy
-controller answers late: at k=32 with two controllers
-and the sample, echo replies came up to 28 s late, and a 30 s probe dropped
-3,033 connections in one run."""
+controller answers late: at k=32 with two controllers and the sample, echo
+replies came up to 28 s late, and a 30 s probe dropped 3,033 connections in
+one run."""
 
 
 # -- the topology as the switches see it (pure) ------------------------------------

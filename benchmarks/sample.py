@@ -110,22 +110,22 @@ def uplinks(graph: Topology, edges: Sequence[str]) -> list[tuple[str, Port]]:
             for peer in graph.adj[e] if graph.nodes[peer]["kind"] == "switch" and peer not in inside]
 
 
-def members(servers: Mapping[str, ServerInfo]) -> dict[Block, set[str]]:
-    """Every block led by a server in service, with the servers in service
-    that hold it (its primary and its backups)."""
+def members(servers: Mapping[str, ServerInfo], in_service: bool = True) -> dict[Block, set[str]]:
+    """Every block led by a server, with the servers that hold it (its
+    primary and its backups); `in_service`: failed servers left out."""
+    counted = {n: info for n, info in servers.items() if not (in_service and info.failed)}
     held: dict[Block, set[str]] = {}
-    for name, info in servers.items():
-        if not info.failed:
-            for block in (*info.blocks, *info.backups):
-                held.setdefault(block, set()).add(name)
-    led = {b for info in servers.values() if not info.failed for b in info.blocks}
+    for name, info in counted.items():
+        for block in (*info.blocks, *info.backups):
+            held.setdefault(block, set()).add(name)
+    led = {b for info in counted.values() for b in info.blocks}
     return {b: names for b, names in held.items() if b in led}
 
 
 def outside(servers: Mapping[str, ServerInfo], sample: Iterable[str]) -> list[str]:
     """The blocks a sample server leads whose replica set has a member
     outside the sample (a fail-over there would promote an emulated copy)."""
-    inside, held = set(sample), members(servers)
+    inside, held = set(sample), members(servers, in_service=False)   # a failed holder's copy too
     return sorted(str(b) for name in inside if name in servers for b in servers[name].blocks
                   if not held.get(b, set()) <= inside)
 

@@ -115,12 +115,12 @@ gateway locates most of them."""
 
 
 BUSY = "is busy"
+"""What a refusal says of a server another operation involves: worth asking
+again once that ends (`mininet_scenarios.rolling` does)."""
 BASE_FLOW_TRIES = 3
 """How many times a connected switch is sent the base entries before the
 controller gives up on it (each try waits --barrier-timeout for the barrier):
 a switch left without them never punts its servers' ARP."""
-"""What a refusal says of a server another operation involves: worth asking
-again once that ends (`mininet_scenarios.rolling` does)."""
 
 CLAIM_WAIT_TIMEOUTS = 5
 """How many heartbeat timeouts past its first wait a successor waits for
