@@ -6,7 +6,8 @@ Loads os-ken's topology service with link observation (LLDP) and our app,
 and runs until SIGTERM or SIGINT. The OpenFlow switches connect to
 `--of-host:--of-port`; agents register at `http://<rest host>:<rest port>`.
 Under systemd (``Type=notify``) it reports READY=1 once both ports listen,
-and STOPPING=1 when a stop begins; SIGHUP reloads (`reload`).
+and STOPPING=1 when a stop begins; SIGHUP reloads (`reload`); SIGUSR1 logs
+what every thread is doing, grouped (`controller.threads`).
 On SIGTERM it stops its REST API and its decision loop and exits 0; the
 switches keep their flows on purpose, so traffic survives a restart, and a
 restarted controller re-reads the switches and the agents instead of
@@ -33,6 +34,7 @@ from os_ken.base import app_manager
 from client_lib import sdnotify
 from client_lib.config import ROLES, parse, rereader
 from client_lib.reload import Outcome, Reloader, compare, set_log_level
+from controller import ofconn, threads
 from controller.app import MetaFlowApp
 from controller.core import LIVE_SETTINGS
 from controller.settings import Settings, from_args, parser
@@ -138,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     # The handlers only queue the signal (SimpleQueue.put is safe there); the
     # main thread acts on it, so a reload may log and wait for the decision thread.
     signals: queue.SimpleQueue[int] = queue.SimpleQueue()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, lambda signum, _: signals.put(signum))
+    ofconn.install()
     manager = app_manager.AppManager.get_instance()
     load_apps(manager)
     try:
@@ -158,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
                    f"REST on {settings.rest_host}:{settings.rest_port}")
     reread = rereader(ROLES["controller"], parser, argv, from_args)
     reloader: Reloader[argparse.Namespace] = Reloader(log, reread, lambda new_args: reload(app, new_args))
-    while (signum := _next_signal(signals)) == signal.SIGHUP:
-        reloader()
+    while (signum := _next_signal(signals)) in (signal.SIGHUP, signal.SIGUSR1):
+        if signum == signal.SIGUSR1:
+            log.warning("threads on SIGUSR1: %s", threads.now())
+        else:
+            reloader()
     sdnotify.stopping()
     log.info("stopping on signal %d; switches keep their flows", signum)
     return _exit(app, 0)
