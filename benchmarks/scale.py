@@ -229,6 +229,11 @@ class Controller:
             self.proc.kill()
             self.proc.wait()
 
+    def dump_threads(self) -> None:
+        """SIGUSR1: the controller logs what each of its threads is doing."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -718,6 +723,8 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
                  [str(e) for k, e in plan[dpid].items() if held.get(dpid, {}).get(k) != e][:3])
                 for dpid in differing(plan, held)[:10]]
         result["at_error"] = reached
+        for each in controllers:   # where their threads wait, in their logs (`controller.threads`)
+            each.dump_threads()
     finally:
         sampling.cancel()
         await asyncio.gather(sampling, return_exceptions=True)

@@ -145,7 +145,7 @@ class MetaFlowCore:
         self.inventory = inventory or Inventory(settings.space, settings.gateway_ip)
         self.registry = Registry(settings.space)
         self.registry.hearing.quiet_s = settings.heartbeat_timeout_s / 2
-        self.operations = Operations(self._issue)
+        self.operations = Operations(self._issue, clock)
         self.world = SagaWorld(settings, clock, self.registry, self.inventory, self.operations, self.recorder)
         self.world.term = term
         self.graph: nx.Graph | None = None
@@ -945,6 +945,9 @@ class MetaFlowCore:
         def done(outcome: object) -> list[Step]:
             failed = op.cancelled is not None or isinstance(outcome, Outcome) and not outcome.ok
             self.recorder.operation(kind, self.clock() - op.started, not failed)
+            if kind == "build":   # rare, and the one whose time the scale runs account for
+                self.world.event("build-finished", seconds=round(self.clock() - op.started, 2), ok=not failed,
+                                 rounds=[[r.what, r.steps, round(r.seconds, 2)] for r in op.rounds])
             if reply is None:
                 return []
             if outcome is None:

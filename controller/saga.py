@@ -48,6 +48,17 @@ class Cancelled(Exception):
     """The operation was overtaken: a server it involves failed."""
 
 
+@dataclass(frozen=True)
+class Round:
+    """One group of steps an operation yielded and waited for: what they
+    were, how many, and how long until the last result (the account of a
+    slow operation, such as a rebuild at k=32)."""
+
+    what: str
+    steps: int
+    seconds: float
+
+
 @dataclass
 class Operation:
     """One running saga, with what the REST views show of it."""
@@ -66,13 +77,17 @@ class Operation:
     _results: list[object] = field(default_factory=list)
     _errors: dict[int, str] = field(default_factory=dict)
     _single: bool = True
+    rounds: list[Round] = field(default_factory=list)
+    """Its groups of steps so far, each once its last result came."""
+    _round: tuple[str, int, float] = ("", 0, 0.0)   # the group waited for: what, steps, issued at
 
 
 class Operations:
     """The running sagas. `issue` numbers a step (and remembers it is pending)."""
 
-    def __init__(self, issue: Callable[[Step], int]) -> None:
+    def __init__(self, issue: Callable[[Step], int], clock: Callable[[], float]) -> None:
         self._issue = issue
+        self._clock = clock
         self.running: dict[str, Operation] = {}
         self._by_step: dict[int, Operation] = {}
 
@@ -99,6 +114,8 @@ class Operations:
             op._errors[position] = str(value)
         if op._waiting:
             return []
+        what, count, issued = op._round
+        op.rounds.append(Round(what, count, self._clock() - issued))
         assert op.saga is not None
         saga, results, errors = op.saga, op._results, op._errors
         if errors:
@@ -134,6 +151,7 @@ class Operations:
                 continue
             op._results = [None] * len(steps)
             op._errors = {}
+            op._round = (describe(steps), len(steps), self._clock())
             for position, step in enumerate(steps):
                 ident = self._issue(step)
                 op._waiting[ident] = position
@@ -146,6 +164,13 @@ class Operations:
             self._by_step.pop(step, None)
         op._waiting.clear()
         return op.on_done(outcome) if op.on_done is not None else []
+
+
+def describe(steps: Sequence[Step]) -> str:
+    """The kinds of steps in a group, as a round names them ("CallAgent /assign")."""
+    kinds = {type(step).__name__ + (f" {route.template}" if (route := getattr(step, "route", None)) else "")
+             for step in steps}
+    return ", ".join(sorted(kinds))
 
 
 def _resumer(op: Operation, value: object) -> Callable[[], Yielded]:

@@ -171,3 +171,20 @@ def test_a_successor_taking_over_in_the_registration_storm_builds_once_the_leade
         world.tick()
     assert world.core.tree is not None and world.clock() - took_over < 5.0, world.clock() - took_over
     assert set(world.core.registry.servers) == set(world.agents)
+
+
+def test_a_rebuild_says_how_long_it_took_and_which_rounds_of_steps_it_waited_for() -> None:
+    world = World(fat_tree(4, servers=8), replicas=2, heartbeat_timeout_s=1.0)
+    world.boot()
+    world.core = world.core.successor(TERM)
+    world.register_all()
+    world.advance(1.0)
+    world.register(next(iter(world.agents.values())))
+    world.run()
+    finished = [e for e in world.core.events if e["event"] == "build-finished"]
+    assert len(finished) == 1 and finished[0]["ok"]
+    rounds = {what: steps for what, steps, _ in finished[0]["rounds"]}
+    # every live server told its roles, every switch's table read, the leftovers asked for
+    assert rounds["CallAgent /assign"] == len(world.agents)
+    assert rounds["ReadFlows"] == len(world.switches)
+    assert rounds["CallAgent /migrations"] == len(world.agents)
