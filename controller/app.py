@@ -53,6 +53,7 @@ from controller.etcd_lease import EtcdElection
 from controller.leadership import Leadership
 from controller.liveness import Liveness, LivenessServer
 from controller.metrics import ControllerMetrics
+from controller.nativehub import HandlerFailuresLogged
 from controller.rest import RestApi, RestServer, not_leader
 from controller.settings import Settings
 from controller.steps import (
@@ -118,7 +119,7 @@ _LEADERSHIP = object()
 """Wakes the decision thread to act on a change of leadership."""
 
 
-class MetaFlowApp(app_manager.OSKenApp):
+class MetaFlowApp(HandlerFailuresLogged, app_manager.OSKenApp):
     OFP_VERSIONS = [ofproto_v1_0.OFP_VERSION]
 
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:

@@ -63,6 +63,8 @@ from typing import Any
 from os_ken.lib import hub
 from os_ken.topology.switches import PortDataState, Switches
 
+from controller.nativehub import HandlerFailuresLogged
+
 log = logging.getLogger("metaflow.controller.discovery")
 
 LLDP_RATE = 400.0
@@ -192,7 +194,7 @@ def lldp_turn(ports: LockedPorts, now: float, timing: LldpTiming, send: Callable
     return 0.0 if due.fresh or due.expired else due.next_s
 
 
-class LinkDiscovery(Switches):
+class LinkDiscovery(HandlerFailuresLogged, Switches):
     """os-ken's `Switches` with `lldp_timing`, an LLDP loop that wakes on
     time, and no host discovery (module doc)."""
 

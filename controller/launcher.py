@@ -34,7 +34,7 @@ from os_ken.base import app_manager
 from client_lib import sdnotify
 from client_lib.config import ROLES, parse, rereader
 from client_lib.reload import Outcome, Reloader, compare, set_log_level
-from controller import ofconn, threads
+from controller import nativehub, threads
 from controller.app import MetaFlowApp
 from controller.core import LIVE_SETTINGS
 from controller.settings import Settings, from_args, parser
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     signals: queue.SimpleQueue[int] = queue.SimpleQueue()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, lambda signum, _: signals.put(signum))
-    ofconn.install()
+    nativehub.install()
     manager = app_manager.AppManager.get_instance()
     load_apps(manager)
     try:
