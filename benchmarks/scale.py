@@ -309,6 +309,14 @@ async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dic
     return done[-1] if any(plan.values()) and not differing(plan, held) else None
 
 
+async def build_account(client: AsyncApiClient, since: float) -> dict[str, Any] | None:
+    """The controller's account of its last build after `since` (`build-finished`:
+    its seconds and each round of steps it waited for)."""
+    events = (await client.call(REST.events)).events
+    done = [e for e in events if e["event"] == "build-finished" and float(str(e["t"])) >= since]
+    return {"seconds": done[-1]["seconds"], "rounds": done[-1]["rounds"]} if done else None
+
+
 async def steady_state(sampler: Sampler, farm: AgentFarm, seconds: float) -> dict[str, Any]:
     """The controller's cost with nothing to do but liveness and LLDP: its
     CPU over `seconds` after the build, and the beats that came meanwhile."""
@@ -656,6 +664,7 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
         result["entries"] = event.get("entries")
         result["flow_mods"] = emulator.counters.flow_mods
         result["barriers"] = emulator.counters.barriers
+        result["build_account"] = await build_account(client, t_reg)
         result["check"] = await fabric_check(client, emulator, space)
         result["load_after_build"] = os.getloadavg()
         sample_run = SampleRun(sample, emulator, space, phase_s, workdir) if sample is not None else None
@@ -690,6 +699,7 @@ async def run_size(k: int, servers: int, workdir: Path, restart: bool, settle: f
                                 phase_s, every=1.0)
             result["leader_rebuild_s"] = round(time.monotonic() - t_kill, 2)
             result["leader_rebuild_planned_at_s"] = round(float(event["t"]) - t_kill, 2)
+            result["leader_rebuild_account"] = await build_account(client, t_kill)
             result["check_after_leader_change"] = await fabric_check(client, emulator, space)
             # more than one: the new leader lost its lease and took over again (starved of CPU)
             result["successor_takeovers"] = (await client.call(REST.leadership)).takeovers

@@ -218,10 +218,14 @@ def finish_leftovers(world: SagaWorld) -> Saga:
     aborting it is what agrees with the flows just installed: the source
     unfreezes and keeps serving, the targets drop their copies."""
     servers = list(world.registry.servers.values())   # out of service too: it may hold leftovers
+    # Both listings in one round (at k=32, 2,000 calls each: 3.3 s and 5.1 s one after the other).
+    asked = [CallAgent(server=s.name, url=s.admin_url, route=route)
+             for route in (ADMIN.migrations, ADMIN.health) for s in servers]
     try:
-        listings = yield [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.migrations) for s in servers]
+        answers = yield asked
     except StepError as failed:
-        listings = failed.results
+        answers = failed.results
+    listings, healths = answers[:len(servers)], answers[len(servers):]
     aborts = [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.abort, params={"id": m.id})
               for s, listing in zip(servers, listings, strict=True) if listing is not None
               for m in listing.migrations if m.state in ("copying", "copied")]
@@ -233,10 +237,6 @@ def finish_leftovers(world: SagaWorld) -> Saga:
         except StepError as failed:
             world.event("abort-unconfirmed", logging.WARNING, reason=str(failed),
                         note="the migrations' leases abort them")
-    try:
-        healths = yield [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.health) for s in servers]
-    except StepError as failed:
-        healths = failed.results
     discards = [CallAgent(server=s.name, url=s.admin_url, route=ADMIN.import_discard, params={"id": i})
                 for s, health in zip(servers, healths, strict=True) if health is not None
                 for i in health.imports]

@@ -187,4 +187,4 @@ def test_a_rebuild_says_how_long_it_took_and_which_rounds_of_steps_it_waited_for
     # every live server told its roles, every switch's table read, the leftovers asked for
     assert rounds["CallAgent /assign"] == len(world.agents)
     assert rounds["ReadFlows"] == len(world.switches)
-    assert rounds["CallAgent /migrations"] == len(world.agents)
+    assert rounds["CallAgent /health, CallAgent /migrations"] == 2 * len(world.agents)   # in one round
