@@ -198,12 +198,12 @@ def _gaps(world: SagaWorld, tree: LogicalBTree, replicas: Replicas,
 
 
 def build_saga(world: SagaWorld, restored: Restored) -> Saga:
-    try:
-        yield world.assign_all()
-    except StepError as failed:
-        world.event("assign-incomplete", logging.ERROR, reason=str(failed),
+    # The agents told their roles while the switches' tables are read: neither waits for the other.
+    unassigned = yield from world.resync(sorted(world.planner_or_raise().fabric.switches),
+                                         alongside=world.assign_all())
+    if unassigned is not None:
+        world.event("assign-incomplete", logging.ERROR, reason=str(unassigned),
                     note="a server that does not answer fails over by its heartbeat")
-    yield from world.resync(sorted(world.planner_or_raise().fabric.switches))
     yield from finish_leftovers(world)
     for heir, blocks in restored.gaps.items():
         yield from migrations.recover(world, heir, blocks, None, "no agent in service claims these blocks")

@@ -179,20 +179,29 @@ class SagaWorld:
         """What every switch holds besides MetaFlow's entries, in this mode."""
         return ofmsgs.base_entries(self.settings.mode, self.settings.gateway_ip)
 
-    def resync(self, dpids: Iterable[int]) -> Saga:
+    def resync(self, dpids: Iterable[int], alongside: Sequence[Step] = ()) -> Saga:
         """Read what the switches hold and send each only its differences:
         after a restart, a reconnect, or a diff of unknown fate. Traffic that
-        the switch already forwards right is not disturbed."""
+        the switch already forwards right is not disturbed. `alongside`:
+        steps that need not wait for the reads, sent in the same round (a
+        rebuild's assignments: at k=32, 7.7 s of agent calls and then 3.1 s
+        of reads, one after the other); returns their `StepError`, or None."""
         planner = self.planner_or_raise()
         targets = [d for d in dpids if d in self._inventory.dpids and d in planner.fabric.switches]
-        if not targets:
-            return
+        if not targets and not alongside:
+            return None
+        theirs: StepError | None = None
         try:
-            stats = yield [ReadFlows(dpid=d) for d in targets]
+            got = yield [*alongside, *(ReadFlows(dpid=d) for d in targets)]
         except StepError as failed:
-            self.event("resync-incomplete", logging.WARNING, switches=targets, reason=str(failed),
-                       note="a switch that reconnects is re-synced")
-            stats = failed.results
+            got = failed.results
+            split = len(alongside)
+            if their_errors := {i: e for i, e in failed.errors.items() if i < split}:
+                theirs = StepError(their_errors, got[:split])
+            if our_errors := [e for i, e in failed.errors.items() if i >= split]:
+                self.event("resync-incomplete", logging.WARNING, switches=targets,
+                           reason="; ".join(our_errors), note="a switch that reconnects is re-synced")
+        stats = got[len(alongside):]
         read = [(dpid, have) for dpid, have in zip(targets, stats, strict=True) if have is not None]
         failures = []
         for start in range(0, len(read), RESYNC_BATCH):
@@ -206,6 +215,7 @@ class SagaWorld:
         if failures:
             self.event("resync-incomplete", logging.WARNING, switches=targets, reason="; ".join(failures),
                        note="a switch that reconnects is re-synced")
+        return theirs
 
     def revert(self, moves: list[Move]) -> None:
         """Give moved blocks back in the tree and the planner (the switches are

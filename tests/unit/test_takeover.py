@@ -8,8 +8,10 @@ failed over (its backups promoted)."""
 
 from __future__ import annotations
 
+from client_lib.api.admin import ADMIN
 from controller.core import CLAIM_WAIT_TIMEOUTS
 from controller.leadership import epoch_floor, term_of
+from controller.steps import CallAgent, ReadFlows
 from tests.unit.controller_world import World
 from topology.builders import fat_tree
 
@@ -184,7 +186,29 @@ def test_a_rebuild_says_how_long_it_took_and_which_rounds_of_steps_it_waited_for
     finished = [e for e in world.core.events if e["event"] == "build-finished"]
     assert len(finished) == 1 and finished[0]["ok"]
     rounds = {what: steps for what, steps, _ in finished[0]["rounds"]}
-    # every live server told its roles, every switch's table read, the leftovers asked for
-    assert rounds["CallAgent /assign"] == len(world.agents)
-    assert rounds["ReadFlows"] == len(world.switches)
+    # every live server told its roles while every switch's table is read, the leftovers asked for
+    assert rounds["CallAgent /assign, ReadFlows"] == len(world.agents) + len(world.switches)
     assert rounds["CallAgent /health, CallAgent /migrations"] == 2 * len(world.agents)   # in one round
+
+
+def test_a_rebuild_whose_assignment_and_table_read_fail_says_each_and_still_builds() -> None:
+    """The assignments and the reads share a round: a failure of one is told
+    as its own (`assign-incomplete`, `resync-incomplete`), never as the other's."""
+    world = World(fat_tree(4, servers=8), replicas=2, heartbeat_timeout_s=1.0)
+    world.boot()
+    world.core = world.core.successor(TERM)
+    silent = sorted(world.agents)[0]
+    unread = min(world.switches)
+    world.inject = lambda step: (
+        "unreachable" if isinstance(step, CallAgent) and step.server == silent and step.route is ADMIN.assign
+        or isinstance(step, ReadFlows) and step.dpid == unread else None)
+    world.register_all()
+    world.advance(1.0)
+    world.register(next(iter(world.agents.values())))
+    world.run()
+    assigned = [e for e in world.core.events if e["event"] == "assign-incomplete"]
+    resynced = [e for e in world.core.events if e["event"] == "resync-incomplete"]
+    # one failure each: a shared StepError would have given both reasons to each ("unreachable; unreachable")
+    assert [e["reason"] for e in assigned] == ["unreachable"]
+    assert [e["reason"] for e in resynced] == ["unreachable"] and unread in resynced[0]["switches"]
+    assert any(e["event"] == "build-finished" for e in world.core.events)
