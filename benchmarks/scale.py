@@ -296,11 +296,16 @@ async def fabric_check(client: AsyncApiClient, emulator: Emulator, space: Block)
             "seconds": round(time.monotonic() - started, 2)}
 
 
+async def events_since(client: AsyncApiClient, kind: str, since: float) -> list[dict[str, Any]]:
+    """The controller's events of `kind` at or after `since` (its monotonic clock, shared with ours)."""
+    return [e for e in (await client.call(REST.events)).events
+            if e["event"] == kind and float(str(e["t"])) >= since]
+
+
 async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dict[str, Any] | None:
     """The first build's (or a rebuild's) end: a `network-built` event after
     `since`, no build operation left, every switch holding the plan."""
-    events = (await client.call(REST.events)).events
-    done = [e for e in events if e["event"] == "network-built" and float(str(e["t"])) >= since]
+    done = await events_since(client, "network-built", since)
     if not done:
         return None
     if any(op.kind == "build" for op in (await client.call(REST.operations)).operations):
@@ -312,8 +317,7 @@ async def built(client: AsyncApiClient, emulator: Emulator, since: float) -> dic
 async def build_account(client: AsyncApiClient, since: float) -> dict[str, Any] | None:
     """The controller's account of its last build after `since` (`build-finished`:
     its seconds and each round of steps it waited for)."""
-    events = (await client.call(REST.events)).events
-    done = [e for e in events if e["event"] == "build-finished" and float(str(e["t"])) >= since]
+    done = await events_since(client, "build-finished", since)
     return {"seconds": done[-1]["seconds"], "rounds": done[-1]["rounds"]} if done else None
 
 
@@ -335,11 +339,6 @@ async def settled(client: AsyncApiClient, emulator: Emulator) -> bool:
         return False
     plan, held = await plan_and_tables(client, emulator)
     return any(plan.values()) and not differing(plan, held)
-
-
-async def events_since(client: AsyncApiClient, kind: str, since: float) -> list[dict[str, Any]]:
-    return [e for e in (await client.call(REST.events)).events
-            if e["event"] == kind and float(str(e["t"])) >= since]
 
 
 async def faults(client: AsyncApiClient, emulator: Emulator, farm: AgentFarm, space: Block,

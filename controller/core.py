@@ -944,9 +944,10 @@ class MetaFlowCore:
 
         def done(outcome: object) -> list[Step]:
             failed = op.cancelled is not None or isinstance(outcome, Outcome) and not outcome.ok
-            self.recorder.operation(kind, self.clock() - op.started, not failed)
+            took = self.clock() - op.started
+            self.recorder.operation(kind, took, not failed)
             if kind == "build":   # rare, and the one whose time the scale runs account for
-                self.world.event("build-finished", seconds=round(self.clock() - op.started, 2), ok=not failed,
+                self.world.event("build-finished", seconds=round(took, 2), ok=not failed,
                                  rounds=[[r.what, r.steps, round(r.seconds, 2)] for r in op.rounds])
             if reply is None:
                 return []
