@@ -51,7 +51,10 @@ class RedisServer:
     127.0.0.1, 0 meaning a free one chosen at start. At least one is needed.
     Persistence is append-only (``appendonly yes``, RDB snapshots off), in
     ``directory``; ``appendfsync`` is Redis's: ``always`` (fsync before any
-    reply that follows a write), ``everysec`` (Redis's default) or ``no``.
+    reply that follows a write), ``everysec`` (Redis's default) or ``no``;
+    ``appendonly=False`` keeps nothing at all (the benchmarks' "no
+    persistence"). ``replica_of``: the TCP port of a redis-server on
+    127.0.0.1 to replicate (``replicaof``).
     """
 
     def __init__(
@@ -64,12 +67,16 @@ class RedisServer:
         start_timeout: float = 10.0,
         stop_timeout: float = 10.0,
         appendfsync: str = "everysec",
+        appendonly: bool = True,
+        replica_of: int | None = None,
     ) -> None:
         if unix_socket is None and port is None:
             raise ValueError("a redis-server needs a unix socket, a TCP port, or both")
         if appendfsync not in _APPENDFSYNC:
             raise ValueError(f"appendfsync must be one of {', '.join(_APPENDFSYNC)}, not {appendfsync!r}")
         self.appendfsync = appendfsync
+        self.appendonly = appendonly
+        self.replica_of = replica_of
         # Absolute, because the server runs in `directory` and we do not.
         self.unix_socket = None if unix_socket is None else Path(unix_socket).absolute()
         if self.unix_socket is not None and len(bytes(self.unix_socket)) > _MAX_SOCKET_PATH:
@@ -149,13 +156,15 @@ class RedisServer:
             "--dir", str(self.directory.resolve()),
             "--daemonize", "no",
             "--logfile", "",  # stdout, which is our log file
-            "--appendonly", "yes",
+            "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", self.appendfsync,
             "--save", "",
             "--port", str(self.port or 0),
         ]
         if self.port:
             command += ["--bind", "127.0.0.1"]
+        if self.replica_of is not None:
+            command += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         if self.unix_socket is not None:
             command += ["--unixsocket", str(self.unix_socket), "--unixsocketperm", "700"]
         return command
