@@ -88,7 +88,8 @@ def drive(target: Endpoint, requests: int, wait: bool, clients: int = REDIS_BENC
 
 
 def _agent(store: Path, fsync: str, secret: Path, own: bool) -> AgentProcess:
-    return AgentProcess(f"leveldb:{store}", "--fsync", fsync, own=[SPACE] if own else None, secret_file=secret)
+    return AgentProcess(f"leveldb:{store}", "--fsync", fsync, own=[SPACE] if own else None,
+                        secret_file=secret)
 
 
 def _replicate(primary: AgentProcess, backup: AgentProcess) -> None:
@@ -157,7 +158,8 @@ def measure_row(row: str, pair: dict[str, Endpoint | AgentProcess], requests: in
         else:
             result[f"{side}_set"] = _redis_benchmark(target, "SET", requests)["rps"]
         if side == "agent":
-            result["agent_cpu_us_per_set"] = round((cpu_seconds(pid_of(agent.proc)) - before) * 1e6 / requests, 1)
+            spent = cpu_seconds(pid_of(agent.proc)) - before
+            result["agent_cpu_us_per_set"] = round(spent * 1e6 / requests, 1)
         if row != "r=2":
             result[f"{side}_get"] = _redis_benchmark(target, "GET", requests)["rps"]
     return result
@@ -220,7 +222,8 @@ def plot(results: dict, path: Path) -> None:
     names = list(ROW_NAMES)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.bar(names, [rows[n]["set_ratio"] for n in names], color="tab:blue", label="measured")
-    ax.scatter(names, [TARGETS[n] for n in names], color="tab:red", marker="_", s=900, label="target", zorder=3)
+    ax.scatter(names, [TARGETS[n] for n in names], color="tab:red", marker="_", s=900, label="target",
+               zorder=3)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_ylabel("agent SET rate / redis-server's")
     ax.set_title("Durable writes against redis-server (issue 27)")

@@ -64,6 +64,24 @@ class Histogram:
     def snapshot(self) -> tuple[list[int], float]:
         """Counts per bucket (not cumulative; +Inf last) and the sum of the seconds."""
 
+class SyncGroup:
+    """The group commit's ledger (`durable.rs`), shared by the worker threads
+    and the event loop; `nat_agent.group_commit.Ledger` is its oracle. It
+    syncs a directory's logs (`directory`, `suffix`) or calls `sync`."""
+
+    def __init__(self, *, seconds: Histogram, directory: str | None = ..., suffix: str | None = ...,
+                 sync: Callable[[], object] | None = ...) -> None: ...
+    @property
+    def issued(self) -> int: ...
+    @property
+    def syncs(self) -> int: ...
+    def begin(self, keys: list[bytes]) -> int: ...
+    def end(self, ticket: int) -> None: ...
+    def covered(self, ticket: int) -> bool: ...
+    def ticket_of(self, key: bytes) -> int | None: ...
+    def unsynced(self, key: bytes) -> bool: ...
+    def sync_through(self, ticket: int) -> None: ...
+
 class FastLane:
     """The common commands answered end to end in compiled code (`lane.rs`)."""
 
@@ -83,6 +101,7 @@ class ServiceLoop:
 
     def __init__(self, *, listeners: list[int], lane: FastLane, refresh: Callable[[], object],
                  handoff: Callable[[int, int, tuple[str, int], int, bool, list[bytes] | Exception], object],
+                 sync_failed: Callable[[str, int], bytes],
                  connected: Callable[[], int], refused: Callable[[], None],
                  reclaimed: Callable[[tuple[str, int], float], None],
                  overdue: Callable[[tuple[str, int], float, int], None],

@@ -22,7 +22,15 @@ from nat_agent import resp_commands
 from nat_agent.resp_commands import ArgLimit
 
 if TYPE_CHECKING:
-    from nat_agent._fastpath import CommandParser, FastLane, Histogram, Keyspace, LaneView, ServiceLoop
+    from nat_agent._fastpath import (
+        CommandParser,
+        FastLane,
+        Histogram,
+        Keyspace,
+        LaneView,
+        ServiceLoop,
+        SyncGroup,
+    )
 
 FAST_LANE: type[FastLane] | None
 """The compiled lane's class, or None: no lane, every request on the Python path."""
@@ -34,6 +42,8 @@ LANE_VIEW: type[LaneView] | None
 """The lane's view of ownership and of the writes under way, kept current by Python."""
 HISTOGRAM: type[Histogram] | None
 """The lane's lock-free histogram of a command's seconds (one per command it takes on)."""
+SYNC_GROUP: type[SyncGroup] | None
+"""The group commit's ledger that the worker threads wait on (``--fsync batch``)."""
 UNAVAILABLE: str | None
 """None when the extension is imported; else why it could not be."""
 PYTHON_PATH_NOTICE = "serving every request through the Python path"
@@ -43,11 +53,12 @@ extension (the tests and `make check-install` look for it)."""
 try:
     import nat_agent._fastpath as _fastpath
 except ImportError as error:
-    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = HISTOGRAM = None
+    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = HISTOGRAM = SYNC_GROUP = None
     UNAVAILABLE = f"nat_agent._fastpath cannot be imported: {error}"
 else:
     FAST_LANE, SERVICE_LOOP = _fastpath.FastLane, _fastpath.ServiceLoop
     KEYSPACE, LANE_VIEW, HISTOGRAM = _fastpath.Keyspace, _fastpath.LaneView, _fastpath.Histogram
+    SYNC_GROUP = _fastpath.SyncGroup
     UNAVAILABLE = None
 
 

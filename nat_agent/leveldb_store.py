@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, cast
 
 import plyvel
 from sortedcontainers import SortedList
 
-from nat_agent.group_commit import GroupCommit
+from nat_agent.group_commit import group_commit
 from nat_agent.latency import Latency
 from nat_agent.store import (
     DEFAULT_FSYNC,
@@ -121,7 +121,7 @@ class LevelDBStore(Store):
         self.fsync = check_fsync(fsync)
         self.path = os.fspath(path)
         self._sync_each = self.fsync == "always"
-        self._group = (GroupCommit(self._sync_logs, f"LevelDB {self.path}")
+        self._group = (group_commit(f"LevelDB {self.path}", self._sync_logs, logs=(self.path, _LOG_SUFFIX))
                        if self.fsync == "batch" else None)
         self._logs_synced: frozenset[str] = frozenset()
         os.makedirs(self.path, exist_ok=True)  # LevelDB creates only the last level
@@ -148,7 +148,8 @@ class LevelDBStore(Store):
 
     def _sync_logs(self) -> None:
         """``batch``'s sync, in a worker thread: every write LevelDB has made
-        so far is on disk when this returns (see the module docstring)."""
+        so far is on disk when this returns (see the module docstring).
+        Without the extension only: its ``SyncGroup`` does the same itself."""
         logs = frozenset(name for name in os.listdir(self.path) if name.endswith(_LOG_SUFFIX))
         for name in sorted(logs):
             try:
@@ -167,10 +168,24 @@ class LevelDBStore(Store):
                 os.close(fd)
         self._logs_synced = logs
 
-    async def _durable(self, keys: Iterable[bytes]) -> None:
-        """After a write of ``keys``: wait for the sync that covers it (``batch``)."""
-        if self._group is not None and (written := tuple(keys)):
-            await self._group.durable(self._group.wrote(written))
+    def _apply(self, keys: list[bytes], write: Callable[[], object]) -> int | None:
+        """Make a write of ``keys``; its ticket (``batch``), taken before it
+        reaches LevelDB and given back once it has (or failed to): the
+        compiled workers read the records from other threads."""
+        if self._group is None or not keys:
+            write()
+            return None
+        ticket = self._group.ledger.begin(keys)
+        try:
+            write()
+        finally:
+            self._group.ledger.end(ticket)
+        return ticket
+
+    async def _durable(self, ticket: int | None) -> None:
+        """After the write of ``ticket``: wait for the sync that covers it (``batch``)."""
+        if self._group is not None and ticket is not None:
+            await self._group.durable(ticket)
 
     async def _settled(self, key: bytes) -> None:
         """Before answering from ``key``: wait until its last write is synced (``batch``)."""
@@ -185,8 +200,7 @@ class LevelDBStore(Store):
 
     async def put(self, mdid: int, path: str, value: bytes) -> None:
         key = record_key(mdid, path, self.width)
-        self._write(mdid, key, value, self._records.get(key) is None)
-        await self._durable((key,))
+        await self._durable(self._write(mdid, key, value, self._records.get(key) is None))
 
     async def put_if(
         self, mdid: int, path: str, value: bytes, when: Condition | None = None
@@ -200,8 +214,7 @@ class LevelDBStore(Store):
         if not condition_holds(when, old, header):
             await self._settled(key)
             return False, old
-        self._write(mdid, key, value, old is None)
-        await self._durable((key,))
+        await self._durable(self._write(mdid, key, value, old is None))
         return True, old
 
     async def entries(self, mdid: int, directory: str, after: str, limit: int) -> list[tuple[str, bytes]]:
@@ -223,13 +236,15 @@ class LevelDBStore(Store):
         return RecordAccess(get=self._records.get, put=self._records.put,
                             put_options={"sync": True} if self._sync_each else None,
                             counted=self._mdids.add,
-                            unsynced=self._group.unsynced if self._group is not None else None)
+                            group=self._group.ledger if self._group is not None else None,
+                            sync_failure=self._group.failure if self._group is not None else None)
 
-    def _write(self, mdid: int, key: bytes, value: bytes, is_new: bool) -> None:
-        """Write a record, and count its mdid if it is new."""
-        self._records.put(key, value, sync=self._sync_each)
+    def _write(self, mdid: int, key: bytes, value: bytes, is_new: bool) -> int | None:
+        """Write a record, and count its mdid if it is new; its ticket (``batch``)."""
+        ticket = self._apply([key], lambda: self._records.put(key, value, sync=self._sync_each))
         if is_new:
             self._mdids.add(mdid)
+        return ticket
 
     async def delete(self, mdid: int, path: str, if_equal: bytes | None = None) -> bool:
         """Atomic with its check as `put_if` is."""
@@ -238,9 +253,9 @@ class LevelDBStore(Store):
         if old is None or (if_equal is not None and old != if_equal):
             await self._settled(key)
             return False
-        self._records.delete(key, sync=self._sync_each)
+        ticket = self._apply([key], lambda: self._records.delete(key, sync=self._sync_each))
         self._mdids.remove(mdid)
-        await self._durable((key,))
+        await self._durable(ticket)
         return True
 
     async def remove_directory(self, mdid: int, directory: str) -> Removal:
@@ -284,30 +299,28 @@ class LevelDBStore(Store):
         # Encode everything first, so a bad mdid rejects the batch before any write.
         rows = [(record_key(mdid, path, self.width), mdid, value) for mdid, path, value in records]
         new: dict[bytes, int] = {}  # keyed, so a duplicate in the batch counts once
-        with self._records.write_batch(transaction=True, sync=self._sync_each) as batch:
-            for key, mdid, value in rows:
-                if self._records.get(key) is None:
-                    new[key] = mdid
-                batch.put(key, value)
+        batch = self._records.write_batch(sync=self._sync_each)
+        for key, mdid, value in rows:
+            if self._records.get(key) is None:
+                new[key] = mdid
+            batch.put(key, value)
+        ticket = self._apply([key for key, _, _ in rows], batch.write)
         self._mdids.update(new.values())
-        await self._durable(key for key, _, _ in rows)
+        await self._durable(ticket)
 
     async def delete_range(self, first: int, last: int) -> int:
         bounds = key_range(first, last, self.width)
         if bounds is None:
             return 0
         removed: list[bytes] = []
-        with (
-            self._records.write_batch(transaction=True, sync=self._sync_each) as batch,
-            self._records.iterator(
-                start=bounds.start, stop=bounds.stop, include_value=False
-            ) as keys,
-        ):
+        batch = self._records.write_batch(sync=self._sync_each)
+        with self._records.iterator(start=bounds.start, stop=bounds.stop, include_value=False) as keys:
             for key in keys:
                 batch.delete(key)
                 removed.append(key)
+        ticket = self._apply(removed, batch.write)
         del self._mdids[self._mdids.bisect_left(first) : self._mdids.bisect_right(last)]
-        await self._durable(removed)
+        await self._durable(ticket)
         return len(removed)
 
     async def size_bytes(self) -> int:

@@ -54,7 +54,7 @@ from nat_agent.agent import Agent
 from nat_agent.connection import resume
 from nat_agent.extension import command_parser
 from nat_agent.replication import check_hello
-from nat_agent.resp_commands import ArgumentTooLarge, encode_reply
+from nat_agent.resp_commands import ArgumentTooLarge, encode_reply, internal_error
 from nat_agent.store import decode_path
 
 log = logging.getLogger("metaflow.agent.replica")
@@ -407,5 +407,5 @@ def _answer_of(task: asyncio.Task[bytes]) -> bytes:
     exc = task.exception()
     if exc is not None:
         log.error("replication command failed", exc_info=exc)
-        return encode_reply(ErrorReply(f"ERR internal error: {exc}"))
+        return encode_reply(internal_error(exc))
     return task.result()

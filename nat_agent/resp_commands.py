@@ -218,3 +218,10 @@ def encode_reply(value: Reply, resp3: bool = False) -> bytes:
         header = b"%%%d\r\n" % len(value) if resp3 else b"*%d\r\n" % (2 * len(value))
         return header + b"".join(encode_reply(k, resp3) + encode_reply(v, resp3) for k, v in value.items())
     raise TypeError(f"cannot encode {type(value).__name__} as RESP")
+
+
+def internal_error(exc: object) -> ErrorReply:
+    """The reply to a command that failed inside the agent (a store's error,
+    a sync that failed): the service's, the compiled workers' and the
+    replication listener's wording."""
+    return ErrorReply(f"ERR internal error: {exc}")

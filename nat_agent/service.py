@@ -127,7 +127,7 @@ from nat_agent.latency import Latency
 from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
 from nat_agent.replication import NotReplicated, Replicator
-from nat_agent.resp_commands import ArgLimit, encode_reply
+from nat_agent.resp_commands import ArgLimit, encode_reply, internal_error
 from nat_agent.store import (
     Condition,
     IfEqual,
@@ -291,7 +291,9 @@ class MetadataService:
         self._lane_seconds: dict[str, Histogram] = {}
         """Seconds each command took on the compiled lane, by stats counter (none without a lane)."""
 
-        self._lane = self._fast_lane(self.store.record_access()) if compiled else None
+        access = self.store.record_access()
+        self._sync_failure = None if access is None else access.sync_failure
+        self._lane = self._fast_lane(access) if compiled else None
         self.ops = OpsMeter(self.space, None if self._lane is None else self._lane.ops_counts)
         """Requests served per part of the ID space (``POST /ops``). Each key
         of a command counts once when this server serves it (GET, SET, DEL,
@@ -377,6 +379,7 @@ class MetadataService:
         assert SERVICE_LOOP is not None  # there is a lane
         self._workers = SERVICE_LOOP(
             listeners=[sock.detach() for sock in listeners], lane=lane, refresh=self.lane, handoff=handoff,
+            sync_failed=self._sync_failed,
             connected=self._connected, refused=self._refused, reclaimed=self._reclaimed,
             overdue=functools.partial(overdue, self.stats), dropped=functools.partial(dropped, self.stats),
             arg_limit=self.arg_limit, max_bulk=self.max_bulk,
@@ -390,6 +393,16 @@ class MetadataService:
             at_limit=self._at_limit(), shutting_down=SHUTTING_DOWN)
         self.agent.inflight.barrier = self._workers.barrier
         return port
+
+    def _sync_failed(self, reason: str, replies: int) -> bytes:
+        """A worker's replies held for a sync that failed (on a worker
+        thread): each is the error the Python path would answer, counted as
+        its internal errors are."""
+        assert self._sync_failure is not None  # only a store whose writes wait has a sync to fail
+        error = self._sync_failure(reason)
+        self.stats["internal_errors"] += replies
+        log.error("%d replies held for a sync failed: %s", replies, error)
+        return encode_reply(internal_error(error))
 
     async def _sample_ops(self) -> None:
         """The snapshots `ops` slides its window over."""
@@ -560,7 +573,7 @@ class MetadataService:
             self.stats["internal_errors"] += 1
             self.failures[counter, "error"] += 1
             log.exception("command %s from %s failed", name.decode(errors="replace"), conn.peer)
-            return encode_reply(ErrorReply(f"ERR internal error: {exc}"))
+            return encode_reply(internal_error(exc))
         finally:
             self.latency[counter].observe(time.perf_counter() - started)
 

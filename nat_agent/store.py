@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 from client_lib.cidr import WIDTHS
+from nat_agent.group_commit import SyncLedger
 from nat_agent.latency import Latency
 
 __all__ = [
@@ -218,8 +219,13 @@ class RecordAccess:
     put_options: dict[str, Any] | None
     counted: Callable[[int], None]
     """Called with the mdid of a record that `put` created (the range index)."""
-    unsynced: Callable[[bytes], bool] | None
-    """Whether a key's last write still waits for a sync; None if writes never wait."""
+    group: SyncLedger | None
+    """The compiled group commit's ledger (``SyncGroup``) that writes wait
+    for and that tells whether a key's last write is not yet synced; None
+    if writes never wait."""
+    sync_failure: Callable[[str], OSError] | None
+    """The error of a write or read whose sync failed for a reason (a
+    message), as the store's own path raises it (`GroupCommit.failure`)."""
 
 
 class Store(ABC):

@@ -1,4 +1,6 @@
-"""Group commit (`nat_agent.group_commit`) against a model disk.
+"""Group commit (`nat_agent.group_commit`) against a model disk, over both
+ledgers: the Python `Ledger` and the compiled `SyncGroup` the worker threads
+share (every test runs on each, so each answers as its oracle does).
 
 The "disk" is two sets: what writes have handed to the kernel (``applied``)
 and what a sync has made durable (``on_disk``). A sync, run in the worker
@@ -19,21 +21,31 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nat_agent.group_commit import GroupCommit, SyncFailed
+from client_lib.api.metrics import REQUEST_BUCKETS
+from nat_agent._fastpath import Histogram, SyncGroup
+from nat_agent.group_commit import GroupCommit, Ledger, SyncFailed, SyncLedger
+from nat_agent.latency import Latency
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.parametrize("kind", ["python", "compiled"])]
+
+
+def ledger(kind: str, sync: Callable[[], None]) -> SyncLedger:
+    """The Python ledger or the compiled one, over the same sync."""
+    if kind == "python":
+        return Ledger(sync, Latency(REQUEST_BUCKETS))
+    return SyncGroup(seconds=Histogram(REQUEST_BUCKETS), sync=sync)
 
 
 class Disk:
     """The model disk; ``gate``, when set, holds every sync until it is released."""
 
-    def __init__(self, gate: threading.Event | None = None, fail_at: int | None = None) -> None:
+    def __init__(self, kind: str, gate: threading.Event | None = None, fail_at: int | None = None) -> None:
         self.applied: set[int] = set()
         self.on_disk: set[int] = set()
         self.calls = 0
         self.gate = gate
         self.fail_at = fail_at
-        self.group = GroupCommit(self.sync, "the model disk")
+        self.group = GroupCommit(ledger(kind, self.sync), "the model disk", lambda: Latency(REQUEST_BUCKETS))
 
     def sync(self) -> None:
         self.calls += 1
@@ -59,9 +71,9 @@ async def until(check: Callable[[], bool]) -> None:
         await asyncio.sleep(0.001)
 
 
-def test_a_lone_write_waits_for_one_sync() -> None:
+def test_a_lone_write_waits_for_one_sync(kind: str) -> None:
     async def body() -> None:
-        disk = Disk()
+        disk = Disk(kind)
         ticket = disk.write(b"k")
         await disk.group.durable(ticket)
         assert ticket in disk.on_disk and disk.calls == disk.group.syncs == 1
@@ -71,10 +83,10 @@ def test_a_lone_write_waits_for_one_sync() -> None:
     run(body)
 
 
-def test_writes_made_during_a_sync_share_the_next_one() -> None:
+def test_writes_made_during_a_sync_share_the_next_one(kind: str) -> None:
     async def body() -> None:
         gate = threading.Event()
-        disk = Disk(gate)
+        disk = Disk(kind, gate)
         first = asyncio.ensure_future(disk.group.durable(disk.write(b"a")))
         await until(lambda: disk.calls == 1)  # the first sync is running, held at the gate
         rest = [asyncio.ensure_future(disk.group.durable(disk.write(b"k%d" % i))) for i in range(10)]
@@ -88,10 +100,10 @@ def test_writes_made_during_a_sync_share_the_next_one() -> None:
     run(body)
 
 
-def test_a_read_waits_only_for_a_key_with_an_unsynced_write() -> None:
+def test_a_read_waits_only_for_a_key_with_an_unsynced_write(kind: str) -> None:
     async def body() -> None:
         gate = threading.Event()
-        disk = Disk(gate)
+        disk = Disk(kind, gate)
         writing = asyncio.ensure_future(disk.group.durable(disk.write(b"dirty")))
         await until(lambda: disk.calls == 1)
         await disk.group.settled(b"clean")  # returns at once, sync or no sync
@@ -105,10 +117,10 @@ def test_a_read_waits_only_for_a_key_with_an_unsynced_write() -> None:
     run(body)
 
 
-def test_a_cancelled_writer_does_not_cancel_the_sync() -> None:
+def test_a_cancelled_writer_does_not_cancel_the_sync(kind: str) -> None:
     async def body() -> None:
         gate = threading.Event()
-        disk = Disk(gate)
+        disk = Disk(kind, gate)
         ticket = disk.write(b"k")
         impatient = asyncio.ensure_future(disk.group.durable(ticket))
         await until(lambda: disk.calls == 1)
@@ -122,9 +134,9 @@ def test_a_cancelled_writer_does_not_cancel_the_sync() -> None:
     run(body)
 
 
-def test_a_failed_sync_fails_its_writes_and_every_later_one() -> None:
+def test_a_failed_sync_fails_its_writes_and_every_later_one(kind: str) -> None:
     async def body() -> None:
-        disk = Disk(fail_at=2)
+        disk = Disk(kind, fail_at=2)
         await disk.group.durable(disk.write(b"a"))
         with pytest.raises(SyncFailed, match="Input/output error"):
             await disk.group.durable(disk.write(b"b"))
@@ -137,9 +149,9 @@ def test_a_failed_sync_fails_its_writes_and_every_later_one() -> None:
     run(body)
 
 
-def test_flush_covers_every_write() -> None:
+def test_flush_covers_every_write(kind: str) -> None:
     async def body() -> None:
-        disk = Disk()
+        disk = Disk(kind)
         for i in range(5):
             disk.write(b"k%d" % i)
         await disk.group.flush()
@@ -161,9 +173,9 @@ schedules = st.lists(
 @settings(max_examples=60)
 @given(schedules)
 def test_every_acknowledged_write_and_read_is_on_disk(
-        schedule: list[tuple[list[int], list[int], int]]) -> None:
+        kind: str, schedule: list[tuple[list[int], list[int], int]]) -> None:
     async def body() -> None:
-        disk = Disk()
+        disk = Disk(kind)
         last: dict[bytes, int] = {}  # key -> ticket of its latest write
         waiting: list[asyncio.Future[None]] = []
 

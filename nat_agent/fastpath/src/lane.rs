@@ -19,10 +19,10 @@
 //!   replica to wait for, writes where that holds and no migration froze the
 //!   ID (`Ownership.fast_ranges`, pushed into the `LaneView` by the service
 //!   whenever the ownership's version moves);
-//! * writes only if the store acknowledges without waiting for a sync
-//!   (`--fsync off` or `always`): a `batch` write waits for its group commit,
-//!   which only the event loop can do; a read of a key whose last write is
-//!   not yet synced is declined for the same reason;
+//! * under `--fsync batch`, writes and reads of a key whose last write is
+//!   not yet synced only from a worker thread (`server.rs`), which sends
+//!   the replies after the sync that covers them (`durable::SyncGroup`);
+//!   on the event loop, which cannot wait there, they are declined;
 //! * nothing at all while a replicated write is under way anywhere (the
 //!   replicator's `writing`, whose size it pushes into the `LaneView`),
 //!   since reads must wait for those.
@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use crate::durable::SyncGroup;
 use crate::keys::Keyspace;
 use crate::ops::OpsCounts;
 use crate::parser::CommandParser;
@@ -54,7 +55,7 @@ struct Records {
     put: PyObject,
     put_options: Option<Py<PyDict>>,
     counted: PyObject,
-    unsynced: Option<PyObject>,
+    group: Option<Py<SyncGroup>>,
 }
 
 impl Records {
@@ -68,7 +69,7 @@ impl Records {
             put: access.getattr("put")?.unbind(),
             put_options: optional("put_options")?.map(|o| o.downcast_into::<PyDict>()).transpose()?.map(Bound::unbind),
             counted: access.getattr("counted")?.unbind(),
-            unsynced: optional("unsynced")?.map(Bound::unbind),
+            group: optional("group")?.map(|g| g.downcast_into::<SyncGroup>()).transpose()?.map(Bound::unbind),
         })
     }
 }
@@ -186,8 +187,8 @@ fn bulk(out: &mut Vec<u8>, value: &[u8]) {
 impl FastLane {
     /// `keyspace`: the ID space and a key's limits; `view`: where it may
     /// answer, kept current by the service; `access`: the store's records
-    /// (`nat_agent.store.RecordAccess`; writes are taken on only if its
-    /// `unsynced` is None, i.e. no write waits for a sync); `stats`: the service's counters,
+    /// (`nat_agent.store.RecordAccess`; if its `group` is not None, writes
+    /// wait for a sync and are taken on only by the workers); `stats`: the service's counters,
     /// `counters` the name each command counts under and the histogram of
     /// the seconds it takes here (`Histogram`), `total` the name
     /// everything this lane answered counts under; `buckets`: how the
@@ -238,7 +239,7 @@ impl FastLane {
         budget: usize,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let mut out = Vec::new();
-        let taken = self.answer_into(py, &mut parser, resp3, budget, &mut out)?;
+        let taken = self.answer_into(py, &mut parser, resp3, budget, &mut out, None)?;
         Ok((taken > 0).then(|| PyBytes::new(py, &out)))
     }
 }
@@ -248,8 +249,15 @@ impl FastLane {
         self.view.get()
     }
 
+    /// The group commit the store's writes wait for, if they wait for one.
+    pub(crate) fn group(&self) -> Option<&SyncGroup> {
+        self.records.group.as_ref().map(Py::get)
+    }
+
     /// `answer`, appending the replies to `out`; returns how many commands
-    /// it answered (0: the first one is the Python path's).
+    /// it answered (0: the first one is the Python path's). `hold`: the
+    /// caller sends the replies only once a sync covers the ticket it is
+    /// raised to (a worker thread); None declines what would need one.
     pub(crate) fn answer_into(
         &self,
         py: Python<'_>,
@@ -257,6 +265,7 @@ impl FastLane {
         resp3: bool,
         budget: usize,
         out: &mut Vec<u8>,
+        mut hold: Option<&mut u64>,
     ) -> PyResult<usize> {
         let view = self.view.get();
         if view.writing() > 0 {
@@ -267,7 +276,8 @@ impl FastLane {
         let mut counts = vec![0u64; self.counters.len()];
         let mut seconds = Batch::start();
         let taken = parser.take_leading(py, |buf, args| {
-            out.len() - start < budget && self.execute(py, &tables, buf, args, resp3, out, &mut counts, &mut seconds)
+            out.len() - start < budget
+                && self.execute(py, &tables, buf, args, resp3, out, &mut counts, &mut seconds, hold.as_deref_mut())
         });
         if taken == 0 {
             return Ok(0);
@@ -300,6 +310,7 @@ impl FastLane {
         out: &mut Vec<u8>,
         counts: &mut [u64],
         seconds: &mut Batch<'a>,
+        hold: Option<&mut u64>,
     ) -> bool {
         let arg = |i: usize| &buf[args[i].0..args[i].1];
         let Some(counter) = self.counters.iter().position(|(known, _, _)| known.eq_ignore_ascii_case(arg(0))) else {
@@ -311,7 +322,7 @@ impl FastLane {
                 out.extend_from_slice(b"+PONG\r\n");
                 true
             }
-            (b"GET", 2) | (b"EXISTS", 2) => match self.read(py, tables, arg(1)) {
+            (b"GET", 2) | (b"EXISTS", 2) => match self.read(py, tables, arg(1), hold) {
                 None => false,
                 Some(value) => {
                     match (name, value) {
@@ -323,7 +334,7 @@ impl FastLane {
                 }
             },
             (b"SET", 3) => {
-                let written = self.write(py, tables, arg(1), arg(2));
+                let written = self.write(py, tables, arg(1), arg(2), hold);
                 if written {
                     out.extend_from_slice(b"+OK\r\n");
                 }
@@ -342,19 +353,21 @@ impl FastLane {
     /// None to decline.
     /// A store call that fails is declined: the Python path meets the same
     /// failure and answers it.
-    fn read(&self, py: Python<'_>, tables: &Tables, raw: &[u8]) -> Option<Option<Py<PyBytes>>> {
+    /// A key whose last write is not yet synced: see `answer_into`'s `hold`.
+    fn read(&self, py: Python<'_>, tables: &Tables, raw: &[u8], hold: Option<&mut u64>) -> Option<Option<Py<PyBytes>>> {
         let space = self.space.get();
         let (key, id) = space.route(raw)?;
         if !within(&tables.reads, id) {
             return None;
         }
-        let record = PyBytes::new(py, &space.record_key(id, &key));
-        if let Some(unsynced) = &self.records.unsynced {
-            if unsynced.call1(py, (&record,)).and_then(|u| u.is_truthy(py)).unwrap_or(true) {
-                return None;
-            }
-        }
+        let record_key = space.record_key(id, &key);
+        let record = PyBytes::new(py, &record_key);
         let value = self.records.get.call1(py, (&record,)).ok()?;
+        // Read first, then ask: a write takes its ticket before it reaches the store.
+        if let Some(ticket) = self.group().and_then(|group| group.ticket_of(&record_key)) {
+            let need = hold?;
+            *need = (*need).max(ticket);
+        }
         let found = if value.is_none(py) {
             None
         } else {
@@ -364,9 +377,11 @@ impl FastLane {
         Some(found)
     }
 
-    /// Write a key served here for writes; false to decline (nothing written).
-    fn write(&self, py: Python<'_>, tables: &Tables, raw: &[u8], value: &[u8]) -> bool {
-        if self.records.unsynced.is_some() {
+    /// Write a key served here for writes; false to decline (nothing
+    /// written). Under a group commit, only with `hold` (see `answer_into`).
+    fn write(&self, py: Python<'_>, tables: &Tables, raw: &[u8], value: &[u8], hold: Option<&mut u64>) -> bool {
+        let group = self.group();
+        if group.is_some() && hold.is_none() {
             return false;
         }
         let space = self.space.get();
@@ -374,11 +389,20 @@ impl FastLane {
         if !within(&tables.writes, id) {
             return false;
         }
-        let record = PyBytes::new(py, &space.record_key(id, &key));
+        let record_key = space.record_key(id, &key);
+        let record = PyBytes::new(py, &record_key);
         let Ok(old) = self.records.get.call1(py, (&record,)) else { return false };
         let options = self.records.put_options.as_ref().map(|o| o.bind(py));
-        if self.records.put.call(py, (&record, PyBytes::new(py, value)), options).is_err() {
+        let ticket = group.map(|group| group.begin_one(&record_key));
+        let put = self.records.put.call(py, (&record, PyBytes::new(py, value)), options);
+        if let (Some(group), Some(ticket)) = (group, ticket) {
+            group.end(ticket);
+        }
+        if put.is_err() {
             return false; // not written: the Python path tries again and words the failure
+        }
+        if let (Some(need), Some(ticket)) = (hold, ticket) {
+            *need = (*need).max(ticket);
         }
         self.ops.count(id);
         if old.is_none(py) {

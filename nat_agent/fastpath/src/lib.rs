@@ -14,6 +14,9 @@
 //!   replicated write is under way, pushed by Python through its methods.
 //! * `OpsCounts` (`ops.rs`) counts what the lane served per bucket of the ID
 //!   space, for the admin API's `POST /ops`.
+//! * `SyncGroup` (`durable.rs`) is the group commit's ledger under
+//!   `--fsync batch`, shared by the workers (which send a turn's replies
+//!   after the one sync that covers its writes) and the Python path.
 //! * `Histogram` (`seconds.rs`) keeps the seconds each command took on the
 //!   lane, lock-free, for the agent's Prometheus metrics.
 //!
@@ -26,6 +29,7 @@
 //! `tests/unit/test_fastpath.py` feeds both the same random frames in the
 //! same random chunks and requires identical results.
 
+mod durable;
 mod keys;
 mod lane;
 mod number;
@@ -46,5 +50,6 @@ fn _fastpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lane::FastLane>()?;
     m.add_class::<seconds::Histogram>()?;
     m.add_class::<server::ServiceLoop>()?;
+    m.add_class::<durable::SyncGroup>()?;
     Ok(())
 }

@@ -68,7 +68,7 @@ impl Histogram {
 impl Histogram {
     /// One observation of `seconds` (not negative), placed as given, not
     /// rounded first.
-    fn record(&self, seconds: f64) {
+    pub(crate) fn record(&self, seconds: f64) {
         self.add(self.bucket(seconds), 1, nanos(seconds));
     }
 

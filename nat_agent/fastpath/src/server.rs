@@ -29,6 +29,18 @@
 //! and log it as for the event loop's connections. So no number, counter
 //! name or wording of the Python path is restated here.
 //!
+//! Group commit (`--fsync batch`, issue 27): a write the lane makes here is
+//! acknowledged only once a sync covers it, and so is a read of a key whose
+//! last write is not yet synced. Such replies are held (`Held`: the bytes of
+//! `out` from the first of them on; what follows them waits too, to keep
+//! the order), and a command the lane declines is not handed over while
+//! replies are held. At the end of each turn of its loop (`settle`) the
+//! worker waits, with the GIL released, for one sync that covers every
+//! reply it holds (`durable::SyncGroup`, shared with the other workers and
+//! the event loop), then sends them: Redis's `appendfsync always`, whose
+//! replies of an event-loop round follow its fsync. If the sync fails,
+//! every held reply becomes the service's error for it (`sync_failed`).
+//!
 //! Migration safety: a store call releases the GIL, so the event loop can
 //! freeze a block while a worker's write to it is under way. Every lane
 //! call holds `gate` for reading (taken before the GIL, so it never waits
@@ -140,6 +152,9 @@ struct Shared {
     /// service's answer on the event loop.
     handoff: PyObject,
     arg_limit: PyObject,
+    /// `(message, replies)`: the error reply for each of `replies` held
+    /// replies whose sync failed, worded (and counted) by the service.
+    sync_failed: PyObject,
     /// The connection events, each counted and logged by the service as on
     /// its own path: `connected()` (returns the connection's number),
     /// `refused()`, `reclaimed(peer, idle seconds)`, `overdue(peer, age in
@@ -218,7 +233,7 @@ pub struct ServiceLoop {
 #[pymethods]
 impl ServiceLoop {
     #[new]
-    #[pyo3(signature = (*, listeners, lane, refresh, handoff, connected, refused, reclaimed, overdue, dropped,
+    #[pyo3(signature = (*, listeners, lane, refresh, handoff, sync_failed, connected, refused, reclaimed, overdue, dropped,
                         arg_limit, max_bulk, max_args, max_line, unsent, flush_bytes, read_ahead, read_timeout,
                         idle_timeout, sweep_interval, max_clients, refusal, timeout_reply, reclaimed_prefix,
                         at_limit, shutting_down))]
@@ -228,6 +243,7 @@ impl ServiceLoop {
         lane: Py<FastLane>,
         refresh: PyObject,
         handoff: PyObject,
+        sync_failed: PyObject,
         connected: PyObject,
         refused: PyObject,
         reclaimed: PyObject,
@@ -267,6 +283,7 @@ impl ServiceLoop {
             lane,
             refresh,
             handoff,
+            sync_failed,
             arg_limit,
             connected,
             refused,
@@ -347,6 +364,14 @@ impl ServiceLoop {
     }
 }
 
+/// Replies that wait for a sync covering `ticket`: the `replies` at the end
+/// of `out`, from `start` on (see "Group commit").
+struct Held {
+    start: usize,
+    replies: usize,
+    ticket: u64,
+}
+
 /// One client connection of a worker.
 struct Conn {
     stream: TcpStream,
@@ -358,6 +383,7 @@ struct Conn {
     resp3: bool,
     /// A command is with the service; nothing more is answered until it replies.
     waiting: bool,
+    held: Option<Held>,
     /// The client reads none of its replies: no answering, no reading.
     paused: bool,
     /// The socket has bytes we have not read (we stopped short of `WouldBlock`).
@@ -386,13 +412,24 @@ struct Run {
     listener: TcpListener,
     shared: Arc<Shared>,
     conns: HashMap<usize, Conn>,
+    /// Connections holding replies for a sync (`Held`).
+    held: HashSet<usize>,
     next: usize,
     buf: Vec<u8>,
 }
 
 impl Run {
     fn new(index: usize, poll: Poll, listener: TcpListener, shared: Arc<Shared>) -> Self {
-        Run { index, poll, listener, shared, conns: HashMap::new(), next: FIRST_CONN, buf: vec![0; 64 << 10] }
+        Run {
+            index,
+            poll,
+            listener,
+            shared,
+            conns: HashMap::new(),
+            held: HashSet::new(),
+            next: FIRST_CONN,
+            buf: vec![0; 64 << 10],
+        }
     }
 
     fn serve(&mut self) {
@@ -424,7 +461,9 @@ impl Run {
                 swept = now;
                 self.sweep(now);
             }
+            self.settle();
         }
+        self.settle();
         self.shutdown();
     }
 
@@ -470,6 +509,7 @@ impl Run {
                 sent: 0,
                 resp3: false,
                 waiting: false,
+                held: None,
                 paused: false,
                 unread: true,
                 closing: None,
@@ -663,8 +703,44 @@ impl Run {
     fn turn(&mut self, id: usize) {
         let Some(conn) = self.conns.get_mut(&id) else { return };
         let next = step(conn, self.index, id, &self.shared, &mut self.buf);
+        if conn.held.is_some() {
+            self.held.insert(id);
+        }
         if let Next::Drop = next {
             self.forget(id);
+        }
+    }
+
+    /// Wait for the sync that covers every held reply, then send them (or,
+    /// if it failed, the error for each) and let those connections go on,
+    /// until none holds any (see "Group commit"). The GIL is not held.
+    fn settle(&mut self) {
+        let shared = Arc::clone(&self.shared);
+        let Some(group) = shared.lane.get().group() else { return };
+        while !self.held.is_empty() {
+            let ids: Vec<usize> = self.held.drain().collect();
+            let held = || ids.iter().filter_map(|id| self.conns.get(id)?.held.as_ref());
+            let ticket = held().map(|h| h.ticket).max().unwrap_or(0);
+            let replies: usize = held().map(|h| h.replies).sum();
+            let error = group.settle(ticket).err().map(|(_, message)| {
+                Python::with_gil(|py| {
+                    let worded = self.shared.sync_failed.call1(py, (message.clone(), replies));
+                    worded.and_then(|reply| reply.extract::<Vec<u8>>(py)).unwrap_or_else(|err| {
+                        err.write_unraisable(py, None);
+                        format!("-ERR {message}\r\n").into_bytes()
+                    })
+                })
+            });
+            for id in ids {
+                let Some(conn) = self.conns.get_mut(&id) else { continue };
+                if let (Some(held), Some(error)) = (conn.held.take(), &error) {
+                    conn.out.truncate(held.start);
+                    for _ in 0..held.replies {
+                        conn.out.extend_from_slice(error);
+                    }
+                }
+                self.turn(id);
+            }
         }
     }
 
@@ -716,10 +792,11 @@ impl Run {
     }
 }
 
-/// Send what can be sent; Err if the connection is broken.
+/// Send what can be sent (nothing held); Err if the connection is broken.
 fn flush(conn: &mut Conn) -> io::Result<()> {
-    while conn.sent < conn.out.len() {
-        match conn.stream.write(&conn.out[conn.sent..]) {
+    let end = conn.held.as_ref().map_or(conn.out.len(), |held| held.start);
+    while conn.sent < end {
+        match conn.stream.write(&conn.out[conn.sent..end]) {
             Ok(0) => return Err(ErrorKind::WriteZero.into()),
             Ok(n) => conn.sent += n,
             Err(err) if err.kind() == ErrorKind::WouldBlock => break,
@@ -732,6 +809,9 @@ fn flush(conn: &mut Conn) -> io::Result<()> {
         conn.sent = 0;
     } else if conn.sent > (64 << 10) {
         conn.out.drain(..conn.sent);
+        if let Some(held) = &mut conn.held {
+            held.start -= conn.sent;
+        }
         conn.sent = 0;
     }
     Ok(())
@@ -806,12 +886,28 @@ fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared) {
         let budget = shared.limits.flush_bytes;
         let lane = shared.lane.get();
         let refreshed = if lane.view().stale() { shared.refresh.call0(py).map(drop) } else { Ok(()) };
+        let mut need = 0;
+        let hold = lane.group().is_some().then_some(&mut need);
+        let before = conn.out.len();
         let answered =
-            refreshed.and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out));
+            refreshed.and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out, hold));
         match answered {
             Ok(0) => {}
-            Ok(_) => return,
+            Ok(replies) => {
+                match &mut conn.held {
+                    Some(held) => {
+                        held.replies += replies;
+                        held.ticket = held.ticket.max(need);
+                    }
+                    None if need > 0 => conn.held = Some(Held { start: before, replies, ticket: need }),
+                    None => {}
+                }
+                return;
+            }
             Err(err) => err.write_unraisable(py, None), // the service's path answers it
+        }
+        if conn.held.is_some() {
+            return; // handed over once the held replies are settled, to keep the order
         }
         let parsed: PyObject = match conn.parser.next_command(py) {
             Ok(None) => return,
