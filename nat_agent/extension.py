@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         CommandParser,
         FastLane,
         Histogram,
+        KeySet,
         Keyspace,
         LaneView,
         ServiceLoop,
@@ -42,6 +43,8 @@ LANE_VIEW: type[LaneView] | None
 """The lane's view of ownership and of the writes under way, kept current by Python."""
 HISTOGRAM: type[Histogram] | None
 """The lane's lock-free histogram of a command's seconds (one per command it takes on)."""
+KEY_SET: type[KeySet] | None
+"""Which records exist, so a write knows it creates one without a LevelDB lookup."""
 SYNC_GROUP: type[SyncGroup] | None
 """The group commit's ledger that the worker threads wait on (``--fsync batch``)."""
 UNAVAILABLE: str | None
@@ -53,12 +56,12 @@ extension (the tests and `make check-install` look for it)."""
 try:
     import nat_agent._fastpath as _fastpath
 except ImportError as error:
-    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = HISTOGRAM = SYNC_GROUP = None
+    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = HISTOGRAM = SYNC_GROUP = KEY_SET = None
     UNAVAILABLE = f"nat_agent._fastpath cannot be imported: {error}"
 else:
     FAST_LANE, SERVICE_LOOP = _fastpath.FastLane, _fastpath.ServiceLoop
     KEYSPACE, LANE_VIEW, HISTOGRAM = _fastpath.Keyspace, _fastpath.LaneView, _fastpath.Histogram
-    SYNC_GROUP = _fastpath.SyncGroup
+    SYNC_GROUP, KEY_SET = _fastpath.SyncGroup, _fastpath.KeySet
     UNAVAILABLE = None
 
 

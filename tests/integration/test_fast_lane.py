@@ -30,15 +30,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client_lib.api.admin import Member, Role
+from client_lib.api.metrics import REQUEST_BUCKETS
 from client_lib.cidr import Block
 from client_lib.constants import MAX_KEY
 from client_lib.mdid import NAME_MAX, PATH_MAX, mdid_of_key, normalize_key
 from client_lib.resp import encode_command
+from nat_agent._fastpath import Histogram, SyncGroup
 from nat_agent.agent import Agent, Identity
 from nat_agent.connection import Connection
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.replication import Replicator
-from nat_agent.resp_commands import encode_reply
+from nat_agent.resp_commands import encode_reply, internal_error
 from nat_agent.service import MetadataService, ServiceLimits, keyspace
 from nat_agent.store import Record
 
@@ -423,6 +425,55 @@ def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path
     copied, reply = asyncio.run(run())
     assert reply == b"+OK\r\n" and service.stats["compiled_requests"] == 1
     assert [row[1] for row in copied] == ["/a"]
+    asyncio.run(store.close())
+
+
+def test_a_failed_sync_fails_the_replies_that_needed_it_and_every_later_write(tmp_path: Path):
+    """Under ``--fsync batch`` a worker holds the replies that need a sync
+    (a SET, a GET of a key not yet synced); when that sync fails, each of
+    them gets the error the Python path words, the replies between them go
+    out as they were, and every later write fails too: a second fsync could
+    lie about the first. The lane's sync is made to fail from its second."""
+    store = LevelDBStore(tmp_path / "db", SPACE.width, fsync="batch")
+    agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
+    service = MetadataService(agent, Replicator(agent.ownership, NAME, b"s" * 32),
+                              ServiceLimits(max_value=MAX_VALUE, workers=1))
+    access = store.record_access()
+    assert access is not None and access.sync_failure is not None
+    syncs = []
+
+    def sync() -> None:
+        syncs.append(len(syncs) + 1)
+        if len(syncs) >= 2:
+            raise OSError(5, "Input/output error")
+
+    group = SyncGroup(seconds=Histogram(REQUEST_BUCKETS), sync=sync)
+    service._lane = service._fast_lane(dataclasses.replace(access, group=group))
+    _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
+    error = encode_reply(internal_error(access.sync_failure("Input/output error")))
+
+    async def run() -> list[bytes]:
+        port = await service.start("127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            got = []
+            pipeline = [[b"GET", b"/a"], [b"SET", b"/b", b"w"], [b"GET", b"/b"], [b"PING"], [b"SET", b"/c", b"x"]]
+            for frames, expected in (
+                    ([[b"SET", b"/a", b"v"]], b"+OK\r\n"),
+                    (pipeline, b"$1\r\nv\r\n" + error + error + b"+PONG\r\n" + error),
+                    ([[b"SET", b"/d", b"y"]], error)):
+                writer.write(b"".join(encode_command(*frame) for frame in frames))
+                got.append(await asyncio.wait_for(reader.readexactly(len(expected)), 10))
+            writer.close()
+            return got
+        finally:
+            await service.stop()
+
+    got = asyncio.run(run())
+    assert got[0] == b"+OK\r\n"
+    assert got[1] == b"$1\r\nv\r\n" + error + error + b"+PONG\r\n" + error
+    assert got[2] == error
+    assert syncs == [1, 2] and service.stats["internal_errors"] == 4   # never tried again
     asyncio.run(store.close())
 
 

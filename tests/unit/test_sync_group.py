@@ -51,10 +51,10 @@ class Failing:
             raise OSError(5, "Input/output error")
 
 
-def answer(call: Callable[[], object]) -> object:
+def answer(call: Callable[[int], object], ticket: int) -> object:
     """A call's result, or its error's type and arguments."""
     try:
-        return call()
+        return call(ticket)
     except OSError as exc:
         return ("OSError", exc.errno, exc.strerror)
 
@@ -87,15 +87,16 @@ def test_both_ledgers_answer_a_stream_alike(stream: list[tuple[str, object]], fa
             elif op == "sync" and not open_tickets:
                 assert isinstance(arg, int)
                 ticket = arg % (ledger.issued + 1)
-                out.append(answer(lambda: ledger.sync_through(ticket)))
-                out.append(answer(lambda: ledger.covered(ticket)))
+                out.append(answer(ledger.sync_through, ticket))
+                out.append(answer(ledger.covered, ticket))
             elif op == "ask":
+                assert isinstance(arg, int)
                 key = b"k%d" % arg
                 out += [ledger.ticket_of(key), ledger.unsynced(key), ledger.issued, ledger.syncs]
         if op == "begin":
-            ticket = seen["python"][-1]
-            assert isinstance(ticket, int)
-            open_tickets.append(ticket)
+            began = seen["python"][-1]
+            assert isinstance(began, int)
+            open_tickets.append(began)
         elif op == "end" and open_tickets:
             assert isinstance(arg, int)
             open_tickets.pop(arg % len(open_tickets))

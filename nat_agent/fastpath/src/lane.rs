@@ -43,6 +43,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::durable::SyncGroup;
 use crate::keys::Keyspace;
+use crate::keyset::KeySet;
 use crate::ops::OpsCounts;
 use crate::parser::CommandParser;
 use crate::seconds::{Batch, Histogram};
@@ -55,6 +56,7 @@ struct Records {
     put: PyObject,
     put_options: Option<Py<PyDict>>,
     counted: PyObject,
+    keys: Option<Py<KeySet>>,
     group: Option<Py<SyncGroup>>,
 }
 
@@ -69,6 +71,7 @@ impl Records {
             put: access.getattr("put")?.unbind(),
             put_options: optional("put_options")?.map(|o| o.downcast_into::<PyDict>()).transpose()?.map(Bound::unbind),
             counted: access.getattr("counted")?.unbind(),
+            keys: optional("keys")?.map(|k| k.downcast_into::<KeySet>()).transpose()?.map(Bound::unbind),
             group: optional("group")?.map(|g| g.downcast_into::<SyncGroup>()).transpose()?.map(Bound::unbind),
         })
     }
@@ -169,6 +172,13 @@ pub struct FastLane {
 /// it), the `stats` key it counts under, and the seconds it takes here.
 type Counter = (Vec<u8>, PyObject, Py<Histogram>);
 
+/// A reply that may be sent only once a sync covers `ticket`: `out[start..end]`.
+pub(crate) struct Waiting {
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    pub(crate) ticket: u64,
+}
+
 /// The ID is inside one of the table's sorted, disjoint ranges.
 fn within(table: &Table, id: u128) -> bool {
     let after = table.partition_point(|&(first, _)| first <= id);
@@ -255,9 +265,10 @@ impl FastLane {
     }
 
     /// `answer`, appending the replies to `out`; returns how many commands
-    /// it answered (0: the first one is the Python path's). `hold`: the
-    /// caller sends the replies only once a sync covers the ticket it is
-    /// raised to (a worker thread); None declines what would need one.
+    /// it answered (0: the first one is the Python path's). `waiting`: the
+    /// replies that need a sync are listed there, and the caller sends them
+    /// (and those after them) only once a sync covers them (a worker
+    /// thread); None declines what would need one.
     pub(crate) fn answer_into(
         &self,
         py: Python<'_>,
@@ -265,7 +276,7 @@ impl FastLane {
         resp3: bool,
         budget: usize,
         out: &mut Vec<u8>,
-        mut hold: Option<&mut u64>,
+        mut waiting: Option<&mut Vec<Waiting>>,
     ) -> PyResult<usize> {
         let view = self.view.get();
         if view.writing() > 0 {
@@ -277,7 +288,7 @@ impl FastLane {
         let mut seconds = Batch::start();
         let taken = parser.take_leading(py, |buf, args| {
             out.len() - start < budget
-                && self.execute(py, &tables, buf, args, resp3, out, &mut counts, &mut seconds, hold.as_deref_mut())
+                && self.execute(py, &tables, buf, args, resp3, out, &mut counts, &mut seconds, waiting.as_deref_mut())
         });
         if taken == 0 {
             return Ok(0);
@@ -310,9 +321,12 @@ impl FastLane {
         out: &mut Vec<u8>,
         counts: &mut [u64],
         seconds: &mut Batch<'a>,
-        hold: Option<&mut u64>,
+        waiting: Option<&mut Vec<Waiting>>,
     ) -> bool {
         let arg = |i: usize| &buf[args[i].0..args[i].1];
+        let start = out.len();
+        let mut need = 0;
+        let hold = waiting.is_some().then_some(&mut need);
         let Some(counter) = self.counters.iter().position(|(known, _, _)| known.eq_ignore_ascii_case(arg(0))) else {
             return false;
         };
@@ -342,6 +356,9 @@ impl FastLane {
             }
             _ => false,
         };
+        if let (true, Some(waiting)) = (done && need > 0, waiting) {
+            waiting.push(Waiting { start, end: out.len(), ticket: need });
+        }
         if done {
             counts[counter] += 1;
             seconds.answered(self.counters[counter].2.get());
@@ -391,7 +408,13 @@ impl FastLane {
         }
         let record_key = space.record_key(id, &key);
         let record = PyBytes::new(py, &record_key);
-        let Ok(old) = self.records.get.call1(py, (&record,)) else { return false };
+        let created = match &self.records.keys {
+            Some(keys) => keys.get().add(&record_key),
+            None => match self.records.get.call1(py, (&record,)) {
+                Ok(old) => old.is_none(py),
+                Err(_) => return false,
+            },
+        };
         let options = self.records.put_options.as_ref().map(|o| o.bind(py));
         let ticket = group.map(|group| group.begin_one(&record_key));
         let put = self.records.put.call(py, (&record, PyBytes::new(py, value)), options);
@@ -399,13 +422,16 @@ impl FastLane {
             group.end(ticket);
         }
         if put.is_err() {
+            if let (Some(keys), true) = (&self.records.keys, created) {
+                keys.get().discard(&record_key);
+            }
             return false; // not written: the Python path tries again and words the failure
         }
         if let (Some(need), Some(ticket)) = (hold, ticket) {
             *need = (*need).max(ticket);
         }
         self.ops.count(id);
-        if old.is_none(py) {
+        if created {
             // Written, so never declined now: a failure to count it is reported, not retried.
             if let Err(err) = self.records.counted.call1(py, (id,)) {
                 err.write_unraisable(py, None);

@@ -39,7 +39,7 @@
 //! reply it holds (`durable::SyncGroup`, shared with the other workers and
 //! the event loop), then sends them: Redis's `appendfsync always`, whose
 //! replies of an event-loop round follow its fsync. If the sync fails,
-//! every held reply becomes the service's error for it (`sync_failed`).
+//! each held reply that needed it becomes the service's error (`sync_failed`).
 //!
 //! Migration safety: a store call releases the GIL, so the event loop can
 //! freeze a block while a worker's write to it is under way. Every lane
@@ -88,7 +88,7 @@ use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::lane::FastLane;
+use crate::lane::{FastLane, Waiting};
 use crate::parser::CommandParser;
 
 const LISTENER: Token = Token(0);
@@ -364,12 +364,37 @@ impl ServiceLoop {
     }
 }
 
-/// Replies that wait for a sync covering `ticket`: the `replies` at the end
-/// of `out`, from `start` on (see "Group commit").
+/// Replies held for a sync covering `ticket`: `out` from `start` on, of
+/// which `waiting` need the sync (see "Group commit").
 struct Held {
     start: usize,
-    replies: usize,
+    waiting: Vec<Waiting>,
     ticket: u64,
+}
+
+impl Held {
+    /// `out`'s first `sent` bytes are gone.
+    fn shift(&mut self, sent: usize) {
+        self.start -= sent;
+        for reply in &mut self.waiting {
+            reply.start -= sent;
+            reply.end -= sent;
+        }
+    }
+
+    /// The sync failed: each reply that needed it becomes `error`.
+    fn fail(self, out: &mut Vec<u8>, error: &[u8]) {
+        let mut rebuilt = Vec::with_capacity(out.len() - self.start);
+        let mut cursor = self.start;
+        for reply in &self.waiting {
+            rebuilt.extend_from_slice(&out[cursor..reply.start]);
+            rebuilt.extend_from_slice(error);
+            cursor = reply.end;
+        }
+        rebuilt.extend_from_slice(&out[cursor..]);
+        out.truncate(self.start);
+        out.extend_from_slice(&rebuilt);
+    }
 }
 
 /// One client connection of a worker.
@@ -721,7 +746,7 @@ impl Run {
             let ids: Vec<usize> = self.held.drain().collect();
             let held = || ids.iter().filter_map(|id| self.conns.get(id)?.held.as_ref());
             let ticket = held().map(|h| h.ticket).max().unwrap_or(0);
-            let replies: usize = held().map(|h| h.replies).sum();
+            let replies: usize = held().map(|h| h.waiting.len()).sum();
             let error = group.settle(ticket).err().map(|(_, message)| {
                 Python::with_gil(|py| {
                     let worded = self.shared.sync_failed.call1(py, (message.clone(), replies));
@@ -734,10 +759,7 @@ impl Run {
             for id in ids {
                 let Some(conn) = self.conns.get_mut(&id) else { continue };
                 if let (Some(held), Some(error)) = (conn.held.take(), &error) {
-                    conn.out.truncate(held.start);
-                    for _ in 0..held.replies {
-                        conn.out.extend_from_slice(error);
-                    }
+                    held.fail(&mut conn.out, error);
                 }
                 self.turn(id);
             }
@@ -810,7 +832,7 @@ fn flush(conn: &mut Conn) -> io::Result<()> {
     } else if conn.sent > (64 << 10) {
         conn.out.drain(..conn.sent);
         if let Some(held) = &mut conn.held {
-            held.start -= conn.sent;
+            held.shift(conn.sent);
         }
         conn.sent = 0;
     }
@@ -886,24 +908,22 @@ fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared) {
         let budget = shared.limits.flush_bytes;
         let lane = shared.lane.get();
         let refreshed = if lane.view().stale() { shared.refresh.call0(py).map(drop) } else { Ok(()) };
-        let mut need = 0;
-        let hold = lane.group().is_some().then_some(&mut need);
-        let before = conn.out.len();
+        let mut waiting = Vec::new();
+        let hold = lane.group().is_some().then_some(&mut waiting);
         let answered =
             refreshed.and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out, hold));
+        let ticket = waiting.iter().map(|reply| reply.ticket).max().unwrap_or(0);
+        match (&mut conn.held, waiting.first()) {
+            (Some(held), _) => {
+                held.ticket = held.ticket.max(ticket);
+                held.waiting.extend(waiting);
+            }
+            (None, Some(first)) => conn.held = Some(Held { start: first.start, waiting, ticket }),
+            (None, None) => {}
+        }
         match answered {
             Ok(0) => {}
-            Ok(replies) => {
-                match &mut conn.held {
-                    Some(held) => {
-                        held.replies += replies;
-                        held.ticket = held.ticket.max(need);
-                    }
-                    None if need > 0 => conn.held = Some(Held { start: before, replies, ticket: need }),
-                    None => {}
-                }
-                return;
-            }
+            Ok(_) => return,
             Err(err) => err.write_unraisable(py, None), // the service's path answers it
         }
         if conn.held.is_some() {
