@@ -457,7 +457,8 @@ def test_a_failed_sync_fails_the_replies_that_needed_it_and_every_later_write(tm
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             got = []
-            pipeline = [[b"GET", b"/a"], [b"SET", b"/b", b"w"], [b"GET", b"/b"], [b"PING"], [b"SET", b"/c", b"x"]]
+            pipeline = [[b"GET", b"/a"], [b"SET", b"/b", b"w"], [b"GET", b"/b"], [b"PING"],
+                        [b"SET", b"/c", b"x"]]
             for frames, expected in (
                     ([[b"SET", b"/a", b"v"]], b"+OK\r\n"),
                     (pipeline, b"$1\r\nv\r\n" + error + error + b"+PONG\r\n" + error),
