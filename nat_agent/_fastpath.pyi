@@ -82,17 +82,6 @@ class SyncGroup:
     def unsynced(self, key: bytes) -> bool: ...
     def sync_through(self, ticket: int) -> None: ...
 
-class KeySet:
-    """Which records exist, as 128-bit hashes of their keys (`keyset.rs`)."""
-
-    def __init__(self) -> None: ...
-    def add(self, key: bytes) -> bool:
-        """Record that `key` exists; whether it was absent."""
-    def discard(self, key: bytes) -> bool:
-        """Record that `key` is gone; whether it was there."""
-    def __contains__(self, key: bytes) -> bool: ...
-    def __len__(self) -> int: ...
-
 class FastLane:
     """The common commands answered end to end in compiled code (`lane.rs`)."""
 

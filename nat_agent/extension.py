@@ -26,7 +26,6 @@ if TYPE_CHECKING:
         CommandParser,
         FastLane,
         Histogram,
-        KeySet,
         Keyspace,
         LaneView,
         ServiceLoop,
@@ -43,8 +42,6 @@ LANE_VIEW: type[LaneView] | None
 """The lane's view of ownership and of the writes under way, kept current by Python."""
 HISTOGRAM: type[Histogram] | None
 """The lane's lock-free histogram of a command's seconds (one per command it takes on)."""
-KEY_SET: type[KeySet] | None
-"""Which records exist, so a write knows it creates one without a LevelDB lookup."""
 SYNC_GROUP: type[SyncGroup] | None
 """The group commit's ledger that the worker threads wait on (``--fsync batch``)."""
 UNAVAILABLE: str | None
@@ -56,12 +53,12 @@ extension (the tests and `make check-install` look for it)."""
 try:
     import nat_agent._fastpath as _fastpath
 except ImportError as error:
-    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = HISTOGRAM = SYNC_GROUP = KEY_SET = None
+    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = HISTOGRAM = SYNC_GROUP = None
     UNAVAILABLE = f"nat_agent._fastpath cannot be imported: {error}"
 else:
     FAST_LANE, SERVICE_LOOP = _fastpath.FastLane, _fastpath.ServiceLoop
     KEYSPACE, LANE_VIEW, HISTOGRAM = _fastpath.Keyspace, _fastpath.LaneView, _fastpath.Histogram
-    SYNC_GROUP, KEY_SET = _fastpath.SyncGroup, _fastpath.KeySet
+    SYNC_GROUP = _fastpath.SyncGroup
     UNAVAILABLE = None
 
 

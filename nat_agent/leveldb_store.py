@@ -43,13 +43,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, cast
 
 import plyvel
 from sortedcontainers import SortedList
 
-from nat_agent.extension import KEY_SET
 from nat_agent.group_commit import group_commit
 from nat_agent.latency import Latency
 from nat_agent.store import (
@@ -131,13 +130,9 @@ class LevelDBStore(Store):
             self._records = self._db.prefixed_db(_RECORDS)
             self._meta = self._db.prefixed_db(_META)
             self._check_stored_width()
-            self._keys = KEY_SET() if KEY_SET is not None else None
-            mdids = []
-            for key in self._records.iterator(include_value=False):
-                mdids.append(decode_mdid(key, width))
-                if self._keys is not None:
-                    self._keys.add(key)
-            self._mdids = SortedList(mdids)
+            self._mdids = SortedList(
+                decode_mdid(key, width) for key in self._records.iterator(include_value=False)
+            )
         except BaseException:
             self._db.close()
             raise
@@ -205,7 +200,7 @@ class LevelDBStore(Store):
 
     async def put(self, mdid: int, path: str, value: bytes) -> None:
         key = record_key(mdid, path, self.width)
-        await self._durable(self._write(mdid, key, value, self._creates(key)))
+        await self._durable(self._write(mdid, key, value, self._records.get(key) is None))
 
     async def put_if(
         self, mdid: int, path: str, value: bytes, when: Condition | None = None
@@ -219,8 +214,7 @@ class LevelDBStore(Store):
         if not condition_holds(when, old, header):
             await self._settled(key)
             return False, old
-        created = self._keys.add(key) if self._keys is not None else old is None
-        await self._durable(self._write(mdid, key, value, created))
+        await self._durable(self._write(mdid, key, value, old is None))
         return True, old
 
     async def entries(self, mdid: int, directory: str, after: str, limit: int) -> list[tuple[str, bytes]]:
@@ -241,33 +235,13 @@ class LevelDBStore(Store):
     def record_access(self) -> RecordAccess:
         return RecordAccess(get=self._records.get, put=self._records.put,
                             put_options={"sync": True} if self._sync_each else None,
-                            counted=self._mdids.add, keys=self._keys,
+                            counted=self._mdids.add,
                             group=self._group.ledger if self._group is not None else None,
                             sync_failure=self._group.failure if self._group is not None else None)
 
-    def _creates(self, key: bytes) -> bool:
-        """Whether a write about to be made creates the record ``key``: the
-        key set says so and learns it (the lane's workers ask it too, so
-        each record is counted once), or without one, LevelDB does."""
-        if self._keys is not None:
-            return self._keys.add(key)
-        return self._records.get(key) is None
-
-    def _uncreate(self, keys: Iterable[bytes]) -> None:
-        """``keys`` are not there (deleted, or a write that `_creates` said
-        creates them failed)."""
-        if self._keys is not None:
-            for key in keys:
-                self._keys.discard(key)
-
     def _write(self, mdid: int, key: bytes, value: bytes, is_new: bool) -> int | None:
         """Write a record, and count its mdid if it is new; its ticket (``batch``)."""
-        try:
-            ticket = self._apply([key], lambda: self._records.put(key, value, sync=self._sync_each))
-        except BaseException:
-            if is_new:
-                self._uncreate([key])
-            raise
+        ticket = self._apply([key], lambda: self._records.put(key, value, sync=self._sync_each))
         if is_new:
             self._mdids.add(mdid)
         return ticket
@@ -281,7 +255,6 @@ class LevelDBStore(Store):
             return False
         ticket = self._apply([key], lambda: self._records.delete(key, sync=self._sync_each))
         self._mdids.remove(mdid)
-        self._uncreate([key])
         await self._durable(ticket)
         return True
 
@@ -328,14 +301,10 @@ class LevelDBStore(Store):
         new: dict[bytes, int] = {}  # keyed, so a duplicate in the batch counts once
         batch = self._records.write_batch(sync=self._sync_each)
         for key, mdid, value in rows:
-            if self._creates(key):
+            if self._records.get(key) is None:
                 new[key] = mdid
             batch.put(key, value)
-        try:
-            ticket = self._apply([key for key, _, _ in rows], batch.write)
-        except BaseException:
-            self._uncreate(new)
-            raise
+        ticket = self._apply([key for key, _, _ in rows], batch.write)
         self._mdids.update(new.values())
         await self._durable(ticket)
 
@@ -351,7 +320,6 @@ class LevelDBStore(Store):
                 removed.append(key)
         ticket = self._apply(removed, batch.write)
         del self._mdids[self._mdids.bisect_left(first) : self._mdids.bisect_right(last)]
-        self._uncreate(removed)
         await self._durable(ticket)
         return len(removed)
 

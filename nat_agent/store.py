@@ -40,13 +40,10 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from client_lib.cidr import WIDTHS
 from nat_agent.group_commit import SyncLedger
-
-if TYPE_CHECKING:
-    from nat_agent._fastpath import KeySet
 from nat_agent.latency import Latency
 
 __all__ = [
@@ -222,10 +219,6 @@ class RecordAccess:
     put_options: dict[str, Any] | None
     counted: Callable[[int], None]
     """Called with the mdid of a record that `put` created (the range index)."""
-    keys: KeySet | None
-    """Which records exist (the compiled ``KeySet``), kept in step by
-    whoever writes: a write adds its key before `put` and so learns whether
-    it creates the record; None: ask `get`."""
     group: SyncLedger | None
     """The compiled group commit's ledger (``SyncGroup``) that writes wait
     for and that tells whether a key's last write is not yet synced; None

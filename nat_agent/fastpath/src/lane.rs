@@ -43,7 +43,6 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::durable::SyncGroup;
 use crate::keys::Keyspace;
-use crate::keyset::KeySet;
 use crate::ops::OpsCounts;
 use crate::parser::CommandParser;
 use crate::seconds::{Batch, Histogram};
@@ -56,7 +55,6 @@ struct Records {
     put: PyObject,
     put_options: Option<Py<PyDict>>,
     counted: PyObject,
-    keys: Option<Py<KeySet>>,
     group: Option<Py<SyncGroup>>,
 }
 
@@ -71,7 +69,6 @@ impl Records {
             put: access.getattr("put")?.unbind(),
             put_options: optional("put_options")?.map(|o| o.downcast_into::<PyDict>()).transpose()?.map(Bound::unbind),
             counted: access.getattr("counted")?.unbind(),
-            keys: optional("keys")?.map(|k| k.downcast_into::<KeySet>()).transpose()?.map(Bound::unbind),
             group: optional("group")?.map(|g| g.downcast_into::<SyncGroup>()).transpose()?.map(Bound::unbind),
         })
     }
@@ -408,13 +405,7 @@ impl FastLane {
         }
         let record_key = space.record_key(id, &key);
         let record = PyBytes::new(py, &record_key);
-        let created = match &self.records.keys {
-            Some(keys) => keys.get().add(&record_key),
-            None => match self.records.get.call1(py, (&record,)) {
-                Ok(old) => old.is_none(py),
-                Err(_) => return false,
-            },
-        };
+        let Ok(old) = self.records.get.call1(py, (&record,)) else { return false };
         let options = self.records.put_options.as_ref().map(|o| o.bind(py));
         let ticket = group.map(|group| group.begin_one(&record_key));
         let put = self.records.put.call(py, (&record, PyBytes::new(py, value)), options);
@@ -422,16 +413,13 @@ impl FastLane {
             group.end(ticket);
         }
         if put.is_err() {
-            if let (Some(keys), true) = (&self.records.keys, created) {
-                keys.get().discard(&record_key);
-            }
             return false; // not written: the Python path tries again and words the failure
         }
         if let (Some(need), Some(ticket)) = (hold, ticket) {
             *need = (*need).max(ticket);
         }
         self.ops.count(id);
-        if created {
+        if old.is_none(py) {
             // Written, so never declined now: a failure to count it is reported, not retried.
             if let Err(err) = self.records.counted.call1(py, (id,)) {
                 err.write_unraisable(py, None);

@@ -17,8 +17,6 @@
 //! * `SyncGroup` (`durable.rs`) is the group commit's ledger under
 //!   `--fsync batch`, shared by the workers (which send a turn's replies
 //!   after the one sync that covers its writes) and the Python path.
-//! * `KeySet` (`keyset.rs`) says whether a write creates its record,
-//!   without a LevelDB lookup.
 //! * `Histogram` (`seconds.rs`) keeps the seconds each command took on the
 //!   lane, lock-free, for the agent's Prometheus metrics.
 //!
@@ -33,7 +31,6 @@
 
 mod durable;
 mod keys;
-mod keyset;
 mod lane;
 mod number;
 mod ops;
@@ -54,6 +51,5 @@ fn _fastpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<seconds::Histogram>()?;
     m.add_class::<server::ServiceLoop>()?;
     m.add_class::<durable::SyncGroup>()?;
-    m.add_class::<keyset::KeySet>()?;
     Ok(())
 }
