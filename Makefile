@@ -213,8 +213,11 @@ bench-flowtables: setup
 	$(PY) -m benchmarks.flowtables --out benchmarks/results
 
 # The agent's costs alone (rewrite modes, service vs raw redis): a few minutes.
+# The agent's request path (about 9 minutes), then durable and replicated
+# writes against redis-server side by side (issue 27; about 2 minutes).
 bench-agent: setup
 	$(PY) -m benchmarks.agent_bench --out benchmarks/results
+	$(PY) -m benchmarks.write_bench --out benchmarks/results
 
 # What the second copy costs: write latency and throughput at r=2 against
 # r=1 (side by side, with and without --fsync), and re-replication at three

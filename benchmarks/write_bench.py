@@ -20,7 +20,9 @@ acknowledges matched:
 
 Also the agent's CPU per SET in the ``batch`` row (its process's CPU time
 from /proc over the SET run, divided by the requests). Servers are
-interleaved over rounds; the tables report medians.
+interleaved over rounds; the tables report medians, and a ratio is the
+median of the ratios each round measured (both sides one after the other,
+so a noisy neighbour of that moment hits both).
 
     python -m benchmarks.write_bench [--quick] [--out benchmarks/results]
 """
@@ -171,16 +173,16 @@ def run_benchmark(rounds: int, requests: int, say: Callable[[str], None]) -> dic
         for r in range(rounds):
             for row in (list(rows) if r % 2 == 0 else list(reversed(rows))):
                 measured = measure_row(row, rows[row], requests)
+                for command in ("set", "get"):   # paired within the round: both sides met the same neighbours
+                    if f"agent_{command}" in measured:
+                        ratio = measured[f"agent_{command}"] / measured[f"redis_{command}"]
+                        measured[f"{command}_ratio"] = round(ratio, 3)
                 say(f"round {r + 1}/{rounds} {row}: " + ", ".join(f"{k} {v}" for k, v in measured.items()))
                 for key, value in measured.items():
                     samples.setdefault(row, {}).setdefault(key, []).append(value)
-    table: dict[str, dict[str, float]] = {}
-    for row, columns in samples.items():
-        medians = {key: round(statistics.median(values), 1) for key, values in columns.items()}
-        medians["set_ratio"] = round(medians["agent_set"] / medians["redis_set"], 3)
-        if "agent_get" in medians:
-            medians["get_ratio"] = round(medians["agent_get"] / medians["redis_get"], 3)
-        table[row] = medians
+    table = {row: {key: round(statistics.median(values), 3 if key.endswith("ratio") else 1)
+                   for key, values in columns.items()}
+             for row, columns in samples.items()}
     return {"rounds": rounds, "requests": requests, "rows": table}
 
 
@@ -209,7 +211,8 @@ def format_report(results: dict) -> str:
     lines += ["", f"Target: agent CPU per SET under `batch` at most {CPU_TARGET_US} µs: measured {cpu} µs "
               f"({'met' if cpu <= CPU_TARGET_US else 'MISSED'}; the agent's whole process from /proc, "
               "its worker threads and event loop together).", "",
-              f"{results['rounds']} interleaved rounds of {results['requests']} requests per run; medians."]
+              f"{results['rounds']} interleaved rounds of {results['requests']} requests per run; medians "
+              "(a ratio is the median of the rounds' ratios, each taken within one round)."]
     return "\n".join(lines)
 
 
