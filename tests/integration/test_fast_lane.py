@@ -34,7 +34,7 @@ from client_lib.api.metrics import REQUEST_BUCKETS
 from client_lib.cidr import Block
 from client_lib.constants import MAX_KEY
 from client_lib.mdid import NAME_MAX, PATH_MAX, mdid_of_key, normalize_key
-from client_lib.resp import encode_command
+from client_lib.resp import OK, ErrorReply, RespParser, SimpleString, encode_command
 from nat_agent._fastpath import Histogram, SyncGroup
 from nat_agent.agent import Agent, Identity
 from nat_agent.connection import Connection
@@ -42,7 +42,7 @@ from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.replication import Replicator
 from nat_agent.resp_commands import encode_reply, internal_error
 from nat_agent.service import MetadataService, ServiceLimits, keyspace
-from nat_agent.store import Record
+from nat_agent.store import Record, record_key
 
 SPACE = Block.parse("10.9.0.0/28")   # 16 IDs: random blocks cover a fair share of the keys
 NAME = "lane"
@@ -440,7 +440,7 @@ def test_a_failed_sync_fails_the_replies_that_needed_it_and_every_later_write(tm
                               ServiceLimits(max_value=MAX_VALUE, workers=1))
     access = store.record_access()
     assert access is not None and access.sync_failure is not None
-    syncs = []
+    syncs: list[int] = []
 
     def sync() -> None:
         syncs.append(len(syncs) + 1)
@@ -476,6 +476,95 @@ def test_a_failed_sync_fails_the_replies_that_needed_it_and_every_later_write(tm
     assert got[2] == error
     assert syncs == [1, 2] and service.stats["internal_errors"] == 4   # never tried again
     asyncio.run(store.close())
+
+
+FAULT_KEYS = [b"/k%d" % i for i in range(5)]
+
+
+@st.composite
+def writes_and_reads(draw: st.DrawFn) -> list[list[list[bytes]]]:
+    """Chunks (each sent at once) of SET, GET and PING on a few keys."""
+    def command() -> list[bytes]:
+        name = draw(st.sampled_from([b"SET", b"SET", b"GET", b"PING"]))
+        if name == b"PING":
+            return [name]
+        key = draw(st.sampled_from(FAULT_KEYS))
+        return [name, key, draw(st.binary(min_size=1, max_size=8))] if name == b"SET" else [name, key]
+    return [[command() for _ in range(draw(st.integers(1, 5)))] for _ in range(draw(st.integers(1, 6)))]
+
+
+def _replies(raw: bytes) -> list[object]:
+    parser = RespParser()
+    parser.feed(raw)
+    out: list[object] = []
+    while (reply := parser.next_reply())[0]:
+        out.append(reply[1])
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream=writes_and_reads(), fail_from=st.sampled_from([None, 1, 1, 2, 3]))
+def test_with_syncs_failing_nothing_acknowledged_is_lost_and_the_rest_answers_as_the_python_path(
+        tmp_path_factory: pytest.TempPathFactory, stream: list[list[list[bytes]]],
+        fail_from: int | None) -> None:
+    """The worker threads under ``--fsync batch``, their syncs failing from
+    the `fail_from`-th on (or never), against the Python path with syncs
+    that never fail. The model disk is what LevelDB held for the keys when
+    the last successful sync ran (it runs once the writes it covers have
+    landed). Every SET acknowledged, and every value a GET showed, is on
+    that disk (or a later SET's value is); once a sync failed no SET is
+    acknowledged again; and every reply up to the first error is the Python
+    path's."""
+    tmp = tmp_path_factory.mktemp("faults")
+    sides = []
+    for workers, compiled in ((1, True), (0, False)):
+        store = LevelDBStore(tmp / f"db-{compiled}", SPACE.width, fsync="batch")
+        agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
+        service = MetadataService(agent, Replicator(agent.ownership, NAME, b"s" * 32),
+                                  ServiceLimits(max_value=MAX_VALUE, workers=workers), compiled=compiled)
+        _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
+        sides.append(Side(service, store))
+    (workers_side, oracle) = sides
+    access = workers_side.store.record_access()
+    assert access is not None
+    records = {raw: record_key(mdid_of_key(raw, SPACE), raw.decode(), SPACE.width) for raw in FAULT_KEYS}
+    disk: dict[bytes, bytes | None] = {}
+    syncs: list[int] = []
+
+    def sync() -> None:
+        syncs.append(len(syncs) + 1)
+        if fail_from is not None and len(syncs) >= fail_from:
+            raise OSError(5, "Input/output error")
+        disk.clear()
+        disk.update({raw: access.get(record) for raw, record in records.items()})
+
+    group = SyncGroup(seconds=Histogram(REQUEST_BUCKETS), sync=sync)
+    workers_side.service._lane = workers_side.service._fast_lane(dataclasses.replace(access, group=group))
+    chunks = [b"".join(encode_command(*c) for c in chunk) for chunk in stream]
+    chunks.append(encode_command(b"ECHO", MARK))
+    try:
+        got = _replies(asyncio.run(_over_tcp(workers_side.service, chunks)))
+        expected = _replies(asyncio.run(_exchange(oracle.service, chunks)))
+    finally:
+        for side in sides:
+            asyncio.run(side.store.close())
+    commands = [c for chunk in stream for c in chunk]
+    assert len(got) == len(expected) == len(commands) + 1
+    errors = [i for i, reply in enumerate(got) if isinstance(reply, ErrorReply)]
+    first_error = errors[0] if errors else len(got)
+    assert got[:first_error] == expected[:first_error]
+    if fail_from is None:
+        assert not errors
+    for i, (command, reply) in enumerate(zip(commands, got, strict=False)):
+        if command[0] == b"PING":
+            assert reply == SimpleString("PONG")
+            continue
+        if i > first_error and command[0] == b"SET":
+            assert isinstance(reply, ErrorReply)   # a failed sync is final
+        shown = command[2] if command[0] == b"SET" and reply == OK else reply
+        if isinstance(shown, bytes):   # acknowledged, or read: on disk, or overwritten by a later SET
+            later = {c[2] for c in commands[i + 1:] if c[0] == b"SET" and c[1] == command[1]}
+            assert disk.get(command[1]) in {shown} | later
 
 
 # -- the limits at their edges, at the service's defaults -------------------------------
