@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -43,6 +42,7 @@ from pathlib import Path
 
 from benchmarks.agent_bench import REDIS_BENCHMARK_CLIENTS, REDIS_BENCHMARK_VALUE, _redis_benchmark
 from benchmarks.cpu import cpu_seconds, pid_of
+from benchmarks.publish import publish
 from client_lib.api.admin import ADMIN, AssignRequest, Role
 from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_SPACE_CIDR
@@ -240,17 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one round of fewer requests (under a minute)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=20_000)
-    p.add_argument("--out", type=Path, default=None, help="write write.json, write.md, write.png here")
+    p.add_argument("--out", type=Path, default=None, help="write write.json and write.png here")
     args = p.parse_args(argv)
     rounds, requests = (1, 5_000) if args.quick else (args.rounds, args.requests)
     results = run_benchmark(rounds, requests, lambda text: print(text, file=sys.stderr, flush=True))
-    report = format_report(results)
-    print(report)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "write.json").write_text(json.dumps(results, indent=2) + "\n")
-        (args.out / "write.md").write_text(report + "\n")
-        plot(results, args.out / "write.png")
+        publish(results, args.out, "write", plot, format_report)
+    else:
+        print(format_report(results))
     return 0
 
 

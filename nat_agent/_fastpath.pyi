@@ -66,8 +66,9 @@ class Histogram:
 
 class SyncGroup:
     """The group commit's ledger (`durable.rs`), shared by the worker threads
-    and the event loop; `nat_agent.group_commit.Ledger` is its oracle. It
-    syncs a directory's logs (`directory`, `suffix`) or calls `sync`."""
+    and the event loop; `nat_agent.group_commit.Ledger` is its oracle (both
+    are a `nat_agent.group_commit.SyncLedger`). It syncs a directory's logs
+    (`directory`, `suffix`) or calls `sync`."""
 
     def __init__(self, *, seconds: Histogram, directory: str | None = ..., suffix: str | None = ...,
                  sync: Callable[[], object] | None = ...) -> None: ...
@@ -79,7 +80,6 @@ class SyncGroup:
     def end(self, ticket: int) -> None: ...
     def covered(self, ticket: int) -> bool: ...
     def ticket_of(self, key: bytes) -> int | None: ...
-    def unsynced(self, key: bytes) -> bool: ...
     def sync_through(self, ticket: int) -> None: ...
 
 class FastLane:

@@ -41,7 +41,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Protocol
 
 from client_lib.api.metrics import REQUEST_BUCKETS
@@ -70,7 +70,6 @@ class SyncLedger(Protocol):
     def end(self, ticket: int) -> None: ...
     def covered(self, ticket: int) -> bool: ...
     def ticket_of(self, key: bytes) -> int | None: ...
-    def unsynced(self, key: bytes) -> bool: ...
     def sync_through(self, ticket: int) -> None: ...
 
 
@@ -115,11 +114,9 @@ class Ledger:
             return self._synced >= ticket
 
     def ticket_of(self, key: bytes) -> int | None:
+        """The ticket of the last write of `key` that no sync covers yet, if any."""
         with self._changed:
             return self._dirty.get(key)
-
-    def unsynced(self, key: bytes) -> bool:
-        return self.ticket_of(key) is not None
 
     def sync_through(self, ticket: int) -> None:
         """Return once a sync covers `ticket`, leading one if none runs (blocking)."""
@@ -178,13 +175,6 @@ class GroupCommit:
     def seconds(self) -> Latency:
         return self._seconds()
 
-    def wrote(self, keys: Iterable[bytes]) -> int:
-        """Record a write that has reached the kernel and that no other
-        thread could have read before; returns its ticket."""
-        ticket = self.ledger.begin(list(keys))
-        self.ledger.end(ticket)
-        return ticket
-
     async def durable(self, ticket: int) -> None:
         """Return once a sync covers ``ticket``; raises `SyncFailed` if one failed."""
         while not self._covered(ticket):
@@ -204,10 +194,6 @@ class GroupCommit:
         """What a write or read waiting for a sync that failed for `reason` gets."""
         return SyncFailed(f"a sync of {self._what} failed ({reason}); "
                           "writes since are not known to be on disk")
-
-    def unsynced(self, key: bytes) -> bool:
-        """Whether a read of ``key`` must wait for a sync (`settled` would wait)."""
-        return self.ledger.unsynced(key)
 
     async def settled(self, key: bytes) -> None:
         """Return once the last write of ``key`` (if any) is on disk."""

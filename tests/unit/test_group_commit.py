@@ -57,8 +57,9 @@ class Disk:
 
     def write(self, key: bytes) -> int:
         """Apply a write (it is in the kernel now) and take its ticket."""
-        ticket = self.group.wrote((key,))
+        ticket = self.group.ledger.begin([key])
         self.applied.add(ticket)
+        self.group.ledger.end(ticket)
         return ticket
 
 

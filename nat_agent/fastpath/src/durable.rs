@@ -136,11 +136,6 @@ impl SyncGroup {
         self.lock().dirty.get(key).copied()
     }
 
-    /// Whether a read of `key` must wait for a sync.
-    fn unsynced(&self, key: &[u8]) -> bool {
-        self.ticket_of(key).is_some()
-    }
-
     /// Tickets issued so far (the last one).
     #[getter]
     fn issued(&self) -> u64 {
