@@ -462,7 +462,9 @@ impl Run {
         let tick = self.shared.limits.sweep_interval;
         let mut swept = Instant::now();
         while !self.shared.stopping.load(Ordering::SeqCst) {
-            if let Err(err) = self.poll.poll(&mut events, Some(tick)) {
+            // Replies still held (see `settle`): look for events, but do not wait.
+            let wait = if self.held.is_empty() { tick } else { Duration::ZERO };
+            if let Err(err) = self.poll.poll(&mut events, Some(wait)) {
                 if err.kind() != ErrorKind::Interrupted {
                     break;
                 }
@@ -488,7 +490,7 @@ impl Run {
             }
             self.settle();
         }
-        self.settle();
+        self.settle(); // what is held now is answered; what that lets in is not acknowledged
         self.shutdown();
     }
 
@@ -737,12 +739,14 @@ impl Run {
     }
 
     /// Wait for the sync that covers every held reply, then send them (or,
-    /// if it failed, the error for each) and let those connections go on,
-    /// until none holds any (see "Group commit"). The GIL is not held.
+    /// if it failed, the error for each) and let those connections go on
+    /// (see "Group commit"). What they answer then is held for the next
+    /// turn's sync, so that a client that never stops sending cannot keep
+    /// the worker from its other connections. The GIL is not held.
     fn settle(&mut self) {
         let shared = Arc::clone(&self.shared);
         let Some(group) = shared.lane.get().group() else { return };
-        while !self.held.is_empty() {
+        if !self.held.is_empty() {
             let ids: Vec<usize> = self.held.drain().collect();
             let held = || ids.iter().filter_map(|id| self.conns.get(id)?.held.as_ref());
             let ticket = held().map(|h| h.ticket).max().unwrap_or(0);
