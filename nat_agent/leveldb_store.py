@@ -237,7 +237,15 @@ class LevelDBStore(Store):
                             put_options={"sync": True} if self._sync_each else None,
                             counted=self._mdids.add,
                             group=self._group.ledger if self._group is not None else None,
+                            put_batch=self._put_batch if self._group is not None else None,
                             sync_failure=self._group.failure if self._group is not None else None)
+
+    def _put_batch(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        """`RecordAccess.put_batch`: one LevelDB write for a worker's turn."""
+        batch = self._records.write_batch(sync=self._sync_each)
+        for key, value in pairs:
+            batch.put(key, value)
+        batch.write()
 
     def _write(self, mdid: int, key: bytes, value: bytes, is_new: bool) -> int | None:
         """Write a record, and count its mdid if it is new; its ticket (``batch``)."""

@@ -379,7 +379,7 @@ class MetadataService:
         assert SERVICE_LOOP is not None  # there is a lane
         self._workers = SERVICE_LOOP(
             listeners=[sock.detach() for sock in listeners], lane=lane, refresh=self.lane, handoff=handoff,
-            sync_failed=self._sync_failed,
+            sync_failed=self._sync_failed, write_failed=self._write_failed,
             connected=self._connected, refused=self._refused, reclaimed=self._reclaimed,
             overdue=functools.partial(overdue, self.stats), dropped=functools.partial(dropped, self.stats),
             arg_limit=self.arg_limit, max_bulk=self.max_bulk,
@@ -403,6 +403,14 @@ class MetadataService:
         self.stats["internal_errors"] += replies
         log.error("%d replies held for a sync failed: %s", replies, error)
         return encode_reply(internal_error(error))
+
+    def _write_failed(self, reason: str, replies: int) -> bytes:
+        """A worker's replies that wait for its turn's writes, which the
+        store failed to apply (on a worker thread): counted and worded as
+        the Python path's internal errors."""
+        self.stats["internal_errors"] += replies
+        log.error("%d replies wait for writes the store failed to apply: %s", replies, reason)
+        return encode_reply(internal_error(reason))
 
     async def _sample_ops(self) -> None:
         """The snapshots `ops` slides its window over."""

@@ -223,6 +223,10 @@ class RecordAccess:
     """The compiled group commit's ledger (``SyncGroup``) that writes wait
     for and that tells whether a key's last write is not yet synced; None
     if writes never wait."""
+    put_batch: Callable[[list[tuple[bytes, bytes]]], None] | None
+    """Write ``(key, value)`` pairs as one batch (the worker threads' turn
+    under a group commit, which takes the ticket around it); None with no
+    `group`."""
     sync_failure: Callable[[str], OSError] | None
     """The error of a write or read whose sync failed for a reason (a
     message), as the store's own path raises it (`GroupCommit.failure`)."""

@@ -42,7 +42,7 @@ from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.replication import Replicator
 from nat_agent.resp_commands import encode_reply, internal_error
 from nat_agent.service import MetadataService, ServiceLimits, keyspace
-from nat_agent.store import Record, record_key
+from nat_agent.store import FsyncMode, Record, record_key
 
 SPACE = Block.parse("10.9.0.0/28")   # 16 IDs: random blocks cover a fair share of the keys
 NAME = "lane"
@@ -383,13 +383,16 @@ def test_the_worker_threads_answer_on_the_lane_and_hand_over_the_rest(threaded):
         assert syncs is not None and sum(syncs.counts) >= 1   # the lane's SET waited for one
 
 
-def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path: Path):
+@pytest.mark.parametrize("fsync", ["off", "batch"])
+def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path: Path, fsync: FsyncMode):
     """A store call releases the GIL, so the event loop can freeze a block
     while a worker's write to it is under way. A migration freezes, drains,
     then copies: the drain must not return before that write has landed, or
     the copy misses an acknowledged write. The put here is made slow (0.3 s,
-    the GIL released) so that the freeze surely falls inside it."""
-    store = LevelDBStore(tmp_path / "db", SPACE.width, fsync="off")
+    the GIL released) so that the freeze surely falls inside it; under
+    ``batch`` it is the batch of the worker's turn, written when the turn
+    ends."""
+    store = LevelDBStore(tmp_path / "db", SPACE.width, fsync=fsync)
     agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
     service = MetadataService(agent, Replicator(agent.ownership, NAME, b"s" * 32),
                               ServiceLimits(max_value=MAX_VALUE, workers=1))
@@ -402,7 +405,15 @@ def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path
         time.sleep(0.3)
         access.put(key, value, **options)
 
-    service._lane = service._fast_lane(dataclasses.replace(access, put=slow_put))
+    def slow_batch(pairs: list[tuple[bytes, bytes]]) -> None:
+        assert access.put_batch is not None
+        entered.set()
+        time.sleep(0.3)
+        access.put_batch(pairs)
+
+    slowed = (dataclasses.replace(access, put_batch=slow_batch) if fsync == "batch"
+              else dataclasses.replace(access, put=slow_put))
+    service._lane = service._fast_lane(slowed)
     _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
 
     async def run() -> tuple[list[Record], bytes]:
@@ -475,6 +486,51 @@ def test_a_failed_sync_fails_the_replies_that_needed_it_and_every_later_write(tm
     assert got[1] == b"$1\r\nv\r\n" + error + error + b"+PONG\r\n" + error
     assert got[2] == error
     assert syncs == [1, 2] and service.stats["internal_errors"] == 4   # never tried again
+    asyncio.run(store.close())
+
+
+def test_writes_the_store_fails_to_apply_fail_the_replies_that_show_them(tmp_path: Path):
+    """Under ``--fsync batch`` a worker's writes land as one batch when its
+    turn ends. If the store refuses that batch, the replies that showed it
+    (the SET, a GET of the value it set) get the Python path's internal
+    error, the rest of the turn goes out as it was, and the next turn's
+    writes are tried afresh (a refused write is not a failed sync)."""
+    store = LevelDBStore(tmp_path / "db", SPACE.width, fsync="batch")
+    agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
+    service = MetadataService(agent, Replicator(agent.ownership, NAME, b"s" * 32),
+                              ServiceLimits(max_value=MAX_VALUE, workers=1))
+    access = store.record_access()
+    assert access is not None and access.put_batch is not None
+    put_batch = access.put_batch
+    refusals = [OSError(28, "No space left on device")]
+
+    def refusing(pairs: list[tuple[bytes, bytes]]) -> None:
+        if refusals:
+            raise refusals.pop()
+        put_batch(pairs)
+
+    service._lane = service._fast_lane(dataclasses.replace(access, put_batch=refusing))
+    _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
+    error = encode_reply(internal_error("[Errno 28] No space left on device"))
+    pipeline = [[b"SET", b"/b", b"w"], [b"PING"], [b"GET", b"/b"], [b"GET", b"/c"]]
+
+    async def run() -> list[bytes]:
+        port = await service.start("127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            got = []
+            for frames, expected in ((pipeline, error + b"+PONG\r\n" + error + b"$-1\r\n"),
+                                     ([[b"SET", b"/b", b"x"], [b"GET", b"/b"]], b"+OK\r\n$1\r\nx\r\n")):
+                writer.write(b"".join(encode_command(*frame) for frame in frames))
+                got.append(await asyncio.wait_for(reader.readexactly(len(expected)), 10))
+            writer.close()
+            return got
+        finally:
+            await service.stop()
+
+    got = asyncio.run(run())
+    assert got == [error + b"+PONG\r\n" + error + b"$-1\r\n", b"+OK\r\n$1\r\nx\r\n"]
+    assert service.stats["internal_errors"] == 2
     asyncio.run(store.close())
 
 

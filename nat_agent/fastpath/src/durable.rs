@@ -101,7 +101,7 @@ impl SyncGroup {
     }
 
     /// A write of `keys` is about to reach the store: its ticket.
-    fn begin(&self, keys: Vec<Vec<u8>>) -> u64 {
+    pub(crate) fn begin(&self, keys: Vec<Vec<u8>>) -> u64 {
         let mut ledger = self.lock();
         ledger.issued += 1;
         let ticket = ledger.issued;
@@ -158,11 +158,6 @@ impl SyncGroup {
 impl SyncGroup {
     fn lock(&self) -> MutexGuard<'_, Ledger> {
         self.ledger.lock().expect("never poisoned: nothing panics holding it")
-    }
-
-    /// A write's ticket, from Rust.
-    pub(crate) fn begin_one(&self, key: &[u8]) -> u64 {
-        self.begin(vec![key.to_vec()])
     }
 
     /// `sync_through` without the GIL (the caller holds none).

@@ -20,9 +20,10 @@
 //!   ID (`Ownership.fast_ranges`, pushed into the `LaneView` by the service
 //!   whenever the ownership's version moves);
 //! * under `--fsync batch`, writes and reads of a key whose last write is
-//!   not yet synced only from a worker thread (`server.rs`), which sends
-//!   the replies after the sync that covers them (`durable::SyncGroup`);
-//!   on the event loop, which cannot wait there, they are declined;
+//!   not yet synced only from a worker thread (`server.rs`), which writes a
+//!   turn's SETs as one batch (`Turn`, `apply`) and sends the replies after
+//!   the sync that covers them (`durable::SyncGroup`); on the event loop,
+//!   which cannot wait there, they are declined;
 //! * nothing at all while a replicated write is under way anywhere (the
 //!   replicator's `writing`, whose size it pushes into the `LaneView`),
 //!   since reads must wait for those.
@@ -31,15 +32,17 @@
 //! `data_received` callback, so no ownership change and no migration step
 //! can come between a check and its store call (what `InFlight` guards on
 //! the Python path). The worker threads of `server.rs` call the lane too;
-//! there the store's own calls release the GIL, so the workers hold
-//! `ServiceLoop`'s gate around each call and `InFlight.drain` closes it
-//! (`barrier`) before a migration copies anything.
+//! there the store's own calls release the GIL, so a worker holds
+//! `ServiceLoop`'s gate across a turn of its loop, until the turn's writes
+//! have landed, and `InFlight.drain` closes it (`barrier`) before a
+//! migration copies anything.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::durable::SyncGroup;
 use crate::keys::Keyspace;
@@ -56,6 +59,7 @@ struct Records {
     put_options: Option<Py<PyDict>>,
     counted: PyObject,
     group: Option<Py<SyncGroup>>,
+    put_batch: Option<PyObject>,
 }
 
 impl Records {
@@ -70,6 +74,7 @@ impl Records {
             put_options: optional("put_options")?.map(|o| o.downcast_into::<PyDict>()).transpose()?.map(Bound::unbind),
             counted: access.getattr("counted")?.unbind(),
             group: optional("group")?.map(|g| g.downcast_into::<SyncGroup>()).transpose()?.map(Bound::unbind),
+            put_batch: optional("put_batch")?.map(Bound::unbind),
         })
     }
 }
@@ -169,11 +174,43 @@ pub struct FastLane {
 /// it), the `stats` key it counts under, and the seconds it takes here.
 type Counter = (Vec<u8>, PyObject, Py<Histogram>);
 
-/// A reply that may be sent only once a sync covers `ticket`: `out[start..end]`.
+/// A reply that may be sent only once a sync covers `ticket`, and, if
+/// `batch`, once the turn's writes it shows are in the store: `out[start..end]`.
 pub(crate) struct Waiting {
     pub(crate) start: usize,
     pub(crate) end: usize,
     pub(crate) ticket: u64,
+    pub(crate) batch: bool,
+}
+
+/// What a reply waits for (see `Waiting`).
+#[derive(Default, Clone, Copy)]
+struct Need {
+    ticket: u64,
+    batch: bool,
+}
+
+/// One turn of a worker's loop under a group commit: its writes, not yet
+/// in the store, applied as one batch when the turn ends (`FastLane::apply`)
+/// and read by the turn's own later commands meanwhile; and the replies of
+/// the last lane call that wait (the caller takes them).
+#[derive(Default)]
+pub(crate) struct Turn {
+    pub(crate) waiting: Vec<Waiting>,
+    /// Record key -> (value, ID): the last write of a key in the turn wins.
+    writes: HashMap<Vec<u8>, (Vec<u8>, u128)>,
+}
+
+impl Turn {
+    pub(crate) fn has_writes(&self) -> bool {
+        !self.writes.is_empty()
+    }
+}
+
+/// A record's value: the store's, or a write of this turn's.
+enum Value {
+    Stored(Py<PyBytes>),
+    Pending(Vec<u8>),
 }
 
 /// The ID is inside one of the table's sorted, disjoint ranges.
@@ -262,10 +299,11 @@ impl FastLane {
     }
 
     /// `answer`, appending the replies to `out`; returns how many commands
-    /// it answered (0: the first one is the Python path's). `waiting`: the
-    /// replies that need a sync are listed there, and the caller sends them
-    /// (and those after them) only once a sync covers them (a worker
-    /// thread); None declines what would need one.
+    /// it answered (0: the first one is the Python path's). `turn`: a
+    /// worker's turn under a group commit, whose writes are applied when it
+    /// ends (`apply`); the replies that wait for them or for a sync are
+    /// listed in its `waiting`, and the caller sends them (and those after
+    /// them) only once a sync covers them. None declines what would wait.
     pub(crate) fn answer_into(
         &self,
         py: Python<'_>,
@@ -273,7 +311,7 @@ impl FastLane {
         resp3: bool,
         budget: usize,
         out: &mut Vec<u8>,
-        mut waiting: Option<&mut Vec<Waiting>>,
+        mut turn: Option<&mut Turn>,
     ) -> PyResult<usize> {
         let view = self.view.get();
         if view.writing() > 0 {
@@ -285,7 +323,7 @@ impl FastLane {
         let mut seconds = Batch::start();
         let taken = parser.take_leading(py, |buf, args| {
             out.len() - start < budget
-                && self.execute(py, &tables, buf, args, resp3, out, &mut counts, &mut seconds, waiting.as_deref_mut())
+                && self.execute(py, &tables, buf, args, resp3, out, &mut counts, &mut seconds, turn.as_deref_mut())
         });
         if taken == 0 {
             return Ok(0);
@@ -305,6 +343,41 @@ impl FastLane {
         Ok(taken)
     }
 
+    /// Apply a turn's writes as one batch (taking one ticket for them first,
+    /// as every write does), and count the records they create; the ticket,
+    /// or None if there was nothing to write. On an error nothing of the
+    /// batch is known to be in the store.
+    pub(crate) fn apply(&self, py: Python<'_>, turn: &mut Turn) -> PyResult<Option<u64>> {
+        if turn.writes.is_empty() {
+            return Ok(None);
+        }
+        let writes = std::mem::take(&mut turn.writes);
+        let (Some(group), Some(put_batch)) = (self.group(), &self.records.put_batch) else {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err("a turn's writes need a store with batches"));
+        };
+        let pairs = PyList::empty(py);
+        let mut created = Vec::new();
+        for (key, (value, id)) in &writes {
+            let record = PyBytes::new(py, key);
+            // Asked now, not when the command came: the batch lands right after.
+            if self.records.get.call1(py, (&record,))?.is_none(py) {
+                created.push(*id);
+            }
+            pairs.append((record, PyBytes::new(py, value)))?;
+        }
+        let ticket = group.begin(writes.into_keys().collect());
+        let written = put_batch.call1(py, (pairs,));
+        group.end(ticket);
+        written?;
+        for id in created {
+            // Written, so never undone now: a failure to count it is reported, not retried.
+            if let Err(err) = self.records.counted.call1(py, (id,)) {
+                err.write_unraisable(py, None);
+            }
+        }
+        Ok(Some(ticket))
+    }
+
     /// One command; false if declined (nothing done, nothing written). One
     /// answered is counted in `counts` and timed in `seconds`.
     #[allow(clippy::too_many_arguments)]
@@ -318,106 +391,103 @@ impl FastLane {
         out: &mut Vec<u8>,
         counts: &mut [u64],
         seconds: &mut Batch<'a>,
-        waiting: Option<&mut Vec<Waiting>>,
+        mut turn: Option<&mut Turn>,
     ) -> bool {
         let arg = |i: usize| &buf[args[i].0..args[i].1];
-        let start = out.len();
-        let mut need = 0;
-        let hold = waiting.is_some().then_some(&mut need);
         let Some(counter) = self.counters.iter().position(|(known, _, _)| known.eq_ignore_ascii_case(arg(0))) else {
             return false;
         };
         let name = self.counters[counter].0.as_slice(); // as the service names it: upper case
-        let done = match (name, args.len()) {
+        let start = out.len();
+        let need = match (name, args.len()) {
             (b"PING", 1) => {
                 out.extend_from_slice(b"+PONG\r\n");
-                true
+                Some(Need::default())
             }
-            (b"GET", 2) | (b"EXISTS", 2) => match self.read(py, tables, arg(1), hold) {
-                None => false,
-                Some(value) => {
-                    match (name, value) {
-                        (b"GET", Some(value)) => bulk(out, value.bind(py).as_bytes()),
-                        (b"GET", None) => out.extend_from_slice(if resp3 { b"_\r\n" } else { b"$-1\r\n" }),
-                        (_, found) => out.extend_from_slice(if found.is_some() { b":1\r\n" } else { b":0\r\n" }),
-                    }
-                    true
+            (b"GET", 2) | (b"EXISTS", 2) => self.read(py, tables, arg(1), turn.as_deref()).map(|(value, need)| {
+                match (name, value) {
+                    (b"GET", Some(Value::Stored(value))) => bulk(out, value.bind(py).as_bytes()),
+                    (b"GET", Some(Value::Pending(value))) => bulk(out, &value),
+                    (b"GET", None) => out.extend_from_slice(if resp3 { b"_\r\n" } else { b"$-1\r\n" }),
+                    (_, found) => out.extend_from_slice(if found.is_some() { b":1\r\n" } else { b":0\r\n" }),
                 }
-            },
+                need
+            }),
             (b"SET", 3) => {
-                let written = self.write(py, tables, arg(1), arg(2), hold);
-                if written {
+                let need = self.write(py, tables, arg(1), arg(2), turn.as_deref_mut());
+                if need.is_some() {
                     out.extend_from_slice(b"+OK\r\n");
                 }
-                written
+                need
             }
-            _ => false,
+            _ => None,
         };
-        if let (true, Some(waiting)) = (done && need > 0, waiting) {
-            waiting.push(Waiting { start, end: out.len(), ticket: need });
+        let Some(need) = need else { return false };
+        if let (true, Some(turn)) = (need.ticket > 0 || need.batch, turn) {
+            turn.waiting.push(Waiting { start, end: out.len(), ticket: need.ticket, batch: need.batch });
         }
-        if done {
-            counts[counter] += 1;
-            seconds.answered(self.counters[counter].2.get());
-        }
-        done
+        counts[counter] += 1;
+        seconds.answered(self.counters[counter].2.get());
+        true
     }
 
-    /// The record of a key served here for reads: Some(value or None), or
-    /// None to decline.
-    /// A store call that fails is declined: the Python path meets the same
-    /// failure and answers it.
-    /// A key whose last write is not yet synced: see `answer_into`'s `hold`.
-    fn read(&self, py: Python<'_>, tables: &Tables, raw: &[u8], hold: Option<&mut u64>) -> Option<Option<Py<PyBytes>>> {
+    /// The record of a key served here for reads, and what its reply waits
+    /// for; None to decline. A store call that fails is declined: the
+    /// Python path meets the same failure and answers it. A key written in
+    /// this turn, or whose last write is not yet synced, is declined
+    /// without a turn (see `answer_into`).
+    fn read(&self, py: Python<'_>, tables: &Tables, raw: &[u8], turn: Option<&Turn>) -> Option<(Option<Value>, Need)> {
         let space = self.space.get();
         let (key, id) = space.route(raw)?;
         if !within(&tables.reads, id) {
             return None;
         }
         let record_key = space.record_key(id, &key);
+        if let Some((value, _)) = turn.and_then(|turn| turn.writes.get(&record_key)) {
+            self.ops.count(id);
+            return Some((Some(Value::Pending(value.clone())), Need { ticket: 0, batch: true }));
+        }
         let record = PyBytes::new(py, &record_key);
         let value = self.records.get.call1(py, (&record,)).ok()?;
+        let mut need = Need::default();
         // Read first, then ask: a write takes its ticket before it reaches the store.
         if let Some(ticket) = self.group().and_then(|group| group.ticket_of(&record_key)) {
-            let need = hold?;
-            *need = (*need).max(ticket);
+            turn?;
+            need.ticket = ticket;
         }
         let found = if value.is_none(py) {
             None
         } else {
-            Some(value.downcast_bound::<PyBytes>(py).ok()?.clone().unbind())
+            Some(Value::Stored(value.downcast_bound::<PyBytes>(py).ok()?.clone().unbind()))
         };
         self.ops.count(id);
-        Some(found)
+        Some((found, need))
     }
 
-    /// Write a key served here for writes; false to decline (nothing
-    /// written). Under a group commit, only with `hold` (see `answer_into`).
-    fn write(&self, py: Python<'_>, tables: &Tables, raw: &[u8], value: &[u8], hold: Option<&mut u64>) -> bool {
+    /// Write a key served here for writes, and what its reply waits for;
+    /// None to decline (nothing written). Under a group commit the write
+    /// joins the turn's batch (declined without a turn: see `answer_into`).
+    fn write(&self, py: Python<'_>, tables: &Tables, raw: &[u8], value: &[u8], turn: Option<&mut Turn>) -> Option<Need> {
         let group = self.group();
-        if group.is_some() && hold.is_none() {
-            return false;
+        if group.is_some() && turn.is_none() {
+            return None;
         }
         let space = self.space.get();
-        let Some((key, id)) = space.route(raw) else { return false };
+        let (key, id) = space.route(raw)?;
         if !within(&tables.writes, id) {
-            return false;
+            return None;
         }
         let record_key = space.record_key(id, &key);
+        if let Some(turn) = turn {
+            turn.writes.insert(record_key, (value.to_vec(), id));
+            self.ops.count(id);
+            return Some(Need { ticket: 0, batch: true });
+        }
         let record = PyBytes::new(py, &record_key);
-        let Ok(old) = self.records.get.call1(py, (&record,)) else { return false };
+        let old = self.records.get.call1(py, (&record,)).ok()?;
         let options = self.records.put_options.as_ref().map(|o| o.bind(py));
-        let ticket = group.map(|group| group.begin_one(&record_key));
-        let put = self.records.put.call(py, (&record, PyBytes::new(py, value)), options);
-        if let (Some(group), Some(ticket)) = (group, ticket) {
-            group.end(ticket);
-        }
-        if put.is_err() {
-            return false; // not written: the Python path tries again and words the failure
-        }
-        if let (Some(need), Some(ticket)) = (hold, ticket) {
-            *need = (*need).max(ticket);
-        }
+        // Not written: the Python path tries again and words the failure.
+        self.records.put.call(py, (&record, PyBytes::new(py, value)), options).ok()?;
         self.ops.count(id);
         if old.is_none(py) {
             // Written, so never declined now: a failure to count it is reported, not retried.
@@ -425,6 +495,6 @@ impl FastLane {
                 err.write_unraisable(py, None);
             }
         }
-        true
+        Some(Need::default())
     }
 }

@@ -29,22 +29,27 @@
 //! and log it as for the event loop's connections. So no number, counter
 //! name or wording of the Python path is restated here.
 //!
-//! Group commit (`--fsync batch`, issue 27): a write the lane makes here is
-//! acknowledged only once a sync covers it, and so is a read of a key whose
-//! last write is not yet synced. Such replies are held (`Held`: the bytes of
-//! `out` from the first of them on; what follows them waits too, to keep
-//! the order), and a command the lane declines is not handed over while
-//! replies are held. At the end of each turn of its loop (`settle`) the
-//! worker waits, with the GIL released, for one sync that covers every
-//! reply it holds (`durable::SyncGroup`, shared with the other workers and
-//! the event loop), then sends them: Redis's `appendfsync always`, whose
-//! replies of an event-loop round follow its fsync. If the sync fails,
-//! each held reply that needed it becomes the service's error (`sync_failed`).
+//! Group commit (`--fsync batch`, issue 27): the SETs the lane answers in
+//! one turn of a worker's loop are not written one by one: they are kept
+//! in the turn (`lane::Turn`, which the turn's later reads consult) and
+//! written as one LevelDB batch when the turn ends (`apply`), one log
+//! `write` for all of them. Their replies, and those of reads of a key
+//! whose last write is not yet synced, are held (`Held`: the bytes of `out`
+//! from the first of them on; what follows them waits too, to keep the
+//! order), and a command the lane declines is not handed over while
+//! replies are held. Then (`settle`) the worker waits, with the GIL
+//! released, for one sync that covers every reply it holds
+//! (`durable::SyncGroup`, shared with the other workers and the event
+//! loop), and sends them: Redis's `appendfsync always`, whose replies of an
+//! event-loop round follow its fsync. If the sync fails, each held reply
+//! that needed it becomes the service's error (`sync_failed`); if the store
+//! refused the batch, each reply that showed it does (`write_failed`).
 //!
 //! Migration safety: a store call releases the GIL, so the event loop can
-//! freeze a block while a worker's write to it is under way. Every lane
-//! call holds `gate` for reading (taken before the GIL, so it never waits
-//! on a holder of the GIL), and `barrier` takes it for writing:
+//! freeze a block while a worker's write to it is under way. A turn of a
+//! worker's loop holds `gate` for reading from before its first lane call
+//! (taken before the GIL, so it never waits on a holder of the GIL) until
+//! its batch has landed, and `barrier` takes it for writing:
 //! `InFlight.drain` calls it, so once a freeze has drained, every write
 //! admitted before the freeze has landed, and every later one sees it.
 //!
@@ -88,7 +93,7 @@ use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::lane::{FastLane, Waiting};
+use crate::lane::{FastLane, Turn, Waiting};
 use crate::parser::CommandParser;
 
 const LISTENER: Token = Token(0);
@@ -153,8 +158,11 @@ struct Shared {
     handoff: PyObject,
     arg_limit: PyObject,
     /// `(message, replies)`: the error reply for each of `replies` held
-    /// replies whose sync failed, worded (and counted) by the service.
+    /// replies whose sync failed, worded (and counted) by the service;
+    /// `write_failed` the same for replies whose turn's writes could not be
+    /// applied (`message`: the store's error).
     sync_failed: PyObject,
+    write_failed: PyObject,
     /// The connection events, each counted and logged by the service as on
     /// its own path: `connected()` (returns the connection's number),
     /// `refused()`, `reclaimed(peer, idle seconds)`, `overdue(peer, age in
@@ -183,6 +191,18 @@ struct Shared {
 }
 
 impl Shared {
+    /// The service's error reply for `replies` replies that failed for
+    /// `message` (`sync_failed` or `write_failed`).
+    fn word(&self, failed: &PyObject, message: String, replies: usize) -> Vec<u8> {
+        Python::with_gil(|py| {
+            let worded = failed.call1(py, (message.clone(), replies));
+            worded.and_then(|reply| reply.extract::<Vec<u8>>(py)).unwrap_or_else(|err| {
+                err.write_unraisable(py, None);
+                format!("-ERR {message}\r\n").into_bytes()
+            })
+        })
+    }
+
     /// Report an event (see the fields); a failure to count or log it is
     /// not worth failing a connection over, so it is reported and dropped.
     fn report<'py, A>(&self, py: Python<'py>, event: &PyObject, args: A) -> Option<PyObject>
@@ -233,7 +253,7 @@ pub struct ServiceLoop {
 #[pymethods]
 impl ServiceLoop {
     #[new]
-    #[pyo3(signature = (*, listeners, lane, refresh, handoff, sync_failed, connected, refused, reclaimed, overdue, dropped,
+    #[pyo3(signature = (*, listeners, lane, refresh, handoff, sync_failed, write_failed, connected, refused, reclaimed, overdue, dropped,
                         arg_limit, max_bulk, max_args, max_line, unsent, flush_bytes, read_ahead, read_timeout,
                         idle_timeout, sweep_interval, max_clients, refusal, timeout_reply, reclaimed_prefix,
                         at_limit, shutting_down))]
@@ -244,6 +264,7 @@ impl ServiceLoop {
         refresh: PyObject,
         handoff: PyObject,
         sync_failed: PyObject,
+        write_failed: PyObject,
         connected: PyObject,
         refused: PyObject,
         reclaimed: PyObject,
@@ -284,6 +305,7 @@ impl ServiceLoop {
             refresh,
             handoff,
             sync_failed,
+            write_failed,
             arg_limit,
             connected,
             refused,
@@ -364,12 +386,11 @@ impl ServiceLoop {
     }
 }
 
-/// Replies held for a sync covering `ticket`: `out` from `start` on, of
-/// which `waiting` need the sync (see "Group commit").
+/// Replies held for a sync: `out` from `start` on, of which `waiting` need
+/// it (see "Group commit").
 struct Held {
     start: usize,
     waiting: Vec<Waiting>,
-    ticket: u64,
 }
 
 impl Held {
@@ -382,11 +403,12 @@ impl Held {
         }
     }
 
-    /// The sync failed: each reply that needed it becomes `error`.
-    fn fail(self, out: &mut Vec<u8>, error: &[u8]) {
+    /// Each reply that `error_of` gives an error for becomes that error.
+    fn fail<'e>(self, out: &mut Vec<u8>, error_of: impl Fn(&Waiting) -> Option<&'e [u8]>) {
         let mut rebuilt = Vec::with_capacity(out.len() - self.start);
         let mut cursor = self.start;
         for reply in &self.waiting {
+            let Some(error) = error_of(reply) else { continue };
             rebuilt.extend_from_slice(&out[cursor..reply.start]);
             rebuilt.extend_from_slice(error);
             cursor = reply.end;
@@ -439,6 +461,12 @@ struct Run {
     conns: HashMap<usize, Conn>,
     /// Connections holding replies for a sync (`Held`).
     held: HashSet<usize>,
+    /// This turn's writes, applied as one batch when it ends (`apply`).
+    turn: Turn,
+    /// The ticket of the writes applied since the last `settle`, and the
+    /// error if they could not be.
+    applied: u64,
+    unapplied: Option<String>,
     next: usize,
     buf: Vec<u8>,
 }
@@ -452,6 +480,9 @@ impl Run {
             shared,
             conns: HashMap::new(),
             held: HashSet::new(),
+            turn: Turn::default(),
+            applied: 0,
+            unapplied: None,
             next: FIRST_CONN,
             buf: vec![0; 64 << 10],
         }
@@ -469,6 +500,10 @@ impl Run {
                     break;
                 }
             }
+            // Every lane call runs inside the gate, and the turn's writes land
+            // before it is let go (see "Migration safety").
+            let shared = Arc::clone(&self.shared);
+            let gate = shared.gate.read().expect("never poisoned");
             for event in events.iter() {
                 match event.token() {
                     LISTENER => self.accept(),
@@ -488,6 +523,8 @@ impl Run {
                 swept = now;
                 self.sweep(now);
             }
+            self.apply();
+            drop(gate);
             self.settle();
         }
         self.settle(); // what is held now is answered; what that lets in is not acknowledged
@@ -729,7 +766,7 @@ impl Run {
     /// until it would block, waits, is paused or is done.
     fn turn(&mut self, id: usize) {
         let Some(conn) = self.conns.get_mut(&id) else { return };
-        let next = step(conn, self.index, id, &self.shared, &mut self.buf);
+        let next = step(conn, self.index, id, &self.shared, &mut self.buf, &mut self.turn);
         if conn.held.is_some() {
             self.held.insert(id);
         }
@@ -746,27 +783,46 @@ impl Run {
     fn settle(&mut self) {
         let shared = Arc::clone(&self.shared);
         let Some(group) = shared.lane.get().group() else { return };
-        if !self.held.is_empty() {
-            let ids: Vec<usize> = self.held.drain().collect();
-            let held = || ids.iter().filter_map(|id| self.conns.get(id)?.held.as_ref());
-            let ticket = held().map(|h| h.ticket).max().unwrap_or(0);
-            let replies: usize = held().map(|h| h.waiting.len()).sum();
-            let error = group.settle(ticket).err().map(|(_, message)| {
-                Python::with_gil(|py| {
-                    let worded = self.shared.sync_failed.call1(py, (message.clone(), replies));
-                    worded.and_then(|reply| reply.extract::<Vec<u8>>(py)).unwrap_or_else(|err| {
-                        err.write_unraisable(py, None);
-                        format!("-ERR {message}\r\n").into_bytes()
-                    })
-                })
-            });
-            for id in ids {
-                let Some(conn) = self.conns.get_mut(&id) else { continue };
-                if let (Some(held), Some(error)) = (conn.held.take(), &error) {
-                    held.fail(&mut conn.out, error);
+        if self.held.is_empty() {
+            return;
+        }
+        let ids: Vec<usize> = self.held.drain().collect();
+        let held = || ids.iter().filter_map(|id| self.conns.get(id)?.held.as_ref()).flat_map(|h| &h.waiting);
+        let ticket = held().map(|w| w.ticket).chain([std::mem::take(&mut self.applied)]).max().unwrap_or(0);
+        let unapplied = self.unapplied.take().map(|message| {
+            let replies = held().filter(|w| w.batch).count();
+            shared.word(&shared.write_failed, message, replies)
+        });
+        let unsynced = group.settle(ticket).err().map(|(_, message)| {
+            let replies = held().filter(|w| !(w.batch && unapplied.is_some())).count();
+            shared.word(&shared.sync_failed, message, replies)
+        });
+        let gate = shared.gate.read().expect("never poisoned");
+        for id in ids {
+            let Some(conn) = self.conns.get_mut(&id) else { continue };
+            if let Some(held) = conn.held.take() {
+                if unapplied.is_some() || unsynced.is_some() {
+                    held.fail(&mut conn.out, |reply| {
+                        if reply.batch && unapplied.is_some() { unapplied.as_deref() } else { unsynced.as_deref() }
+                    });
                 }
-                self.turn(id);
             }
+            self.turn(id);
+        }
+        self.apply();
+        drop(gate);
+    }
+
+    /// Apply the turn's writes as one batch (inside the gate); what the
+    /// replies that show them wait for (`applied`), or why they fail.
+    fn apply(&mut self) {
+        if !self.turn.has_writes() {
+            return;
+        }
+        let lane = self.shared.lane.get();
+        match Python::with_gil(|py| lane.apply(py, &mut self.turn).map_err(|err| err.value(py).to_string())) {
+            Ok(ticket) => self.applied = self.applied.max(ticket.unwrap_or(0)),
+            Err(message) => self.unapplied = Some(message),
         }
     }
 
@@ -843,7 +899,7 @@ fn flush(conn: &mut Conn) -> io::Result<()> {
     Ok(())
 }
 
-fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, buf: &mut [u8]) -> Next {
+fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, buf: &mut [u8], turn: &mut Turn) -> Next {
     let limits = &shared.limits;
     loop {
         if flush(conn).is_err() {
@@ -866,7 +922,7 @@ fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, buf: &mut [u
         // Answer what is buffered, as far as the lane goes or up to a handoff.
         if !conn.waiting && conn.parser.busy() {
             let before = conn.out.len();
-            answer(conn, worker, id, shared);
+            answer(conn, worker, id, shared, turn);
             if conn.out.len() > before {
                 conn.useful = now;
                 conn.started = now;
@@ -906,23 +962,18 @@ fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, buf: &mut [u
 /// One lane call over the buffered commands, and the handoff of the first
 /// one it declines. Holds the gate, then the GIL (in that order: see the
 /// module's docstring).
-fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared) {
-    let _gate = shared.gate.read().expect("never poisoned");
+fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, turn: &mut Turn) {
     Python::with_gil(|py| {
         let budget = shared.limits.flush_bytes;
         let lane = shared.lane.get();
         let refreshed = if lane.view().stale() { shared.refresh.call0(py).map(drop) } else { Ok(()) };
-        let mut waiting = Vec::new();
-        let hold = lane.group().is_some().then_some(&mut waiting);
+        let hold = lane.group().is_some().then_some(&mut *turn);
         let answered =
             refreshed.and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out, hold));
-        let ticket = waiting.iter().map(|reply| reply.ticket).max().unwrap_or(0);
+        let waiting = std::mem::take(&mut turn.waiting);
         match (&mut conn.held, waiting.first()) {
-            (Some(held), _) => {
-                held.ticket = held.ticket.max(ticket);
-                held.waiting.extend(waiting);
-            }
-            (None, Some(first)) => conn.held = Some(Held { start: first.start, waiting, ticket }),
+            (Some(held), _) => held.waiting.extend(waiting),
+            (None, Some(first)) => conn.held = Some(Held { start: first.start, waiting }),
             (None, None) => {}
         }
         match answered {
