@@ -174,13 +174,14 @@ pub struct FastLane {
 /// it), the `stats` key it counts under, and the seconds it takes here.
 type Counter = (Vec<u8>, PyObject, Py<Histogram>);
 
-/// A reply that may be sent only once a sync covers `ticket`, and, if
-/// `batch`, once the turn's writes it shows are in the store: `out[start..end]`.
+/// A reply that may be sent only once a sync covers `ticket`, and, if it
+/// shows a turn's writes, once that `batch` (its number) is in the store:
+/// `out[start..end]`.
 pub(crate) struct Waiting {
     pub(crate) start: usize,
     pub(crate) end: usize,
     pub(crate) ticket: u64,
-    pub(crate) batch: bool,
+    pub(crate) batch: Option<u64>,
 }
 
 /// What a reply waits for (see `Waiting`).
@@ -199,6 +200,8 @@ pub(crate) struct Turn {
     pub(crate) waiting: Vec<Waiting>,
     /// Record key -> (value, ID): the last write of a key in the turn wins.
     writes: HashMap<Vec<u8>, (Vec<u8>, u128)>,
+    /// The number of the batch the writes will be applied as.
+    pub(crate) number: u64,
 }
 
 impl Turn {
@@ -352,6 +355,7 @@ impl FastLane {
             return Ok(None);
         }
         let writes = std::mem::take(&mut turn.writes);
+        turn.number += 1;
         let (Some(group), Some(put_batch)) = (self.group(), &self.records.put_batch) else {
             return Err(pyo3::exceptions::PyRuntimeError::new_err("a turn's writes need a store with batches"));
         };
@@ -424,7 +428,8 @@ impl FastLane {
         };
         let Some(need) = need else { return false };
         if let (true, Some(turn)) = (need.ticket > 0 || need.batch, turn) {
-            turn.waiting.push(Waiting { start, end: out.len(), ticket: need.ticket, batch: need.batch });
+            let batch = need.batch.then_some(turn.number);
+            turn.waiting.push(Waiting { start, end: out.len(), ticket: need.ticket, batch });
         }
         counts[counter] += 1;
         seconds.answered(self.counters[counter].2.get());

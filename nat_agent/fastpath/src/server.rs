@@ -464,9 +464,9 @@ struct Run {
     /// This turn's writes, applied as one batch when it ends (`apply`).
     turn: Turn,
     /// The ticket of the writes applied since the last `settle`, and the
-    /// error if they could not be.
+    /// batches that could not be, with why.
     applied: u64,
-    unapplied: Option<String>,
+    unapplied: HashMap<u64, String>,
     next: usize,
     buf: Vec<u8>,
 }
@@ -482,7 +482,7 @@ impl Run {
             held: HashSet::new(),
             turn: Turn::default(),
             applied: 0,
-            unapplied: None,
+            unapplied: HashMap::new(),
             next: FIRST_CONN,
             buf: vec![0; 64 << 10],
         }
@@ -783,27 +783,35 @@ impl Run {
     fn settle(&mut self) {
         let shared = Arc::clone(&self.shared);
         let Some(group) = shared.lane.get().group() else { return };
+        // Every reply that shows a batch applied so far is held now (or its
+        // connection is gone), so the failed batches are settled here.
+        let unapplied = std::mem::take(&mut self.unapplied);
         if self.held.is_empty() {
             return;
         }
         let ids: Vec<usize> = self.held.drain().collect();
         let held = || ids.iter().filter_map(|id| self.conns.get(id)?.held.as_ref()).flat_map(|h| &h.waiting);
         let ticket = held().map(|w| w.ticket).chain([std::mem::take(&mut self.applied)]).max().unwrap_or(0);
-        let unapplied = self.unapplied.take().map(|message| {
-            let replies = held().filter(|w| w.batch).count();
-            shared.word(&shared.write_failed, message, replies)
-        });
+        let unapplied: HashMap<u64, Vec<u8>> = unapplied
+            .into_iter()
+            .map(|(batch, message)| {
+                let replies = held().filter(|w| w.batch == Some(batch)).count();
+                (batch, shared.word(&shared.write_failed, message, replies))
+            })
+            .collect();
+        let refused = |reply: &Waiting| reply.batch.is_some_and(|batch| unapplied.contains_key(&batch));
         let unsynced = group.settle(ticket).err().map(|(_, message)| {
-            let replies = held().filter(|w| !(w.batch && unapplied.is_some())).count();
+            let replies = held().filter(|w| !refused(w)).count();
             shared.word(&shared.sync_failed, message, replies)
         });
         let gate = shared.gate.read().expect("never poisoned");
         for id in ids {
             let Some(conn) = self.conns.get_mut(&id) else { continue };
             if let Some(held) = conn.held.take() {
-                if unapplied.is_some() || unsynced.is_some() {
-                    held.fail(&mut conn.out, |reply| {
-                        if reply.batch && unapplied.is_some() { unapplied.as_deref() } else { unsynced.as_deref() }
+                if !unapplied.is_empty() || unsynced.is_some() {
+                    held.fail(&mut conn.out, |reply| match reply.batch.and_then(|batch| unapplied.get(&batch)) {
+                        Some(error) => Some(error.as_slice()),
+                        None => unsynced.as_deref(),
                     });
                 }
             }
@@ -820,9 +828,12 @@ impl Run {
             return;
         }
         let lane = self.shared.lane.get();
+        let batch = self.turn.number;
         match Python::with_gil(|py| lane.apply(py, &mut self.turn).map_err(|err| err.value(py).to_string())) {
             Ok(ticket) => self.applied = self.applied.max(ticket.unwrap_or(0)),
-            Err(message) => self.unapplied = Some(message),
+            Err(message) => {
+                self.unapplied.insert(batch, message);
+            }
         }
     }
 
