@@ -42,7 +42,7 @@ from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.replication import Replicator
 from nat_agent.resp_commands import encode_reply, internal_error
 from nat_agent.service import MetadataService, ServiceLimits, keyspace
-from nat_agent.store import FsyncMode, Record, record_key
+from nat_agent.store import FsyncMode, Record, RecordAccess, record_key
 
 SPACE = Block.parse("10.9.0.0/28")   # 16 IDs: random blocks cover a fair share of the keys
 NAME = "lane"
@@ -383,6 +383,34 @@ def test_the_worker_threads_answer_on_the_lane_and_hand_over_the_rest(threaded):
         assert syncs is not None and sum(syncs.counts) >= 1   # the lane's SET waited for one
 
 
+def _one_worker(path: Path, fsync: FsyncMode) -> tuple[LevelDBStore, MetadataService, RecordAccess]:
+    """A service on one worker thread over a LevelDB store at `path`, and
+    the store's record access, for a test to replace parts of in its lane."""
+    store = LevelDBStore(path, SPACE.width, fsync=fsync)
+    agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
+    service = MetadataService(agent, Replicator(agent.ownership, NAME, b"s" * 32),
+                              ServiceLimits(max_value=MAX_VALUE, workers=1))
+    access = store.record_access()
+    assert access is not None
+    return store, service, access
+
+
+async def _exchanges(service: MetadataService, steps: list[tuple[list[list[bytes]], bytes]]) -> list[bytes]:
+    """Start `service`; on one connection send each step's commands at once
+    and read as many bytes as its expected replies have; what was read."""
+    port = await service.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        got = []
+        for frames, expected in steps:
+            writer.write(b"".join(encode_command(*frame) for frame in frames))
+            got.append(await asyncio.wait_for(reader.readexactly(len(expected)), 10))
+        writer.close()
+        return got
+    finally:
+        await service.stop()
+
+
 @pytest.mark.parametrize("fsync", ["off", "batch"])
 def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path: Path, fsync: FsyncMode):
     """A store call releases the GIL, so the event loop can freeze a block
@@ -392,12 +420,8 @@ def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path
     the GIL released) so that the freeze surely falls inside it; under
     ``batch`` it is the batch of the worker's turn, written when the turn
     ends."""
-    store = LevelDBStore(tmp_path / "db", SPACE.width, fsync=fsync)
-    agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
-    service = MetadataService(agent, Replicator(agent.ownership, NAME, b"s" * 32),
-                              ServiceLimits(max_value=MAX_VALUE, workers=1))
-    access = store.record_access()
-    assert access is not None
+    store, service, access = _one_worker(tmp_path / "db", fsync)
+    agent = service.agent
     entered = threading.Event()
 
     def slow_put(key: bytes, value: bytes, **options: object) -> None:
@@ -445,12 +469,8 @@ def test_a_failed_sync_fails_the_replies_that_needed_it_and_every_later_write(tm
     them gets the error the Python path words, the replies between them go
     out as they were, and every later write fails too: a second fsync could
     lie about the first. The lane's sync is made to fail from its second."""
-    store = LevelDBStore(tmp_path / "db", SPACE.width, fsync="batch")
-    agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
-    service = MetadataService(agent, Replicator(agent.ownership, NAME, b"s" * 32),
-                              ServiceLimits(max_value=MAX_VALUE, workers=1))
-    access = store.record_access()
-    assert access is not None and access.sync_failure is not None
+    store, service, access = _one_worker(tmp_path / "db", "batch")
+    assert access.sync_failure is not None
     syncs: list[int] = []
 
     def sync() -> None:
@@ -463,25 +483,11 @@ def test_a_failed_sync_fails_the_replies_that_needed_it_and_every_later_write(tm
     _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
     error = encode_reply(internal_error(access.sync_failure("Input/output error")))
 
-    async def run() -> list[bytes]:
-        port = await service.start("127.0.0.1", 0)
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            got = []
-            pipeline = [[b"GET", b"/a"], [b"SET", b"/b", b"w"], [b"GET", b"/b"], [b"PING"],
-                        [b"SET", b"/c", b"x"]]
-            for frames, expected in (
-                    ([[b"SET", b"/a", b"v"]], b"+OK\r\n"),
-                    (pipeline, b"$1\r\nv\r\n" + error + error + b"+PONG\r\n" + error),
-                    ([[b"SET", b"/d", b"y"]], error)):
-                writer.write(b"".join(encode_command(*frame) for frame in frames))
-                got.append(await asyncio.wait_for(reader.readexactly(len(expected)), 10))
-            writer.close()
-            return got
-        finally:
-            await service.stop()
-
-    got = asyncio.run(run())
+    pipeline = [[b"GET", b"/a"], [b"SET", b"/b", b"w"], [b"GET", b"/b"], [b"PING"], [b"SET", b"/c", b"x"]]
+    got = asyncio.run(_exchanges(service, [
+        ([[b"SET", b"/a", b"v"]], b"+OK\r\n"),
+        (pipeline, b"$1\r\nv\r\n" + error + error + b"+PONG\r\n" + error),
+        ([[b"SET", b"/d", b"y"]], error)]))
     assert got[0] == b"+OK\r\n"
     assert got[1] == b"$1\r\nv\r\n" + error + error + b"+PONG\r\n" + error
     assert got[2] == error
@@ -495,12 +501,8 @@ def test_writes_the_store_fails_to_apply_fail_the_replies_that_show_them(tmp_pat
     (the SET, a GET of the value it set) get the Python path's internal
     error, the rest of the turn goes out as it was, and the next turn's
     writes are tried afresh (a refused write is not a failed sync)."""
-    store = LevelDBStore(tmp_path / "db", SPACE.width, fsync="batch")
-    agent = Agent(Identity(NAME, None, None, 9000, "http://127.0.0.1:1", 1000), store, SPACE)
-    service = MetadataService(agent, Replicator(agent.ownership, NAME, b"s" * 32),
-                              ServiceLimits(max_value=MAX_VALUE, workers=1))
-    access = store.record_access()
-    assert access is not None and access.put_batch is not None
+    store, service, access = _one_worker(tmp_path / "db", "batch")
+    assert access.put_batch is not None
     put_batch = access.put_batch
     refusals = [OSError(28, "No space left on device")]
 
@@ -514,21 +516,9 @@ def test_writes_the_store_fails_to_apply_fail_the_replies_that_show_them(tmp_pat
     error = encode_reply(internal_error("[Errno 28] No space left on device"))
     pipeline = [[b"SET", b"/b", b"w"], [b"PING"], [b"GET", b"/b"], [b"GET", b"/c"]]
 
-    async def run() -> list[bytes]:
-        port = await service.start("127.0.0.1", 0)
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            got = []
-            for frames, expected in ((pipeline, error + b"+PONG\r\n" + error + b"$-1\r\n"),
-                                     ([[b"SET", b"/b", b"x"], [b"GET", b"/b"]], b"+OK\r\n$1\r\nx\r\n")):
-                writer.write(b"".join(encode_command(*frame) for frame in frames))
-                got.append(await asyncio.wait_for(reader.readexactly(len(expected)), 10))
-            writer.close()
-            return got
-        finally:
-            await service.stop()
-
-    got = asyncio.run(run())
+    got = asyncio.run(_exchanges(service, [
+        (pipeline, error + b"+PONG\r\n" + error + b"$-1\r\n"),
+        ([[b"SET", b"/b", b"x"], [b"GET", b"/b"]], b"+OK\r\n$1\r\nx\r\n")]))
     assert got == [error + b"+PONG\r\n" + error + b"$-1\r\n", b"+OK\r\n$1\r\nx\r\n"]
     assert service.stats["internal_errors"] == 2
     asyncio.run(store.close())
