@@ -241,7 +241,8 @@ class LevelDBStore(Store):
                             sync_failure=self._group.failure if self._group is not None else None)
 
     def _put_batch(self, pairs: list[tuple[bytes, bytes]]) -> None:
-        """`RecordAccess.put_batch`: one LevelDB write for a worker's turn."""
+        """One LevelDB write of ``(key, value)`` pairs: `put_many`'s, and a
+        worker's turn's (`RecordAccess.put_batch`)."""
         batch = self._records.write_batch(sync=self._sync_each)
         for key, value in pairs:
             batch.put(key, value)
@@ -307,12 +308,11 @@ class LevelDBStore(Store):
         # Encode everything first, so a bad mdid rejects the batch before any write.
         rows = [(record_key(mdid, path, self.width), mdid, value) for mdid, path, value in records]
         new: dict[bytes, int] = {}  # keyed, so a duplicate in the batch counts once
-        batch = self._records.write_batch(sync=self._sync_each)
-        for key, mdid, value in rows:
+        for key, mdid, _ in rows:
             if self._records.get(key) is None:
                 new[key] = mdid
-            batch.put(key, value)
-        ticket = self._apply([key for key, _, _ in rows], batch.write)
+        pairs = [(key, value) for key, _, value in rows]
+        ticket = self._apply([key for key, _ in pairs], lambda: self._put_batch(pairs))
         self._mdids.update(new.values())
         await self._durable(ticket)
 
