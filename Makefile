@@ -21,12 +21,13 @@ STAMP  := $(VENV)/.installed
 # is tested with (rsync, postmark, fs_mark; git is there already), and
 # systemd for `systemd-analyze verify` of deploy/systemd/'s units, and
 # Prometheus, whose promtool checks the alert rules and scrape configuration
-# in deploy/prometheus/.
+# in deploy/prometheus/, and LevelDB with its snappy as static libraries,
+# which the extension carries (nat_agent/fastpath/build.rs).
 APT_PACKAGES := redis-server redis-tools iptables conntrack iproute2 ethtool \
                 libnetfilter-queue-dev libnetfilter-queue1 build-essential \
                 mininet openvswitch-switch iputils-ping strace e2fsprogs \
                 fuse3 libfuse3-dev pkg-config rsync postmark fsmark git systemd prometheus \
-                etcd-server etcd-client
+                etcd-server etcd-client libleveldb-dev libsnappy-dev
 # Debian's Mininet is a package of the system python3 only. The venv gets a
 # symlink to that one package, not a .pth line for the whole dist-packages
 # directory: a .pth would let every Debian module (an older cryptography,
@@ -41,7 +42,8 @@ MININET_SRC  := /usr/lib/python3/dist-packages/mininet
 CARGO    ?= $(or $(shell command -v cargo 2>/dev/null),$(HOME)/.cargo/bin/cargo)
 WITH_CARGO = PATH="$(dir $(CARGO)):$$PATH"
 FASTPATH_CRATE := nat_agent/fastpath
-FASTPATH_SOURCES := $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/Cargo.toml $(FASTPATH_CRATE)/Cargo.lock
+FASTPATH_SOURCES := $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/build.rs \
+                    $(FASTPATH_CRATE)/Cargo.toml $(FASTPATH_CRATE)/Cargo.lock
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: setup apt mininet-link ovs test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
@@ -135,17 +137,14 @@ docs-serve: setup
 # metaflow-agent must serve a SET and a GET from redis-cli through the
 # compiled lane, then, with the extension deleted from its venv, through
 # Python (tests/install_check.py). plyvel has no wheel for 3.13 and builds
-# against libleveldb-dev there (only this target needs it). Not part of
+# against libleveldb-dev there, as the extension does everywhere. Not part of
 # `make test`: it downloads and builds every dependency once per Python
 # (about 5 minutes); tests/unit/test_packaging.py checks the build
 # configuration there, and tests/integration/test_optional_extension.py
 # the agent with and without the extension on the work tree.
 CHECK_PYTHONS ?= $(PYTHON) $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12) \
                  $(wildcard $(HOME)/.pyenv/versions/3.13.*/bin/python3.13)
-CHECK_APT_PACKAGES := libleveldb-dev
-
 check-install: apt
-	$(call apt_install,$(CHECK_APT_PACKAGES))
 	@set -e; unset PYTHONPATH; work=$$(mktemp -d /tmp/metaflow-install.XXXXXX); trap 'rm -rf "$$work"' EXIT; \
 	git ls-files -co --exclude-standard -z | xargs -0 tar -c | tar -x -C "$$work" --one-top-level=src; \
 	$(PYTHON) -m venv "$$work/build"; "$$work/build/bin/pip" install -q build; \

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         Histogram,
         Keyspace,
         LaneView,
+        LevelDB,
         ServiceLoop,
         SyncGroup,
     )
@@ -44,6 +45,9 @@ HISTOGRAM: type[Histogram] | None
 """The lane's lock-free histogram of a command's seconds (one per command it takes on)."""
 SYNC_GROUP: type[SyncGroup] | None
 """The group commit's ledger that the worker threads wait on (``--fsync batch``)."""
+LEVELDB: type[LevelDB] | None
+"""LevelDB opened by the extension, which the lane then reads and writes
+without Python; None: `nat_agent.leveldb_store` opens it with plyvel."""
 UNAVAILABLE: str | None
 """None when the extension is imported; else why it could not be."""
 PYTHON_PATH_NOTICE = "serving every request through the Python path"
@@ -53,12 +57,12 @@ extension (the tests and `make check-install` look for it)."""
 try:
     import nat_agent._fastpath as _fastpath
 except ImportError as error:
-    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = HISTOGRAM = SYNC_GROUP = None
+    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = HISTOGRAM = SYNC_GROUP = LEVELDB = None
     UNAVAILABLE = f"nat_agent._fastpath cannot be imported: {error}"
 else:
     FAST_LANE, SERVICE_LOOP = _fastpath.FastLane, _fastpath.ServiceLoop
     KEYSPACE, LANE_VIEW, HISTOGRAM = _fastpath.Keyspace, _fastpath.LaneView, _fastpath.Histogram
-    SYNC_GROUP = _fastpath.SyncGroup
+    SYNC_GROUP, LEVELDB = _fastpath.SyncGroup, _fastpath.LevelDB
     UNAVAILABLE = None
 
 

@@ -1,6 +1,12 @@
-"""The embedded default store: LevelDB through plyvel.
+"""The embedded default store: LevelDB, opened by the extension or by plyvel.
 
-Layout inside one LevelDB directory, split by plyvel prefixed sub-databases
+The extension's `LevelDB` (`nat_agent/fastpath/src/level.rs`) is preferred:
+the compiled lane then reads and writes the records without Python
+(`RecordAccess.native`). It has plyvel's method names for what this module
+uses, so everything below is written once against either; without the
+extension plyvel opens the same directory, in the same format.
+
+Layout inside one LevelDB directory, split by prefixed sub-databases
 so that nothing but records ever shows up in a record scan:
 
 * ``r`` + ``be(mdid) + path`` -> value: the records. Keys sort by
@@ -13,7 +19,7 @@ mdids of all records in memory in a sorted multiset, rebuilt at open by one
 keys-only pass and updated after every write; `count` is two bisects. The
 cost is one Python int per record, which a metadata server can afford.
 
-plyvel calls are made synchronously inside the async methods: LevelDB is
+LevelDB calls are made synchronously inside the async methods: LevelDB is
 in-process and a call takes microseconds, less than a thread hop would.
 
 Durability (`FsyncMode`). LevelDB hands every write to the kernel before
@@ -44,11 +50,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import plyvel
 from sortedcontainers import SortedList
 
+from nat_agent import extension
 from nat_agent.group_commit import group_commit
 from nat_agent.latency import Latency
 from nat_agent.store import (
@@ -73,6 +80,9 @@ from nat_agent.store import (
     scan_start,
     split_record_key,
 )
+
+if TYPE_CHECKING:
+    from nat_agent.extension import LevelDB
 
 __all__ = ["LevelDBStore"]
 
@@ -103,6 +113,14 @@ _LOG_SUFFIX = ".log"
 """LevelDB's write-ahead logs are ``NNNNNN.log`` (its info log is ``LOG``)."""
 
 
+def _open(path: str) -> LevelDB:
+    """The directory's LevelDB: the extension's if it has one, else plyvel's
+    (typed as the extension's, whose methods it has)."""
+    if extension.LEVELDB is not None:
+        return extension.LEVELDB(path, create_if_missing=True, **_OPEN_OPTIONS)
+    return cast("LevelDB", plyvel.DB(path, create_if_missing=True, **_OPEN_OPTIONS))
+
+
 class LevelDBStore(Store):
     """Records in a LevelDB directory, with an in-memory index for counting."""
 
@@ -125,8 +143,9 @@ class LevelDBStore(Store):
                        if self.fsync == "batch" else None)
         self._logs_synced: frozenset[str] = frozenset()
         os.makedirs(self.path, exist_ok=True)  # LevelDB creates only the last level
-        self._db = plyvel.DB(self.path, create_if_missing=True, **_OPEN_OPTIONS)
+        self._db = _open(self.path)
         try:
+            self._native = extension.LEVELDB is not None and isinstance(self._db, extension.LEVELDB)
             self._records = self._db.prefixed_db(_RECORDS)
             self._meta = self._db.prefixed_db(_META)
             self._check_stored_width()
@@ -194,7 +213,7 @@ class LevelDBStore(Store):
 
     async def get(self, mdid: int, path: str) -> bytes | None:
         key = record_key(mdid, path, self.width)
-        value = cast(bytes | None, self._records.get(key))
+        value = self._records.get(key)
         await self._settled(key)  # read first: a later write has a later ticket
         return value
 
@@ -208,7 +227,7 @@ class LevelDBStore(Store):
         """Atomic without a lock: nothing else runs between the read and the
         write, since plyvel is called synchronously on the event loop."""
         key = record_key(mdid, path, self.width)
-        old = cast(bytes | None, self._records.get(key))
+        old = self._records.get(key)
         header = isinstance(when, InDirectory) and \
             self._records.get(record_key(mdid, when.directory, self.width)) is not None
         if not condition_holds(when, old, header):
@@ -238,7 +257,8 @@ class LevelDBStore(Store):
                             counted=self._mdids.add,
                             group=self._group.ledger if self._group is not None else None,
                             put_batch=self._put_batch if self._group is not None else None,
-                            sync_failure=self._group.failure if self._group is not None else None)
+                            sync_failure=self._group.failure if self._group is not None else None,
+                            native=self._records if self._native else None)
 
     def _put_batch(self, pairs: list[tuple[bytes, bytes]]) -> None:
         """One LevelDB write of ``(key, value)`` pairs: `put_many`'s, and a

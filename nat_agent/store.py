@@ -230,6 +230,11 @@ class RecordAccess:
     sync_failure: Callable[[str], OSError] | None
     """The error of a write or read whose sync failed for a reason (a
     message), as the store's own path raises it (`GroupCommit.failure`)."""
+    native: object | None = None
+    """The same records as the extension's own table (`LevelTable`), which
+    the lane then reads and writes directly, without Python and with the GIL
+    released for a batch, instead of calling `get`, `put` and `put_batch`;
+    None if the store has none (plyvel, redis) or a test replaces those calls."""
 
 
 class Store(ABC):

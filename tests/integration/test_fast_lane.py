@@ -435,8 +435,9 @@ def test_a_drain_waits_for_a_write_the_threads_admitted_before_a_freeze(tmp_path
         time.sleep(0.3)
         access.put_batch(pairs)
 
-    slowed = (dataclasses.replace(access, put_batch=slow_batch) if fsync == "batch"
-              else dataclasses.replace(access, put=slow_put))
+    # native=None: the lane then calls these instead of the extension's own table.
+    slowed = (dataclasses.replace(access, put_batch=slow_batch, native=None) if fsync == "batch"
+              else dataclasses.replace(access, put=slow_put, native=None))
     service._lane = service._fast_lane(slowed)
     _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
 
@@ -511,7 +512,7 @@ def test_writes_the_store_fails_to_apply_fail_the_replies_that_show_them(tmp_pat
             raise refusals.pop()
         put_batch(pairs)
 
-    service._lane = service._fast_lane(dataclasses.replace(access, put_batch=refusing))
+    service._lane = service._fast_lane(dataclasses.replace(access, put_batch=refusing, native=None))
     _apply(service, ([Role(SPACE, 1, True, [Member(NAME, "127.0.0.1:1")])], [], False), 1)
     error = encode_reply(internal_error("[Errno 28] No space left on device"))
     pipeline = [[b"SET", b"/b", b"w"], [b"PING"], [b"GET", b"/b"], [b"GET", b"/c"]]

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nat_agent import extension
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.redis_server import RedisServer, RedisServerError
 from nat_agent.redis_store import RESTART_WINDOW, RESTARTS_ALLOWED, RedisStore, ServerKeeper
@@ -68,13 +69,18 @@ class Backend:
 @pytest.fixture(
     # Every kind and width in the default mode; the other LevelDB modes write
     # differently (synced, or without group commit). A foreign Redis is
-    # written the same way in every mode.
+    # written the same way in every mode. "plyvel": LevelDB opened by plyvel,
+    # as without the extension (`leveldb_store._open`).
     params=[("leveldb", 32, DEFAULT_FSYNC), ("leveldb", 128, DEFAULT_FSYNC), ("redis", 32, DEFAULT_FSYNC),
-            ("redis", 128, DEFAULT_FSYNC), ("leveldb", 32, "always"), ("leveldb", 32, "off")],
+            ("redis", 128, DEFAULT_FSYNC), ("leveldb", 32, "always"), ("leveldb", 32, "off"),
+            ("plyvel", 32, DEFAULT_FSYNC)],
     ids=lambda p: f"{p[0]}-{p[1]}-{p[2]}",
 )
 def backend(request: pytest.FixtureRequest, leveldb_path: Path) -> Backend:
     kind, width, fsync = request.param
+    if kind == "plyvel":
+        request.getfixturevalue("monkeypatch").setattr(extension, "LEVELDB", None)
+        kind = "leveldb"
     if kind == "leveldb":
         return Backend(kind, width, str(leveldb_path), fsync=fsync)
     # Looked up lazily so that LevelDB-only runs never start a redis-server.

@@ -46,6 +46,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::durable::SyncGroup;
 use crate::keys::Keyspace;
+use crate::level::Table as LevelTable;
 use crate::ops::OpsCounts;
 use crate::parser::CommandParser;
 use crate::seconds::{Batch, Histogram};
@@ -60,6 +61,9 @@ struct Records {
     counted: PyObject,
     group: Option<Py<SyncGroup>>,
     put_batch: Option<PyObject>,
+    /// The extension's own table of the records, called instead of the
+    /// above (`RecordAccess.native`), and whether its writes sync.
+    native: Option<(Py<LevelTable>, bool)>,
 }
 
 impl Records {
@@ -68,14 +72,57 @@ impl Records {
             let value = access.getattr(name)?;
             Ok((!value.is_none()).then_some(value))
         };
+        let put_options = optional("put_options")?.map(|o| o.downcast_into::<PyDict>()).transpose()?;
+        let sync = match &put_options {
+            Some(options) => options.get_item("sync")?.map(|sync| sync.is_truthy()).transpose()?.unwrap_or(false),
+            None => false,
+        };
         Ok(Records {
             get: access.getattr("get")?.unbind(),
             put: access.getattr("put")?.unbind(),
-            put_options: optional("put_options")?.map(|o| o.downcast_into::<PyDict>()).transpose()?.map(Bound::unbind),
+            put_options: put_options.map(Bound::unbind),
             counted: access.getattr("counted")?.unbind(),
             group: optional("group")?.map(|g| g.downcast_into::<SyncGroup>()).transpose()?.map(Bound::unbind),
             put_batch: optional("put_batch")?.map(Bound::unbind),
+            native: optional("native")?.map(|t| t.downcast_into::<LevelTable>()).transpose()?.map(|t| (t.unbind(), sync)),
         })
+    }
+
+    /// The record of `key`: None if there is none, Err if the store failed.
+    fn get(&self, py: Python<'_>, key: &[u8]) -> PyResult<Option<Value>> {
+        if let Some((table, _)) = &self.native {
+            return Ok(table.get().get_raw(key)?.map(Value::Bytes));
+        }
+        let value = self.get.call1(py, (PyBytes::new(py, key),))?;
+        if value.is_none(py) {
+            return Ok(None);
+        }
+        Ok(Some(Value::Python(value.downcast_bound::<PyBytes>(py)?.clone().unbind())))
+    }
+
+    /// Write one record (not under a group commit); the GIL released
+    /// while the native table waits for its sync (`--fsync always`).
+    fn put(&self, py: Python<'_>, key: &[u8], value: &[u8]) -> PyResult<()> {
+        if let Some((table, sync)) = &self.native {
+            let (table, pair) = (table.get(), [(key.to_vec(), value.to_vec())]);
+            return if *sync { py.allow_threads(|| table.put_all(pair, true)) } else { table.put_all(pair, false) };
+        }
+        let options = self.put_options.as_ref().map(|o| o.bind(py));
+        self.put.call(py, (PyBytes::new(py, key), PyBytes::new(py, value)), options).map(drop)
+    }
+
+    /// Write a turn's records as one batch, the GIL released for the
+    /// native table (synced under `--fsync always`: one sync for the turn).
+    fn put_batch(&self, py: Python<'_>, pairs: Vec<(Vec<u8>, Vec<u8>)>) -> PyResult<()> {
+        if let Some((table, sync)) = &self.native {
+            let table = table.get();
+            return py.allow_threads(|| table.put_all(pairs, *sync));
+        }
+        let Some(put_batch) = &self.put_batch else {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err("a turn's writes need a store with batches"));
+        };
+        let pairs = PyList::new(py, pairs.iter().map(|(key, value)| (PyBytes::new(py, key), PyBytes::new(py, value))))?;
+        put_batch.call1(py, (pairs,)).map(drop)
     }
 }
 
@@ -210,10 +257,11 @@ impl Turn {
     }
 }
 
-/// A record's value: the store's, or a write of this turn's.
+/// A record's value: as plyvel returned it, or as bytes of our own (the
+/// extension's table, or a write of this turn's).
 enum Value {
-    Stored(Py<PyBytes>),
-    Pending(Vec<u8>),
+    Python(Py<PyBytes>),
+    Bytes(Vec<u8>),
 }
 
 /// The ID is inside one of the table's sorted, disjoint ranges.
@@ -301,6 +349,15 @@ impl FastLane {
         self.records.group.as_ref().map(Py::get)
     }
 
+    /// Whether a worker keeps the SETs of its turn and writes them as one
+    /// batch when the turn ends (`Turn`): under a group commit, and with
+    /// the extension's own table in every `--fsync` mode, since one LevelDB
+    /// write for the turn costs less than one per SET (one log `write`, and
+    /// under `always` one sync).
+    pub(crate) fn in_turns(&self) -> bool {
+        self.records.group.is_some() || self.records.native.is_some()
+    }
+
     /// `answer`, appending the replies to `out`; returns how many commands
     /// it answered (0: the first one is the Python path's). `turn`: a
     /// worker's turn under a group commit, whose writes are applied when it
@@ -346,32 +403,28 @@ impl FastLane {
         Ok(taken)
     }
 
-    /// Apply a turn's writes as one batch (taking one ticket for them first,
-    /// as every write does), and count the records they create; the ticket,
-    /// or None if there was nothing to write. On an error nothing of the
-    /// batch is known to be in the store.
+    /// Apply a turn's writes as one batch (under a group commit taking one
+    /// ticket for them first, as every write does), and count the records
+    /// they create; the ticket, or None if there was nothing to write or no
+    /// group commit. On an error nothing of the batch is known to be in the store.
     pub(crate) fn apply(&self, py: Python<'_>, turn: &mut Turn) -> PyResult<Option<u64>> {
         if turn.writes.is_empty() {
             return Ok(None);
         }
         let writes = std::mem::take(&mut turn.writes);
         turn.number += 1;
-        let (Some(group), Some(put_batch)) = (self.group(), &self.records.put_batch) else {
-            return Err(pyo3::exceptions::PyRuntimeError::new_err("a turn's writes need a store with batches"));
-        };
-        let pairs = PyList::empty(py);
         let mut created = Vec::new();
-        for (key, (value, id)) in &writes {
-            let record = PyBytes::new(py, key);
+        for (key, (_, id)) in &writes {
             // Asked now, not when the command came: the batch lands right after.
-            if self.records.get.call1(py, (&record,))?.is_none(py) {
+            if self.records.get(py, key)?.is_none() {
                 created.push(*id);
             }
-            pairs.append((record, PyBytes::new(py, value)))?;
         }
-        let ticket = group.begin(writes.into_keys().collect());
-        let written = put_batch.call1(py, (pairs,));
-        group.end(ticket);
+        let ticket = self.group().map(|group| group.begin(writes.keys().cloned().collect()));
+        let written = self.records.put_batch(py, writes.into_iter().map(|(key, (value, _))| (key, value)).collect());
+        if let (Some(group), Some(ticket)) = (self.group(), ticket) {
+            group.end(ticket);
+        }
         written?;
         for id in created {
             // Written, so never undone now: a failure to count it is reported, not retried.
@@ -379,7 +432,7 @@ impl FastLane {
                 err.write_unraisable(py, None);
             }
         }
-        Ok(Some(ticket))
+        Ok(ticket)
     }
 
     /// One command; false if declined (nothing done, nothing written). One
@@ -410,8 +463,8 @@ impl FastLane {
             }
             (b"GET", 2) | (b"EXISTS", 2) => self.read(py, tables, arg(1), turn.as_deref()).map(|(value, need)| {
                 match (name, value) {
-                    (b"GET", Some(Value::Stored(value))) => bulk(out, value.bind(py).as_bytes()),
-                    (b"GET", Some(Value::Pending(value))) => bulk(out, &value),
+                    (b"GET", Some(Value::Python(value))) => bulk(out, value.bind(py).as_bytes()),
+                    (b"GET", Some(Value::Bytes(value))) => bulk(out, &value),
                     (b"GET", None) => out.extend_from_slice(if resp3 { b"_\r\n" } else { b"$-1\r\n" }),
                     (_, found) => out.extend_from_slice(if found.is_some() { b":1\r\n" } else { b":0\r\n" }),
                 }
@@ -450,31 +503,24 @@ impl FastLane {
         let record_key = space.record_key(id, &key);
         if let Some((value, _)) = turn.and_then(|turn| turn.writes.get(&record_key)) {
             self.ops.count(id);
-            return Some((Some(Value::Pending(value.clone())), Need { ticket: 0, batch: true }));
+            return Some((Some(Value::Bytes(value.clone())), Need { ticket: 0, batch: true }));
         }
-        let record = PyBytes::new(py, &record_key);
-        let value = self.records.get.call1(py, (&record,)).ok()?;
+        let found = self.records.get(py, &record_key).ok()?;
         let mut need = Need::default();
         // Read first, then ask: a write takes its ticket before it reaches the store.
         if let Some(ticket) = self.group().and_then(|group| group.ticket_of(&record_key)) {
             turn?;
             need.ticket = ticket;
         }
-        let found = if value.is_none(py) {
-            None
-        } else {
-            Some(Value::Stored(value.downcast_bound::<PyBytes>(py).ok()?.clone().unbind()))
-        };
         self.ops.count(id);
         Some((found, need))
     }
 
     /// Write a key served here for writes, and what its reply waits for;
-    /// None to decline (nothing written). Under a group commit the write
-    /// joins the turn's batch (declined without a turn: see `answer_into`).
+    /// None to decline (nothing written). With a turn the write joins its
+    /// batch; under a group commit it is declined without one (see `answer_into`).
     fn write(&self, py: Python<'_>, tables: &Tables, raw: &[u8], value: &[u8], turn: Option<&mut Turn>) -> Option<Need> {
-        let group = self.group();
-        if group.is_some() && turn.is_none() {
+        if self.group().is_some() && turn.is_none() {
             return None;
         }
         let space = self.space.get();
@@ -488,13 +534,11 @@ impl FastLane {
             self.ops.count(id);
             return Some(Need { ticket: 0, batch: true });
         }
-        let record = PyBytes::new(py, &record_key);
-        let old = self.records.get.call1(py, (&record,)).ok()?;
-        let options = self.records.put_options.as_ref().map(|o| o.bind(py));
+        let old = self.records.get(py, &record_key).ok()?;
         // Not written: the Python path tries again and words the failure.
-        self.records.put.call(py, (&record, PyBytes::new(py, value)), options).ok()?;
+        self.records.put(py, &record_key, value).ok()?;
         self.ops.count(id);
-        if old.is_none(py) {
+        if old.is_none() {
             // Written, so never declined now: a failure to count it is reported, not retried.
             if let Err(err) = self.records.counted.call1(py, (id,)) {
                 err.write_unraisable(py, None);

@@ -17,6 +17,9 @@
 //! * `SyncGroup` (`durable.rs`) is the group commit's ledger under
 //!   `--fsync batch`, shared by the workers (which send a turn's replies
 //!   after the one sync that covers its writes) and the Python path.
+//! * `LevelDB` (`level.rs`) is the store's LevelDB, opened here so that the
+//!   lane reads and writes records without Python; the store reaches it
+//!   through plyvel's method names (plyvel is the fallback).
 //! * `Histogram` (`seconds.rs`) keeps the seconds each command took on the
 //!   lane, lock-free, for the agent's Prometheus metrics.
 //!
@@ -32,6 +35,7 @@
 mod durable;
 mod keys;
 mod lane;
+mod level;
 mod number;
 mod ops;
 mod parser;
@@ -51,5 +55,9 @@ fn _fastpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<seconds::Histogram>()?;
     m.add_class::<server::ServiceLoop>()?;
     m.add_class::<durable::SyncGroup>()?;
+    m.add_class::<level::LevelDB>()?;
+    m.add_class::<level::Table>()?;
+    m.add_class::<level::WriteBatch>()?;
+    m.add_class::<level::Range>()?;
     Ok(())
 }

@@ -30,7 +30,8 @@
 //! name or wording of the Python path is restated here.
 //!
 //! Group commit (`--fsync batch`, issue 27): the SETs the lane answers in
-//! one turn of a worker's loop are not written one by one: they are kept
+//! one turn of a worker's loop are not written one by one (in any `--fsync`
+//! mode when the store is the extension's own LevelDB): they are kept
 //! in the turn (`lane::Turn`, which the turn's later reads consult) and
 //! written as one LevelDB batch when the turn ends (`apply`), one log
 //! `write` for all of them. Their replies, and those of reads of a key
@@ -782,7 +783,7 @@ impl Run {
     /// the worker from its other connections. The GIL is not held.
     fn settle(&mut self) {
         let shared = Arc::clone(&self.shared);
-        let Some(group) = shared.lane.get().group() else { return };
+        let group = shared.lane.get().group();
         // Every reply that shows a batch applied so far is held now (or its
         // connection is gone), so the failed batches are settled here.
         let unapplied = std::mem::take(&mut self.unapplied);
@@ -800,7 +801,7 @@ impl Run {
             })
             .collect();
         let refused = |reply: &Waiting| reply.batch.is_some_and(|batch| unapplied.contains_key(&batch));
-        let unsynced = group.settle(ticket).err().map(|(_, message)| {
+        let unsynced = group.and_then(|group| group.settle(ticket).err()).map(|(_, message)| {
             let replies = held().filter(|w| !refused(w)).count();
             shared.word(&shared.sync_failed, message, replies)
         });
@@ -978,7 +979,7 @@ fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, turn: &mut
         let budget = shared.limits.flush_bytes;
         let lane = shared.lane.get();
         let refreshed = if lane.view().stale() { shared.refresh.call0(py).map(drop) } else { Ok(()) };
-        let hold = lane.group().is_some().then_some(&mut *turn);
+        let hold = lane.in_turns().then_some(&mut *turn);
         let answered =
             refreshed.and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out, hold));
         let waiting = std::mem::take(&mut turn.waiting);
