@@ -99,7 +99,8 @@ def parser() -> argparse.ArgumentParser:
                    help="leveldb:DIR (embedded), redis://HOST:PORT[/DB][?prefix=P], "
                         "unix:///SOCK[?db=N], or redis-server:DIR (start our own redis-server)")
     p.add_argument("--fsync", choices=FSYNC_MODES, default=DEFAULT_FSYNC,
-                   help="what a write waits for before it is acknowledged: always (its own sync), "
+                   help="what a write waits for before it is acknowledged: always (a synced write: its own, "
+                        "or its worker turn's batch), "
                         "batch (a sync shared with concurrent writes), off (none: a power loss "
                         "can take the last seconds of writes)")
     p.add_argument("--listen", default=f"0.0.0.0:{METAFLOW_PORT}", help="metadata service address HOST:PORT")

@@ -29,7 +29,9 @@ loses nothing in any mode; what a power loss takes depends on ``fsync``:
 * ``always``: every write is made with LevelDB's ``sync=True`` (an fdatasync
   of its log), on the event loop, which waits for the disk meanwhile: the
   simplest promise (nothing else runs between a write and its sync), at one
-  sync per write.
+  sync per write. The compiled workers write a turn's SETs as one synced
+  batch and reply after it, as Redis's ``appendfsync always`` syncs once per
+  round of its event loop.
 * ``batch``: writes are made without sync and then wait, by `GroupCommit`,
   for one sync of the log files, in a worker thread, shared by every write
   made before it began. A read of a key whose last write is not yet synced
