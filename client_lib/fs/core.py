@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field, replace
 
 from client_lib.errors import NamespaceError
 from client_lib.fs.filedata import CHUNK_SIZE, FileData
-from client_lib.fs.inode import Attributes
+from client_lib.fs.inode import SPECIAL, Attributes, kind_of
 from client_lib.fs.namespace import Namespace
 
 __all__ = ["DirectoryPage", "FileSystem"]
@@ -172,6 +173,21 @@ class FileSystem:
             if made.kind == "dir":
                 raise NamespaceError(errno.EISDIR, f"{name!r} is a directory") from None
         return self._open(made), made
+
+    def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Attributes:
+        """A FIFO, socket or device node by its type bits in `mode`; a regular
+        file for ``S_IFREG`` (or none), as mknod(2) makes one, not opened."""
+        try:
+            kind = kind_of(mode) if stat.S_IFMT(mode) else "file"
+        except ValueError:
+            raise NamespaceError(errno.EINVAL, f"mknod of mode {mode:#o}") from None
+        if kind == "file":
+            made = self.ns.create(parent, name, mode, uid, gid)
+        elif kind in SPECIAL:
+            made = self.ns.mknod(parent, name, kind, mode, rdev, uid, gid)
+        else:
+            raise NamespaceError(errno.EINVAL, f"mknod does not make a {kind}: mkdir or symlink does")
+        return self._remember(parent, name, made)
 
     def unlink(self, parent: int, name: bytes) -> None:
         self._reclaim(self.ns.unlink(parent, name))

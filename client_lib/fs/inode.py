@@ -21,14 +21,29 @@ from typing import Any, Literal
 
 from client_lib.errors import MetadataFormatError
 
-__all__ = ["ROOT", "Attributes", "Intent", "Kind", "decode_entry", "directory_key", "encode_entry"]
+__all__ = ["ROOT", "SPECIAL", "Attributes", "Intent", "Kind", "decode_entry", "directory_key", "encode_entry",
+           "kind_of"]
 
 ROOT = 1
 """The root directory's inode number."""
 
-Kind = Literal["dir", "file", "symlink"]
+Kind = Literal["dir", "file", "symlink", "fifo", "socket", "chr", "blk"]
 
-_TYPE_BITS: dict[Kind, int] = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "symlink": stat.S_IFLNK}
+_TYPE_BITS: dict[Kind, int] = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "symlink": stat.S_IFLNK,
+                               "fifo": stat.S_IFIFO, "socket": stat.S_IFSOCK, "chr": stat.S_IFCHR,
+                               "blk": stat.S_IFBLK}
+
+SPECIAL: frozenset[Kind] = frozenset({"fifo", "socket", "chr", "blk"})
+"""Kinds whose I/O the kernel does itself (a FIFO's pipe, a socket's
+endpoint, a device's driver): only their inode is kept here."""
+
+
+def kind_of(st_mode: int) -> Kind:
+    """The kind of an object of type bits `st_mode` (ValueError for none)."""
+    for kind, bits in _TYPE_BITS.items():
+        if stat.S_IFMT(st_mode) == bits:
+            return kind
+    raise ValueError(f"no file type in mode {st_mode:#o}")
 
 
 def directory_key(ino: int) -> str:
@@ -52,13 +67,23 @@ class Attributes:
     ctime_ns: int
     target: str | None = None   # a symlink's
     version: int = 1            # bumped by every change: what compare-and-set compares
+    rdev: int = 0               # a device node's number (chr, blk); left out of records at 0
 
     @property
     def st_mode(self) -> int:
         return _TYPE_BITS[self.kind] | self.mode
 
     def to_bytes(self) -> bytes:
-        return _dump(asdict(self))
+        return _dump(self.to_fields())
+
+    def to_fields(self) -> dict[str, Any]:
+        """As stored: every field, but ``rdev`` only where it is set, so that
+        the records of everything but device nodes are what clients before
+        device nodes wrote, and read."""
+        fields = asdict(self)
+        if not fields["rdev"]:
+            del fields["rdev"]
+        return fields
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Attributes:
@@ -101,7 +126,7 @@ class Intent:
         return {"tx": self.tx, "role": self.role, "at_ns": self.at_ns, "committed": self.committed,
                 "source": [self.source[0], self.source[1].hex()],
                 "target": [self.target[0], self.target[1].hex()],
-                "replaced": None if self.replaced is None else asdict(self.replaced)}
+                "replaced": None if self.replaced is None else self.replaced.to_fields()}
 
     @classmethod
     def from_fields(cls, fields: Any) -> Intent:
@@ -123,7 +148,7 @@ def encode_entry(attributes: Attributes, intent: Intent | None = None) -> bytes:
     """An entry's record: its attributes, and the rename it is part of if any."""
     if intent is None:
         return attributes.to_bytes()
-    return _dump({**asdict(attributes), "intent": intent.to_fields()})
+    return _dump({**attributes.to_fields(), "intent": intent.to_fields()})
 
 
 def decode_entry(raw: bytes) -> tuple[Attributes, Intent | None]:

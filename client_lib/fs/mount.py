@@ -102,7 +102,7 @@ class MountOperations(pyfuse3.Operations):
         entry.st_mode = attributes.st_mode
         entry.st_nlink = 1     # directories too: no subdirectory count (find must not assume one)
         entry.st_uid, entry.st_gid = attributes.uid, attributes.gid
-        entry.st_rdev = 0
+        entry.st_rdev = attributes.rdev
         entry.st_size = attributes.size
         entry.st_blksize = CHUNK_SIZE
         entry.st_blocks = math.ceil(attributes.size / 512)
@@ -176,7 +176,8 @@ class MountOperations(pyfuse3.Operations):
 
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        raise pyfuse3.FUSEError(errno.EPERM)   # devices, FIFOs and sockets are not kept
+        return self._entry(await self._call(self.fs.mknod, self._ino(parent_inode), name, mode, rdev,
+                                            ctx.uid, ctx.gid))
 
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:

@@ -1,5 +1,5 @@
-"""A file system's namespace on MetaFlow: directories, files and symlinks by
-inode number, each operation a few zero-hop requests.
+"""A file system's namespace on MetaFlow: directories, files, symlinks, FIFOs,
+sockets and device nodes by inode number, each operation a few zero-hop requests.
 
 The layout is IndexFS's, on the service's primitives (`client_lib.client`);
 the records are defined in `client_lib.fs.inode`:
@@ -65,9 +65,18 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from client_lib.errors import NamespaceError
-from client_lib.fs.inode import ROOT, Attributes, Intent, Kind, decode_entry, directory_key, encode_entry
+from client_lib.fs.inode import (
+    ROOT,
+    SPECIAL,
+    Attributes,
+    Intent,
+    Kind,
+    decode_entry,
+    directory_key,
+    encode_entry,
+)
 from client_lib.fs.records import Records
-from client_lib.mdid import entry_key
+from client_lib.mdid import NAME_MAX, entry_key
 
 __all__ = ["ROOT", "Attributes", "Kind", "Namespace", "Records", "directory_key"]
 
@@ -184,6 +193,16 @@ class Namespace:
     def symlink(self, parent: int, name: str | bytes, target: str, uid: int = 0, gid: int = 0) -> Attributes:
         attributes = replace(self._new("symlink", 0o777, uid, gid), target=target,
                              size=len(target.encode("utf-8", "surrogateescape")))
+        self._link(parent, name, attributes)
+        return attributes
+
+    def mknod(self, parent: int, name: str | bytes, kind: Kind, mode: int = 0o644, rdev: int = 0,
+              uid: int = 0, gid: int = 0) -> Attributes:
+        """A new FIFO, socket or device node (`SPECIAL`): an entry like a
+        file's, holding the device number `rdev`; the kernel does its I/O."""
+        if kind not in SPECIAL:
+            raise NamespaceError(errno.EINVAL, f"mknod makes {sorted(SPECIAL)}, not {kind!r}")
+        attributes = replace(self._new(kind, mode, uid, gid), rdev=rdev if kind in ("chr", "blk") else 0)
         self._link(parent, name, attributes)
         return attributes
 
@@ -422,6 +441,10 @@ class Namespace:
     # -- helpers -----------------------------------------------------------------------
 
     def _entry(self, parent: int, name: str | bytes) -> bytes:
+        """The key of `name` in `parent`: ENAMETOOLONG past `NAME_MAX` bytes
+        (POSIX's answer for a long component), EINVAL for any other bad name."""
+        if len(name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name) > NAME_MAX:
+            raise NamespaceError(errno.ENAMETOOLONG, f"a name has at most {NAME_MAX} bytes: {name[:32]!r}...")
         try:
             return entry_key(directory_key(parent), name)
         except ValueError as exc:

@@ -12,6 +12,8 @@ import errno
 import os
 import secrets
 import signal
+import socket
+import stat
 import subprocess
 import tarfile
 import time
@@ -110,7 +112,7 @@ def test_what_is_not_kept_gets_a_clear_errno(mount: FuseMount) -> None:
     target = mount.path / "f"
     target.write_bytes(b"data")
     for what, call, code in [("link", lambda: os.link(target, mount.path / "g"), errno.EPERM),
-                             ("mkfifo", lambda: os.mkfifo(mount.path / "fifo"), errno.EPERM),
+                             ("long name", lambda: (mount.path / ("x" * 256)).touch(), errno.ENAMETOOLONG),
                              ("setxattr", lambda: os.setxattr(target, "user.a", b"1"), errno.ENOTSUP),
                              ("getxattr", lambda: os.getxattr(target, "user.a"), errno.ENOTSUP),
                              ("rmdir", lambda: os.rmdir(target), errno.ENOTDIR)]:
@@ -124,6 +126,30 @@ def test_what_is_not_kept_gets_a_clear_errno(mount: FuseMount) -> None:
         os.rmdir(mount.path / "d")
     assert busy.value.errno == errno.ENOTEMPTY
     assert target.read_bytes() == b"data"
+
+
+def test_fifos_sockets_and_device_nodes_are_kept_and_the_kernel_does_their_io(mount: FuseMount) -> None:
+    """Only their inodes are the mount's: a FIFO carries bytes between two
+    opens through the kernel's pipe, a UNIX socket bound here accepts a
+    connection, and a device node keeps its number."""
+    fifo, sock, device = mount.path / "fifo", mount.path / "sock", mount.path / "null"
+    os.mkfifo(fifo, 0o640)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    with open(fifo, "wb") as writer:
+        writer.write(b"through the pipe")
+    assert reader.communicate(timeout=10)[0] == b"through the pipe"
+    with socket.socket(socket.AF_UNIX) as server, socket.socket(socket.AF_UNIX) as client:
+        server.bind(str(sock))
+        server.listen()
+        client.connect(str(sock))
+        server.accept()[0].close()
+    os.mknod(device, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    kinds = {p.name: stat.S_IFMT(p.lstat().st_mode) for p in mount.path.iterdir()}
+    assert kinds == {"fifo": stat.S_IFIFO, "sock": stat.S_IFSOCK, "null": stat.S_IFCHR}
+    assert device.lstat().st_rdev == os.makedev(1, 3) and stat.S_IMODE(fifo.lstat().st_mode) == 0o640
+    for path in (fifo, sock, device):
+        path.unlink()
+    assert list(mount.path.iterdir()) == []
 
 
 def test_a_second_mount_sees_changes_within_its_cache_timeouts(tmp_path: Path, via: str) -> None:

@@ -6,6 +6,8 @@ what a mount does when another client moved an inode away."""
 from __future__ import annotations
 
 import errno
+import os
+import stat
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from client_lib import NamespaceError
 from client_lib.fs.core import FileSystem
 from client_lib.fs.filedata import FileData, chunk_key
+from client_lib.fs.inode import Attributes
 from client_lib.fs.namespace import Namespace
 from tests.fs_model import MemoryRecords
 
@@ -189,3 +192,64 @@ def test_a_chunk_assumed_new_that_exists_is_merged_not_replaced() -> None:
     other.write(7, 0, b"x" * 10)
     data.write(7, 4, b"yy", known_size=0)
     assert data.read(7, 0, 16, 10) == b"xxxxyyxxxx"
+
+
+@pytest.mark.parametrize(("type_bits", "kind", "rdev"), [
+    (stat.S_IFIFO, "fifo", 0), (stat.S_IFSOCK, "socket", 0),
+    (stat.S_IFCHR, "chr", os.makedev(1, 3)), (stat.S_IFBLK, "blk", os.makedev(7, 0)),
+    (stat.S_IFREG, "file", 0), (0, "file", 0)])
+def test_mknod_keeps_special_files_as_inodes(type_bits: int, kind: str, rdev: int) -> None:
+    """A FIFO, socket or device node is an entry with its type and device
+    number (the kernel does its I/O); mknod of S_IFREG (or no type) makes a
+    regular file. Each is looked up, stat'ed and unlinked as a file is."""
+    fs = _fs()
+    made = fs.mknod(ROOT, b"n", type_bits | 0o640, os.makedev(9, 9) if kind == "file" else rdev, 5, 6)
+    assert (made.kind, made.rdev, made.mode, made.uid, made.gid) == (kind, rdev, 0o640, 5, 6)
+    assert stat.S_IFMT(made.st_mode) == (type_bits or stat.S_IFREG)
+    assert fs.getattr(made.ino) == fs.lookup(ROOT, b"n") == made
+    with pytest.raises(NamespaceError) as taken:
+        fs.mknod(ROOT, b"n", type_bits | 0o640, rdev, 5, 6)
+    assert taken.value.errno == errno.EEXIST
+    fs.unlink(ROOT, b"n")
+    with pytest.raises(NamespaceError) as gone:
+        fs.lookup(ROOT, b"n")
+    assert gone.value.errno == errno.ENOENT
+
+
+def test_mknod_refuses_what_it_does_not_make() -> None:
+    fs = _fs()
+    for mode in (stat.S_IFDIR | 0o755, stat.S_IFLNK | 0o777, 0o170000 | 0o644):
+        with pytest.raises(NamespaceError) as refused:
+            fs.mknod(ROOT, b"n", mode, 0, 0, 0)
+        assert refused.value.errno == errno.EINVAL, oct(mode)
+
+
+def test_only_device_nodes_write_a_device_number() -> None:
+    """Records of everything but device nodes are byte for byte what they
+    were before device nodes: older clients read them."""
+    fs = _fs()
+    records = fs.data.client.records   # type: ignore[attr-defined]
+    _, plain = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    fifo = fs.mknod(ROOT, b"p", stat.S_IFIFO | 0o644, 0, 0, 0)
+    device = fs.mknod(ROOT, b"c", stat.S_IFCHR | 0o644, os.makedev(1, 3), 0, 0)
+    stored = {attributes.ino: raw for raw in records.values() if raw.startswith(b"{")
+              for attributes in [Attributes.from_bytes(raw)]}
+    assert b"rdev" not in stored[plain.ino] and b"rdev" not in stored[fifo.ino]
+    assert Attributes.from_bytes(stored[device.ino]).rdev == os.makedev(1, 3)
+
+
+@pytest.mark.parametrize("call", ["lookup", "create", "mkdir", "mknod", "unlink", "rename"])
+def test_a_name_over_255_bytes_is_enametoolong(call: str) -> None:
+    fs = _fs()
+    long, fine = b"x" * 256, b"y" * 255
+    fs.create(ROOT, fine, 0o644, 0, 0, exclusive=True)
+    calls = {"lookup": lambda: fs.lookup(ROOT, long),
+             "create": lambda: fs.create(ROOT, long, 0o644, 0, 0, exclusive=True),
+             "mkdir": lambda: fs.mkdir(ROOT, long, 0o755, 0, 0),
+             "mknod": lambda: fs.mknod(ROOT, long, stat.S_IFIFO | 0o644, 0, 0, 0),
+             "unlink": lambda: fs.unlink(ROOT, long),
+             "rename": lambda: fs.rename(ROOT, fine, ROOT, long, noreplace=False)}
+    with pytest.raises(NamespaceError) as refused:
+        calls[call]()
+    assert refused.value.errno == errno.ENAMETOOLONG
+    assert fs.lookup(ROOT, fine).kind == "file"   # nothing changed
