@@ -34,18 +34,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import logging
 import stat
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from client_lib.errors import NamespaceError
+from client_lib.errors import MetaFlowError, NamespaceError
 from client_lib.fs.filedata import CHUNK_SIZE, FileData
 from client_lib.fs.inode import SPECIAL, Attributes, kind_of
 from client_lib.fs.namespace import Namespace
 
 __all__ = ["DirectoryPage", "FileSystem"]
+
+log = logging.getLogger("metaflow.fs")
 
 DirectoryPage = list[tuple[bytes, Attributes, int]]
 """(name, attributes, the id to continue after this entry)."""
@@ -134,6 +137,8 @@ class FileSystem:
                 current = self.getattr(ino)
                 if current.kind == "file":
                     self.data.truncate(ino, current.size, changes["size"])
+                if changes["size"] != current.size:   # POSIX: a new size is a modification
+                    changes.setdefault("mtime_ns", self.clock())
             return self._write_entry(ino, opened, changes)
 
     def readlink(self, ino: int) -> bytes:
@@ -155,17 +160,22 @@ class FileSystem:
     # -- creating and removing ---------------------------------------------------------
 
     def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attributes:
-        return self._remember(parent, name, self.ns.mkdir(parent, name, mode, uid, gid))
+        made = self.ns.mkdir(parent, name, mode, uid, gid)
+        self._entries_changed(parent)
+        return self._remember(parent, name, made)
 
     def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Attributes:
         made = self.ns.symlink(parent, name, target.decode("utf-8", "surrogateescape"), uid, gid)
+        self._entries_changed(parent)
         return self._remember(parent, name, made)
 
     def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
                exclusive: bool) -> tuple[int, Attributes]:
         """A new file, opened; an existing one is opened instead unless `exclusive`."""
         try:
-            made = self._remember(parent, name, self.ns.create(parent, name, mode, uid, gid))
+            made = self.ns.create(parent, name, mode, uid, gid)
+            self._entries_changed(parent)
+            made = self._remember(parent, name, made)
         except NamespaceError as exc:
             if exc.errno != errno.EEXIST or exclusive:
                 raise
@@ -187,15 +197,18 @@ class FileSystem:
             made = self.ns.mknod(parent, name, kind, mode, rdev, uid, gid)
         else:
             raise NamespaceError(errno.EINVAL, f"mknod does not make a {kind}: mkdir or symlink does")
+        self._entries_changed(parent)
         return self._remember(parent, name, made)
 
     def unlink(self, parent: int, name: bytes) -> None:
         self._reclaim(self.ns.unlink(parent, name))
         self._moved(parent, name)
+        self._entries_changed(parent)
 
     def rmdir(self, parent: int, name: bytes) -> None:
         self.ns.rmdir(parent, name)
         self._moved(parent, name)
+        self._entries_changed(parent)
 
     def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes, noreplace: bool) -> None:
         replaced = self.ns.rename(parent, name, new_parent, new_name, replace_target=not noreplace)
@@ -203,6 +216,7 @@ class FileSystem:
             self._reclaim(replaced)
         self._moved(new_parent, new_name)
         self._moved(parent, name, (new_parent, new_name))
+        self._entries_changed(parent, new_parent)
 
     def link(self, ino: int, parent: int, name: bytes) -> Attributes:
         return self.ns.link(parent, name, ino)
@@ -317,6 +331,20 @@ class FileSystem:
             self._listings.pop(fh, None)
 
     # -- helpers -----------------------------------------------------------------------
+
+    def _entries_changed(self, *directories: int) -> None:
+        """POSIX: adding, removing or renaming an entry moves its directory's
+        mtime and ctime. One more compare-and-set, on the directory's entry
+        (the root's header), tried first on the record this mount last saw.
+        The entry change has been made and stands whatever happens here: a
+        directory whose place this mount no longer knows, that another client
+        removed meanwhile, or that cannot be reached now keeps its times (logged)."""
+        now = self.clock()
+        for directory in dict.fromkeys(directories):
+            try:
+                self.setattr(directory, {"mtime_ns": now})
+            except (NamespaceError, MetaFlowError) as exc:
+                log.warning("directory %d keeps its mtime: %s", directory, exc)
 
     def _write_entry(self, ino: int, opened: _OpenFile | None, changes: dict[str, int]) -> Attributes:
         """`changes` to a (non-root) inode's entry, with the size and mtime an

@@ -253,3 +253,48 @@ def test_a_name_over_255_bytes_is_enametoolong(call: str) -> None:
         calls[call]()
     assert refused.value.errno == errno.ENAMETOOLONG
     assert fs.lookup(ROOT, fine).kind == "file"   # nothing changed
+
+
+@pytest.mark.parametrize("call", ["create", "mkdir", "mknod", "symlink", "unlink", "rmdir", "rename"])
+def test_adding_or_removing_an_entry_moves_its_directorys_mtime_and_ctime(call: str) -> None:
+    """POSIX, for the directory a call adds a name to or removes one from,
+    the root and any other (whose times live in its parent's entry)."""
+    records = MemoryRecords()
+    ticks = iter(range(1_000, 10**9, 1_000))
+    ns = Namespace(records, root=ROOT, clock=lambda: next(ticks))
+    ns.format()
+    fs = FileSystem(ns, FileData(records, chunk_size=CHUNK), clock=lambda: next(ticks))
+    sub = fs.mkdir(ROOT, b"sub", 0o755, 0, 0).ino
+    fs.create(sub, b"old", 0o644, 0, 0, exclusive=True)
+    fs.mkdir(sub, b"olddir", 0o755, 0, 0)
+    before = {d: fs.getattr(d) for d in (ROOT, sub)}
+    calls = {"create": lambda: fs.create(sub, b"new", 0o644, 0, 0, exclusive=True),
+             "mkdir": lambda: fs.mkdir(sub, b"new", 0o755, 0, 0),
+             "mknod": lambda: fs.mknod(sub, b"new", stat.S_IFIFO | 0o644, 0, 0, 0),
+             "symlink": lambda: fs.symlink(sub, b"new", b"old", 0, 0),
+             "unlink": lambda: fs.unlink(sub, b"old"),
+             "rmdir": lambda: fs.rmdir(sub, b"olddir"),
+             "rename": lambda: fs.rename(sub, b"old", ROOT, b"moved", noreplace=False)}
+    calls[call]()
+    changed = {sub, ROOT} if call == "rename" else {sub}
+    for directory, was in before.items():
+        now = fs.getattr(directory)
+        if directory in changed:
+            assert now.mtime_ns > was.mtime_ns and now.ctime_ns > was.ctime_ns, (call, directory)
+        else:
+            assert (now.mtime_ns, now.ctime_ns) == (was.mtime_ns, was.ctime_ns), (call, directory)
+
+
+def test_a_new_size_is_a_modification_and_the_same_size_is_not() -> None:
+    ticks = iter(range(1_000, 10**9, 1_000))
+    records = MemoryRecords()
+    ns = Namespace(records, root=ROOT, clock=lambda: next(ticks))
+    ns.format()
+    fs = FileSystem(ns, FileData(records, chunk_size=CHUNK), clock=lambda: next(ticks))
+    fh, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    fs.release(fh)
+    cut = fs.setattr(made.ino, {"size": 10})
+    assert cut.mtime_ns > made.mtime_ns and cut.ctime_ns > made.ctime_ns
+    same = fs.setattr(made.ino, {"size": 10})
+    assert same.mtime_ns == cut.mtime_ns   # ctime moves with any setattr, as on Linux
+    assert fs.setattr(made.ino, {"size": 0, "mtime_ns": 5}).mtime_ns == 5   # an explicit one wins
