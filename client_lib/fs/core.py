@@ -170,8 +170,9 @@ class FileSystem:
         return self._remember(parent, name, made)
 
     def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
-               exclusive: bool) -> tuple[int, Attributes]:
-        """A new file, opened; an existing one is opened instead unless `exclusive`."""
+               exclusive: bool, truncate: bool = False) -> tuple[int, Attributes]:
+        """A new file, opened; an existing one is opened instead unless
+        `exclusive` (and cut to 0 bytes first if `truncate`, O_TRUNC)."""
         try:
             made = self.ns.create(parent, name, mode, uid, gid)
             self._entries_changed(parent)
@@ -182,6 +183,9 @@ class FileSystem:
             made = self.lookup(parent, name)
             if made.kind == "dir":
                 raise NamespaceError(errno.EISDIR, f"{name!r} is a directory") from None
+            if truncate:
+                self._truncate(made.ino)
+                made = self.getattr(made.ino)
         return self._open(made), made
 
     def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Attributes:
@@ -223,10 +227,18 @@ class FileSystem:
 
     # -- file contents -----------------------------------------------------------------
 
-    def open(self, ino: int) -> int:
-        """Close-to-open: the size comes from the servers, not from a cache."""
+    def open(self, ino: int, truncate: bool = False) -> int:
+        """Close-to-open: the size comes from the servers, not from a cache.
+        `truncate` (O_TRUNC): cut to 0 bytes first, which POSIX counts as a
+        modification whatever the size was."""
         self._seen.pop(ino, None)
+        if truncate:
+            self._truncate(ino)
         return self._open(self.getattr(ino))
+
+    def _truncate(self, ino: int) -> None:
+        if self.getattr(ino).kind == "file":
+            self.setattr(ino, {"size": 0, "mtime_ns": self.clock()})
 
     def _open(self, attributes: Attributes) -> int:
         ino = attributes.ino

@@ -171,7 +171,7 @@ class MountOperations(pyfuse3.Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         fh, attributes = await self._call(self.fs.create, self._ino(parent_inode), name, mode,
-                                          ctx.uid, ctx.gid, bool(flags & os.O_EXCL))
+                                          ctx.uid, ctx.gid, bool(flags & os.O_EXCL), bool(flags & os.O_TRUNC))
         return pyfuse3.FileInfo(fh=fh), self._entry(attributes)
 
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
@@ -200,7 +200,7 @@ class MountOperations(pyfuse3.Operations):
     # -- file contents -----------------------------------------------------------------
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        return pyfuse3.FileInfo(fh=await self._call(self.fs.open, self._ino(inode)))
+        return pyfuse3.FileInfo(fh=await self._call(self.fs.open, self._ino(inode), bool(flags & os.O_TRUNC)))
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         return await self._call(self.fs.read, fh, off, size)

@@ -128,6 +128,15 @@ def test_what_is_not_kept_gets_a_clear_errno(mount: FuseMount) -> None:
     assert target.read_bytes() == b"data"
 
 
+def test_o_trunc_and_shell_redirection_cut_an_existing_file(mount: FuseMount) -> None:
+    target = mount.path / "f"
+    target.write_bytes(b"a longer first version")
+    mount.run("sh", "-c", f"echo short > {target}")
+    assert target.read_bytes() == b"short\n"
+    os.close(os.open(target, os.O_WRONLY | os.O_TRUNC))
+    assert target.stat().st_size == 0 and target.read_bytes() == b""
+
+
 def test_fifos_sockets_and_device_nodes_are_kept_and_the_kernel_does_their_io(mount: FuseMount) -> None:
     """Only their inodes are the mount's: a FIFO carries bytes between two
     opens through the kernel's pipe, a UNIX socket bound here accepts a

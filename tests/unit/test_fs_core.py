@@ -298,3 +298,27 @@ def test_a_new_size_is_a_modification_and_the_same_size_is_not() -> None:
     same = fs.setattr(made.ino, {"size": 10})
     assert same.mtime_ns == cut.mtime_ns   # ctime moves with any setattr, as on Linux
     assert fs.setattr(made.ino, {"size": 0, "mtime_ns": 5}).mtime_ns == 5   # an explicit one wins
+
+
+def test_o_trunc_cuts_an_existing_file_and_is_a_modification_even_when_empty() -> None:
+    ticks = iter(range(1_000, 10**9, 1_000))
+    records = MemoryRecords()
+    ns = Namespace(records, root=ROOT, clock=lambda: next(ticks))
+    ns.format()
+    fs = FileSystem(ns, FileData(records, chunk_size=CHUNK), clock=lambda: next(ticks))
+    fh, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    fs.write(fh, 0, b"x" * 50)
+    fs.release(fh)
+    written = fs.getattr(made.ino)
+    fh = fs.open(made.ino, truncate=True)
+    assert fs.read(fh, 0, 100) == b""
+    fs.release(fh)
+    cut = fs.getattr(made.ino)
+    assert cut.size == 0 and cut.mtime_ns > written.mtime_ns and cut.ctime_ns > written.ctime_ns
+    assert _chunks(fs, made.ino) == []
+    fh, again = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=False, truncate=True)   # O_CREAT|O_TRUNC
+    fs.release(fh)
+    assert again.size == 0 and again.mtime_ns > cut.mtime_ns
+    fh = fs.open(made.ino)   # without O_TRUNC nothing moves
+    fs.release(fh)
+    assert fs.getattr(made.ino).mtime_ns == again.mtime_ns
