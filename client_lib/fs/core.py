@@ -20,8 +20,10 @@ What FUSE asks and the namespace does not know:
   mtime into the entry: close-to-open consistency, as NFS gives. `fsync`
   returns once the data and attributes were acknowledged, that is held by
   every replica and synced as the agents' ``--fsync`` policy says.
-* **Unlinked while open.** The chunks of a file unlinked (or replaced by a
-  rename) while this mount has it open are reclaimed at its last release.
+* **Unlinked while open.** A file unlinked (or replaced by a rename) while
+  this mount has it open stays readable and writable through its open
+  descriptors, with a link count of 0 (its attributes are then this
+  mount's alone), as POSIX says; its chunks are reclaimed at its last release.
 * **Attributes for `attr_ttl`.** What an inode's attributes were when this
   mount last read or wrote them answers a getattr for `attr_ttl` seconds
   (the mount's ``--attr-timeout``, which the kernel applies to its own
@@ -39,7 +41,8 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from typing import Any
+from dataclasses import asdict, dataclass, field, replace
 
 from client_lib.errors import MetaFlowError, NamespaceError
 from client_lib.fs.filedata import CHUNK_SIZE, FileData
@@ -97,7 +100,7 @@ class FileSystem:
         self._files: dict[int, _OpenFile] = {}               # open regular files by ino
         self._handles: dict[int, _OpenFile] = {}
         self._listings: dict[int, _Listing] = {}
-        self._doomed: set[int] = set()                       # unlinked while open
+        self._orphans: dict[int, Attributes] = {}            # unlinked while open: their attributes
         self._fhs = itertools.count(1)
 
     # -- names and attributes ----------------------------------------------------------
@@ -106,6 +109,9 @@ class FileSystem:
         return self._remember(parent, name, self.ns.lookup(parent, name))
 
     def getattr(self, ino: int) -> Attributes:
+        orphan = self._orphans.get(ino)
+        if orphan is not None:
+            return self._current(orphan)
         seen = self._seen.get(ino)
         if seen is not None and self.monotonic() - seen[0] < self.attr_ttl:
             return self._current(seen[1])
@@ -132,6 +138,8 @@ class FileSystem:
         with opened.lock if opened is not None else contextlib.nullcontext():
             if opened is not None:
                 self._push_data(opened)
+            if ino in self._orphans:
+                return self._change_orphan(ino, opened, changes)
             if "size" in changes:
                 self._seen.pop(ino, None)   # cutting chunks needs the size on the servers
                 current = self.getattr(ino)
@@ -281,25 +289,26 @@ class FileSystem:
         opened = self._handle(fh)
         with opened.lock:
             self._push_data(opened)
-            if opened.dirty:
+            if opened.dirty and opened.ino in self._orphans:
+                self._change_orphan(opened.ino, opened, {"size": opened.size, "mtime_ns": opened.mtime_ns})
+            elif opened.dirty:
                 self._write_entry(opened.ino, opened, {})
 
     def release(self, fh: int) -> None:
         opened = self._handle(fh)
         try:
-            if opened.ino not in self._doomed:
+            if opened.ino not in self._orphans:
                 self.flush(fh)
         finally:
             with self._lock:
                 del self._handles[fh]
                 opened.opens -= 1
-                doomed = False
+                orphan = None
                 if opened.opens == 0:
                     del self._files[opened.ino]
-                    doomed = opened.ino in self._doomed
-                    self._doomed.discard(opened.ino)
-            if doomed:
-                self.data.remove(opened.ino, opened.size)
+                    orphan = self._orphans.pop(opened.ino, None)
+            if orphan is not None:
+                self.data.remove(opened.ino, max(opened.size, opened.stored))
 
     def flush_all(self) -> None:
         """Push every open file's buffered data and attributes (at unmount)."""
@@ -343,6 +352,25 @@ class FileSystem:
             self._listings.pop(fh, None)
 
     # -- helpers -----------------------------------------------------------------------
+
+    def _change_orphan(self, ino: int, opened: _OpenFile | None, changes: dict[str, int]) -> Attributes:
+        """`setattr` of a file unlinked while open: its chunks and this
+        mount's copy of its attributes; the caller holds `opened.lock`."""
+        orphan = self._current(self._orphans[ino])
+        now = self.clock()
+        if "size" in changes:
+            self.data.truncate(ino, orphan.size, changes["size"])
+            if changes["size"] != orphan.size:
+                changes.setdefault("mtime_ns", now)
+        if "mode" in changes:
+            changes["mode"] &= 0o7777
+        fields: dict[str, Any] = {**asdict(orphan), **changes, "ctime_ns": now, "version": orphan.version + 1}
+        new = Attributes(**fields)
+        self._orphans[ino] = new
+        if opened is not None:
+            opened.size, opened.mtime_ns, opened.dirty = new.size, new.mtime_ns, False
+            opened.stored = min(opened.stored, new.size)
+        return new
 
     def _entries_changed(self, *directories: int) -> None:
         """POSIX: adding, removing or renaming an entry moves its directory's
@@ -432,6 +460,6 @@ class FileSystem:
             return
         with self._lock:
             if gone.ino in self._files:
-                self._doomed.add(gone.ino)
+                self._orphans[gone.ino] = replace(gone, nlink=0)
                 return
         self.data.remove(gone.ino, gone.size)

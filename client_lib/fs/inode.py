@@ -52,6 +52,10 @@ def directory_key(ino: int) -> str:
     return f"/.mf/d/{ino:016x}"
 
 
+_USUAL = {"rdev": 0, "nlink": 1}
+"""Fields added after the first records, and the value a record without them means."""
+
+
 @dataclass(frozen=True)
 class Attributes:
     """One object's inode, as a file system's stat sees it."""
@@ -68,6 +72,7 @@ class Attributes:
     target: str | None = None   # a symlink's
     version: int = 1            # bumped by every change: what compare-and-set compares
     rdev: int = 0               # a device node's number (chr, blk); left out of records at 0
+    nlink: int = 1              # names of the inode: 0 once unlinked while open; left out at 1
 
     @property
     def st_mode(self) -> int:
@@ -77,12 +82,14 @@ class Attributes:
         return _dump(self.to_fields())
 
     def to_fields(self) -> dict[str, Any]:
-        """As stored: every field, but ``rdev`` only where it is set, so that
-        the records of everything but device nodes are what clients before
-        device nodes wrote, and read."""
+        """As stored: every field, but those added since the first records
+        (`_USUAL`) only where they differ from their usual value, so that the
+        records of everything but device nodes are what older clients wrote,
+        and read."""
         fields = asdict(self)
-        if not fields["rdev"]:
-            del fields["rdev"]
+        for name, usual in _USUAL.items():
+            if fields[name] == usual:
+                del fields[name]
         return fields
 
     @classmethod

@@ -100,7 +100,7 @@ class MountOperations(pyfuse3.Operations):
         entry.entry_timeout = self.entry_timeout
         entry.attr_timeout = self.attr_timeout
         entry.st_mode = attributes.st_mode
-        entry.st_nlink = 1     # directories too: no subdirectory count (find must not assume one)
+        entry.st_nlink = attributes.nlink   # directories 1: no subdirectory count (find assumes none)
         entry.st_uid, entry.st_gid = attributes.uid, attributes.gid
         entry.st_rdev = attributes.rdev
         entry.st_size = attributes.size

@@ -95,6 +95,40 @@ def test_a_file_unlinked_while_open_keeps_its_chunks_until_its_last_release() ->
     assert gone.value.errno == errno.ENOENT
 
 
+def test_a_file_unlinked_while_open_stays_usable_with_no_links_until_its_last_release() -> None:
+    """POSIX: stat, write, read and truncate through the open descriptor,
+    which sees a link count of 0; nothing of it reaches the servers' names
+    again, and every chunk it wrote, before or after the unlink, goes at the
+    last release."""
+    fs = _fs()
+    records = fs.data.client.records   # type: ignore[attr-defined]
+    fh, made = fs.create(ROOT, b"f", 0o600, 0, 0, exclusive=True)
+    fs.write(fh, 0, b"before")
+    fs.flush(fh)
+    fs.unlink(ROOT, b"f")
+    chunks = chunk_key(made.ino, 0).rsplit("/", 1)[0].encode()
+
+    def names() -> dict[bytes, bytes]:
+        return {k: v for k, v in records.items() if not k.startswith(chunks)}
+
+    unlinked = names()
+    assert fs.getattr(made.ino).nlink == 0
+    fs.write(fh, 6, b" and after" * 10)
+    assert fs.read(fh, 0, 16) == b"before and after"
+    fs.flush(fh)
+    assert fs.getattr(made.ino).size == 106 and fs.getattr(made.ino).nlink == 0
+    assert fs.setattr(made.ino, {"size": 6, "mode": 0o640}).mode == 0o640
+    assert fs.getattr(made.ino).size == 6 and fs.read(fh, 0, 100) == b"before"
+    fs.write(fh, 200, b"far")
+    fs.flush(fh)
+    assert names() == unlinked   # no entry comes back, none changes
+    fs.release(fh)
+    assert _chunks(fs, made.ino) == []
+    with pytest.raises(NamespaceError) as gone:
+        fs.getattr(made.ino)
+    assert gone.value.errno == errno.ESTALE
+
+
 def test_a_file_replaced_by_a_rename_is_reclaimed_and_the_moved_one_is_found() -> None:
     fs = _fs()
     old_fh, old = fs.create(ROOT, b"target", 0o644, 0, 0, exclusive=True)
