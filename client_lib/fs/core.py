@@ -41,8 +41,8 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from client_lib.errors import MetaFlowError, NamespaceError
 from client_lib.fs.filedata import CHUNK_SIZE, FileData
