@@ -46,7 +46,7 @@ FASTPATH_SOURCES := $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/bui
                     $(FASTPATH_CRATE)/Cargo.toml $(FASTPATH_CRATE)/Cargo.lock
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
-.PHONY: setup apt mininet-link ovs test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
+.PHONY: setup apt mininet-link ovs fs-tools test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
         bench-flowtables bench-testbed bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-fs bench-fig20 plan clean \
         bench-scale bench-ovs-fit
 
@@ -95,9 +95,28 @@ STATIC_CHECKS := lint typecheck docs-check
 # The unit tests are pure and CPU-bound: both cores (pytest-xdist). The rest
 # start daemons, networks and mounts whose timeouts assume a machine that is
 # not saturated by the tests themselves: one at a time.
-test: setup $(STATIC_CHECKS)
+test: setup fs-tools $(STATIC_CHECKS)
 	$(PY) -m pytest -q -n 2 tests/unit
-	$(PY) -m pytest -q --durations=25 tests --ignore=tests/unit
+	PATH="$(FS_TOOLS)/bin:$$PATH" $(PY) -m pytest -q --durations=25 tests --ignore=tests/unit
+
+# The file system's conformance suites, which nobody here wrote, pinned:
+# pjdfstest (POSIX system calls; it runs some tests as the user `tests`,
+# made here if missing) and fsx (the file system exerciser), both Rust, built
+# once into .venv/tools/bin from crates.io (about 2 minutes the first time).
+# tests/integration/test_fs_posix.py finds them on PATH.
+FS_TOOLS := $(VENV)/tools
+PJDFSTEST_VERSION := 0.2.2
+FSX_VERSION := 0.3.2
+FS_TOOL_STAMPS := $(FS_TOOLS)/.pjdfstest-$(PJDFSTEST_VERSION) $(FS_TOOLS)/.fsx-$(FSX_VERSION)
+
+fs-tools: $(FS_TOOL_STAMPS)
+	@id tests >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin tests
+
+$(FS_TOOLS)/.%:
+	@test -x "$(CARGO)" || { echo "make: cargo is needed to build the file system's test tools" >&2; exit 1; }
+	$(WITH_CARGO) $(CARGO) install --quiet --locked --root $(FS_TOOLS) $(firstword $(subst -, ,$*)) \
+	  --version $(lastword $(subst -, ,$*))
+	@touch $@
 
 lint: setup
 	$(VENV)/bin/ruff check .
