@@ -117,15 +117,16 @@ class FileSystem:
             return self._current(seen[1])
         if ino == self.root:
             return self._saw(self.ns.root_attributes())
-        parent, name = self._place(ino)
-        try:
-            found = self.ns.lookup(parent, name)
-        except NamespaceError as exc:
-            if exc.errno != errno.ENOENT:
-                raise
-            found = None
+        found: Attributes | None = None
+        place = self._where.get(ino)
+        if place is not None:
+            with contextlib.suppress(NamespaceError):
+                found = self.ns.lookup(*place)
         if found is None or found.ino != ino:
-            raise NamespaceError(errno.ESTALE, f"inode {ino} is no longer at {name!r} in {parent}")
+            # A hard-linked inode is found by its number, whatever name is gone.
+            found = self.ns.shared_inode(ino)
+        if found is None:
+            raise NamespaceError(errno.ESTALE, f"inode {ino} is no longer where this mount saw it")
         return self._current(self._saw(found))
 
     def setattr(self, ino: int, changes: dict[str, int]) -> Attributes:
@@ -213,8 +214,9 @@ class FileSystem:
         return self._remember(parent, name, made)
 
     def unlink(self, parent: int, name: bytes) -> None:
-        self._reclaim(self.ns.unlink(parent, name))
+        left = self.ns.unlink(parent, name)
         self._moved(parent, name)
+        self._reclaim(left)
         self._entries_changed(parent)
 
     def rmdir(self, parent: int, name: bytes) -> None:
@@ -231,7 +233,10 @@ class FileSystem:
         self._entries_changed(parent, new_parent)
 
     def link(self, ino: int, parent: int, name: bytes) -> Attributes:
-        return self.ns.link(parent, name, ino)
+        """A hard link: a new name for `ino` (not a directory)."""
+        made = self.ns.link(parent, name, self._place(ino), ino)
+        self._entries_changed(parent)
+        return self._remember(parent, name, made)
 
     # -- file contents -----------------------------------------------------------------
 
@@ -391,8 +396,12 @@ class FileSystem:
         open file has not written yet; the caller holds `opened.lock`."""
         if opened is not None and opened.dirty:
             changes = {"size": opened.size, "mtime_ns": opened.mtime_ns} | changes
-        parent, name = self._place(ino)
-        new = self._saw(self.ns.setattr(parent, name, **changes))
+        place = self._where.get(ino)
+        if place is None and self.ns.shared_inode(ino) is not None:
+            new = self._saw(self.ns.setattr_inode(ino, **changes))
+        else:
+            parent, name = self._place(ino)
+            new = self._saw(self.ns.setattr(parent, name, **changes))
         if opened is not None:
             opened.size, opened.mtime_ns, opened.dirty = new.size, new.mtime_ns, False
         return new
@@ -455,8 +464,9 @@ class FileSystem:
             opened.pending = bytearray()
 
     def _reclaim(self, gone: Attributes) -> None:
-        """The chunks of a file that lost its name: now, or at its last release."""
-        if gone.kind != "file":
+        """The chunks of a file that lost its last name: now, or at its last release."""
+        if gone.kind != "file" or gone.nlink > 0:
+            self._seen.pop(gone.ino, None)   # its ctime and link count moved
             return
         with self._lock:
             if gone.ino in self._files:

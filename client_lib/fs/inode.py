@@ -1,6 +1,11 @@
 """What a file system's namespace stores: an inode's attributes, and the
 record of a directory entry that may carry a rename in flight.
 
+An inode's attributes live in its one entry, except for an inode with hard
+links: its attributes then live in a record of its own (`inode_key`), and
+each of its entries holds a copy marked `Attributes.shared`, of which only
+the inode number and kind are to be believed.
+
 Kept apart from the operations (`client_lib.fs.namespace`) because it is the
 on-disk contract: every client reads what any other wrote, so the encoding
 is defined once, here.
@@ -22,7 +27,7 @@ from typing import Any, Literal
 from client_lib.errors import MetadataFormatError
 
 __all__ = ["ROOT", "SPECIAL", "Attributes", "Intent", "Kind", "decode_entry", "directory_key", "encode_entry",
-           "kind_of"]
+           "inode_key", "kind_of"]
 
 ROOT = 1
 """The root directory's inode number."""
@@ -46,13 +51,18 @@ def kind_of(st_mode: int) -> Kind:
     raise ValueError(f"no file type in mode {st_mode:#o}")
 
 
+def inode_key(ino: int) -> str:
+    """The key of a hard-linked inode's own record (`Attributes.shared`)."""
+    return f"/.mf/i/{ino:016x}"
+
+
 def directory_key(ino: int) -> str:
     """The routing key of directory `ino`: its header's key, and the key its
     entries are named under (so they all live on one server)."""
     return f"/.mf/d/{ino:016x}"
 
 
-_USUAL = {"rdev": 0, "nlink": 1}
+_USUAL = {"rdev": 0, "nlink": 1, "shared": False}
 """Fields added after the first records, and the value a record without them means."""
 
 
@@ -73,6 +83,7 @@ class Attributes:
     version: int = 1            # bumped by every change: what compare-and-set compares
     rdev: int = 0               # a device node's number (chr, blk); left out of records at 0
     nlink: int = 1              # names of the inode: 0 once unlinked while open; left out at 1
+    shared: bool = False        # an entry of a hard-linked inode: the truth is at `inode_key`
 
     @property
     def st_mode(self) -> int:

@@ -16,8 +16,14 @@ the records are defined in `client_lib.fs.inode`:
 * Inode numbers are drawn at random (63 bits) by the creating client: no
   allocator to ask, so no extra hop. The root is inode 1, and its attributes
   live in its header (it has no parent entry).
-* Hard links are refused (`errno.EPERM`): an inode's attributes live in its
-  one entry.
+* Hard links: the first `link` of an inode moves its attributes into a
+  record of its own (`inode_key`, with the link count) and marks its entry
+  `shared`; every name of it is then such an entry, and a lookup through
+  one costs a second GET (the inode record may live on another server).
+  `link` is three steps (the inode record, the source entry's mark, the new
+  entry; or the count, then the new entry), `unlink` two (the entry, then
+  the count). A client that dies between them leaves a count one too high,
+  never too low: its chunks are then kept, never lost.
 
 Every update of an entry is conditional on the record read (``SET IFEQ``,
 ``DELIFEQ``), with a version inside the value, so a retried or late update
@@ -74,6 +80,7 @@ from client_lib.fs.inode import (
     decode_entry,
     directory_key,
     encode_entry,
+    inode_key,
 )
 from client_lib.fs.records import Records
 from client_lib.mdid import NAME_MAX, entry_key
@@ -131,7 +138,7 @@ class Namespace:
         """The attributes of `name` in directory `parent` (ENOENT if absent)."""
         key = self._entry(parent, name)
         raw = self.client.get(key)
-        attributes = self._visible(key, raw)
+        attributes = self._resolved(self._visible(key, raw))
         if attributes is None:
             raise NamespaceError(errno.ENOENT, f"no entry {name!r} in directory {parent}")
         self._remember(key, raw)
@@ -146,7 +153,7 @@ class Namespace:
         listed = []
         for name, raw in page:
             key = self._entry(directory, name)
-            attributes = self._visible(key, raw)
+            attributes = self._resolved(self._visible(key, raw))
             if attributes is not None:
                 listed.append((name, attributes))
                 self._remember(key, raw)
@@ -206,14 +213,86 @@ class Namespace:
         self._link(parent, name, attributes)
         return attributes
 
-    def link(self, parent: int, name: str | bytes, target: int) -> Attributes:
-        """Hard links: refused. An inode's attributes live in its one entry."""
-        raise NamespaceError(errno.EPERM, "hard links are not supported")
+    def link(self, parent: int, name: str | bytes, source: tuple[int, bytes], ino: int) -> Attributes:
+        """A new name (parent, name) for inode `ino`, found at `source` (its
+        parent and name): its attributes, with the new link count. EPERM for
+        a directory, ESTALE if `source` no longer names `ino`, EEXIST if the
+        name is taken (the count is put back)."""
+        new_key = self._entry(parent, name)   # a bad name fails before anything is written
+        source_key = self._entry(*source)
+        for _ in range(_CAS_TRIES):
+            raw, attributes = self._present(source_key, *source)
+            if attributes.ino != ino:
+                raise NamespaceError(errno.ESTALE, f"inode {ino} is no longer at {source[1]!r}")
+            if attributes.kind == "dir":
+                raise NamespaceError(errno.EPERM, "a directory takes no hard links")
+            linked = self._count_links(ino, +1) if attributes.shared else \
+                self._share(source_key, raw, attributes)
+            if linked is None:
+                continue   # the entry changed meanwhile: read it again
+            stub = replace(linked, shared=True, nlink=1).to_bytes()
+            try:
+                self._link_record(parent, name, new_key, stub)
+            except BaseException:
+                with contextlib.suppress(Exception):   # a count one too high keeps, never loses
+                    self._count_links(ino, -1)
+                raise
+            return linked
+        raise self._contended(name)
+
+    def _share(self, key: bytes, raw: bytes, attributes: Attributes) -> Attributes | None:
+        """The first hard link of the inode whose only entry `key` holds
+        `raw`: its attributes into a record of their own (counting two
+        links), then the entry marked shared; None if the entry changed first."""
+        record = replace(attributes, nlink=2, ctime_ns=self.clock(), version=attributes.version + 1)
+        encoded, inode = record.to_bytes(), inode_key(attributes.ino)
+        if not self.client.create(inode, encoded):
+            # Left by a client that died between the two steps, or by one
+            # sharing this inode right now: whoever marks the entry first wins.
+            held = self.client.get(inode)
+            if held is None or not self._cas(inode, held, encoded):
+                return None
+        stub = replace(attributes, shared=True, version=attributes.version + 1).to_bytes()
+        if not self._cas(key, raw, stub):
+            return None
+        self._remember(key, stub)
+        return record
+
+    def _count_links(self, ino: int, change: int) -> Attributes:
+        """Add `change` to a shared inode's link count (and move its ctime);
+        its record is deleted when the count reaches 0. The attributes after."""
+        key = inode_key(ino)
+        for _ in range(_CAS_TRIES):
+            raw = self.client.get(key)
+            if raw is None:
+                raise NamespaceError(errno.ENOENT, f"inode {ino} has no record")
+            old = Attributes.from_bytes(raw)
+            new = replace(old, nlink=max(0, old.nlink + change), ctime_ns=self.clock(),
+                          version=old.version + 1)
+            if new.nlink == 0:
+                if self.client.delete_if_equal(key, raw):
+                    return new
+            elif self._cas(key, raw, new.to_bytes()):
+                return new
+        raise self._contended(key)
+
+    def shared_inode(self, ino: int) -> Attributes | None:
+        """A hard-linked inode's attributes, from its own record; None if it has none."""
+        raw = self.client.get(inode_key(ino))
+        return None if raw is None else Attributes.from_bytes(raw)
+
+    def _resolved(self, attributes: Attributes | None) -> Attributes | None:
+        """What an entry's attributes are: its own, or a shared inode's record."""
+        if attributes is None or not attributes.shared:
+            return attributes
+        return self.shared_inode(attributes.ino)
 
     # -- removing ----------------------------------------------------------------------
 
     def unlink(self, parent: int, name: str | bytes) -> Attributes:
-        """Remove a file or symlink (EISDIR for a directory); what it was."""
+        """Remove a name of a file, symlink or special file (EISDIR for a
+        directory); the inode's attributes after it, whose `nlink` says how
+        many names it has left (0: its data may go)."""
         key = self._entry(parent, name)
         for raw, attributes, guessed in self._candidates(key, lambda: self._present(key, parent, name)):
             if attributes.kind == "dir":
@@ -222,8 +301,16 @@ class Namespace:
                 raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: rmdir it")
             if self.client.delete_if_equal(key, raw):
                 self._forget(key)
-                return attributes
+                return self.unlinked(attributes)
         raise self._contended(name)
+
+    def unlinked(self, attributes: Attributes) -> Attributes:
+        """The inode whose entry `attributes` just lost its name (by unlink
+        or a rename over it): a shared one counted down, any other with no
+        names left."""
+        if attributes.shared:
+            return self._count_links(attributes.ino, -1)
+        return replace(attributes, nlink=0)
 
     def rmdir(self, parent: int, name: str | bytes) -> Attributes:
         """Remove an empty directory (ENOTEMPTY otherwise, ENOTDIR for a file).
@@ -256,6 +343,17 @@ class Namespace:
         key = self._entry(parent, name)
         return self._update(key, name, changes, lambda: self._present(key, parent, name))
 
+    def setattr_inode(self, ino: int, **changes: int) -> Attributes:
+        """`setattr` of a hard-linked inode, on its own record."""
+        key = inode_key(ino)
+
+        def read() -> tuple[bytes, Attributes]:
+            raw = self.client.get(key)
+            if raw is None:
+                raise NamespaceError(errno.ENOENT, f"inode {ino} has no record")
+            return raw, Attributes.from_bytes(raw)
+        return self._update(key, str(ino), changes, read)
+
     def setattr_root(self, **changes: int) -> Attributes:
         """`setattr` of the root directory, whose attributes are its header's."""
         return self._update(directory_key(self.root), "/", changes, self._root_record)
@@ -266,6 +364,8 @@ class Namespace:
         if unknown:
             raise NamespaceError(errno.EINVAL, f"cannot set {sorted(unknown)}: only {list(_SETTABLE)}")
         for raw, old, guessed in self._candidates(key, read):
+            if old.shared:
+                return self.setattr_inode(old.ino, **changes)
             if old.kind == "dir" and "size" in changes:
                 if guessed:
                     continue   # a guess is only compared, never believed: read it
@@ -287,8 +387,10 @@ class Namespace:
         the module docstring), replacing what is there as POSIX rename does:
         a file or symlink by a non-directory, an empty directory by a
         directory (ENOTDIR, EISDIR, ENOTEMPTY otherwise; EEXIST without
-        `replace_target`, which is RENAME_NOREPLACE). Returns the attributes
-        it replaced, whose data the caller reclaims, or None."""
+        `replace_target`, which is RENAME_NOREPLACE). Returns the inode it
+        replaced as `unlinked` leaves it (its data the caller reclaims if it
+        has no names left), or None. Two names of one inode: nothing happens,
+        as POSIX says."""
         source_key, target_key = self._entry(parent, name), self._entry(new_parent, new_name)
         if source_key == target_key:
             self.lookup(parent, name)
@@ -300,6 +402,8 @@ class Namespace:
             if moving.kind == "dir" and new_parent == moving.ino:
                 raise NamespaceError(errno.EINVAL, f"cannot move directory {name!r} into itself")
             target_raw, replaced = self._settled(target_key)
+            if replaced is not None and replaced.ino == moving.ino:
+                return None
             if replaced is not None:
                 _check_replace(moving, replaced, new_name, replace_target)
             intent = Intent(secrets.token_hex(8), "source", (parent, _name_bytes(name)),
@@ -309,7 +413,7 @@ class Namespace:
                 continue
             try:
                 if self._prepare_and_commit(intent, moving, locked, target_raw, replaced):
-                    return replaced
+                    return None if replaced is None else self.unlinked(replaced)
             except BaseException:
                 self._end_own(intent)
                 raise
@@ -509,10 +613,14 @@ class Namespace:
                           0, now, now, now)
 
     def _link(self, parent: int, name: str | bytes, attributes: Attributes) -> None:
-        """A new entry; a name held only by a rename's leftovers (a committed
-        source, an aborted target) is settled first and then free."""
+        """A new entry for `attributes`."""
         key = self._entry(parent, name)   # a bad name is EINVAL before anything is written
-        record = attributes.to_bytes()
+        self._link_record(parent, name, key, attributes.to_bytes())
+
+    def _link_record(self, parent: int, name: str | bytes, key: bytes, record: bytes) -> None:
+        """A new entry `key` holding `record`; a name held only by a rename's
+        leftovers (a committed source, an aborted target) is settled first
+        and then free."""
         for _ in range(_CAS_TRIES):
             if self._create_entry(parent, name, record):
                 self._remember(key, record)

@@ -111,7 +111,8 @@ def test_fs_mark_and_postmark_run(mount: FuseMount, tmp_path: Path) -> None:
 def test_what_is_not_kept_gets_a_clear_errno(mount: FuseMount) -> None:
     target = mount.path / "f"
     target.write_bytes(b"data")
-    for what, call, code in [("link", lambda: os.link(target, mount.path / "g"), errno.EPERM),
+    here = mount.path
+    for what, call, code in [("link of a directory", lambda: os.link(here, here / "g"), errno.EPERM),
                              ("long name", lambda: (mount.path / ("x" * 256)).touch(), errno.ENAMETOOLONG),
                              ("setxattr", lambda: os.setxattr(target, "user.a", b"1"), errno.ENOTSUP),
                              ("getxattr", lambda: os.getxattr(target, "user.a"), errno.ENOTSUP),
@@ -135,6 +136,27 @@ def test_o_trunc_and_shell_redirection_cut_an_existing_file(mount: FuseMount) ->
     assert target.read_bytes() == b"short\n"
     os.close(os.open(target, os.O_WRONLY | os.O_TRUNC))
     assert target.stat().st_size == 0 and target.read_bytes() == b""
+
+
+def test_hard_links_from_tar_and_rsync_share_one_inode(mount: FuseMount, tmp_path: Path) -> None:
+    """tar keeps hard links as links (one inode, the count) and rsync -H
+    copies them as links; a change through one name shows through the other."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a").write_bytes(b"one inode, two names")
+    os.link(source / "a", source / "b")
+    archive = tmp_path / "links.tar"
+    _run("tar", "cf", archive, "-C", source, ".")
+    _run("tar", "xf", archive, "-C", mount.path)
+    a, b = (mount.path / "a").stat(), (mount.path / "b").stat()
+    assert a.st_ino == b.st_ino and a.st_nlink == b.st_nlink == 2
+    _run("rsync", "-aH", f"{mount.path}/", tmp_path / "copy")
+    assert (tmp_path / "copy" / "a").stat().st_ino == (tmp_path / "copy" / "b").stat().st_ino
+    with open(mount.path / "b", "ab") as appending:
+        appending.write(b", grown")
+    assert (mount.path / "a").read_bytes() == b"one inode, two names, grown"
+    (mount.path / "a").unlink()
+    assert (mount.path / "b").stat().st_nlink == 1 and (mount.path / "b").read_bytes().endswith(b"grown")
 
 
 def test_fifos_sockets_and_device_nodes_are_kept_and_the_kernel_does_their_io(mount: FuseMount) -> None:

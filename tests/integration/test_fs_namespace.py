@@ -113,10 +113,13 @@ def test_concurrent_creators_in_one_directory_lose_and_duplicate_nothing(client:
 def test_errors_a_file_system_expects(client: Records) -> None:
     ns = _fresh(client)
     f = ns.create(ns.root, "f")
+    sub = ns.mkdir(ns.root, "sub")
     for call, code in [(lambda: ns.create(ns.root, "f"), errno.EEXIST),
                        (lambda: ns.mkdir(f.ino, "x"), errno.ENOENT),          # a file takes no entries
                        (lambda: ns.rmdir(ns.root, "f"), errno.ENOTDIR),
-                       (lambda: ns.link(ns.root, "g", f.ino), errno.EPERM),
+                       (lambda: ns.link(ns.root, "g", (ns.root, b"sub"), sub.ino), errno.EPERM),
+                       (lambda: ns.link(ns.root, "g", (ns.root, b"sub"), f.ino), errno.ESTALE),
+                       (lambda: ns.link(ns.root, "sub", (ns.root, b"f"), f.ino), errno.EEXIST),
                        (lambda: ns.lookup(ns.root, "a/b"), errno.EINVAL),
                        (lambda: ns.create(ns.root, ".."), errno.EINVAL),
                        (lambda: ns.setattr(ns.root, "f", nlink=2), errno.EINVAL),

@@ -193,11 +193,11 @@ def test_an_inode_another_client_moved_is_stale_until_looked_up_again() -> None:
     assert mine.lookup(ROOT, b"e").ino == made.ino and mine.getattr(made.ino).kind == "dir"
 
 
-def test_the_root_takes_setattr_and_hard_links_are_refused() -> None:
+def test_the_root_takes_setattr_and_a_directory_takes_no_hard_link() -> None:
     fs = _fs()
     assert fs.setattr(ROOT, {"mode": 0o700, "mtime_ns": 5}).mode == 0o700
     assert fs.getattr(ROOT).mtime_ns == 5
-    _, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    made = fs.mkdir(ROOT, b"d", 0o755, 0, 0)
     with pytest.raises(NamespaceError) as refused:
         fs.link(made.ino, ROOT, b"g")
     assert refused.value.errno == errno.EPERM
@@ -356,3 +356,71 @@ def test_o_trunc_cuts_an_existing_file_and_is_a_modification_even_when_empty() -
     fh = fs.open(made.ino)   # without O_TRUNC nothing moves
     fs.release(fh)
     assert fs.getattr(made.ino).mtime_ns == again.mtime_ns
+
+
+def test_hard_links_share_one_inode_until_the_last_name_goes() -> None:
+    """Every name shows one inode (number, attributes, contents, link
+    count); a change through one shows through the others; the contents go
+    with the last name, and not before."""
+    fs = _fs()
+    records = fs.data.client.records   # type: ignore[attr-defined]
+    fh, made = fs.create(ROOT, b"a", 0o644, 0, 0, exclusive=True)
+    fs.write(fh, 0, b"shared bytes" * 5)
+    fs.release(fh)
+    sub = fs.mkdir(ROOT, b"sub", 0o755, 0, 0).ino
+    second = fs.link(made.ino, sub, b"b")
+    assert second.ino == made.ino and second.nlink == 2 and second.size == 60
+    assert fs.lookup(ROOT, b"a") == fs.lookup(sub, b"b") == fs.getattr(made.ino)
+    fs.setattr(made.ino, {"mode": 0o600})
+    assert fs.lookup(sub, b"b").mode == 0o600 and fs.lookup(ROOT, b"a").mode == 0o600
+    third = fs.link(made.ino, ROOT, b"c")
+    assert third.nlink == 3 and {name for name, _, _ in fs.readdir(fs.opendir(ROOT), 0)} >= {b"a", b"c"}
+    listed = fs.readdir(fs.opendir(ROOT), 0)
+    assert all(attributes.nlink == 3 for name, attributes, _ in listed if name != b"sub")
+    fs.unlink(ROOT, b"a")
+    assert fs.getattr(made.ino).nlink == 2 and _chunks(fs, made.ino)
+    fh = fs.open(made.ino)
+    assert fs.read(fh, 0, 12) == b"shared bytes"
+    fs.release(fh)
+    fs.unlink(ROOT, b"c")
+    assert fs.getattr(made.ino).nlink == 1 and _chunks(fs, made.ino)
+    fs.unlink(sub, b"b")
+    assert _chunks(fs, made.ino) == [] and not any(k.startswith(b"/.mf/i/") for k in records)
+
+
+def test_a_hard_link_to_a_taken_name_fails_and_leaves_the_count() -> None:
+    fs = _fs()
+    _, made = fs.create(ROOT, b"a", 0o644, 0, 0, exclusive=True)
+    fs.create(ROOT, b"taken", 0o644, 0, 0, exclusive=True)
+    with pytest.raises(NamespaceError) as taken:
+        fs.link(made.ino, ROOT, b"taken")
+    assert taken.value.errno == errno.EEXIST
+    assert fs.getattr(made.ino).nlink == 1
+    assert fs.link(made.ino, ROOT, b"b").nlink == 2
+
+
+def test_rename_over_a_hard_link_counts_it_down_and_between_two_names_does_nothing() -> None:
+    fs = _fs()
+    fh, made = fs.create(ROOT, b"a", 0o644, 0, 0, exclusive=True)
+    fs.write(fh, 0, b"x" * 20)
+    fs.release(fh)
+    fs.link(made.ino, ROOT, b"b")
+    fs.rename(ROOT, b"a", ROOT, b"b", noreplace=False)   # two names of one inode: POSIX does nothing
+    assert fs.lookup(ROOT, b"a").ino == fs.lookup(ROOT, b"b").ino == made.ino
+    _, other = fs.create(ROOT, b"other", 0o644, 0, 0, exclusive=True)
+    fs.rename(ROOT, b"other", ROOT, b"b", noreplace=False)
+    assert fs.lookup(ROOT, b"b").ino == other.ino
+    assert fs.getattr(made.ino).nlink == 1 and _chunks(fs, made.ino)   # "a" still names it
+    fs.rename(ROOT, b"b", ROOT, b"a", noreplace=False)
+    assert _chunks(fs, made.ino) == []
+
+
+def test_a_linked_inode_is_found_by_number_after_the_name_this_mount_knew_went() -> None:
+    records = MemoryRecords()
+    fs = _fs(records)
+    _, made = fs.create(ROOT, b"a", 0o644, 0, 0, exclusive=True)
+    fs.link(made.ino, ROOT, b"b")
+    fs.unlink(ROOT, b"b")   # the place this mount remembered last
+    assert fs.getattr(made.ino).nlink == 1
+    assert fs.setattr(made.ino, {"mode": 0o600}).mode == 0o600
+    assert fs.lookup(ROOT, b"a").mode == 0o600
