@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from client_lib.errors import MetaFlowError, NamespaceError
+from client_lib.fs import xattrs
 from client_lib.fs.filedata import CHUNK_SIZE, FileData
 from client_lib.fs.inode import SPECIAL, Attributes, kind_of
 from client_lib.fs.namespace import Namespace
@@ -237,6 +238,33 @@ class FileSystem:
         made = self.ns.link(parent, name, self._place(ino), ino)
         self._entries_changed(parent)
         return self._remember(parent, name, made)
+
+    # -- extended attributes -------------------------------------------------------------
+
+    def getxattr(self, ino: int, name: bytes) -> bytes:
+        """ENODATA without a request for an inode that has none (the usual case)."""
+        value = self._xattrs(ino).get(name)
+        if value is None:
+            raise NamespaceError(errno.ENODATA, f"no extended attribute {name!r}")
+        return value
+
+    def listxattr(self, ino: int) -> list[bytes]:
+        return sorted(self._xattrs(ino))
+
+    def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
+        """The inode's flag (and ctime) first, then the record: see `client_lib.fs.xattrs`."""
+        xattrs.set_in({}, name, value)   # a bad name or value fails before anything is written
+        self.setattr(ino, {"xattrs": 1})
+        self.ns.change_xattrs(ino, lambda held: xattrs.set_in(held, name, value))
+
+    def removexattr(self, ino: int, name: bytes) -> None:
+        if name not in self._xattrs(ino):
+            raise NamespaceError(errno.ENODATA, f"no extended attribute {name!r}")
+        self.ns.change_xattrs(ino, lambda held: xattrs.removed(held, name))
+        self.setattr(ino, {"xattrs": 1})   # its ctime moves
+
+    def _xattrs(self, ino: int) -> xattrs.XattrMap:
+        return self.ns.xattrs(ino) if self.getattr(ino).xattrs else {}
 
     # -- file contents -----------------------------------------------------------------
 

@@ -62,7 +62,7 @@ def directory_key(ino: int) -> str:
     return f"/.mf/d/{ino:016x}"
 
 
-_USUAL = {"rdev": 0, "nlink": 1, "shared": False}
+_USUAL = {"rdev": 0, "nlink": 1, "shared": False, "xattrs": False}
 """Fields added after the first records, and the value a record without them means."""
 
 
@@ -84,6 +84,7 @@ class Attributes:
     rdev: int = 0               # a device node's number (chr, blk); left out of records at 0
     nlink: int = 1              # names of the inode: 0 once unlinked while open; left out at 1
     shared: bool = False        # an entry of a hard-linked inode: the truth is at `inode_key`
+    xattrs: bool = False        # it may have extended attributes (`client_lib.fs.xattrs`)
 
     @property
     def st_mode(self) -> int:

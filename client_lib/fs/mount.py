@@ -236,19 +236,19 @@ class MountOperations(pyfuse3.Operations):
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         """Nothing to do: a directory change is acknowledged once durable."""
 
-    # -- extended attributes: not kept -------------------------------------------------
+    # -- extended attributes (client_lib.fs.xattrs) ----------------------------------
 
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
-        raise pyfuse3.FUSEError(errno.ENOTSUP)
+        return await self._call(self.fs.getxattr, self._ino(inode), name)
 
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
-        raise pyfuse3.FUSEError(errno.ENOTSUP)
+        await self._call(self.fs.setxattr, self._ino(inode), name, value)
 
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
-        return []
+        return await self._call(self.fs.listxattr, self._ino(inode))
 
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        raise pyfuse3.FUSEError(errno.ENOTSUP)
+        await self._call(self.fs.removexattr, self._ino(inode), name)
 
 
 LIVE_FLAGS = frozenset({"attr_timeout", "entry_timeout"})

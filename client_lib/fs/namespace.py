@@ -83,11 +83,14 @@ from client_lib.fs.inode import (
     inode_key,
 )
 from client_lib.fs.records import Records
+from client_lib.fs.xattrs import XattrMap, xattr_key
+from client_lib.fs.xattrs import decode as decode_xattrs
+from client_lib.fs.xattrs import encode as encode_xattrs
 from client_lib.mdid import NAME_MAX, entry_key
 
 __all__ = ["ROOT", "Attributes", "Kind", "Namespace", "Records", "directory_key"]
 
-_SETTABLE = ("mode", "uid", "gid", "size", "atime_ns", "mtime_ns")
+_SETTABLE = ("mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "xattrs")
 _CAS_TRIES = 16
 LEASE_NS = 2_000_000_000
 """How long a rename may hold its source entry before another client may
@@ -308,9 +311,32 @@ class Namespace:
         """The inode whose entry `attributes` just lost its name (by unlink
         or a rename over it): a shared one counted down, any other with no
         names left."""
-        if attributes.shared:
-            return self._count_links(attributes.ino, -1)
-        return replace(attributes, nlink=0)
+        left = self._count_links(attributes.ino, -1) if attributes.shared else replace(attributes, nlink=0)
+        if left.nlink == 0:
+            self._drop_xattrs(left)
+        return left
+
+    # -- extended attributes (client_lib.fs.xattrs) --------------------------------------
+
+    def xattrs(self, ino: int) -> XattrMap:
+        """Inode `ino`'s extended attributes (one GET)."""
+        return decode_xattrs(self.client.get(xattr_key(ino)))
+
+    def change_xattrs(self, ino: int, change: Callable[[XattrMap], XattrMap]) -> None:
+        """Replace inode `ino`'s extended attributes by `change` of them, a
+        compare-and-set retried when another change came first."""
+        key = xattr_key(ino)
+        for _ in range(_CAS_TRIES):
+            raw = self.client.get(key)
+            new = encode_xattrs(change(decode_xattrs(raw)))
+            if self.client.create(key, new) if raw is None else self._cas(key, raw, new):
+                return
+        raise self._contended(key)
+
+    def _drop_xattrs(self, gone: Attributes) -> None:
+        """An inode that has no names left takes its extended attributes along."""
+        if gone.xattrs:
+            self.client.delete(xattr_key(gone.ino))
 
     def rmdir(self, parent: int, name: str | bytes) -> Attributes:
         """Remove an empty directory (ENOTEMPTY otherwise, ENOTDIR for a file).
@@ -332,6 +358,7 @@ class Namespace:
             held, now = self._settled(key)
             if now is None or now.ino != attributes.ino:
                 break   # renamed away or removed meanwhile: its header is gone either way
+        self._drop_xattrs(attributes)
         return attributes
 
     # -- changing ----------------------------------------------------------------------
@@ -374,6 +401,7 @@ class Namespace:
                                       "version": old.version + 1}
             if "mode" in changes:
                 fields["mode"] = changes["mode"] & 0o7777
+            fields["xattrs"] = bool(fields["xattrs"])
             new = Attributes(**fields)
             record = new.to_bytes()
             if self._cas(key, raw, record):

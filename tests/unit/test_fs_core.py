@@ -18,6 +18,7 @@ from client_lib.fs.core import FileSystem
 from client_lib.fs.filedata import FileData, chunk_key
 from client_lib.fs.inode import Attributes
 from client_lib.fs.namespace import Namespace
+from client_lib.fs.xattrs import xattr_key
 from tests.fs_model import MemoryRecords
 
 ROOT = 1
@@ -424,3 +425,48 @@ def test_a_linked_inode_is_found_by_number_after_the_name_this_mount_knew_went()
     assert fs.getattr(made.ino).nlink == 1
     assert fs.setattr(made.ino, {"mode": 0o600}).mode == 0o600
     assert fs.lookup(ROOT, b"a").mode == 0o600
+
+
+def test_extended_attributes_set_get_list_remove_and_go_with_the_inode() -> None:
+    fs = _fs()
+    records = fs.data.client.records   # type: ignore[attr-defined]
+    _, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    with pytest.raises(NamespaceError) as none:
+        fs.getxattr(made.ino, b"security.capability")
+    assert none.value.errno == errno.ENODATA and fs.listxattr(made.ino) == []
+    fs.setxattr(made.ino, b"user.a", b"\x00binary\xff")
+    fs.setxattr(made.ino, b"user.b", b"")
+    fs.setxattr(made.ino, b"user.a", b"again")
+    assert fs.getxattr(made.ino, b"user.a") == b"again" and fs.getxattr(made.ino, b"user.b") == b""
+    assert fs.listxattr(made.ino) == [b"user.a", b"user.b"]
+    fs.removexattr(made.ino, b"user.b")
+    with pytest.raises(NamespaceError) as gone:
+        fs.removexattr(made.ino, b"user.b")
+    assert gone.value.errno == errno.ENODATA and fs.listxattr(made.ino) == [b"user.a"]
+    d = fs.mkdir(ROOT, b"d", 0o755, 0, 0)
+    fs.setxattr(d.ino, b"user.dir", b"1")
+    fs.setxattr(ROOT, b"user.root", b"2")
+    assert fs.getxattr(ROOT, b"user.root") == b"2"
+    fs.unlink(ROOT, b"f")
+    fs.rmdir(ROOT, b"d")
+    assert [k for k in records if k.startswith(b"/.mf/x/")] == [xattr_key(ROOT).encode()]
+
+
+@pytest.mark.parametrize(("name", "value", "code"), [
+    (b"", b"v", errno.ERANGE), (b"u" * 256, b"v", errno.ERANGE), (b"user.big", b"v" * 65537, errno.E2BIG)])
+def test_extended_attributes_past_their_limits_are_refused_and_change_nothing(name: bytes, value: bytes,
+                                                                              code: int) -> None:
+    fs = _fs()
+    _, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    with pytest.raises(NamespaceError) as refused:
+        fs.setxattr(made.ino, name, value)
+    assert refused.value.errno == code and not fs.getattr(made.ino).xattrs
+
+
+def test_extended_attributes_of_one_inode_hold_64_kib_in_all() -> None:
+    fs = _fs()
+    _, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    fs.setxattr(made.ino, b"user.a", b"a" * 60000)
+    with pytest.raises(NamespaceError) as full:
+        fs.setxattr(made.ino, b"user.b", b"b" * 6000)
+    assert full.value.errno == errno.ENOSPC and fs.listxattr(made.ino) == [b"user.a"]
