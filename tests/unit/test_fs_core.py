@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -25,11 +26,15 @@ ROOT = 1
 CHUNK = 16
 
 
-def _fs(records: MemoryRecords | None = None, buffer_limit: int = 40) -> FileSystem:
+def _fs(records: MemoryRecords | None = None, buffer_limit: int = 40, ticking: bool = False) -> FileSystem:
+    """A formatted file system over `records`; `ticking`: its clocks move
+    a microsecond at every reading, so that every change shows in the times."""
     records = records if records is not None else MemoryRecords()
-    ns = Namespace(records, root=ROOT)
+    ticks = iter(range(1_000, 10**12, 1_000))
+    clock = (lambda: next(ticks)) if ticking else time.time_ns
+    ns = Namespace(records, root=ROOT, clock=clock)
     ns.format()
-    return FileSystem(ns, FileData(records, chunk_size=CHUNK), buffer_limit=buffer_limit)
+    return FileSystem(ns, FileData(records, chunk_size=CHUNK), buffer_limit=buffer_limit, clock=clock)
 
 
 def _chunks(fs: FileSystem, ino: int) -> list[bytes]:
@@ -294,11 +299,7 @@ def test_a_name_over_255_bytes_is_enametoolong(call: str) -> None:
 def test_adding_or_removing_an_entry_moves_its_directorys_mtime_and_ctime(call: str) -> None:
     """POSIX, for the directory a call adds a name to or removes one from,
     the root and any other (whose times live in its parent's entry)."""
-    records = MemoryRecords()
-    ticks = iter(range(1_000, 10**9, 1_000))
-    ns = Namespace(records, root=ROOT, clock=lambda: next(ticks))
-    ns.format()
-    fs = FileSystem(ns, FileData(records, chunk_size=CHUNK), clock=lambda: next(ticks))
+    fs = _fs(ticking=True)
     sub = fs.mkdir(ROOT, b"sub", 0o755, 0, 0).ino
     fs.create(sub, b"old", 0o644, 0, 0, exclusive=True)
     fs.mkdir(sub, b"olddir", 0o755, 0, 0)
@@ -321,11 +322,7 @@ def test_adding_or_removing_an_entry_moves_its_directorys_mtime_and_ctime(call: 
 
 
 def test_a_new_size_is_a_modification_and_the_same_size_is_not() -> None:
-    ticks = iter(range(1_000, 10**9, 1_000))
-    records = MemoryRecords()
-    ns = Namespace(records, root=ROOT, clock=lambda: next(ticks))
-    ns.format()
-    fs = FileSystem(ns, FileData(records, chunk_size=CHUNK), clock=lambda: next(ticks))
+    fs = _fs(ticking=True)
     fh, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
     fs.release(fh)
     cut = fs.setattr(made.ino, {"size": 10})
@@ -336,11 +333,7 @@ def test_a_new_size_is_a_modification_and_the_same_size_is_not() -> None:
 
 
 def test_o_trunc_cuts_an_existing_file_and_is_a_modification_even_when_empty() -> None:
-    ticks = iter(range(1_000, 10**9, 1_000))
-    records = MemoryRecords()
-    ns = Namespace(records, root=ROOT, clock=lambda: next(ticks))
-    ns.format()
-    fs = FileSystem(ns, FileData(records, chunk_size=CHUNK), clock=lambda: next(ticks))
+    fs = _fs(ticking=True)
     fh, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
     fs.write(fh, 0, b"x" * 50)
     fs.release(fh)

@@ -28,22 +28,17 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-#[repr(C)]
-struct RawDb([u8; 0]);
-#[repr(C)]
-struct RawOptions([u8; 0]);
-#[repr(C)]
-struct RawReadOptions([u8; 0]);
-#[repr(C)]
-struct RawWriteOptions([u8; 0]);
-#[repr(C)]
-struct RawBatch([u8; 0]);
-#[repr(C)]
-struct RawIterator([u8; 0]);
-#[repr(C)]
-struct RawCache([u8; 0]);
-#[repr(C)]
-struct RawFilter([u8; 0]);
+/// LevelDB's opaque C types: only ever behind a pointer it made.
+macro_rules! opaque {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[repr(C)]
+            struct $name([u8; 0]);
+        )*
+    };
+}
+
+opaque!(RawDb, RawOptions, RawReadOptions, RawWriteOptions, RawBatch, RawIterator, RawCache, RawFilter);
 
 /// `leveldb_no_compression`, `leveldb_snappy_compression`.
 const NO_COMPRESSION: c_int = 0;
