@@ -58,6 +58,8 @@ class Model:
         if found is None:
             return errno.ENOENT
         kind, ino = found
+        if op == "link":
+            return self._link(found, new_parent, new_name)
         if op == "unlink":
             if kind == "dir":
                 return errno.EISDIR
@@ -72,6 +74,26 @@ class Model:
             return self._rename(entries, name, found, new_parent, new_name)
         return 0
 
+    def _link(self, found: tuple[str, int], new_parent: int, new_name: str) -> int:
+        targets = self.dirs.get(new_parent)
+        if found[0] == "dir":
+            return errno.EPERM
+        if targets is None:
+            return errno.ENOENT
+        if new_name in targets:
+            return errno.EEXIST
+        targets[new_name] = found
+        return 0
+
+    def links(self) -> dict[int, int]:
+        """Names per inode of everything but directories."""
+        counts: dict[int, int] = {}
+        for entries in self.dirs.values():
+            for kind, ino in entries.values():
+                if kind != "dir":
+                    counts[ino] = counts.get(ino, 0) + 1
+        return counts
+
     def _rename(self, entries: dict[str, tuple[str, int]], name: str, found: tuple[str, int],
                 new_parent: int, new_name: str) -> int:
         kind, ino = found
@@ -83,6 +105,8 @@ class Model:
         if kind == "dir" and new_parent == ino:
             return errno.EINVAL
         replaced = targets.get(new_name)
+        if replaced is not None and replaced[1] == ino:
+            return 0   # two names of one inode: POSIX does nothing
         if replaced is not None:
             if kind == "dir" and replaced[0] != "dir":
                 return errno.ENOTDIR
@@ -115,6 +139,9 @@ def run_op(ns: Namespace, op: str, parent: int, name: str, new_parent: int = 0,
             return 0, ns.setattr(parent, name, mode=0o600, mtime_ns=7)
         if op == "rename":
             return 0, ns.rename(parent, name, new_parent, new_name)
+        if op == "link":
+            source = ns.lookup(parent, name)
+            return 0, ns.link(new_parent, new_name, (parent, name.encode()), source.ino)
         return 0, ns.lookup(parent, name)
     except NamespaceError as exc:
         return exc.errno, None
@@ -123,6 +150,11 @@ def run_op(ns: Namespace, op: str, parent: int, name: str, new_parent: int = 0,
 def visible_tree(ns: Namespace, model: Model) -> Tree:
     """What `ns` shows of every directory the model knows."""
     return {ino: {name.decode(): (a.kind, a.ino) for name, a in ns.walk(ino)} for ino in model.dirs}
+
+
+def visible_links(ns: Namespace, model: Model) -> dict[int, int]:
+    """The link count `ns` shows for every inode but directories, by any name of it."""
+    return {a.ino: a.nlink for ino in model.dirs for _, a in ns.walk(ino) if a.kind != "dir"}
 
 
 class Crash(BaseException):

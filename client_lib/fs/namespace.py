@@ -229,11 +229,15 @@ class Namespace:
                 raise NamespaceError(errno.ESTALE, f"inode {ino} is no longer at {source[1]!r}")
             if attributes.kind == "dir":
                 raise NamespaceError(errno.EPERM, "a directory takes no hard links")
+            if new_key == source_key:   # before any write: _create_entry would take its record for ours
+                raise NamespaceError(errno.EEXIST, f"{name!r} exists in directory {parent}")
             linked = self._count_links(ino, +1) if attributes.shared else \
                 self._share(source_key, raw, attributes)
             if linked is None:
                 continue   # the entry changed meanwhile: read it again
-            stub = replace(linked, shared=True, nlink=1).to_bytes()
+            # A stub's version is its own and random: only its inode and kind are believed,
+            # and `_create_entry` must never take another entry's record for this one.
+            stub = replace(linked, shared=True, nlink=1, version=secrets.randbits(62)).to_bytes()
             try:
                 self._link_record(parent, name, new_key, stub)
             except BaseException:

@@ -27,10 +27,10 @@ from client_lib.fs.central import CentralRecords
 from client_lib.fs.namespace import Namespace, directory_key
 from client_lib.fs.records import Records
 from mininet_scenarios.daemons import AgentProcess
-from tests.fs_model import Model, run_op, visible_tree
+from tests.fs_model import Model, run_op, visible_links, visible_tree
 
 NAMES = ["a", "b", "c"]
-OPS = ["mkdir", "create", "symlink", "unlink", "rmdir", "setattr", "rename", "lookup"]
+OPS = ["mkdir", "create", "symlink", "unlink", "rmdir", "setattr", "rename", "lookup", "link"]
 
 
 @pytest.fixture(scope="module", params=["metaflow", "central-redis"])
@@ -77,6 +77,7 @@ def test_random_sequences_match_the_model(client: Records,
             assert attributes is not None and attributes.mode == 0o600 and attributes.mtime_ns == 7
             assert ns.lookup(parent, name).version == attributes.version
     assert visible_tree(ns, model) == model.dirs
+    assert visible_links(ns, model) == model.links()
     for ino in removed:
         assert client.get(directory_key(ino)) is None and list(ns.walk(ino)) == []
 

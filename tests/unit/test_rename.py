@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from client_lib import NamespaceError
 from client_lib.fs.namespace import LEASE_NS, Namespace
-from tests.fs_model import Crash, MemoryRecords, Model, Tree, run_op, visible_tree
+from tests.fs_model import Crash, MemoryRecords, Model, Tree, run_op, visible_links, visible_tree
 
 NAMES = ["a", "b", "c"]
-OPS = ["mkdir", "create", "symlink", "unlink", "rmdir", "setattr", "rename", "rename", "lookup"]
+OPS = ["mkdir", "create", "symlink", "unlink", "rmdir", "setattr", "rename", "rename", "lookup", "link"]
 ROOT = 1
 
 
@@ -95,6 +95,7 @@ def test_random_sequences_with_renames_match_the_model(ops: list) -> None:
         _step(ns, model, removed, op, _pick(model, removed, pick), name,
               _pick(model, removed, new_pick), new_name)
         assert visible_tree(ns, model) == model.dirs
+        assert visible_links(ns, model) == model.links()
     assert not [k for k, v in ns.client.records.items() if b'"intent"' in v]   # type: ignore[attr-defined]
 
 
