@@ -97,7 +97,7 @@ STATIC_CHECKS := lint typecheck docs-check
 # not saturated by the tests themselves: one at a time.
 test: setup fs-tools $(STATIC_CHECKS)
 	$(PY) -m pytest -q -n 2 tests/unit
-	PATH="$(FS_TOOLS)/bin:$$PATH" $(PY) -m pytest -q --durations=25 tests --ignore=tests/unit
+	PATH="$(abspath $(FS_TOOLS))/bin:$$PATH" $(PY) -m pytest -q --durations=25 tests --ignore=tests/unit
 
 # The file system's conformance suites, which nobody here wrote, pinned:
 # pjdfstest (POSIX system calls; it runs some tests as the user `tests`,

@@ -12,6 +12,7 @@ byte it reads against its model.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import shutil
@@ -40,10 +41,11 @@ _RESULT = re.compile(r"^(\S+::\S+)\s+(ok|FAILED|skipped)\s*$")
 
 
 def _tool(name: str) -> str:
+    """Its absolute path: the suites run with the mount as their working directory."""
     found = shutil.which(name)
     if found is None:
         pytest.fail(f"{name} is not on PATH: {TOOLS_HINT}")
-    return found
+    return os.path.abspath(found)
 
 
 def pjdfstest(path: Path) -> dict[str, str]:
