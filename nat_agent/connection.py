@@ -169,16 +169,16 @@ class Connection(asyncio.Protocol):
         self.peer = transport.get_extra_info("peername")
         refusal = self.host.attach(self)
         if refusal is not None:
-            self.close_with(refusal)
+            self.close_with(refusal, linger=False)
 
     def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return  # closing: what the client still sends is read only to be dropped (`close`)
         now = time.monotonic()
         parser = self.parser
         if not parser.busy:
             self.started = now  # the first byte of a new request
         parser.feed(data)
-        if self._closing:
-            return
         if self._waiting is None:
             if not self._paused:
                 self._answer(now)
@@ -298,18 +298,31 @@ class Connection(asyncio.Protocol):
 
     # -- closing ---------------------------------------------------------------
 
-    def close_with(self, reply: ErrorReply) -> None:
+    def close_with(self, reply: ErrorReply, linger: bool = True) -> None:
         if not self._closing:
             self.transport.write(encode_reply(reply))
-            self.close()
+            self.close(linger)
 
-    def close(self) -> None:
-        """Close once the replies written so far are sent (the sweeper aborts
-        a close that the client does not let finish)."""
+    def close(self, linger: bool = True) -> None:
+        """Close once the replies written so far are sent. With `linger` (a
+        connection the service keeps until the sweeper is done with it), half-close (a FIN
+        after them), then read, and drop, what the client still sends until it
+        closes its end. Closing the socket outright while bytes the client sent
+        are unread makes the kernel answer with a reset, and a reset can make
+        the client's kernel discard the replies it had not read yet: a
+        client trickling a request past its deadline lost its timeout error
+        that way. The sweeper aborts a close that the client does not let
+        finish (`expire`). Without `linger` (refused or reclaimed, so no
+        longer the sweeper's), the socket is closed at once."""
         if not self._closing:
+            if not self._reading and not self._paused:
+                self._resume_reading()   # paused for read-ahead: its end must be seen
             self._closing = True
             self._closed_at = time.monotonic()
-            self.transport.close()
+            if linger and self.transport.can_write_eof():
+                self.transport.write_eof()   # its end: eof_received's default closes the transport
+            else:
+                self.transport.close()
 
     def abort(self) -> None:
         """Drop the connection and whatever is unsent, at once."""
@@ -322,10 +335,10 @@ class Connection(asyncio.Protocol):
         if self._closing or self._paused:
             self.abort()
         elif self.parser.busy:
-            self.close_with(ErrorReply(RECLAIMED + why))
+            self.close_with(ErrorReply(RECLAIMED + why), linger=False)
             self.host.detach(self)
         else:
-            self.close()  # idle: a silent close, as for an idle timeout
+            self.close(linger=False)  # idle: a silent close, as for an idle timeout
             self.host.detach(self)
 
     def catch_up(self) -> bool:
