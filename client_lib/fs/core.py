@@ -194,8 +194,7 @@ class FileSystem:
             if made.kind == "dir":
                 raise NamespaceError(errno.EISDIR, f"{name!r} is a directory") from None
             if truncate:
-                self._truncate(made.ino)
-                made = self.getattr(made.ino)
+                made = self._cut(made)
         return self._open(made), made
 
     def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Attributes:
@@ -273,13 +272,14 @@ class FileSystem:
         `truncate` (O_TRUNC): cut to 0 bytes first, which POSIX counts as a
         modification whatever the size was."""
         self._seen.pop(ino, None)
-        if truncate:
-            self._truncate(ino)
-        return self._open(self.getattr(ino))
+        attributes = self.getattr(ino)
+        return self._open(self._cut(attributes) if truncate else attributes)
 
-    def _truncate(self, ino: int) -> None:
-        if self.getattr(ino).kind == "file":
-            self.setattr(ino, {"size": 0, "mtime_ns": self.clock()})
+    def _cut(self, attributes: Attributes) -> Attributes:
+        """O_TRUNC of a regular file: 0 bytes, and a new mtime even if it was empty."""
+        if attributes.kind != "file":
+            return attributes
+        return self.setattr(attributes.ino, {"size": 0, "mtime_ns": self.clock()})
 
     def _open(self, attributes: Attributes) -> int:
         ino = attributes.ino
@@ -425,11 +425,16 @@ class FileSystem:
         if opened is not None and opened.dirty:
             changes = {"size": opened.size, "mtime_ns": opened.mtime_ns} | changes
         place = self._where.get(ino)
-        if place is None and self.ns.shared_inode(ino) is not None:
-            new = self._saw(self.ns.setattr_inode(ino, **changes))
-        else:
-            parent, name = self._place(ino)
+        if place is not None:
+            parent, name = place
             new = self._saw(self.ns.setattr(parent, name, **changes))
+        else:   # a hard-linked inode is found by its number, whatever name is gone
+            try:
+                new = self._saw(self.ns.setattr_inode(ino, **changes))
+            except NamespaceError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                raise NamespaceError(errno.ESTALE, f"inode {ino} was not looked up here") from None
         if opened is not None:
             opened.size, opened.mtime_ns, opened.dirty = new.size, new.mtime_ns, False
         return new

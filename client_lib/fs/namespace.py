@@ -270,10 +270,7 @@ class Namespace:
         its record is deleted when the count reaches 0. The attributes after."""
         key = inode_key(ino)
         for _ in range(_CAS_TRIES):
-            raw = self.client.get(key)
-            if raw is None:
-                raise NamespaceError(errno.ENOENT, f"inode {ino} has no record")
-            old = Attributes.from_bytes(raw)
+            raw, old = self._inode_record(ino)
             new = replace(old, nlink=max(0, old.nlink + change), ctime_ns=self.clock(),
                           version=old.version + 1)
             if new.nlink == 0:
@@ -282,6 +279,13 @@ class Namespace:
             elif self._cas(key, raw, new.to_bytes()):
                 return new
         raise self._contended(key)
+
+    def _inode_record(self, ino: int) -> tuple[bytes, Attributes]:
+        """A shared inode's record and attributes (ENOENT if it has none)."""
+        raw = self.client.get(inode_key(ino))
+        if raw is None:
+            raise NamespaceError(errno.ENOENT, f"inode {ino} has no record")
+        return raw, Attributes.from_bytes(raw)
 
     def shared_inode(self, ino: int) -> Attributes | None:
         """A hard-linked inode's attributes, from its own record; None if it has none."""
@@ -376,14 +380,7 @@ class Namespace:
 
     def setattr_inode(self, ino: int, **changes: int) -> Attributes:
         """`setattr` of a hard-linked inode, on its own record."""
-        key = inode_key(ino)
-
-        def read() -> tuple[bytes, Attributes]:
-            raw = self.client.get(key)
-            if raw is None:
-                raise NamespaceError(errno.ENOENT, f"inode {ino} has no record")
-            return raw, Attributes.from_bytes(raw)
-        return self._update(key, str(ino), changes, read)
+        return self._update(inode_key(ino), str(ino), changes, lambda: self._inode_record(ino))
 
     def setattr_root(self, **changes: int) -> Attributes:
         """`setattr` of the root directory, whose attributes are its header's."""
