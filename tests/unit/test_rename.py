@@ -5,6 +5,7 @@ readers looking between every two writes of a rename."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 
@@ -254,3 +255,41 @@ def test_rename_errors() -> None:
     replaced = ns.rename(ROOT, "f", e.ino, "x")
     assert replaced is not None and replaced.kind == "file"
     assert ns.rename(ROOT, "d", e.ino, "d") is None and ns.rmdir(e.ino, "d").kind == "dir"
+
+
+def _names_and_links(ns: Namespace, ino: int) -> tuple[set[str], int]:
+    """The root's names of inode `ino` as a reader lists them, and the
+    largest link count any of them shows (0 if none)."""
+    shown = [(name.decode(), a.nlink) for name, a in ns.walk(ROOT) if a.ino == ino]
+    return {name for name, _ in shown}, max((n for _, n in shown), default=0)
+
+
+@pytest.mark.parametrize("step", ["first link", "second link", "unlink of a linked name"])
+@pytest.mark.parametrize("applied", [False, True])
+@pytest.mark.parametrize("crash_at", range(4))
+def test_a_link_or_unlink_killed_at_any_write_loses_no_name_and_never_undercounts(
+        step: str, applied: bool, crash_at: int) -> None:
+    """A hard link or unlink runs on a client killed at one of its writes
+    (before or after the server applied it). Another client then sees the
+    names from before or after it, each of them readable (no name left
+    pointing at a missing inode record), and a link count never below the
+    names it has: a count too high keeps the data, one too low would lose it."""
+    records, clock, ns, _ = _fresh()
+    made = ns.create(ROOT, "a")
+    names = {"a"}
+    if step != "first link":
+        ns.link(ROOT, "b", (ROOT, b"a"), made.ino)
+        names.add("b")
+    dying = _namespace(records.attach(crash_at, applied), clock)
+    if step == "unlink of a linked name":
+        call, after = (lambda: dying.unlink(ROOT, "b")), names - {"b"}
+    else:
+        new = "b" if step == "first link" else "c"
+        call, after = (lambda: dying.link(ROOT, new, (ROOT, b"a"), made.ino)), names | {new}
+    with contextlib.suppress(Crash):
+        call()
+    shown, count = _names_and_links(ns, made.ino)
+    assert shown in (names, after), shown
+    assert count >= len(shown)
+    for name in shown:
+        assert ns.lookup(ROOT, name).ino == made.ino
