@@ -127,7 +127,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from client_lib.cidr import Block
 from client_lib.constants import ELIST_DEFAULT, ELIST_MAX, METAFLOW_PORT
@@ -174,6 +174,14 @@ __all__ = [
 
 T = TypeVar("T")
 C = TypeVar("C")
+
+
+class _HasFileno(Protocol):
+    """A socket of any library (`_still_open` polls its descriptor)."""
+
+    def fileno(self) -> int: ...
+
+
 Route = Callable[[str], tuple[str, int]]
 """Where a request for a MetaDataID address (text) goes: ``(host, port)``."""
 Destination = tuple[str, int]
@@ -642,7 +650,7 @@ def _is_ipv4(host: str) -> bool:
     return True
 
 
-def _still_open(sock: socket.socket) -> bool:
+def _still_open(sock: _HasFileno) -> bool:
     """Whether an idle connection can carry a request: it must not be readable,
     since an idle connection that is has been closed by the peer (a server
     reclaiming idle connections) or holds bytes nobody asked for. One poll

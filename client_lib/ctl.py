@@ -15,6 +15,7 @@ import dataclasses
 import json
 import sys
 import time
+from typing import Any
 
 from client_lib.client import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, MetaFlowClient, RetryPolicy
 from client_lib.constants import DEFAULT_SPACE_CIDR, METAFLOW_PORT
@@ -98,8 +99,14 @@ def _execute(client: MetaFlowClient, args: argparse.Namespace) -> int:
 
 def client_from(args: argparse.Namespace) -> MetaFlowClient:
     """The client `add_connection`'s arguments describe."""
-    return MetaFlowClient(args.space, port=args.port, timeout=args.timeout, deadline=args.deadline,
-                          retry=RetryPolicy(args.attempts), via=args.via)
+    return MetaFlowClient(args.space, **connection_options(args))
+
+
+def connection_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`add_connection`'s arguments as any client class's keyword arguments
+    (the mount also makes a `TrioMetaFlowClient` of them)."""
+    return {"port": args.port, "timeout": args.timeout, "deadline": args.deadline,
+            "retry": RetryPolicy(args.attempts), "via": args.via}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,10 +47,10 @@ from typing import Any
 from client_lib.errors import MetaFlowError, NamespaceError
 from client_lib.fs import xattrs
 from client_lib.fs.filedata import CHUNK_SIZE, FileData
-from client_lib.fs.inode import SPECIAL, Attributes, kind_of
+from client_lib.fs.inode import SPECIAL, Attributes, directory_key, kind_of
 from client_lib.fs.namespace import Namespace
 
-__all__ = ["DirectoryPage", "FileSystem"]
+__all__ = ["DirectoryPage", "FileSystem", "Read"]
 
 log = logging.getLogger("metaflow.fs")
 
@@ -58,6 +58,18 @@ DirectoryPage = list[tuple[bytes, Attributes, int]]
 """(name, attributes, the id to continue after this entry)."""
 
 _PAGE = 256
+
+
+@dataclass(frozen=True)
+class Read:
+    """A call answered by one record, read by the caller: the mount reads it
+    on its event loop instead of sending the call to a worker thread. `key`
+    is the record to read; `answer` turns it into the call's answer, or
+    None where the call's own method must answer (more reads are needed:
+    a rename in flight, a hard-linked inode, an entry that moved)."""
+
+    key: str | bytes
+    answer: Callable[[bytes | None], Attributes | None]
 
 
 @dataclass
@@ -109,13 +121,21 @@ class FileSystem:
     def lookup(self, parent: int, name: bytes) -> Attributes:
         return self._remember(parent, name, self.ns.lookup(parent, name))
 
+    def lookup_read(self, parent: int, name: bytes) -> Read:
+        """`lookup` as one read, when the entry's record alone answers it."""
+        key = self.ns.entry_key(parent, name)
+
+        def answer(raw: bytes | None) -> Attributes | None:
+            if raw is None:
+                raise NamespaceError(errno.ENOENT, f"no entry {name!r} in directory {parent}")
+            found = self.ns.plain_entry(key, raw)
+            return None if found is None else self._remember(parent, name, found)
+        return Read(key, answer)
+
     def getattr(self, ino: int) -> Attributes:
-        orphan = self._orphans.get(ino)
-        if orphan is not None:
-            return self._current(orphan)
-        seen = self._seen.get(ino)
-        if seen is not None and self.monotonic() - seen[0] < self.attr_ttl:
-            return self._current(seen[1])
+        known = self._known(ino)
+        if known is not None:
+            return known
         if ino == self.root:
             return self._saw(self.ns.root_attributes())
         found: Attributes | None = None
@@ -129,6 +149,40 @@ class FileSystem:
         if found is None:
             raise NamespaceError(errno.ESTALE, f"inode {ino} is no longer where this mount saw it")
         return self._current(self._saw(found))
+
+    def getattr_read(self, ino: int) -> Attributes | Read | None:
+        """`getattr` without I/O of its own: the answer this mount has, or one
+        read whose record answers it (the root's header, or the entry where
+        this mount saw the inode); None where `getattr` must answer."""
+        known = self._known(ino)
+        if known is not None:
+            return known
+        if ino == self.root:
+            return Read(directory_key(ino), self._root_answer)
+        place = self._where.get(ino)
+        if place is None:
+            return None
+        key = self.ns.entry_key(*place)
+
+        def answer(raw: bytes | None) -> Attributes | None:
+            found = self.ns.plain_entry(key, raw)
+            return None if found is None or found.ino != ino else self._current(self._saw(found))
+        return Read(key, answer)
+
+    def _root_answer(self, raw: bytes | None) -> Attributes | None:
+        """The root's attributes from its header (None: `getattr` says it is missing)."""
+        return None if raw is None else self._saw(Attributes.from_bytes(raw))
+
+    def _known(self, ino: int) -> Attributes | None:
+        """A getattr's answer from this mount alone: an inode unlinked while
+        open, or one whose attributes it saw less than `attr_ttl` ago."""
+        orphan = self._orphans.get(ino)
+        if orphan is not None:
+            return self._current(orphan)
+        seen = self._seen.get(ino)
+        if seen is not None and self.monotonic() - seen[0] < self.attr_ttl:
+            return self._current(seen[1])
+        return None
 
     def setattr(self, ino: int, changes: dict[str, int]) -> Attributes:
         """Any of mode, uid, gid, size, atime_ns, mtime_ns; a size cuts or
@@ -333,15 +387,47 @@ class FileSystem:
             if opened.ino not in self._orphans:
                 self.flush(fh)
         finally:
-            with self._lock:
-                del self._handles[fh]
-                opened.opens -= 1
-                orphan = None
-                if opened.opens == 0:
-                    del self._files[opened.ino]
-                    orphan = self._orphans.pop(opened.ino, None)
-            if orphan is not None:
+            if self._closed(fh, opened) is not None:
                 self.data.remove(opened.ino, max(opened.size, opened.stored))
+
+    def flush_quietly(self, fh: int) -> bool:
+        """Whether `flush` has nothing to send now (nothing buffered, no size
+        or mtime unwritten): then it is done, and the mount answers it on its
+        event loop; False: call `flush`. It never waits for the file's lock:
+        a holder may be sending."""
+        opened = self._handle(fh)
+        if not opened.lock.acquire(blocking=False):
+            return False
+        try:
+            return not opened.pending and not opened.dirty
+        finally:
+            opened.lock.release()
+
+    def release_quietly(self, fh: int) -> bool:
+        """`release` if it needs no request (as `flush_quietly`, and not the
+        last close of a file unlinked while open, whose chunks go then):
+        done, True; False: nothing done, call `release`."""
+        opened = self._handle(fh)
+        if not opened.lock.acquire(blocking=False):
+            return False
+        try:
+            if opened.pending or opened.dirty or (opened.opens == 1 and opened.ino in self._orphans):
+                return False
+            self._closed(fh, opened)
+            return True
+        finally:
+            opened.lock.release()
+
+    def _closed(self, fh: int, opened: _OpenFile) -> Attributes | None:
+        """Forget handle `fh` of `opened`; at the file's last close, the
+        attributes it had if it was unlinked while open (its chunks must go)."""
+        with self._lock:
+            del self._handles[fh]
+            opened.opens -= 1
+            if opened.opens:
+                return None
+            del self._files[opened.ino]
+            return self._orphans.pop(opened.ino, None)
 
     def flush_all(self) -> None:
         """Push every open file's buffered data and attributes (at unmount)."""

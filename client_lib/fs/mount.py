@@ -22,13 +22,14 @@ cache dropped at every open). 0 makes every lookup and stat ask the servers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import pyfuse3
@@ -37,12 +38,13 @@ import trio
 from client_lib import sdnotify
 from client_lib.client import MetaFlowClient, host_port
 from client_lib.config import ROLES, add_config_flag, parse, rereader
-from client_lib.ctl import add_connection, client_from
+from client_lib.ctl import add_connection, client_from, connection_options
 from client_lib.errors import InvalidArgument, MetaFlowError, NamespaceError
 from client_lib.fs.central import CentralRecords
-from client_lib.fs.core import FileSystem
+from client_lib.fs.core import FileSystem, Read
 from client_lib.fs.filedata import CHUNK_SIZE, ChecksumMismatch, FileData
 from client_lib.fs.inode import ROOT, Attributes
+from client_lib.fs.mount_reads import CentralReads, Reads, TrioMetaFlowClient
 from client_lib.fs.namespace import Namespace
 from client_lib.mdid import NAME_MAX
 from client_lib.reload import Outcome, Reloader, compare
@@ -67,27 +69,32 @@ class MountOperations(pyfuse3.Operations):
 
     enable_writeback_cache = False   # every write reaches the core: close-to-open needs it
 
-    def __init__(self, fs: FileSystem, *, attr_timeout: float, entry_timeout: float) -> None:
+    def __init__(self, fs: FileSystem, *, attr_timeout: float, entry_timeout: float,
+                 reads: Reads | None = None) -> None:
+        """`reads`: the records read on this event loop, for the lookups and
+        getattrs that one record answers (`FileSystem.lookup_read`); None
+        sends every call to a worker thread."""
         super().__init__()
         self.fs, self.attr_timeout, self.entry_timeout = fs, attr_timeout, entry_timeout
+        self.reads = reads
 
     async def _call(self, work: Callable[..., T], *args: object) -> T:
-        """Run a core call in a worker thread; its failure as an errno. An
-        error that is not the core's own is logged and answered EIO: an
-        exception that escapes a handler would end pyfuse3's main loop."""
-        try:
+        """Run a core call in a worker thread; its failure as an errno."""
+        with _errno(work):
             return await trio.to_thread.run_sync(work, *args)
-        except NamespaceError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
-        except ChecksumMismatch as exc:
-            log.error("%s", exc)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        except MetaFlowError as exc:   # the service could not be reached in time
-            log.warning("%s failed: %s", getattr(work, "__name__", work), exc)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        except Exception:
-            log.exception("%s failed", getattr(work, "__name__", work))
-            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    async def _answer(self, plan: Attributes | Read | None, work: Callable[..., Attributes],
+                      *args: object) -> Attributes:
+        """A call the core planned (`FileSystem.getattr_read`): answered
+        already, by one record read here, or else by `work` in a thread.
+        Why: a worker thread's hops cost more than the read itself (module
+        docstring)."""
+        if isinstance(plan, Read) and self.reads is not None:
+            with _errno(work):
+                plan = plan.answer(await self.reads.get(plan.key))
+        if isinstance(plan, Attributes):
+            return plan
+        return await self._call(work, *args)
 
     def _ino(self, inode: int) -> int:
         """FUSE's root is inode 1; the namespace's may be another (``--root``)."""
@@ -114,10 +121,14 @@ class MountOperations(pyfuse3.Operations):
 
     async def lookup(self, parent_inode: int, name: bytes,
                      ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(await self._call(self.fs.lookup, self._ino(parent_inode), name))
+        parent = self._ino(parent_inode)
+        with _errno(self.fs.lookup):
+            plan = self.fs.lookup_read(parent, name)   # a bad name fails here
+        return self._entry(await self._answer(plan, self.fs.lookup, parent, name))
 
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(await self._call(self.fs.getattr, self._ino(inode)))
+        ino = self._ino(inode)
+        return self._entry(await self._answer(self.fs.getattr_read(ino), self.fs.getattr, ino))
 
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
                       fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -209,12 +220,18 @@ class MountOperations(pyfuse3.Operations):
         return await self._call(self.fs.write, fh, off, buf)
 
     async def flush(self, fh: int) -> None:
+        with _errno(self.fs.flush):
+            if self.fs.flush_quietly(fh):
+                return
         await self._call(self.fs.flush, fh)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         await self._call(self.fs.flush, fh)
 
     async def release(self, fh: int) -> None:
+        with _errno(self.fs.release):
+            if self.fs.release_quietly(fh):
+                return
         await self._call(self.fs.release, fh)
 
     # -- directories -------------------------------------------------------------------
@@ -295,6 +312,26 @@ async def _serve_until_stopped(mountpoint: str, reloader: Reloader[argparse.Name
         nursery.cancel_scope.cancel()
 
 
+@contextlib.contextmanager
+def _errno(work: Callable[..., object]) -> Iterator[None]:
+    """A core call's failure as FUSE's errno. An error that is not the core's
+    own is logged and answered EIO: an exception that escapes a handler would
+    end pyfuse3's main loop."""
+    try:
+        yield
+    except NamespaceError as exc:
+        raise pyfuse3.FUSEError(exc.errno) from None
+    except ChecksumMismatch as exc:
+        log.error("%s", exc)
+        raise pyfuse3.FUSEError(errno.EIO) from None
+    except MetaFlowError as exc:   # the service could not be reached in time
+        log.warning("%s failed: %s", getattr(work, "__name__", work), exc)
+        raise pyfuse3.FUSEError(errno.EIO) from None
+    except Exception:
+        log.exception("%s failed", getattr(work, "__name__", work))
+        raise pyfuse3.FUSEError(errno.EIO) from None
+
+
 def _redis_address(text: str) -> tuple[str, int]:
     try:
         return host_port(text, REDIS_PORT)
@@ -343,13 +380,17 @@ def from_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if os.environ.get('MF_SWITCH'):
+        sys.setswitchinterval(float(os.environ['MF_SWITCH']))
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(asctime)s metaflow-fs %(levelname)s %(message)s")
     client: MetaFlowClient | CentralRecords
+    reads: Reads
     if args.central_redis:
-        client = CentralRecords(*args.central_redis)
+        client, reads = CentralRecords(*args.central_redis), CentralReads(*args.central_redis)
     else:
         client = client_from(args)
+        reads = TrioMetaFlowClient(args.space, **connection_options(args))
     namespace = Namespace(client, root=args.root)
     try:
         namespace.format()
@@ -357,7 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"metaflow-fs: cannot reach the file system's root: {exc}", file=sys.stderr)
         return 2
     fs = FileSystem(namespace, FileData(client), attr_ttl=args.attr_timeout)
-    operations = MountOperations(fs, attr_timeout=args.attr_timeout, entry_timeout=args.entry_timeout)
+    operations = MountOperations(fs, attr_timeout=args.attr_timeout, entry_timeout=args.entry_timeout,
+                                 reads=reads)
     options = set(pyfuse3.default_options) | {f"fsname={FSNAME}", f"subtype={FSNAME}", "noatime"}
     if args.allow_other:
         options.add("allow_other")
@@ -377,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         pyfuse3.close(unmount=True)
         client.close()
+        reads.close()
     log.info("unmounted %s", args.mountpoint)
     return 0
 

@@ -139,11 +139,27 @@ class Namespace:
 
     def lookup(self, parent: int, name: str | bytes) -> Attributes:
         """The attributes of `name` in directory `parent` (ENOENT if absent)."""
-        key = self._entry(parent, name)
+        key = self.entry_key(parent, name)
         raw = self.client.get(key)
-        attributes = self._resolved(self._visible(key, raw))
+        attributes = self.plain_entry(key, raw)
         if attributes is None:
-            raise NamespaceError(errno.ENOENT, f"no entry {name!r} in directory {parent}")
+            attributes = self._resolved(self._visible(key, raw))
+            if attributes is None:
+                raise NamespaceError(errno.ENOENT, f"no entry {name!r} in directory {parent}")
+            self._remember(key, raw)
+        return attributes
+
+    def plain_entry(self, key: bytes, raw: bytes | None) -> Attributes | None:
+        """What entry `key`, whose record was `raw`, shows a reader when that
+        needs no further read: an entry no rename holds and whose inode is
+        not shared. None otherwise (no entry, or one that `lookup` resolves
+        with more reads). The mount answers most lookups with this alone, on
+        its event loop (`client_lib.fs.mount_reads`)."""
+        if raw is None:
+            return None
+        attributes, intent = decode_entry(raw)
+        if intent is not None or attributes.shared:
+            return None
         self._remember(key, raw)
         return attributes
 
@@ -155,7 +171,7 @@ class Namespace:
         page = self.client.entries(directory_key(directory), after, count)
         listed = []
         for name, raw in page:
-            key = self._entry(directory, name)
+            key = self.entry_key(directory, name)
             attributes = self._resolved(self._visible(key, raw))
             if attributes is not None:
                 listed.append((name, attributes))
@@ -221,8 +237,8 @@ class Namespace:
         parent and name): its attributes, with the new link count. EPERM for
         a directory, ESTALE if `source` no longer names `ino`, EEXIST if the
         name is taken (the count is put back)."""
-        new_key = self._entry(parent, name)   # a bad name fails before anything is written
-        source_key = self._entry(*source)
+        new_key = self.entry_key(parent, name)   # a bad name fails before anything is written
+        source_key = self.entry_key(*source)
         for _ in range(_CAS_TRIES):
             raw, attributes = self._present(source_key, *source)
             if attributes.ino != ino:
@@ -304,7 +320,7 @@ class Namespace:
         """Remove a name of a file, symlink or special file (EISDIR for a
         directory); the inode's attributes after it, whose `nlink` says how
         many names it has left (0: its data may go)."""
-        key = self._entry(parent, name)
+        key = self.entry_key(parent, name)
         for raw, attributes, guessed in self._candidates(key, lambda: self._present(key, parent, name)):
             if attributes.kind == "dir":
                 if guessed:
@@ -353,7 +369,7 @@ class Namespace:
         nothing can be created in it afterwards; then its entry. A crash in
         between leaves the name of a directory that takes no entries, and
         rmdir of it again finishes the job."""
-        key = self._entry(parent, name)
+        key = self.entry_key(parent, name)
         raw, attributes = self._present(key, parent, name)
         if attributes.kind != "dir":
             raise NamespaceError(errno.ENOTDIR, f"{name!r} is not a directory")
@@ -375,7 +391,7 @@ class Namespace:
         """Change any of mode, uid, gid, size, atime_ns and mtime_ns; ctime and
         the version move with every change. A compare-and-set on the entry,
         retried when another change came first."""
-        key = self._entry(parent, name)
+        key = self.entry_key(parent, name)
         return self._update(key, name, changes, lambda: self._present(key, parent, name))
 
     def setattr_inode(self, ino: int, **changes: int) -> Attributes:
@@ -420,7 +436,7 @@ class Namespace:
         replaced as `unlinked` leaves it (its data the caller reclaims if it
         has no names left), or None. Two names of one inode: nothing happens,
         as POSIX says."""
-        source_key, target_key = self._entry(parent, name), self._entry(new_parent, new_name)
+        source_key, target_key = self.entry_key(parent, name), self.entry_key(new_parent, new_name)
         if source_key == target_key:
             self.lookup(parent, name)
             return None
@@ -458,14 +474,14 @@ class Namespace:
         if target_raw is None:
             written = self._create_entry(directory, name, prepared)
         else:
-            written = self._cas(self._entry(directory, name), target_raw, prepared)
+            written = self._cas(self.entry_key(directory, name), target_raw, prepared)
         if not written:
             self._abort(intent, locked, moving)
             return False
         if replaced is not None and replaced.kind == "dir":
             self.client.remove_directory(directory_key(replaced.ino))   # ENOTEMPTY: undone by the caller
         committed = encode_entry(moving, intent.as_role("source", committed=True))
-        if not self._cas(self._entry(*intent.source), locked, committed):
+        if not self._cas(self.entry_key(*intent.source), locked, committed):
             self._clean_target(intent)   # aborted by another client
             return False
         self._finish(intent, committed)
@@ -510,7 +526,7 @@ class Namespace:
         committed, abort it if its lease ran out (or it is this client's own,
         `own`), clean a target its aborted source left. False when it is
         young and running: the caller waits."""
-        source_key = self._entry(*intent.source)
+        source_key = self.entry_key(*intent.source)
         source_raw = self.client.get(source_key)
         if source_raw is not None:
             attributes, source = decode_entry(source_raw)
@@ -535,24 +551,24 @@ class Namespace:
     def _finish(self, intent: Intent, committed: bytes) -> None:
         """Step 4, by anyone: the target keeps the moved attributes, then the
         committed source goes."""
-        target_key = self._entry(*intent.target)
+        target_key = self.entry_key(*intent.target)
         target_raw = self.client.get(target_key)
         if target_raw is not None:
             attributes, held = decode_entry(target_raw)
             if held is not None and held.tx == intent.tx:
                 self.client.compare_and_set(target_key, target_raw, encode_entry(attributes))
-        self.client.delete_if_equal(self._entry(*intent.source), committed)
+        self.client.delete_if_equal(self.entry_key(*intent.source), committed)
 
     def _abort(self, intent: Intent, locked: bytes, attributes: Attributes) -> None:
         """Decide that rename `intent` did not happen (one CAS on its source:
         it fails if the rename committed first), then clean its target."""
-        if self._cas(self._entry(*intent.source), locked, encode_entry(attributes)):
+        if self._cas(self.entry_key(*intent.source), locked, encode_entry(attributes)):
             self._clean_target(intent)
 
     def _clean_target(self, intent: Intent) -> None:
         """Put back what an aborted rename's target held: the entry it
         replaced (with its header, if it was a directory's) or nothing."""
-        target_key = self._entry(*intent.target)
+        target_key = self.entry_key(*intent.target)
         target_raw = self.client.get(target_key)
         if target_raw is None:
             return
@@ -568,12 +584,12 @@ class Namespace:
         self.client.compare_and_set(target_key, target_raw, encode_entry(replaced))
 
     def _intent_at(self, where: tuple[int, bytes]) -> Intent | None:
-        raw = self.client.get(self._entry(*where))
+        raw = self.client.get(self.entry_key(*where))
         return None if raw is None else decode_entry(raw)[1]
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _entry(self, parent: int, name: str | bytes) -> bytes:
+    def entry_key(self, parent: int, name: str | bytes) -> bytes:
         """The key of `name` in `parent`: ENAMETOOLONG past `NAME_MAX` bytes
         (POSIX's answer for a long component), EINVAL for any other bad name."""
         if len(name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name) > NAME_MAX:
@@ -599,7 +615,7 @@ class Namespace:
     def _create_entry(self, parent: int, name: str | bytes, value: bytes) -> bool:
         """ECREATE, counted as done on a lost reply as `_cas` is."""
         return self.client.create_entry(directory_key(parent), name, value) or \
-            self.client.get(self._entry(parent, name)) == value
+            self.client.get(self.entry_key(parent, name)) == value
 
     def _remember(self, key: bytes | str, raw: bytes | None) -> None:
         """Keep `raw` as entry `key`'s last known record, if it is a plain one."""
@@ -643,7 +659,7 @@ class Namespace:
 
     def _link(self, parent: int, name: str | bytes, attributes: Attributes) -> None:
         """A new entry for `attributes`."""
-        key = self._entry(parent, name)   # a bad name is EINVAL before anything is written
+        key = self.entry_key(parent, name)   # a bad name is EINVAL before anything is written
         self._link_record(parent, name, key, attributes.to_bytes())
 
     def _link_record(self, parent: int, name: str | bytes, key: bytes, record: bytes) -> None:

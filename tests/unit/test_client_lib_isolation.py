@@ -2,7 +2,8 @@
 the contract, and its subpackages: the API's serving side, `client_lib.server`,
 and the file system, `client_lib.fs`) must import with the standard library
 only, and import nothing of the rest of MetaFlow. The one exception is the
-FUSE shim, `client_lib.fs.mount`, which needs the ``fs`` extra (pyfuse3); its
+FUSE shim, `client_lib.fs.mount` and its reads, `client_lib.fs.mount_reads`,
+which need the ``fs`` extra (pyfuse3, trio); its
 command says so when it is missing. Which of these may import which is the
 layering rule's (tests/unit/test_layers.py)."""
 
@@ -19,11 +20,13 @@ import client_lib
 # Run in an isolated interpreter (-I: no environment, no user site; -S: no
 # site-packages at all), from a copy of the package alone, so a third-party
 # import or an import of a sibling package (btree, nat_agent...) fails there.
+EXTRA = {"client_lib.fs.mount", "client_lib.fs.mount_reads"}
+"""The modules that need the ``fs`` extra."""
 _PROBE = """
 import importlib, json, pkgutil, sys
 sys.path.insert(0, sys.argv[1])
 import client_lib
-needs_extra = {"client_lib.fs.mount"}
+needs_extra = set(sys.argv[2].split(","))
 names = [m.name for m in pkgutil.walk_packages(client_lib.__path__, "client_lib.")
          if m.name not in needs_extra]
 for name in names:
@@ -37,13 +40,13 @@ print(json.dumps({"modules": names, "foreign": foreign}))
 def test_every_module_imports_with_the_standard_library_only(tmp_path: Path) -> None:
     package = Path(client_lib.__file__).parent
     shutil.copytree(package, tmp_path / "client_lib", ignore=shutil.ignore_patterns("__pycache__"))
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE, str(tmp_path)],
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE, str(tmp_path), ",".join(EXTRA)],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["foreign"] == []
     expected = {".".join(("client_lib", *p.relative_to(package).with_suffix("").parts))
-                for p in package.rglob("*.py") if p.stem != "__init__"} - {"client_lib.fs.mount"}
+                for p in package.rglob("*.py") if p.stem != "__init__"} - EXTRA
     assert expected == set(result["modules"]) - {"client_lib.api", "client_lib.fs", "client_lib.server"}
     assert {"client_lib.api.clients", "client_lib.server.api", "client_lib.fs.namespace",
             "client_lib.fs.cli"} <= expected  # the walk really saw the subpackages

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client_lib import NamespaceError
-from client_lib.fs.core import FileSystem
+from client_lib.fs.core import FileSystem, Read
 from client_lib.fs.filedata import FileData, chunk_key
 from client_lib.fs.inode import Attributes
 from client_lib.fs.namespace import Namespace
@@ -463,3 +463,60 @@ def test_extended_attributes_of_one_inode_hold_64_kib_in_all() -> None:
     with pytest.raises(NamespaceError) as full:
         fs.setxattr(made.ino, b"user.b", b"b" * 6000)
     assert full.value.errno == errno.ENOSPC and fs.listxattr(made.ino) == [b"user.a"]
+
+
+def _read(fs: FileSystem, plan: object) -> Attributes | None:
+    """What the mount's event loop makes of a plan: its answer, or None (the thread's call)."""
+    if isinstance(plan, Read):
+        return plan.answer(fs.data.client.get(plan.key))   # type: ignore[attr-defined]
+    assert plan is None or isinstance(plan, Attributes)
+    return plan
+
+
+def test_lookups_and_getattrs_planned_as_one_read_answer_what_the_calls_answer() -> None:
+    fs = _fs()
+    sub = fs.mkdir(ROOT, b"sub", 0o755, 0, 0)
+    fh, made = fs.create(sub.ino, b"f", 0o644, 0, 0, exclusive=True)
+    fs.release(fh)
+    assert _read(fs, fs.lookup_read(sub.ino, b"f")) == fs.lookup(sub.ino, b"f") == made
+    assert _read(fs, fs.getattr_read(made.ino)) == fs.getattr(made.ino)
+    assert _read(fs, fs.getattr_read(ROOT)) == fs.getattr(ROOT)
+    with pytest.raises(NamespaceError) as missing:
+        _read(fs, fs.lookup_read(sub.ino, b"nothing"))
+    assert missing.value.errno == errno.ENOENT
+    with pytest.raises(NamespaceError) as long:
+        fs.lookup_read(sub.ino, b"n" * 256)   # a bad name fails before any read
+    assert long.value.errno == errno.ENAMETOOLONG
+    assert fs.getattr_read(424242) is None   # never looked up here: the call finds out
+
+
+def test_a_plan_leaves_hard_links_and_moved_inodes_to_the_calls() -> None:
+    fs = _fs()
+    fh, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    fs.release(fh)
+    fs.link(made.ino, ROOT, b"g")
+    assert _read(fs, fs.lookup_read(ROOT, b"g")) is None   # the inode's own record holds it
+    assert fs.lookup(ROOT, b"g").nlink == 2
+    other = Namespace(fs.ns.client, root=ROOT)   # another client replaces what this mount saw
+    other.unlink(ROOT, "f")
+    other.create(ROOT, "f")
+    assert _read(fs, fs.getattr_read(made.ino)) is None   # a new inode at the old place
+
+
+def test_a_flush_or_release_with_nothing_to_send_is_done_at_once() -> None:
+    fs = _fs(buffer_limit=1000)
+    fh, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    assert fs.flush_quietly(fh) and fs.release_quietly(fh)
+    with pytest.raises(NamespaceError):   # released: the handle is gone
+        fs.flush_quietly(fh)
+    fh = fs.open(made.ino)
+    fs.write(fh, 0, b"buffered")
+    assert not fs.flush_quietly(fh) and not fs.release_quietly(fh)   # the data must go first
+    fs.flush(fh)
+    assert fs.flush_quietly(fh)
+    second = fs.open(made.ino)
+    fs.unlink(ROOT, b"f")   # open twice, unlinked: the last close reclaims the chunks
+    assert fs.release_quietly(second)
+    assert not fs.release_quietly(fh)
+    fs.release(fh)
+    assert _chunks(fs, made.ino) == []

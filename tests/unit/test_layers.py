@@ -11,6 +11,7 @@ whether or not it runs at import time. From the bottom up:
     client_lib.server    the serving side of the API, which both daemons use
     client_lib.fs        a file system on the client
     client_lib.fs.mount  its FUSE shim (the fs extra: pyfuse3, trio)
+    client_lib.fs.mount_reads  the shim's reads on trio (the fs extra: trio)
     btree, topology      the pure core
     controller           the core, the contract and os-ken
     nat_agent            the contract and its own I/O libraries
@@ -35,13 +36,14 @@ PACKAGES = ("client_lib", "btree", "topology", "controller", "nat_agent", "bench
 _CONTRACT = {"client_lib", "client_lib.server"}
 _CORE = {"btree", "topology"}
 _DAEMONS = {"controller", "nat_agent"}
-_FILE_SYSTEM = {"client_lib.fs", "client_lib.fs.mount"}
+_FILE_SYSTEM = {"client_lib.fs", "client_lib.fs.mount", "client_lib.fs.mount_reads"}
 RULE: dict[str, set[str]] = {
     # layer: what its modules may import besides the standard library and their own layer
     "client_lib": set(),
     "client_lib.server": {"client_lib"},
     "client_lib.fs": {"client_lib", "client_lib.fs.mount"},  # metaflow-fs: the mount, if installed
-    "client_lib.fs.mount": {"client_lib", "client_lib.fs", "pyfuse3", "trio"},
+    "client_lib.fs.mount": {"client_lib", "client_lib.fs", "client_lib.fs.mount_reads", "pyfuse3", "trio"},
+    "client_lib.fs.mount_reads": {"client_lib", "client_lib.fs", "trio"},
     "btree": {"client_lib", "sortedcontainers"},
     "topology": {"btree", "client_lib", "networkx"},
     "controller": _CONTRACT | _CORE | {"os_ken", "networkx", "sortedcontainers", "prometheus_client",

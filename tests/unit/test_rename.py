@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client_lib import NamespaceError
+from client_lib.fs.inode import Attributes, decode_entry
 from client_lib.fs.namespace import LEASE_NS, Namespace
 from tests.fs_model import Crash, MemoryRecords, Model, Tree, run_op, visible_links, visible_tree
 
@@ -158,7 +159,7 @@ def test_a_rename_killed_at_any_write_is_all_or_nothing(ops: list) -> None:
         seen = before if _shows(seen, before) else after.dirs
         for directory, entries in seen.items():   # writes to every entry settle the rename
             for entry in entries:
-                ns._settled(ns._entry(directory, entry))
+                ns._settled(ns.entry_key(directory, entry))
         assert _shows(visible_tree(ns, model), seen)
         model.dirs = {ino: dict(entries) for ino, entries in seen.items()}
     assert visible_tree(ns, model) == model.dirs
@@ -293,3 +294,40 @@ def test_a_link_or_unlink_killed_at_any_write_loses_no_name_and_never_undercount
     assert count >= len(shown)
     for name in shown:
         assert ns.lookup(ROOT, name).ino == made.ino
+
+
+@given(ops=op_lists)
+@settings(max_examples=200)
+def test_a_lookup_from_one_record_says_what_lookup_says(ops: list) -> None:
+    """The mount answers most lookups on its event loop from the entry's
+    record alone (`Namespace.plain_entry`), and leaves the rest to `lookup`.
+    Whatever state the records are in (every operation by a client killed at
+    one of its writes: renames left in flight, links half made, hard-linked
+    inodes), where it answers it answers what `lookup` does, and it answers
+    every entry that no rename holds and that is not a hard link."""
+    records, clock, ns, _ = _fresh()
+    directories = [ROOT]
+    for op, pick, name, new_pick, new_name, (crash_at, applied) in ops:
+        parent, new_parent = directories[pick % len(directories)], directories[new_pick % len(directories)]
+        dying = _namespace(records.attach(crash_at, applied), clock)
+        with contextlib.suppress(Crash):
+            code, made = run_op(dying, op, parent, name, new_parent, new_name)
+            if op == "mkdir" and code == 0 and made is not None:
+                directories.append(made.ino)
+        clock.now += LEASE_NS
+        reader = _namespace(records.attach(), clock)
+        for directory in directories:
+            for entry in NAMES:
+                key = reader.entry_key(directory, entry)
+                raw = records.get(key)
+                fast = reader.plain_entry(key, raw)
+                try:
+                    slow: Attributes | int = reader.lookup(directory, entry)
+                except NamespaceError as exc:
+                    slow = exc.errno
+                if fast is not None:
+                    assert fast == slow, (directory, entry)
+                if raw is not None:
+                    attributes, intent = decode_entry(raw)
+                    plain = intent is None and not attributes.shared
+                    assert (fast is not None) == plain, (directory, entry)
