@@ -468,7 +468,7 @@ def test_extended_attributes_of_one_inode_hold_64_kib_in_all() -> None:
 def _read(fs: FileSystem, plan: object) -> Attributes | None:
     """What the mount's event loop makes of a plan: its answer, or None (the thread's call)."""
     if isinstance(plan, Read):
-        return plan.answer(fs.data.client.get(plan.key))   # type: ignore[attr-defined]
+        return plan.answer(fs.data.client.get(plan.key))
     assert plan is None or isinstance(plan, Attributes)
     return plan
 
