@@ -17,10 +17,12 @@ import sys
 import time
 from typing import Any
 
+from client_lib.cidr import Block
 from client_lib.client import DEFAULT_DEADLINE, DEFAULT_TIMEOUT, MetaFlowClient, RetryPolicy
 from client_lib.constants import DEFAULT_SPACE_CIDR, METAFLOW_PORT
-from client_lib.errors import MetadataFormatError, MetaFlowError
+from client_lib.errors import InvalidArgument, MetadataFormatError, MetaFlowError
 from client_lib.metadata import FileMetadata
+from client_lib.routes import parse_route, static_route
 
 __all__ = ["add_common", "add_connection", "add_put_options", "client_from", "run"]
 
@@ -38,6 +40,10 @@ def add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=METAFLOW_PORT, help="metadata service port")
     p.add_argument("--via", default=None, metavar="HOST[:PORT]",
                    help="send to this agent instead of the MetaDataID address")
+    p.add_argument("--route", action="append", default=None, metavar="CIDR=HOST[:PORT]",
+                   help="send the IDs of CIDR to the agent at HOST:PORT, as the switches would (repeatable; "
+                        "the longest prefix wins; together the routes cover --space): agents that split "
+                        "the space without a fabric")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per attempt")
     p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE,
                    help="seconds for the whole request, retries included")
@@ -104,9 +110,21 @@ def client_from(args: argparse.Namespace) -> MetaFlowClient:
 
 def connection_options(args: argparse.Namespace) -> dict[str, Any]:
     """`add_connection`'s arguments as any client class's keyword arguments
-    (the mount also makes a `TrioMetaFlowClient` of them)."""
-    return {"port": args.port, "timeout": args.timeout, "deadline": args.deadline,
-            "retry": RetryPolicy(args.attempts), "via": args.via}
+    (the mount also makes a `TrioMetaFlowClient` of them); `InvalidArgument`
+    for a bad ``--route`` table."""
+    options: dict[str, Any] = {"port": args.port, "timeout": args.timeout, "deadline": args.deadline,
+                               "retry": RetryPolicy(args.attempts)}
+    if args.route:
+        if args.via is not None:
+            raise InvalidArgument("give --via or --route, not both")
+        try:
+            space = Block.parse(args.space)
+        except ValueError as exc:
+            raise InvalidArgument(f"--space {args.space!r}: {exc}") from None
+        options["route"] = static_route([parse_route(text, args.port) for text in args.route], space)
+    else:
+        options["via"] = args.via
+    return options
 
 
 def run(args: argparse.Namespace) -> int:

@@ -375,6 +375,7 @@ def from_args(args: argparse.Namespace) -> argparse.Namespace:
             raise InvalidArgument(f"--{flag.replace('_', '-')} must not be negative")
     if not 2 <= args.root < 1 << 63 and args.root != ROOT:
         raise InvalidArgument("--root must be 1 or an inode number from 2 to 2**63 - 1")
+    connection_options(args)   # a bad --route table is refused now, not at the first request
     return args
 
 

@@ -9,8 +9,10 @@ import time
 
 import pytest
 
+from client_lib import mdid
 from mininet_scenarios.daemons import ROOT, AgentProcess
 from tests.integration.resp_peer import Peer, resp, silent
+from tests.two_servers import HIGH, LOW
 
 
 def metaflowctl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -50,6 +52,10 @@ def test_put_stat_get_del(tmp_path):
     (["del", "/a", "--via", "127.0.0.1:x"], "metaflowctl del: via '127.0.0.1:x'"),
     (["stat", "/a", "--deadline", "0"], "metaflowctl stat: deadline must be a positive number"),
     (["put", "/f", "--size", "-1", "--via", "127.0.0.1:1"], "metaflowctl put: size must be at least 0"),
+    (["get", "/a", "--route", "100.64.0.0/11=127.0.0.1"],
+     "metaflowctl get: the routes leave 100.96.0.0 of 100.64.0.0/10 uncovered"),
+    (["get", "/a", "--route", "100.64.0.0/10=127.0.0.1", "--via", "127.0.0.1"],
+     "metaflowctl get: give --via or --route, not both"),
 ])
 def test_bad_arguments_are_one_line_errors_in_the_family(args, message):
     out = metaflowctl(*args)
@@ -71,3 +77,20 @@ def test_server_errors_are_reported_not_raised():
     with Peer(resp(lambda _c: b"-ERR value too large\r\n")) as peer:
         out = metaflowctl("put", "/a", "--value", "x", "--via", peer.via)
     assert out.returncode == 2 and out.stderr == "metaflowctl put: ERR value too large\n"
+
+
+def test_routes_send_each_path_to_the_agent_that_owns_its_id(
+        two_servers: tuple[AgentProcess, AgentProcess]) -> None:
+    """``--route``: the switches' table without a fabric. Every path is
+    stored on the agent whose half holds its ID, and read back through
+    the routes; asked directly, the other agent does not serve it."""
+    low, high = two_servers
+    routes = ["--route", f"{LOW}={low.host}:{low.port}", "--route", f"{HIGH}={high.host}:{high.port}"]
+    paths = [f"/routes/{n}" for n in range(8)]
+    assert {LOW.contains(mdid(p)) for p in paths} == {True, False}   # both halves are used
+    for path in paths:
+        assert metaflowctl("put", path, "--value", path, *routes).returncode == 0
+        assert metaflowctl("get", path, *routes).stdout.strip() == path
+        owner, other = (low, high) if LOW.contains(mdid(path)) else (high, low)
+        assert ctl(owner, "get", path).stdout.strip() == path
+        assert "MOVED" in ctl(other, "get", path, "--deadline", "0.3").stderr

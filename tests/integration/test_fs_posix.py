@@ -2,8 +2,9 @@
 
 pjdfstest (its Rust edition, installed by ``make fs-tools`` with the user
 ``tests`` it runs tests as) runs on a tmpfs and on a mount over a real
-standalone agent, side by side: every test that passes on the tmpfs passes
-on the mount, except those in `EXCEPTIONS`, each with its reason (also in
+standalone agent, side by side, and again on a mount over two agents that
+split the space: every test that passes on the tmpfs passes on the mount,
+except those in `EXCEPTIONS`, each with its reason (also in
 docs/filesystem.md), and each of those must still fail, so that the list
 stays true. fsx (the file system exerciser, mmap included) then runs a few
 thousand random operations against one file on the mount and checks every
@@ -26,6 +27,7 @@ import pytest
 
 from mininet_scenarios.daemons import AgentProcess
 from mininet_scenarios.fs_mount import FuseMount
+from tests.two_servers import HIGH, LOW
 
 TOOLS_HINT = ("run `make fs-tools` (it installs pjdfstest and fsx into .venv/tools/bin, "
               "which `make test` puts on PATH)")
@@ -87,7 +89,29 @@ def mount(reachable: Path, standalone_agent: AgentProcess) -> Iterator[FuseMount
         yield fs
 
 
+@pytest.fixture
+def split_mount(reachable: Path, two_servers: tuple[AgentProcess, AgentProcess]) -> Iterator[FuseMount]:
+    """A mount over two agents that own one half of the space each, routed
+    as the switches would (``--route``): a directory's entries and its
+    children's headers, a rename's two entries, a hard link's inode record
+    and its names often live on different agents."""
+    low, high = two_servers
+    routes = ["--route", f"{LOW}={low.host}:{low.port}", "--route", f"{HIGH}={high.host}:{high.port}"]
+    with FuseMount(reachable / "mnt", "--allow-other", *routes, root=secrets.randbits(62) | 2,
+                   log_path=reachable / "fs.log") as fs:
+        yield fs
+
+
 def test_pjdfstest_passes_on_the_mount_what_it_passes_on_tmpfs(tmpfs: Path, mount: FuseMount) -> None:
+    _same_as_tmpfs(tmpfs, mount)
+
+
+def test_pjdfstest_passes_the_same_over_a_space_split_between_two_agents(tmpfs: Path,
+                                                                        split_mount: FuseMount) -> None:
+    _same_as_tmpfs(tmpfs, split_mount)
+
+
+def _same_as_tmpfs(tmpfs: Path, mount: FuseMount) -> None:
     with ThreadPoolExecutor(2) as pool:   # mostly waiting for time stamps to move: side by side
         reference, ours = pool.map(pjdfstest, [tmpfs, mount.path])
     passing = {name for name, outcome in reference.items() if outcome == "ok"}
