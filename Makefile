@@ -287,9 +287,11 @@ bench-liveness: setup
 # The file system: renaming a directory under full-path and inode keys, then
 # metaflow-fs on one agent beside the same mount on one central redis-server
 # (mdtest phases, tar x, git, fs_mark, postmark), 3 rounds (about 10 minutes;
-# BENCH_FS_ARGS=--quick: about 2).
+# BENCH_FS_ARGS=--quick: about 2); then the requests each call costs through
+# the mount (FUSE's and the service's, a minute).
 bench-fs: setup
 	$(PY) -m benchmarks.fs_bench --out benchmarks/results $(BENCH_FS_ARGS)
+	$(PY) -m benchmarks.fs_requests --out benchmarks/results
 
 # The paper's DFS experiment (Fig. 20) at this machine's scale: files of
 # 64 KB to 64 MB written under a 20/80 metadata load, their metadata found
