@@ -101,9 +101,16 @@ class FileSystem:
 
     def __init__(self, namespace: Namespace, data: FileData, *, buffer_limit: int = 4 * CHUNK_SIZE,
                  attr_ttl: float = 0.0, clock: Callable[[], int] = time.time_ns,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 times_owed: Callable[[], None] | None = None) -> None:
+        """`times_owed`: called (from any thread) when a directory's times
+        become owed and none were: whoever passes it calls
+        `push_directory_times` soon after (the mount's pusher). None: each
+        call writes its directories' times before it returns."""
         self.ns, self.data, self.buffer_limit, self.clock = namespace, data, buffer_limit, clock
         self.attr_ttl, self.monotonic = attr_ttl, monotonic
+        self.times_owed = times_owed
+        self._owed: dict[int, int] = {}   # directory ino -> the mtime and ctime its record is owed
         self._seen: dict[int, tuple[float, Attributes]] = {}   # ino -> (when, attributes)
         self.root = namespace.root
         self._lock = threading.Lock()
@@ -137,7 +144,7 @@ class FileSystem:
         if known is not None:
             return known
         if ino == self.root:
-            return self._saw(self.ns.root_attributes())
+            return self._current(self._saw(self.ns.root_attributes()))
         found: Attributes | None = None
         place = self._where.get(ino)
         if place is not None:
@@ -171,7 +178,7 @@ class FileSystem:
 
     def _root_answer(self, raw: bytes | None) -> Attributes | None:
         """The root's attributes from its header (None: `getattr` says it is missing)."""
-        return None if raw is None else self._saw(Attributes.from_bytes(raw))
+        return None if raw is None else self._current(self._saw(Attributes.from_bytes(raw)))
 
     def _known(self, ino: int) -> Attributes | None:
         """A getattr's answer from this mount alone: an inode unlinked while
@@ -186,7 +193,14 @@ class FileSystem:
 
     def setattr(self, ino: int, changes: dict[str, int]) -> Attributes:
         """Any of mode, uid, gid, size, atime_ns, mtime_ns; a size cuts or
-        extends the file's contents first."""
+        extends the file's contents first. An mtime given wins over one a
+        directory is owed."""
+        if "mtime_ns" in changes:
+            with self._lock:
+                self._owed.pop(ino, None)
+        return self._current(self._setattr(ino, changes))
+
+    def _setattr(self, ino: int, changes: dict[str, int]) -> Attributes:
         if ino == self.root:
             changes.pop("size", None)
             return self._saw(self.ns.setattr_root(**changes) if changes else self.ns.root_attributes())
@@ -430,9 +444,11 @@ class FileSystem:
             return self._orphans.pop(opened.ino, None)
 
     def flush_all(self) -> None:
-        """Push every open file's buffered data and attributes (at unmount)."""
+        """Push every open file's buffered data and attributes, and every
+        directory time owed (at unmount)."""
         for fh in list(self._handles):
             self.flush(fh)
+        self.push_directory_times()
 
     # -- directories -------------------------------------------------------------------
 
@@ -493,17 +509,47 @@ class FileSystem:
 
     def _entries_changed(self, *directories: int) -> None:
         """POSIX: adding, removing or renaming an entry moves its directory's
-        mtime and ctime. One more compare-and-set, on the directory's entry
-        (the root's header), tried first on the record this mount last saw.
-        The entry change has been made and stands whatever happens here: a
-        directory whose place this mount no longer knows, that another client
-        removed meanwhile, or that cannot be reached now keeps its times (logged)."""
+        mtime and ctime. That is one more compare-and-set, on the directory's
+        entry (the root's header), so with `times_owed` it is owed instead
+        (answered by this mount at once, `_current`) and written by
+        `push_directory_times` shortly after: one write for the many entries
+        a busy directory changes meanwhile, none on the call's path. The
+        entry change has been made and stands whatever happens to its
+        directory's times (`_push_times`)."""
         now = self.clock()
-        for directory in dict.fromkeys(directories):
-            try:
-                self.setattr(directory, {"mtime_ns": now})
-            except (NamespaceError, MetaFlowError) as exc:
-                log.warning("directory %d keeps its mtime: %s", directory, exc)
+        if self.times_owed is None:
+            for directory in dict.fromkeys(directories):
+                self._push_times(directory, now)
+            return
+        with self._lock:
+            first = not self._owed
+            for directory in directories:
+                self._owed[directory] = now
+        if first:
+            self.times_owed()
+
+    def push_directory_times(self) -> None:
+        """Write every directory time owed (`_entries_changed`); a time owed
+        again meanwhile stays owed."""
+        with self._lock:
+            owed = dict(self._owed)
+        for directory, when in owed.items():
+            self._push_times(directory, when)
+            with self._lock:
+                if self._owed.get(directory) == when:
+                    del self._owed[directory]
+
+    def owes_times(self) -> bool:
+        return bool(self._owed)
+
+    def _push_times(self, directory: int, when: int) -> None:
+        """A directory's mtime and ctime moved to `when`. A directory whose
+        place this mount no longer knows, that another client removed
+        meanwhile, or that cannot be reached now keeps its times (logged)."""
+        try:
+            self._setattr(directory, {"mtime_ns": when, "ctime_ns": when})
+        except (NamespaceError, MetaFlowError) as exc:
+            log.warning("directory %d keeps its mtime: %s", directory, exc)
 
     def _write_entry(self, ino: int, opened: _OpenFile | None, changes: dict[str, int]) -> Attributes:
         """`changes` to a (non-root) inode's entry, with the size and mtime an
@@ -563,7 +609,12 @@ class FileSystem:
         return place
 
     def _current(self, attributes: Attributes) -> Attributes:
-        """`attributes` with what this mount has written and not pushed."""
+        """`attributes` with what this mount has written and not pushed: an
+        open file's size and mtime, a directory's owed times."""
+        owed = self._owed.get(attributes.ino)
+        if owed is not None:
+            return replace(attributes, mtime_ns=max(owed, attributes.mtime_ns),
+                           ctime_ns=max(owed, attributes.ctime_ns))
         opened = self._files.get(attributes.ino)
         if opened is None or not opened.dirty:
             return attributes

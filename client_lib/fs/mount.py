@@ -57,6 +57,11 @@ MOUNT_ATTEMPTS = 1000
 """A request's defaults on the mount: retried (pauses capped at 0.5 s) for
 up to 30 s before the call fails with EIO."""
 
+TIMES_DELAY = 0.01
+"""Seconds from the first directory time owed to the write of all those owed
+then: a directory that takes many entries meanwhile gets one write of its
+times, and another mount sees them this much (and a request) late."""
+
 REDIS_PORT = 6379
 """``--central-redis``'s port when it names none: redis-server's own."""
 
@@ -77,6 +82,8 @@ class MountOperations(pyfuse3.Operations):
         super().__init__()
         self.fs, self.attr_timeout, self.entry_timeout = fs, attr_timeout, entry_timeout
         self.reads = reads
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._wake = trio.Event()
 
     async def _call(self, work: Callable[..., T], *args: object) -> T:
         """Run a core call in a worker thread; its failure as an errno."""
@@ -95,6 +102,29 @@ class MountOperations(pyfuse3.Operations):
         if isinstance(plan, Attributes):
             return plan
         return await self._call(work, *args)
+
+    def times_owed(self) -> None:
+        """Wake `push_times` (`FileSystem.times_owed`; from any thread)."""
+        token = self._token
+        if token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._woken)
+
+    def _woken(self) -> None:
+        self._wake.set()
+
+    async def push_times(self) -> None:
+        """Write the directory times the core owes (`FileSystem._entries_changed`)
+        `TIMES_DELAY` after the first is owed, in a worker thread, for as
+        long as the mount runs; what is owed at unmount, `flush_all` writes."""
+        self._token = trio.lowlevel.current_trio_token()
+        while True:
+            if not self.fs.owes_times():
+                await self._wake.wait()
+            self._wake = trio.Event()
+            await trio.sleep(TIMES_DELAY)
+            with contextlib.suppress(pyfuse3.FUSEError):   # logged: the next round tries again
+                await self._call(self.fs.push_directory_times)
 
     def _ino(self, inode: int) -> int:
         """FUSE's root is inode 1; the namespace's may be another (``--root``)."""
@@ -286,10 +316,13 @@ def reload(running: argparse.Namespace, new: argparse.Namespace, operations: Mou
     return outcome
 
 
-async def _serve_until_stopped(mountpoint: str, reloader: Reloader[argparse.Namespace]) -> None:
+async def _serve_until_stopped(mountpoint: str, reloader: Reloader[argparse.Namespace],
+                               operations: MountOperations) -> None:
     """pyfuse3's loop, ended by SIGTERM/SIGINT or an unmount from outside;
-    SIGHUP reloads. READY=1 goes to systemd once the mount answers a request."""
+    SIGHUP reloads. READY=1 goes to systemd once the mount answers a request.
+    Beside it, the pusher of directory times (`MountOperations.push_times`)."""
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(operations.push_times)
         async def watch() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
                 async for signum in signals:
@@ -401,6 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fs = FileSystem(namespace, FileData(client), attr_ttl=args.attr_timeout)
     operations = MountOperations(fs, attr_timeout=args.attr_timeout, entry_timeout=args.entry_timeout,
                                  reads=reads)
+    fs.times_owed = operations.times_owed
     options = set(pyfuse3.default_options) | {f"fsname={FSNAME}", f"subtype={FSNAME}", "noatime"}
     if args.allow_other:
         options.add("allow_other")
@@ -415,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reloader: Reloader[argparse.Namespace] = Reloader(log, rereader(ROLES["fs"], parser, argv, from_args),
                                                       lambda new: reload(args, new, operations))
     try:
-        trio.run(_serve_until_stopped, args.mountpoint, reloader)
+        trio.run(_serve_until_stopped, args.mountpoint, reloader, operations)
         fs.flush_all()
     finally:
         pyfuse3.close(unmount=True)

@@ -90,7 +90,7 @@ from client_lib.mdid import NAME_MAX, entry_key
 
 __all__ = ["ROOT", "Attributes", "Kind", "Namespace", "Records", "directory_key"]
 
-_SETTABLE = ("mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "xattrs")
+_SETTABLE = ("mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "ctime_ns", "xattrs")
 _CAS_TRIES = 16
 LEASE_NS = 2_000_000_000
 """How long a rename may hold its source entry before another client may
@@ -388,8 +388,9 @@ class Namespace:
     # -- changing ----------------------------------------------------------------------
 
     def setattr(self, parent: int, name: str | bytes, **changes: int) -> Attributes:
-        """Change any of mode, uid, gid, size, atime_ns and mtime_ns; ctime and
-        the version move with every change. A compare-and-set on the entry,
+        """Change any of mode, uid, gid, size, atime_ns and mtime_ns; ctime
+        (to now, or to ctime_ns if given: a change made earlier and written
+        now) and the version move with every change. A compare-and-set on the entry,
         retried when another change came first."""
         key = self.entry_key(parent, name)
         return self._update(key, name, changes, lambda: self._present(key, parent, name))
@@ -414,7 +415,7 @@ class Namespace:
                 if guessed:
                     continue   # a guess is only compared, never believed: read it
                 raise NamespaceError(errno.EISDIR, f"{name!r} is a directory: it has no size to set")
-            fields: dict[str, Any] = {**asdict(old), **changes, "ctime_ns": self.clock(),
+            fields: dict[str, Any] = {**asdict(old), "ctime_ns": self.clock(), **changes,
                                       "version": old.version + 1}
             if "mode" in changes:
                 fields["mode"] = changes["mode"] & 0o7777

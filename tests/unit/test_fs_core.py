@@ -520,3 +520,39 @@ def test_a_flush_or_release_with_nothing_to_send_is_done_at_once() -> None:
     assert not fs.release_quietly(fh)
     fs.release(fh)
     assert _chunks(fs, made.ino) == []
+
+
+def test_directory_times_owed_are_shown_at_once_and_written_once_for_many_changes() -> None:
+    """With a pusher (the mount's), an entry change owes its directory's
+    times instead of writing them: this mount shows them at once, the
+    record gets them when pushed, one write for every change meanwhile."""
+    records = MemoryRecords()
+    fs = _fs(records, ticking=True)
+    calls: list[int] = []
+    fs.times_owed = lambda: calls.append(1)
+    sub = fs.mkdir(ROOT, b"sub", 0o755, 0, 0)   # the root owes its times now
+    assert calls == [1] and fs.owes_times()
+    before = fs.ns.lookup(ROOT, "sub")
+    writes = records.writes
+    for n in range(5):
+        fs.release(fs.create(sub.ino, b"f%d" % n, 0o644, 0, 0, exclusive=True)[0])
+    assert records.writes - writes == 5 and calls == [1]   # the entries only; no second wake
+    shown = fs.getattr(sub.ino)
+    assert shown.mtime_ns > before.mtime_ns and shown.ctime_ns == shown.mtime_ns
+    assert fs.ns.lookup(ROOT, "sub").mtime_ns == before.mtime_ns   # not written yet
+    fs.push_directory_times()
+    assert not fs.owes_times() and records.writes - writes == 5 + 2   # sub's entry, the root's header
+    stored = fs.ns.lookup(ROOT, "sub")
+    assert (stored.mtime_ns, stored.ctime_ns) == (shown.mtime_ns, shown.ctime_ns)
+    assert fs.getattr(sub.ino) == stored
+
+
+def test_an_mtime_set_by_hand_wins_over_one_owed_and_unmount_writes_the_rest() -> None:
+    fs = _fs(ticking=True)
+    fs.times_owed = lambda: None
+    sub = fs.mkdir(ROOT, b"sub", 0o755, 0, 0)
+    fs.release(fs.create(sub.ino, b"f", 0o644, 0, 0, exclusive=True)[0])
+    assert fs.setattr(sub.ino, {"mtime_ns": 5}).mtime_ns == 5   # touch -d: owed times dropped
+    fs.flush_all()   # the root's owed times are written, sub's are not
+    assert fs.ns.lookup(ROOT, "sub").mtime_ns == 5 and not fs.owes_times()
+    assert fs.ns.root_attributes().mtime_ns > sub.mtime_ns
