@@ -120,15 +120,16 @@ def test_a_request_trickled_a_byte_at_a_time_still_meets_its_deadline(agent: Age
     assert exchange(agent, (b"GET", b"/slow")) == [None]  # nothing half-stored
 
 
-def test_a_client_still_sending_at_its_deadline_reads_its_error_not_a_reset(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["0", "1"], ids=["event-loop", "worker"])
+def test_a_client_still_sending_at_its_deadline_reads_its_error_not_a_reset(tmp_path: Path,
+                                                                            workers: str) -> None:
     """Found (a CI run): closing a socket with bytes of the client's still
     unread makes the kernel send a reset, and the reset can discard the
-    timeout error the client had not read yet. The event loop now
-    half-closes after the error and drops what still arrives until the
-    client closes. Here the client never stops sending (every 2 ms, past the
-    deadline), and reads only once it is done. (The worker threads still
-    close at once: their port keeps the race, not fixed yet.)"""
-    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--read-timeout", "1", "--workers", "0",
+    timeout error the client had not read yet. The event loop and the
+    worker threads half-close after the error and drop what still arrives
+    until the client closes. Here the client never stops sending (every
+    2 ms, past the deadline), and reads only once it is done."""
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--read-timeout", "1", "--workers", workers,
                       own=[SPACE], log_path=tmp_path / "agent.log") as agent:
         for _ in range(3):
             with socket.create_connection((agent.host, agent.port), timeout=10) as sock:

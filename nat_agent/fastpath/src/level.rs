@@ -270,7 +270,7 @@ impl Database {
     fn with<T>(&self, act: impl FnOnce(&Handle) -> Result<T, String>) -> PyResult<T> {
         let handle = self.handle.read().expect("never poisoned");
         let handle = handle.as_ref().ok_or_else(|| closed(&self.path))?;
-        act(handle).map_err(|message| PyOSError::new_err(message))
+        act(handle).map_err(PyOSError::new_err)
     }
 
     fn cursor(&self) -> PyResult<Arc<Mutex<Cursor>>> {

@@ -437,6 +437,8 @@ struct Conn {
     /// The socket has bytes we have not read (we stopped short of `WouldBlock`).
     unread: bool,
     closing: Option<Instant>,
+    /// Closing, its last reply sent and its write side shut (`linger`).
+    half_closed: bool,
     useful: Instant,
     started: Instant,
 }
@@ -578,6 +580,7 @@ impl Run {
                 paused: false,
                 unread: true,
                 closing: None,
+                half_closed: false,
                 useful: now,
                 started: now,
             });
@@ -923,7 +926,7 @@ fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, buf: &mut [u
             conn.useful = now;
         }
         if conn.closing.is_some() {
-            return if conn.unsent() == 0 { Next::Drop } else { Next::Keep };
+            return if conn.unsent() == 0 { linger(conn, buf) } else { Next::Keep };
         }
         if conn.unsent() >= limits.unsent_high {
             conn.paused = true;
@@ -964,6 +967,32 @@ fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, buf: &mut [u
                 if conn.waiting || !conn.parser.busy() {
                     return Next::Keep;
                 }
+            }
+            Err(err) if err.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return Next::Drop,
+        }
+    }
+}
+
+/// After the last reply of a connection that is closing: half-close, then
+/// drop what the client still sends until it closes. Closing with its bytes
+/// unread would make the kernel send a reset, which can destroy that reply
+/// before the client reads it (`Connection.close(linger=True)`, the event
+/// loop's). The sweep ends a connection that lingers past the read timeout.
+fn linger(conn: &mut Conn, buf: &mut [u8]) -> Next {
+    if !conn.half_closed {
+        if conn.stream.shutdown(Shutdown::Write).is_err() {
+            return Next::Drop;
+        }
+        conn.half_closed = true;
+    }
+    loop {
+        match conn.stream.read(buf) {
+            Ok(0) => return Next::Drop,
+            Ok(_) => {}
+            Err(err) if err.kind() == ErrorKind::WouldBlock => {
+                conn.unread = false;
+                return Next::Keep;
             }
             Err(err) if err.kind() == ErrorKind::Interrupted => {}
             Err(_) => return Next::Drop,
