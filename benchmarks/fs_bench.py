@@ -11,11 +11,13 @@
    loopback, LevelDB, ``--fsync batch``: acknowledged means on disk) or in
    one central redis-server (``--central-redis``, ``appendfsync always``:
    the same promise), running the mdtest-style driver (`benchmarks.mdtest`:
-   create, stat, readdir, rename, remove) on mounts without kernel caching
-   (``--attr-timeout 0 --entry-timeout 0``: every stat and lookup is a
-   request, so the phases measure the metadata service, not the kernel),
-   then, on mounts with the default 1 s caching, tar x of a source tree
-   checked with diff -r, git add and commit of it, fs_mark and postmark.
+   create, stat, readdir, rename, remove) with 1, 4 and 16 processes
+   (``--procs``; the same files per phase, split among them) on mounts
+   without kernel caching (``--attr-timeout 0 --entry-timeout 0``: every
+   stat and lookup is a request, so the phases measure the metadata
+   service and the mount, not the kernel), then, on mounts with the default
+   1 s caching, mdtest with 4 processes, tar x of a source tree checked
+   with diff -r, git add and commit of it, fs_mark and postmark.
    Backends alternate over ``--rounds``; the tables give medians.
 
 This machine has two cores and no network between the parts: it measures
@@ -133,9 +135,11 @@ def tools(mount: FuseMount, archive: Path, files: int, quick: bool, workdir: Pat
     return {k: round(v, 2) for k, v in out.items()}
 
 
-def run(quick: bool, rounds: int, procs: int, files: int) -> dict[str, Any]:
+def run(quick: bool, rounds: int, procs: list[int], files: int) -> dict[str, Any]:
+    """`files` per mdtest phase, split among the processes of each run."""
     results: dict[str, Any] = {"setting": {"quick": quick, "rounds": rounds, "mdtest_procs": procs,
-                                 "mdtest_files_per_proc": files, "source_tree": str(SOURCE)}}
+                                 "mdtest_files": files, "cached_procs": CACHED_PROCS,
+                                 "source_tree": str(SOURCE)}}
     with tempfile.TemporaryDirectory(prefix="mf-bench-fs-") as tmp:
         workdir = Path(tmp)
         archive = workdir / "os_ken.tar"
@@ -154,9 +158,10 @@ def run(quick: bool, rounds: int, procs: int, files: int) -> dict[str, Any]:
                 for _ in range(rounds):
                     for kind in BACKENDS:
                         with backend_mount(kind, workdir, agent, redis, cache=0) as mount:
-                            phases = mdtest.run(mount.path, procs, files)
+                            phases = {str(n): mdtest.run(mount.path, n, files // n) for n in procs}
                         with backend_mount(kind, workdir, agent, redis, cache=1.0) as mount:
-                            measured = {"mdtest": phases,
+                            cached = mdtest.run(mount.path, CACHED_PROCS, files // CACHED_PROCS)
+                            measured = {"mdtest": phases, "mdtest_cached": cached,
                                         "tools": tools(mount, archive, tree_files, quick, workdir)}
                         rounds_out[kind].append(measured)
                         progress.update()
@@ -165,10 +170,16 @@ def run(quick: bool, rounds: int, procs: int, files: int) -> dict[str, Any]:
     return results
 
 
+CACHED_PROCS = 4
+"""Processes of the mdtest run on a mount with the default kernel caching."""
+
+
 def _medians(runs: list[dict]) -> dict:
-    phases = {p: statistics.median(r["mdtest"][p]["ops_per_s"] for r in runs) for p in mdtest.PHASES}
+    phases = {n: {p: statistics.median(r["mdtest"][n][p]["ops_per_s"] for r in runs) for p in mdtest.PHASES}
+              for n in runs[0]["mdtest"]}
+    cached = {p: statistics.median(r["mdtest_cached"][p]["ops_per_s"] for r in runs) for p in mdtest.PHASES}
     measured = {k: statistics.median(r["tools"][k] for r in runs) for k in runs[0]["tools"]}
-    return {"mdtest_ops_per_s": phases, "tools": measured}
+    return {"mdtest_ops_per_s": phases, "mdtest_cached_ops_per_s": cached, "tools": measured}
 
 
 def report(results: dict) -> str:
@@ -178,12 +189,22 @@ def report(results: dict) -> str:
         lines.append(f"{row['descendants']:>6} {row['full_path_requests']:>19} {row['full_path_ms']:>9} "
                      f"{row['inode_requests']:>15} {row['inode_ms']:>7}")
     meta, central = (results["backends"][b] for b in BACKENDS)
-    procs = results["setting"]["mdtest_procs"]
-    lines += ["", f"mdtest-style phases, {procs} processes, no kernel caching, ops/s "
-              "(MetaFlow / central redis-server)"]
+    setting = results["setting"]
+    lines += ["", f"mdtest-style phases, {setting['mdtest_files']} files per phase, ops/s, MetaFlow / "
+              "central redis-server (ratio)", "  no kernel caching:"]
+    header = "".join(f"{str(n) + ' processes':>28}" for n in setting["mdtest_procs"])
+    lines.append(f"  {'':<8}{header}")
+
+    def cell(a: float, b: float) -> str:
+        return f"{a:>9.1f} /{b:>8.1f} ({a / b:.2f}x)"
     for phase in mdtest.PHASES:
-        a, b = meta["mdtest_ops_per_s"][phase], central["mdtest_ops_per_s"][phase]
-        lines.append(f"  {phase:<8} {a:>9.1f} {b:>9.1f}   {a / b:.2f}x")
+        lines.append(f"  {phase:<8}" + "".join(
+            f"{cell(meta['mdtest_ops_per_s'][str(n)][phase], central['mdtest_ops_per_s'][str(n)][phase]):>28}"
+            for n in setting["mdtest_procs"]))
+    lines.append(f"  the default kernel caching (1 s), {setting['cached_procs']} processes:")
+    for phase in mdtest.PHASES:
+        a, b = meta["mdtest_cached_ops_per_s"][phase], central["mdtest_cached_ops_per_s"][phase]
+        lines.append(f"  {phase:<8}{cell(a, b):>28}")
     lines += ["", "Tools (MetaFlow / central redis-server)"]
     for key in meta["tools"]:
         a, b = meta["tools"][key], central["tools"][key]
@@ -196,16 +217,24 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    procs = results["setting"]["mdtest_procs"]
+    panels = [(f"{n} processes, no kernel caching", "mdtest_ops_per_s", str(n)) for n in procs]
+    cached = results["setting"]["cached_procs"]
+    panels.append((f"{cached} processes, 1 s caching", "mdtest_cached_ops_per_s", ""))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), sharey=False)
     width = 0.38
-    for n, kind in enumerate(BACKENDS):
-        rates = [results["backends"][kind]["mdtest_ops_per_s"][p] for p in mdtest.PHASES]
-        ax.bar([i + (n - 0.5) * width for i in range(len(mdtest.PHASES))], rates, width,
-               label="MetaFlow (1 agent)" if kind == "metaflow" else "central redis-server")
-    ax.set_xticks(range(len(mdtest.PHASES)), mdtest.PHASES)
-    ax.set_ylabel("ops/s")
-    ax.set_title(f"metaflow-fs, mdtest-style phases, {results['setting']['mdtest_procs']} processes")
-    ax.legend()
+    for ax, (title, key, n) in zip(axes, panels, strict=True):
+        for i, kind in enumerate(BACKENDS):
+            table = results["backends"][kind][key]
+            rates = [(table[n] if n else table)[p] for p in mdtest.PHASES]
+            ax.bar([x + (i - 0.5) * width for x in range(len(mdtest.PHASES))], rates, width,
+                   label="MetaFlow (1 agent)" if kind == "metaflow" else "central redis-server")
+        ax.set_xticks(range(len(mdtest.PHASES)), mdtest.PHASES, fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.set_yscale("log")
+    axes[0].set_ylabel("ops/s")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("metaflow-fs, mdtest-style phases")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -214,14 +243,15 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.fs_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, one round (about 2 minutes)")
     p.add_argument("--rounds", type=int, default=None, help="rounds per backend (default 3, quick 1)")
-    p.add_argument("--procs", type=int, default=4, help="mdtest processes")
+    p.add_argument("--procs", default="1,4,16", help="mdtest processes of each run, comma-separated")
     p.add_argument("--files", type=int, default=None,
-                   help="mdtest files per process (default 500, quick 100)")
+                   help="mdtest files per phase, split among the processes (default 2000, quick 400)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
-    files = args.files or (100 if args.quick else 500)
-    results = run(args.quick, rounds, args.procs, files)
+    files = args.files or (400 if args.quick else 2000)
+    procs = [int(n) for n in args.procs.split(",")]
+    results = run(args.quick, rounds, procs, files)
     publish(results, args.out, "fs-quick" if args.quick else "fs", plot, report)
     return 0
 

@@ -4,7 +4,10 @@ through FUSE (pyfuse3, low-level and inode-based like the core).
 This is only the shim: it turns FUSE's requests into calls of the core, run
 in worker threads (the core blocks on the network; the threads let one
 mount serve many processes at once), and the core's answers and errors into
-FUSE's. It needs the ``fs`` extra (pyfuse3, trio) and libfuse3.
+FUSE's. A lookup or getattr that one record answers, and a close with
+nothing to write, it answers on its trio loop instead: a worker thread's
+two hops cost more than such a request (`client_lib.fs.mount_reads`). It
+needs the ``fs`` extra (pyfuse3, trio) and libfuse3.
 
 Without ``--via`` every request goes to its key's MetaDataID, through the
 switches, as any MetaFlow client's does; ``--via HOST:PORT`` sends them all
@@ -17,6 +20,8 @@ What one client sees of another's changes: the kernel keeps names for
 1 s), so another mount's create, rename or chmod shows within that long;
 file contents are close-to-open (written at close or fsync, and the page
 cache dropped at every open). 0 makes every lookup and stat ask the servers.
+A directory's new mtime and ctime are written `TIMES_DELAY` after the entry
+change that moved them (this mount shows them at once).
 """
 
 from __future__ import annotations
