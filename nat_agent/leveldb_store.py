@@ -227,7 +227,9 @@ class LevelDBStore(Store):
         self, mdid: int, path: str, value: bytes, when: Condition | None = None
     ) -> tuple[bool, bytes | None]:
         """Atomic without a lock: nothing else runs between the read and the
-        write, since plyvel is called synchronously on the event loop."""
+        write, since the store is called synchronously on the event loop, and
+        the extension's table keeps the GIL for reads and unsynced writes, so
+        a worker's conditional write (`FastLane`) cannot come between either."""
         key = record_key(mdid, path, self.width)
         old = self._records.get(key)
         header = isinstance(when, InDirectory) and \
@@ -256,7 +258,7 @@ class LevelDBStore(Store):
     def record_access(self) -> RecordAccess:
         return RecordAccess(get=self._records.get, put=self._records.put,
                             put_options={"sync": True} if self._sync_each else None,
-                            counted=self._mdids.add,
+                            counted=self._mdids.add, uncounted=self._mdids.remove,
                             group=self._group.ledger if self._group is not None else None,
                             put_batch=self._put_batch if self._group is not None else None,
                             sync_failure=self._group.failure if self._group is not None else None,

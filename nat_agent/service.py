@@ -163,7 +163,7 @@ _VERSION = version().encode()
 _VALUES_FROM = {b"SET": 2, b"ECREATE": 3, b"DELIFEQ": 2}
 """Commands with values, and the index of their first argument that may be one."""
 
-FAST_COMMANDS = (b"GET", b"SET", b"EXISTS", b"PING")
+FAST_COMMANDS = (b"GET", b"SET", b"EXISTS", b"PING", b"DEL", b"DELIFEQ", b"ECREATE")
 """What `FastLane` may answer itself (the cases it takes on are in its docstring)."""
 
 _UNSUPPORTED = {

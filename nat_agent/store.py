@@ -219,6 +219,8 @@ class RecordAccess:
     put_options: dict[str, Any] | None
     counted: Callable[[int], None]
     """Called with the mdid of a record that `put` created (the range index)."""
+    uncounted: Callable[[int], None]
+    """Called with the mdid of a record the lane deleted (DEL, DELIFEQ)."""
     group: SyncLedger | None
     """The compiled group commit's ledger (``SyncGroup``) that writes wait
     for and that tells whether a key's last write is not yet synced; None

@@ -14,6 +14,10 @@
 //! takes on:
 //!
 //! * `GET key`, `EXISTS key` (one key), `SET key value` (no options), `PING`;
+//! * on a worker thread, with the extension's LevelDB not synced per write,
+//!   the file system's conditional writes: `SET key value NX|XX|IFEQ old`,
+//!   `DEL key` (one key), `DELIFEQ key value` and `ECREATE dir name value`,
+//!   made at once under the GIL (`conditional`);
 //! * a key that normalizes (`keys::normalize_key`) into an ID the table says
 //!   is served here: reads where `Ownership.decide` says SERVE with no
 //!   replica to wait for, writes where that holds and no migration froze the
@@ -59,6 +63,7 @@ struct Records {
     put: PyObject,
     put_options: Option<Py<PyDict>>,
     counted: PyObject,
+    uncounted: PyObject,
     group: Option<Py<SyncGroup>>,
     put_batch: Option<PyObject>,
     /// The extension's own table of the records, called instead of the
@@ -82,6 +87,7 @@ impl Records {
             put: access.getattr("put")?.unbind(),
             put_options: put_options.map(Bound::unbind),
             counted: access.getattr("counted")?.unbind(),
+            uncounted: access.getattr("uncounted")?.unbind(),
             group: optional("group")?.map(|g| g.downcast_into::<SyncGroup>()).transpose()?.map(Bound::unbind),
             put_batch: optional("put_batch")?.map(Bound::unbind),
             native: optional("native")?.map(|t| t.downcast_into::<LevelTable>()).transpose()?.map(|t| (t.unbind(), sync)),
@@ -109,6 +115,16 @@ impl Records {
         }
         let options = self.put_options.as_ref().map(|o| o.bind(py));
         self.put.call(py, (PyBytes::new(py, key), PyBytes::new(py, value)), options).map(drop)
+    }
+
+    /// The native table, when its writes do not sync: where the workers'
+    /// conditional writes are made at once, the GIL kept from the read of
+    /// the record to the write (see `FastLane::conditional`).
+    fn unsynced_native(&self) -> Option<&LevelTable> {
+        match &self.native {
+            Some((table, false)) => Some(table.get()),
+            _ => None,
+        }
     }
 
     /// Write a turn's records as one batch, the GIL released for the
@@ -231,11 +247,13 @@ pub(crate) struct Waiting {
     pub(crate) batch: Option<u64>,
 }
 
-/// What a reply waits for (see `Waiting`).
+/// What a reply waits for (see `Waiting`), and for a conditional write,
+/// whether its record existed before it.
 #[derive(Default, Clone, Copy)]
 struct Need {
     ticket: u64,
     batch: bool,
+    existed: bool,
 }
 
 /// One turn of a worker's loop under a group commit: its writes, not yet
@@ -276,6 +294,27 @@ fn bulk(out: &mut Vec<u8>, value: &[u8]) {
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
+}
+
+/// What a conditional write asks of the record's value before it.
+#[derive(Clone, Copy)]
+enum Condition<'a> {
+    Absent,
+    Present,
+    Equal(&'a [u8]),
+    /// `ECREATE`: absent, in a directory whose header (this record key) exists.
+    InDirectory(&'a [u8]),
+}
+
+/// SET's options that the lane takes on: one of NX, XX and IFEQ (GET,
+/// expiry and anything else are the Python path's, which words them).
+fn set_condition<'a>(options: &[&'a [u8]]) -> Option<Condition<'a>> {
+    match options {
+        [option] if option.eq_ignore_ascii_case(b"NX") => Some(Condition::Absent),
+        [option] if option.eq_ignore_ascii_case(b"XX") => Some(Condition::Present),
+        [option, old] if option.eq_ignore_ascii_case(b"IFEQ") => Some(Condition::Equal(old)),
+        _ => None,
+    }
 }
 
 #[pymethods]
@@ -477,6 +516,38 @@ impl FastLane {
                 }
                 need
             }
+            (b"SET", 4..=5) => {
+                let options: Vec<&[u8]> = (3..args.len()).map(arg).collect();
+                set_condition(&options)
+                    .and_then(|condition| {
+                        self.conditional(py, tables, arg(1), Some(arg(2)), condition, turn.as_deref())
+                    })
+                    .map(|(written, need)| {
+                        out.extend_from_slice(match (written, resp3) {
+                            (true, _) => b"+OK\r\n".as_slice(),
+                            (false, true) => b"_\r\n",
+                            (false, false) => b"$-1\r\n",
+                        });
+                        need
+                    })
+            }
+            (b"DEL", 2) | (b"DELIFEQ", 3) => {
+                let condition = if name == b"DEL" { Condition::Present } else { Condition::Equal(arg(2)) };
+                self.conditional(py, tables, arg(1), None, condition, turn.as_deref()).map(|(deleted, need)| {
+                    out.extend_from_slice(if deleted { b":1\r\n" } else { b":0\r\n" });
+                    need
+                })
+            }
+            (b"ECREATE", 4) => self.create_entry(py, tables, arg(1), arg(2), arg(3), turn.as_deref()).map(
+                |(written, need)| {
+                    out.extend_from_slice(match (written, resp3) {
+                        (true, _) => b"+OK\r\n".as_slice(),
+                        (false, true) => b"_\r\n",
+                        (false, false) => b"$-1\r\n",
+                    });
+                    need
+                },
+            ),
             _ => None,
         };
         let Some(need) = need else { return false };
@@ -503,7 +574,7 @@ impl FastLane {
         let record_key = space.record_key(id, &key);
         if let Some((value, _)) = turn.and_then(|turn| turn.writes.get(&record_key)) {
             self.ops.count(id);
-            return Some((Some(Value::Bytes(value.clone())), Need { ticket: 0, batch: true }));
+            return Some((Some(Value::Bytes(value.clone())), Need { batch: true, ..Need::default() }));
         }
         let found = self.records.get(py, &record_key).ok()?;
         let mut need = Need::default();
@@ -514,6 +585,96 @@ impl FastLane {
         }
         self.ops.count(id);
         Some((found, need))
+    }
+
+    /// `ECREATE directory name value`, as `conditional` with the directory's
+    /// header required. Declined where the Python path words an error: a
+    /// directory given as an entry key, a bad name, or no header (ENOENT).
+    fn create_entry(&self, py: Python<'_>, tables: &Tables, directory: &[u8], name: &[u8], value: &[u8],
+                    turn: Option<&Turn>) -> Option<(bool, Need)> {
+        if directory.contains(&0) || name.contains(&0) {
+            return None;
+        }
+        let raw = [directory, b"\0", name].concat();
+        let (key, id) = self.space.get().route(&raw)?;
+        let header = self.space.get().record_key(id, &key[..key.iter().position(|&b| b == 0)?]);
+        let (written, need) = self.conditional(py, tables, &raw, Some(value), Condition::InDirectory(&header), turn)?;
+        // Not written with no entry there: the directory has no header, which the Python path words.
+        (written || need.existed).then_some((written, need))
+    }
+
+    /// A conditional write (SET with NX, XX or IFEQ; DEL and DELIFEQ of one
+    /// key, `value` None; ECREATE) of a key served here for writes: whether
+    /// it wrote, and what its reply waits for. Only on a worker (`turn`)
+    /// whose store is the extension's table without a sync per write, and
+    /// never on a record the turn holds a write of (nor, for ECREATE, its
+    /// directory's header): those are declined, and the Python path answers
+    /// them after the turn's writes have landed.
+    ///
+    /// Made at once, not in the turn's batch, and with the GIL held from the
+    /// read of the record to the write: every other conditional write, the
+    /// workers' and the event loop's (whose table calls keep the GIL too),
+    /// runs before or after, never between. A turn's plain SETs are not
+    /// ordered against it until their batch lands, which is when they take
+    /// effect (their replies wait for it). The write takes a ticket of the
+    /// group commit, and the reply waits for its sync, as a SET's does; a
+    /// condition that fails shows the record as it is, so its reply waits as
+    /// a read's does.
+    fn conditional(&self, py: Python<'_>, tables: &Tables, raw: &[u8], value: Option<&[u8]>,
+                   condition: Condition<'_>, turn: Option<&Turn>) -> Option<(bool, Need)> {
+        let (turn, table) = (turn?, self.records.unsynced_native()?);
+        let space = self.space.get();
+        let (key, id) = space.route(raw)?;
+        if !within(&tables.writes, id) {
+            return None;
+        }
+        let record_key = space.record_key(id, &key);
+        let header = match condition {
+            Condition::InDirectory(header) => Some(header),
+            _ => None,
+        };
+        if turn.writes.contains_key(&record_key) || header.is_some_and(|h| turn.writes.contains_key(h)) {
+            return None;
+        }
+        let old = table.get_raw(&record_key).ok()?;
+        let holds = match condition {
+            Condition::Absent => old.is_none(),
+            Condition::Present => old.is_some(),
+            Condition::Equal(expected) => old.as_deref() == Some(expected),
+            Condition::InDirectory(header) => old.is_none() && table.get_raw(header).ok()?.is_some(),
+        };
+        let group = self.group();
+        let pending = |key: &[u8]| group.and_then(|g| g.ticket_of(key)).unwrap_or(0);
+        let mut need = Need { existed: old.is_some(), ..Need::default() };
+        if !holds {
+            need.ticket = pending(&record_key).max(header.map_or(0, pending));
+            self.ops.count(id);
+            return Some((false, need));
+        }
+        let ticket = group.map(|group| group.begin(vec![record_key.clone()]));
+        let written = match value {
+            Some(value) => table.put_all([(record_key.clone(), value.to_vec())], false),
+            None => table.delete_raw(&record_key),
+        };
+        if let (Some(group), Some(ticket)) = (group, ticket) {
+            group.end(ticket);
+        }
+        // Not written: the Python path tries again and words the failure.
+        written.ok()?;
+        need.ticket = ticket.unwrap_or(0);
+        self.ops.count(id);
+        let recount = match (value, old.is_some()) {
+            (Some(_), false) => Some(&self.records.counted),
+            (None, true) => Some(&self.records.uncounted),
+            _ => None,
+        };
+        if let Some(recount) = recount {
+            // Written, so never declined now: a failure to count it is reported, not retried.
+            if let Err(err) = recount.call1(py, (id,)) {
+                err.write_unraisable(py, None);
+            }
+        }
+        Some((true, need))
     }
 
     /// Write a key served here for writes, and what its reply waits for;
@@ -532,7 +693,7 @@ impl FastLane {
         if let Some(turn) = turn {
             turn.writes.insert(record_key, (value.to_vec(), id));
             self.ops.count(id);
-            return Some(Need { ticket: 0, batch: true });
+            return Some(Need { batch: true, ..Need::default() });
         }
         let old = self.records.get(py, &record_key).ok()?;
         // Not written: the Python path tries again and words the failure.

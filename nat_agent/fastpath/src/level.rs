@@ -389,6 +389,12 @@ impl Table {
         self.database.with(|handle| handle.get(&full))
     }
 
+    /// Delete `key`, for the lane (not synced): no Python, and the GIL kept.
+    pub(crate) fn delete_raw(&self, key: &[u8]) -> PyResult<()> {
+        let full = self.full(key);
+        self.database.with(|handle| handle.delete(&full, false))
+    }
+
     /// Write `(key, value)` pairs as one batch, for the lane: no Python.
     pub(crate) fn put_all(&self, pairs: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>, sync: bool) -> PyResult<()> {
         let batch: Vec<Change> = pairs.into_iter().map(|(key, value)| Change::Put(self.full(&key), value)).collect();
@@ -398,21 +404,28 @@ impl Table {
 
 #[pymethods]
 impl Table {
+    /// Gets, and writes that do not sync, keep the GIL: a read, then a write
+    /// that depends on it (the store's conditional writes, on the event
+    /// loop) must not let a worker's conditional write of the same record
+    /// (`FastLane`, under the GIL too) come between them. Each is a memtable
+    /// or block-cache access; only a sync is worth letting go of the GIL for.
     fn get<'py>(&self, py: Python<'py>, key: &[u8]) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let value = py.allow_threads(|| self.get_raw(key))?;
+        let value = self.get_raw(key)?;
         Ok(value.map(|value| PyBytes::new(py, &value)))
     }
 
     #[pyo3(signature = (key, value, *, sync=false))]
     fn put(&self, py: Python<'_>, key: &[u8], value: &[u8], sync: bool) -> PyResult<()> {
         let full = self.full(key);
-        py.allow_threads(|| self.database.with(|handle| handle.put(&full, value, sync)))
+        let put = || self.database.with(|handle| handle.put(&full, value, sync));
+        if sync { py.allow_threads(put) } else { put() }
     }
 
     #[pyo3(signature = (key, *, sync=false))]
     fn delete(&self, py: Python<'_>, key: &[u8], sync: bool) -> PyResult<()> {
         let full = self.full(key);
-        py.allow_threads(|| self.database.with(|handle| handle.delete(&full, sync)))
+        let delete = || self.database.with(|handle| handle.delete(&full, sync));
+        if sync { py.allow_threads(delete) } else { delete() }
     }
 
     /// A batch of puts and deletes, written at once by its `write`.
