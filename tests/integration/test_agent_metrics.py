@@ -80,7 +80,7 @@ def test_requests_count_by_command_and_outcome_on_both_paths(agent: tuple[AgentP
         for path in held:
             assert r.set(path, b"v") is True                # the lane's, when compiled
             assert r.get(path) == b"v"                      # the lane's, when compiled
-            assert r.set(path, b"w", nx=True) is None       # always the Python path's
+            assert r.set(path, b"w", nx=True, get=True) == b"v"   # always the Python path's (GET)
         for path in foreign:
             with pytest.raises(redis.exceptions.MovedError):
                 r.get(path)

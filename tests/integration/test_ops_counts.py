@@ -73,14 +73,14 @@ def test_each_served_request_counts_once_in_its_range(agent: AgentProcess) -> No
         for path in hot:
             assert r.set(path, b"v") is True                     # the lane's (a LevelDB store's)
             assert r.get(path) == b"v" and r.exists(path) == 1   # the lane's
-            assert r.set(path, b"w", nx=True) is None           # the Python path's
-            assert r.delete(path) == 1                           # the Python path's
+            assert r.set(path, b"w", nx=True) is None           # the lane's too (a worker's)
+            assert r.set(path, b"w", xx=True, get=True) == b"v"  # the Python path's (GET)
         for path in cold:
             assert r.get(path) is None and r.get(path) is None
         with pytest.raises(redis.exceptions.MovedError):
             r.get(foreign[0])
     lane = agent.call(ADMIN.stats).service.get("compiled_requests", 0) - lane_before
-    assert lane == (3 * 5 + 2 * 3 if agent.call(ADMIN.health).store == "leveldb" else 0)
+    assert lane == (4 * 5 + 2 * 3 if agent.call(ADMIN.health).store == "leveldb" else 0)
 
     ranges = [_span(SPACE), _span(HOT), _span(FOREIGN), _span(COLD), *map(_bucket, hot + cold)]
     report = agent.call(ADMIN.ops, CountRequest(ranges))
