@@ -287,10 +287,12 @@ bench-liveness: setup
 # The file system: renaming a directory under full-path and inode keys, then
 # metaflow-fs on one agent beside the same mount on one central redis-server
 # (mdtest phases, tar x, git, fs_mark, postmark), 3 rounds (about 10 minutes;
-# BENCH_FS_ARGS=--quick: about 2); then the requests each call costs through
-# the mount (FUSE's and the service's, a minute).
+# BENCH_FS_ARGS=--quick: about 2); then the same mount over the fabric (a k=4
+# fat-tree in Mininet, 8 agents) beside a central redis-server in it (about 5
+# minutes), and the requests each call costs through the mount (a minute).
 bench-fs: setup
 	$(PY) -m benchmarks.fs_bench --out benchmarks/results $(BENCH_FS_ARGS)
+	$(PY) -m benchmarks.fs_fabric --out benchmarks/results
 	$(PY) -m benchmarks.fs_requests --out benchmarks/results
 
 # The paper's DFS experiment (Fig. 20) at this machine's scale: files of

@@ -166,8 +166,9 @@ def parser() -> argparse.ArgumentParser:
                         "change of state is sent at once)")
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop")
     p.add_argument("--request-path", choices=("compiled", "python"), default="compiled",
-                   help="compiled: GET/SET/EXISTS/PING that need no waiting are answered in compiled "
-                        "code (LevelDB store); python: every request on the Python path (for A/B)")
+                   help="compiled: GET/SET/EXISTS/PING (and on worker threads the conditional writes "
+                        "SET NX|XX|IFEQ, DEL, DELIFEQ, ECREATE) that need no waiting are answered in "
+                        "compiled code (LevelDB store); python: every request on the Python path (for A/B)")
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
                    help="threads serving port 9000 in compiled code, each on its own SO_REUSEPORT "
                         "listener, handing what they cannot answer to the event loop; 0: the event "
