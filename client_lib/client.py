@@ -833,9 +833,36 @@ async def exchange_async(reader: asyncio.StreamReader, writer: asyncio.StreamWri
     return await asyncio.wait_for(_request(reader, writer, frame), timeout)
 
 
-class AsyncMetaFlowClient(_Surface[Stream]):
+class _AsyncSurface(_Surface[C]):
+    """The async clients' retry loop (`AsyncMetaFlowClient`, the mount's
+    `TrioMetaFlowClient`): each says how it sleeps and how it exchanges."""
+
+    @staticmethod
+    @abstractmethod
+    async def _sleep(seconds: float, /) -> None:
+        """Its event loop's sleep."""
+
+    @abstractmethod
+    async def _exchange(self, op: _Op[T], attempt: _Attempt) -> Reply:
+        """One request and its reply on a connection of its own kind."""
+
+    async def _run(self, op: _Op[T]) -> T:
+        call = self._call(op)
+        while (attempt := call.next()) is not None:
+            if attempt.pause:
+                await self._sleep(attempt.pause)
+            try:
+                return op.decode(self._check(await self._exchange(op, attempt)))
+            except _Retry as exc:
+                call.failed(exc)
+        raise call.gave_up()
+
+
+class AsyncMetaFlowClient(_AsyncSurface[Stream]):
     """The asyncio twin of `MetaFlowClient`, for one event loop: the same
     arguments, the same methods as coroutines."""
+
+    _sleep = staticmethod(asyncio.sleep)
 
     @staticmethod
     def _discard(conn: Stream) -> None:
@@ -889,17 +916,6 @@ class AsyncMetaFlowClient(_Surface[Stream]):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    async def _run(self, op: _Op[T]) -> T:
-        call = self._call(op)
-        while (attempt := call.next()) is not None:
-            if attempt.pause:
-                await asyncio.sleep(attempt.pause)
-            try:
-                return op.decode(self._check(await self._exchange(op, attempt)))
-            except _Retry as exc:
-                call.failed(exc)
-        raise call.gave_up()
 
     async def _exchange(self, op: _Op[T], attempt: _Attempt) -> Reply:
         try:

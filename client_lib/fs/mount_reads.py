@@ -30,12 +30,11 @@ from client_lib.client import (
     _MAX_REPLY,
     _MAX_REPLY_ELEMENTS,
     Destination,
+    _AsyncSurface,
     _Attempt,
     _Op,
     _redirected,
-    _Retry,
     _still_open,
-    _Surface,
 )
 from client_lib.constants import ELIST_DEFAULT
 from client_lib.errors import ServerError, Unavailable
@@ -104,10 +103,12 @@ async def connect(host: str, port: int) -> socket.socket:
     return sock
 
 
-class TrioMetaFlowClient(_Surface[socket.socket]):
+class TrioMetaFlowClient(_AsyncSurface[socket.socket]):
     """`MetaFlowClient`'s arguments and contract, for one trio run: its
     methods are coroutines, and a call cancelled by trio closes the
     connection it was using."""
+
+    _sleep = staticmethod(trio.sleep)
 
     @staticmethod
     def _discard(conn: socket.socket) -> None:
@@ -128,17 +129,6 @@ class TrioMetaFlowClient(_Surface[socket.socket]):
             conns = self._pool.drain()
         for conn in conns:
             conn.close()
-
-    async def _run(self, op: _Op[T]) -> T:
-        call = self._call(op)
-        while (attempt := call.next()) is not None:
-            if attempt.pause:
-                await trio.sleep(attempt.pause)
-            try:
-                return op.decode(self._check(await self._exchange(op, attempt)))
-            except _Retry as exc:
-                call.failed(exc)
-        raise call.gave_up()
 
     async def _exchange(self, op: _Op[T], attempt: _Attempt) -> Reply:
         conn: socket.socket | None = None
