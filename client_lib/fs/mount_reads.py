@@ -10,9 +10,9 @@ with this client instead. Requires trio (the ``fs`` extra).
 
 It is the same client as the others, not a copy: `_Surface` prepares each
 request, decides what a reply means, what is retried and when, and keeps
-the idle connections; only the exchange on a socket is trio's here. The
-methods are the reads the mount makes (``get``, ``entries``); add others the
-same way when a trio program needs them. `CentralReads` is the same read
+the idle connections; only the exchange on a socket is trio's here. Its
+one method is the read the mount makes (``get``); add others the same way
+when a trio program needs them. `CentralReads` is the same read
 for ``--central-redis`` (`client_lib.fs.central`), so that a side-by-side
 run still compares where the records live and nothing else.
 """
@@ -36,7 +36,6 @@ from client_lib.client import (
     _redirected,
     _still_open,
 )
-from client_lib.constants import ELIST_DEFAULT
 from client_lib.errors import ServerError, Unavailable
 from client_lib.mdid import normalize_key
 from client_lib.resp import ErrorReply, ProtocolError, Reply, RespParser, encode_command
@@ -117,11 +116,6 @@ class TrioMetaFlowClient(_AsyncSurface[socket.socket]):
     async def get(self, path: str | bytes) -> bytes | None:
         """The value stored at `path`, or None."""
         return await self._run(self._get(path))
-
-    async def entries(self, directory: str | bytes, after: str | bytes = b"",
-                      count: int = ELIST_DEFAULT) -> list[tuple[bytes, bytes]]:
-        """A page of `directory`'s entries after `after` (`MetaFlowClient.entries`)."""
-        return await self._run(self._entries(directory, after, count))
 
     def close(self) -> None:
         """Close the idle connections (the client stays usable)."""

@@ -106,7 +106,6 @@ def test_reads_of_a_real_agent_match_the_blocking_client(standalone_agent: Agent
         assert await client.get("/mr/a") == standalone_client.get("/mr/a") == b"1"
         assert await client.get("/mr/absent") is None
         assert await client.get(entry_key("/mr/d", "y")) == b"yyy"
-        assert await client.entries("/mr/d", "x", 10) == standalone_client.entries("/mr/d", "x", 10)
         connects = client.stats.connects
         reads = [await client.get("/mr/a") for _ in range(20)]
         assert reads == [b"1"] * 20 and client.stats.connects == connects   # the pooled connection
