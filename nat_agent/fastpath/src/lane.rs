@@ -247,13 +247,11 @@ pub(crate) struct Waiting {
     pub(crate) batch: Option<u64>,
 }
 
-/// What a reply waits for (see `Waiting`), and for a conditional write,
-/// whether its record existed before it.
+/// What a reply waits for (see `Waiting`).
 #[derive(Default, Clone, Copy)]
 struct Need {
     ticket: u64,
     batch: bool,
-    existed: bool,
 }
 
 /// One turn of a worker's loop under a group commit: its writes, not yet
@@ -598,9 +596,7 @@ impl FastLane {
         let raw = [directory, b"\0", name].concat();
         let (key, id) = self.space.get().route(&raw)?;
         let header = self.space.get().record_key(id, &key[..key.iter().position(|&b| b == 0)?]);
-        let (written, need) = self.conditional(py, tables, &raw, Some(value), Condition::InDirectory(&header), turn)?;
-        // Not written with no entry there: the directory has no header, which the Python path words.
-        (written || need.existed).then_some((written, need))
+        self.conditional(py, tables, &raw, Some(value), Condition::InDirectory(&header), turn)
     }
 
     /// A conditional write (SET with NX, XX or IFEQ; DEL and DELIFEQ of one
@@ -645,8 +641,11 @@ impl FastLane {
         };
         let group = self.group();
         let pending = |key: &[u8]| group.and_then(|g| g.ticket_of(key)).unwrap_or(0);
-        let mut need = Need { existed: old.is_some(), ..Need::default() };
+        let mut need = Need::default();
         if !holds {
+            if matches!(condition, Condition::InDirectory(_)) && old.is_none() {
+                return None; // no header: the Python path words ENOENT (and counts the request)
+            }
             need.ticket = pending(&record_key).max(header.map_or(0, pending));
             self.ops.count(id);
             return Some((false, need));
