@@ -419,8 +419,6 @@ def from_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if os.environ.get('MF_SWITCH'):
-        sys.setswitchinterval(float(os.environ['MF_SWITCH']))
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(asctime)s metaflow-fs %(levelname)s %(message)s")
     client: MetaFlowClient | CentralRecords
