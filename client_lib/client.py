@@ -481,6 +481,13 @@ class _Surface(ABC, Generic[C]):
     def _discard(conn: C) -> None:
         """Close one connection that leaves the pool."""
 
+    def _close_idle(self) -> None:
+        """Close every idle connection now (`close` of the clients whose sockets close at once)."""
+        with self._lock:
+            conns = self._pool.drain()
+        for conn in conns:
+            self._discard(conn)
+
     def mdid(self, path: str | bytes) -> int:
         """The MetaDataID of `path` in this client's space."""
         return mdid_of_key(self._key(path), self.space)
@@ -724,10 +731,7 @@ class MetaFlowClient(_Surface[socket.socket]):
 
     def close(self) -> None:
         """Close the idle connections (the client stays usable)."""
-        with self._lock:
-            conns = self._pool.drain()
-        for sock in conns:
-            sock.close()
+        self._close_idle()
 
     def __enter__(self) -> Self:
         return self

@@ -119,10 +119,7 @@ class TrioMetaFlowClient(_AsyncSurface[socket.socket]):
 
     def close(self) -> None:
         """Close the idle connections (the client stays usable)."""
-        with self._lock:
-            conns = self._pool.drain()
-        for conn in conns:
-            conn.close()
+        self._close_idle()
 
     async def _exchange(self, op: _Op[T], attempt: _Attempt) -> Reply:
         conn: socket.socket | None = None

@@ -41,6 +41,7 @@
 //! have landed, and `InFlight.drain` closes it (`barrier`) before a
 //! migration copies anything.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -286,6 +287,11 @@ fn within(table: &Table, id: u128) -> bool {
     after > 0 && id <= table[after - 1].1
 }
 
+/// A nil reply, in the protocol the connection speaks.
+fn nil(resp3: bool) -> &'static [u8] {
+    if resp3 { b"_\r\n" } else { b"$-1\r\n" }
+}
+
 fn bulk(out: &mut Vec<u8>, value: &[u8]) {
     out.push(b'$');
     out.extend_from_slice(value.len().to_string().as_bytes());
@@ -502,7 +508,7 @@ impl FastLane {
                 match (name, value) {
                     (b"GET", Some(Value::Python(value))) => bulk(out, value.bind(py).as_bytes()),
                     (b"GET", Some(Value::Bytes(value))) => bulk(out, &value),
-                    (b"GET", None) => out.extend_from_slice(if resp3 { b"_\r\n" } else { b"$-1\r\n" }),
+                    (b"GET", None) => out.extend_from_slice(nil(resp3)),
                     (_, found) => out.extend_from_slice(if found.is_some() { b":1\r\n" } else { b":0\r\n" }),
                 }
                 need
@@ -514,20 +520,19 @@ impl FastLane {
                 }
                 need
             }
-            (b"SET", 4..=5) => {
-                let options: Vec<&[u8]> = (3..args.len()).map(arg).collect();
-                set_condition(&options)
-                    .and_then(|condition| {
+            (b"SET", 4..=5) | (b"ECREATE", 4) => {
+                let written = if name == b"SET" {
+                    let options: Vec<&[u8]> = (3..args.len()).map(arg).collect();
+                    set_condition(&options).and_then(|condition| {
                         self.conditional(py, tables, arg(1), Some(arg(2)), condition, turn.as_deref())
                     })
-                    .map(|(written, need)| {
-                        out.extend_from_slice(match (written, resp3) {
-                            (true, _) => b"+OK\r\n".as_slice(),
-                            (false, true) => b"_\r\n",
-                            (false, false) => b"$-1\r\n",
-                        });
-                        need
-                    })
+                } else {
+                    self.create_entry(py, tables, arg(1), arg(2), arg(3), turn.as_deref())
+                };
+                written.map(|(written, need)| {
+                    out.extend_from_slice(if written { b"+OK\r\n" } else { nil(resp3) });
+                    need
+                })
             }
             (b"DEL", 2) | (b"DELIFEQ", 3) => {
                 let condition = if name == b"DEL" { Condition::Present } else { Condition::Equal(arg(2)) };
@@ -536,16 +541,6 @@ impl FastLane {
                     need
                 })
             }
-            (b"ECREATE", 4) => self.create_entry(py, tables, arg(1), arg(2), arg(3), turn.as_deref()).map(
-                |(written, need)| {
-                    out.extend_from_slice(match (written, resp3) {
-                        (true, _) => b"+OK\r\n".as_slice(),
-                        (false, true) => b"_\r\n",
-                        (false, false) => b"$-1\r\n",
-                    });
-                    need
-                },
-            ),
             _ => None,
         };
         let Some(need) = need else { return false };
@@ -596,7 +591,7 @@ impl FastLane {
         let raw = [directory, b"\0", name].concat();
         let (key, id) = self.space.get().route(&raw)?;
         let header = self.space.get().record_key(id, &key[..key.iter().position(|&b| b == 0)?]);
-        self.conditional(py, tables, &raw, Some(value), Condition::InDirectory(&header), turn)
+        self.conditional_routed(py, tables, (key, id), Some(value), Condition::InDirectory(&header), turn)
     }
 
     /// A conditional write (SET with NX, XX or IFEQ; DEL and DELIFEQ of one
@@ -618,13 +613,18 @@ impl FastLane {
     /// a read's does.
     fn conditional(&self, py: Python<'_>, tables: &Tables, raw: &[u8], value: Option<&[u8]>,
                    condition: Condition<'_>, turn: Option<&Turn>) -> Option<(bool, Need)> {
+        self.conditional_routed(py, tables, self.space.get().route(raw)?, value, condition, turn)
+    }
+
+    /// `conditional` of a key already routed (normalized, with its ID).
+    fn conditional_routed(&self, py: Python<'_>, tables: &Tables, (key, id): (Cow<'_, [u8]>, u128),
+                          value: Option<&[u8]>, condition: Condition<'_>, turn: Option<&Turn>)
+                          -> Option<(bool, Need)> {
         let (turn, table) = (turn?, self.records.unsynced_native()?);
-        let space = self.space.get();
-        let (key, id) = space.route(raw)?;
         if !within(&tables.writes, id) {
             return None;
         }
-        let record_key = space.record_key(id, &key);
+        let record_key = self.space.get().record_key(id, &key);
         let header = match condition {
             Condition::InDirectory(header) => Some(header),
             _ => None,
