@@ -1,11 +1,12 @@
 """Types of the compiled request path (`nat_agent/fastpath`, built by `make`)."""
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Generic, Literal, TypeVar, overload
 
 from client_lib.cidr import Block
 from nat_agent.ops_meter import Buckets
+from nat_agent.replication import TurnWrites
 from nat_agent.resp_commands import ArgLimit
 from nat_agent.store import RecordAccess
 
@@ -43,20 +44,26 @@ class Keyspace:
 class LaneView:
     """What the lane knows of the agent's state, kept current by Python: the
     ranges it may answer for at one `Ownership.version`, the version the
-    ownership is at (`Ownership.on_version`), and how many replicated writes
-    are under way (`Replicator.writing`)."""
+    ownership is at (`Ownership.on_version`), and the keys with a replicated
+    write under way (`Replicator.writing`, watched)."""
 
     def __init__(self) -> None: ...
     @property
     def version(self) -> int: ...
-    def set_table(self, version: int, reads: list[tuple[int, int]],
-                  writes: list[tuple[int, int]]) -> None: ...
+    def set_table(self, version: int, reads: list[tuple[int, int]], writes: list[tuple[int, int]],
+                  replicated: list[tuple[int, int]]) -> None: ...
     def set_version(self, version: int) -> None: ...
     @property
     def stale(self) -> bool: ...
+    def watch(self, writing: Mapping[str, object]) -> None: ...
     @property
     def writing(self) -> int: ...
-    def set_writing(self, count: int) -> None: ...
+
+class Acknowledgement:
+    """What a worker's turn of replicated SETs waits on (`lane.rs`): told by
+    the replicator whether the replica set took them."""
+
+    def done(self, failure: str | None) -> None: ...
 
 class Histogram:
     """The seconds one command took on the lane (`seconds.rs`): lock-free
@@ -129,7 +136,9 @@ class FastLane:
 
     def __init__(self, *, keyspace: Keyspace, view: LaneView, access: RecordAccess,
                  stats: Counter[str], counters: list[tuple[bytes, str, Histogram]], total: str,
-                 buckets: Buckets) -> None: ...
+                 buckets: Buckets,
+                 replicate: Callable[[list[tuple[int, bytes, bytes]], Acknowledgement], TurnWrites | None]
+                 | None = ...) -> None: ...
     @property
     def view(self) -> LaneView: ...
     def ops_counts(self) -> bytes:
@@ -144,6 +153,7 @@ class ServiceLoop:
     def __init__(self, *, listeners: list[int], lane: FastLane, refresh: Callable[[], object],
                  handoff: Callable[[int, int, tuple[str, int], int, bool, list[bytes] | Exception], object],
                  sync_failed: Callable[[str, int], bytes], write_failed: Callable[[str, int], bytes],
+                 replication_failed: Callable[[str, int], bytes],
                  connected: Callable[[], int], refused: Callable[[], None],
                  reclaimed: Callable[[tuple[str, int], float], None],
                  overdue: Callable[[tuple[str, int], float, int], None],

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
+from client_lib.resp import DEFAULT_MAX_ARGS
 from nat_agent import resp_commands
 from nat_agent.resp_commands import ArgLimit
 
@@ -66,15 +67,16 @@ else:
     UNAVAILABLE = None
 
 
-def command_parser(max_bulk: int, limit: ArgLimit | None) -> CommandParser:
+def command_parser(max_bulk: int, limit: ArgLimit | None, max_args: int = DEFAULT_MAX_ARGS) -> CommandParser:
     """A command parser for one connection: the compiled one, which a lane
     reads commands from directly, or without the extension its oracle,
     `resp_commands.CommandParser`, which has the same methods, limits,
     errors and messages (tests/unit/test_fastpath.py). Typed as the compiled one because only
     that one ever reaches a lane: there is no lane without the extension."""
     if UNAVAILABLE is None:
-        return _fastpath.CommandParser(max_bulk=max_bulk, limit=limit)
-    return cast("CommandParser", resp_commands.CommandParser(max_bulk=max_bulk, limit=limit))
+        return _fastpath.CommandParser(max_bulk=max_bulk, max_args=max_args, limit=limit)
+    parser = resp_commands.CommandParser(max_bulk=max_bulk, max_args=max_args, limit=limit)
+    return cast("CommandParser", parser)
 
 
 def arg_limits(key: int, value: int, values_from: list[tuple[bytes, int]]) -> ArgLimit:

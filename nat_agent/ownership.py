@@ -219,18 +219,26 @@ class Ownership:
                     return Decision(Verdict.TRYAGAIN, frozen, held=held, reason="is migrating")
         return decision
 
-    def fast_ranges(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    def fast_ranges(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]]]:
         """Where the compiled request path may answer on its own, as sorted
-        disjoint (first, last) ID ranges: reads where `decide` says SERVE and
-        the block has no other member (no replicated write to wait for), and
-        writes where that holds and no migration froze the ID."""
-        reads = [h.block for h in self._held if h.decision.verdict is Verdict.SERVE and not h.peers]
-        writes = reads
+        disjoint (first, last) ID ranges: reads where `decide` says SERVE
+        (a key with a replicated write under way it leaves to the Python
+        path, by `Replicator.writing`); writes where that holds, the block
+        has no other member and no migration froze the ID; and replicated
+        writes (its workers' turns, `Replicator.begin_turn`) where it holds
+        and the block has other members."""
+        served = [h for h in self._held if h.decision.verdict is Verdict.SERVE]
+        return ([(h.block.first, h.block.last) for h in served],
+                self._unfrozen([h.block for h in served if not h.peers]),
+                self._unfrozen([h.block for h in served if h.peers]))
+
+    def _unfrozen(self, blocks: list[Block]) -> list[tuple[int, int]]:
+        """The parts of `blocks` no migration froze, as sorted (first, last) ranges."""
         for frozen in self._frozen:
-            writes = [part for block in writes
+            blocks = [part for block in blocks
                       for part in (subtract(block, frozen) if block.covers(frozen)
                                    else [] if frozen.covers(block) else [block])]
-        return ([(b.first, b.last) for b in reads], sorted((b.first, b.last) for b in writes))
+        return sorted((b.first, b.last) for b in blocks)
 
     def _changed(self) -> None:
         """What `decide` could answer has changed: a new `version`. Called

@@ -21,6 +21,10 @@ The catch-up copy of a sync (`nat_agent.syncs`):
   stream's value is newer than any copy of it;
 * ``REND <block> <epoch>`` ends the copy.
 
+``RMSET`` (a primary worker's turn of SETs to one block) is checked whole:
+every record must pass the RSET checks, or none is applied; then they are
+written as one batch, with one sync.
+
 A connection must authenticate (``AUTH``, `replication.check_hello`) with
 its first command and within ``read_timeout`` of connecting; anything else
 is answered with an error and the connection is closed.
@@ -53,7 +57,7 @@ from client_lib.resp import OK, ErrorReply, ProtocolError, Reply
 from nat_agent.agent import Agent
 from nat_agent.connection import resume
 from nat_agent.extension import command_parser
-from nat_agent.replication import check_hello
+from nat_agent.replication import TURN_RECORDS, check_hello
 from nat_agent.resp_commands import ArgumentTooLarge, encode_reply, internal_error
 from nat_agent.store import decode_path
 
@@ -65,6 +69,27 @@ is not read until some are answered."""
 
 Handler = Callable[["Stream", list[bytes]], Awaitable[Reply]]
 _KEYED = {b"RSET", b"RDEL", b"RCOPY"}   # commands whose argument 4 is a key (a path)
+MAX_ARGS = 3 + 3 * TURN_RECORDS
+"""Arguments of one command, at most: an ``RMSET`` of a worker's turn, its name included."""
+
+
+def _keys_of(command: list[bytes]) -> list[bytes]:
+    """The keys (paths) a command writes: argument 4 of RSET, RDEL and RCOPY,
+    and every third from 4 on of RMSET."""
+    name = command[0].upper()
+    if name in _KEYED and len(command) > 4:
+        return [command[4]]
+    if name == b"RMSET":
+        return command[4::3]
+    return []
+
+
+def _arity_fits(expected: int | None, arity: int) -> bool:
+    """Whether a command has the arguments its name takes (None: RMSET's
+    block, epoch and one or more records of three)."""
+    if expected is None:
+        return arity >= 5 and (arity - 2) % 3 == 0
+    return arity == expected
 
 
 class Refused(Exception):
@@ -92,14 +117,19 @@ class ReplicaServer:
         self._blocks: dict[bytes, Block] = {}
         self._server: asyncio.AbstractServer | None = None
         # name: (handler, arguments after the name)
-        self._commands: dict[bytes, tuple[Handler, int]] = {
+        # name: (handler, arguments after the name; None: RMSET's records)
+        self._commands: dict[bytes, tuple[Handler, int | None]] = {
             b"RSET": (self._rset, 5), b"RDEL": (self._rdel, 4), b"RBEGIN": (self._rbegin, 2),
             b"RCOPY": (self._rcopy, 5), b"REND": (self._rend, 2), b"PING": (self._ping, 0),
+            b"RMSET": (self._rmset, None),
         }
 
     def arg_limit(self, name: bytes, index: int) -> int:
-        """Only the value of RSET and RCOPY (argument 5) may be long."""
-        return self._max_value if index == 5 else MAX_KEY
+        """Only values may be long: argument 5 of RSET and RCOPY, and every
+        third from 5 on of RMSET."""
+        if index == 5 or (index > 5 and (index - 5) % 3 == 0 and name.upper() == b"RMSET"):
+            return self._max_value
+        return MAX_KEY
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -151,7 +181,7 @@ class ReplicaServer:
     async def execute(self, stream: Stream, command: list[bytes]) -> bytes:
         name = command[0].upper()
         spec = self._commands.get(name)
-        if spec is None or len(command) - 1 != spec[1]:
+        if spec is None or not _arity_fits(spec[1], len(command) - 1):
             self.stats["malformed"] += 1
             return encode_reply(ErrorReply(f"ERR unknown command or wrong number of arguments: "
                                            f"{name[:32].decode('utf-8', 'replace')}"))
@@ -215,6 +245,21 @@ class ReplicaServer:
         self.stats["applied"] += 1
         return OK
 
+    async def _rmset(self, stream: Stream, args: list[bytes]) -> Reply:
+        """A primary's turn of SETs to one block, all checked before any is
+        applied, then written as one batch (one sync)."""
+        block, epoch = self._block(args[0]), int(args[1])
+        records = []
+        for at in range(2, len(args), 3):
+            ident = int(args[at])
+            self._backup_of(stream, block, epoch, ident)
+            records.append((ident, decode_path(args[at + 1]), args[at + 2]))
+        for ident, path, _ in records:
+            self._touch(ident, path)
+        await self.store.put_many(records)
+        self.stats["applied"] += len(records)
+        return OK
+
     def _touch(self, ident: int, path: str) -> None:
         if self._touched:
             for (_, block), paths in self._touched.items():
@@ -264,7 +309,7 @@ class Stream(asyncio.Protocol):
 
     def __init__(self, server: ReplicaServer) -> None:
         self.server = server
-        self.parser = command_parser(server.max_bulk, server.arg_limit)
+        self.parser = command_parser(server.max_bulk, server.arg_limit, MAX_ARGS)
         self.transport: asyncio.Transport
         self.peer: object = None
         self.sender: str | None = None   # set once authenticated
@@ -339,7 +384,7 @@ class Stream(asyncio.Protocol):
         name = command[0].upper()
         if name == b"RBEGIN":
             return not any(isinstance(a, asyncio.Task) for a in self._answers)
-        return not (name in _KEYED and len(command) > 4 and self._keys[command[4]])
+        return not any(self._keys[key] for key in _keys_of(command))
 
     def _start(self, command: list[bytes]) -> None:
         if self.sender is None:
@@ -352,19 +397,18 @@ class Stream(asyncio.Protocol):
             self._answers.append(cast(bytes, done.value))
             return
         task = asyncio.get_running_loop().create_task(resume(coro, waiting))
-        name = command[0].upper()
-        key = command[4] if name in _KEYED and len(command) > 4 else None
-        if key is not None:
+        keys = _keys_of(command)
+        for key in keys:
             self._keys[key] += 1
-        if name == b"RBEGIN":
+        if command[0].upper() == b"RBEGIN":
             self._barrier = task
-        task.add_done_callback(lambda _task: self._finished(_task, key))
+        task.add_done_callback(lambda _task: self._finished(_task, keys))
         self._answers.append(task)
 
-    def _finished(self, task: asyncio.Task[bytes], key: bytes | None) -> None:
+    def _finished(self, task: asyncio.Task[bytes], keys: list[bytes]) -> None:
         """A command's wait ended; a group commit ends many at once, so their
         answers are sent together at the end of this turn of the loop."""
-        if key is not None:
+        for key in keys:
             self._keys[key] -= 1
             if not self._keys[key]:
                 del self._keys[key]

@@ -26,6 +26,9 @@ order), to the backup's listener (`nat_agent.replica`, ``--replication``):
   block) is sent it again shortly (`RESEND_S`) until the write's timeout; an
   unsynced one is not: its sync, which can begin only once it holds the
   block, copies the record;
+* ``RMSET <block> <epoch> <mdid> <path> <value> [<mdid> <path> <value> ...]``:
+  several SETs of one block as one write (a worker thread's turn, below),
+  applied all or none, in one store batch and one sync, answered once;
 * ``RBEGIN``, ``RCOPY``, ``REND``: the catch-up copy of a sync (`nat_agent.syncs`).
 
 What a write does at a primary (`MetadataService` calls `begin`, applies
@@ -48,6 +51,22 @@ the write to its own store, `stream`, then awaits `acknowledged`):
   epoch. Heartbeats report it. A silent member's connection is dropped, and
   with it every write waiting on it.
 
+A worker thread's turn (`nat_agent._fastpath.ServiceLoop`, issue 27): the
+plain SETs a worker answers in one turn of its loop to blocks with members
+are kept with its turn's other writes. When the turn ends, the worker
+registers their keys here (`begin_turn`, under the GIL: from then on a read
+of one waits, on either path), writes the batch to this store, and posts the
+stream to the event loop (`TurnWrites.landed`), which sends each block's
+records as one ``RMSET`` per member and, once each is settled as any write
+is, tells the worker (`Acknowledgement.done`); the worker sends the turn's
+replies only then. A path a write of the event loop's holds already makes
+the whole turn fail (TRYAGAIN): two writes of one key are never under way
+at once, so they reach the members in the order they reached this store.
+
+Because the workers register keys from their threads, `writing` is only
+ever read here whole by a copy (`list(...)`, which the GIL makes atomic),
+never iterated while another thread may add to it.
+
 A set of one (r=1) costs nothing of this: the service sees a held block
 without peers and never calls here.
 """
@@ -57,7 +76,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple, Protocol
 
 from client_lib.api.auth import AUTH_HEADER, SIGNATURE_HEADER, Signer, Verifier
@@ -72,7 +91,7 @@ from client_lib.resp import (
     SimpleString,
     encode_command,
 )
-from nat_agent.ownership import Held, Ownership, Peer
+from nat_agent.ownership import Held, Ownership, Peer, Verdict
 from nat_agent.store import encode_path
 
 log = logging.getLogger("metaflow.agent.replication")
@@ -89,6 +108,14 @@ RESEND_S = 0.005
 (``-STALE`` with an older epoch, ``-NOTHELD``) is sent the write again this
 much later, until the write's timeout: the controller assigns the members
 of a new epoch in parallel, and the primary may start using it first."""
+
+TURN_RECORDS = 128
+"""Records of one ``RMSET``, at most (a worker's turn to one block is sent
+as several beyond this); the listener's parser takes this many."""
+
+TURN_BYTES = 1 << 20
+"""Bytes of values of one ``RMSET``, at most, beyond which a turn's records
+to one block go in several."""
 
 MemberFailure = Callable[[Block, int, str, str], None]
 """``(block, epoch, member, why)``: an unsynced member failed a write streamed to it."""
@@ -294,17 +321,20 @@ class NotReplicated(Exception):
 
 
 class Write:
-    """One write at this primary, from before it touches the store until every
-    synced member acknowledged it or one failed. `done` is resolved then;
-    `failure` says why it failed (None: acknowledged)."""
+    """One write at this primary (the records of one command: a key's SET or
+    DEL, or a turn's SETs to one block), from before it touches the store
+    until every synced member acknowledged it or one failed. `done` is
+    resolved then; `failure` says why it failed (None: acknowledged)."""
 
-    __slots__ = ("ident", "path", "held", "owed", "acked", "failure", "done", "timer", "streamed", "local",
-                 "payload", "owner")
+    __slots__ = ("idents", "paths", "held", "owed", "acked", "failure", "done", "timer", "streamed", "local",
+                 "payload", "owner", "turn")
 
-    def __init__(self, owner: Replicator, ident: int, path: str) -> None:
+    def __init__(self, owner: Replicator, idents: Sequence[int], paths: Sequence[str],
+                 turn: TurnWrites | None = None) -> None:
         self.owner = owner
-        self.ident = ident
-        self.path = path
+        self.idents = idents
+        self.paths = paths
+        self.turn = turn                     # the worker's turn it is a part of, if any
         self.held: Held | None = None        # the role it was streamed under
         self.owed: set[str] = set()          # synced members yet to acknowledge
         self.acked: set[str] = set()
@@ -312,8 +342,16 @@ class Write:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.timer: asyncio.TimerHandle | None = None
         self.streamed = False
-        self.local = True   # this store's part is under way (the members' may end first)
+        self.local = turn is None   # this store's part is under way (the members' may end first)
         self.payload = b""  # the command streamed, for a member that was not ready for it
+
+    @property
+    def ident(self) -> int:
+        """An ID of the write, whose held block is every one's."""
+        return self.idents[0]
+
+    def touches(self, blocks: Sequence[Block]) -> bool:
+        return any(block.contains(ident) for block in blocks for ident in self.idents)
 
     def settle(self, tag: object, reply: Reply | BaseException) -> None:
         assert isinstance(tag, Peer)
@@ -385,13 +423,13 @@ class Replicator:
         self.name = name
         self.timeout = timeout
         self.signer = Signer(secret)
-        self.writing: dict[str, Write] = {}
-        """Keys with a write under way, by path: a read of one waits for it."""
-        self.on_writing: Callable[[int], None] | None = None
-        """Told how many writes are under way whenever one begins or ends
-        (the compiled request path's `LaneView.set_writing`)."""
+        self.writing: dict[str, Write | TurnWrites] = {}
+        """Keys with a write under way, by path: a read of one waits for it.
+        Worker threads add to it (`begin_turn`): read it whole only by a copy."""
         self.stats: Counter[str] = Counter()
         self.on_member_failure: MemberFailure | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop, for the workers' turns (set by the service's lane)."""
         self._links: dict[str, Link] = {}
 
     def queues(self) -> dict[str, Backlog]:
@@ -413,10 +451,13 @@ class Replicator:
 
     # -- a write, step by step ------------------------------------------------------
 
-    def begin(self, ident: int, path: str) -> Write:
-        """Mark `path` as being written; call before the store is touched."""
-        write = self.writing[path] = Write(self, ident, path)
-        self._writing_changed()
+    def begin(self, ident: int, path: str) -> Write | None:
+        """Mark `path` as being written; call before the store is touched.
+        None if a write of it is under way already (a worker's turn took it
+        since the caller looked): wait for that one, then begin again."""
+        write = Write(self, (ident,), (path,))
+        if self.writing.setdefault(path, write) is not write:
+            return None
         return write
 
     def stream(self, write: Write, value: bytes | None) -> None:
@@ -428,11 +469,14 @@ class Replicator:
         if held is None or not held.role.primary:
             self.finish(write, "the block was reassigned during the write")
             return
+        block, epoch, path = held.label, held.epoch, encode_path(write.paths[0])
+        self._send(write, held, encode_command(b"RSET", block, epoch, write.ident, path, value)
+                   if value is not None else encode_command(b"RDEL", block, epoch, write.ident, path))
+
+    def _send(self, write: Write, held: Held, payload: bytes) -> None:
+        """Send `payload` (the write's command) to every member of `held` still streamed."""
         write.held = held
-        block, epoch, path = held.label, held.epoch, encode_path(write.path)
-        payload = write.payload = (encode_command(b"RSET", block, epoch, write.ident, path, value)
-                                   if value is not None else encode_command(b"RDEL", block, epoch,
-                                                                            write.ident, path))
+        write.payload = payload
         for peer in held.peers:
             if peer.streamed:  # a required member is always streamed (`Ownership.update_peer`)
                 if peer.required:
@@ -475,17 +519,17 @@ class Replicator:
         if write.timer is not None:
             write.timer.cancel()
             write.timer = None
-        if self.writing.get(write.path) is write:
-            del self.writing[write.path]
-            self._writing_changed()
         if write.held is not None:
+            # Before the keys are let go: no read may see what the set may lack
+            # before the block is held back.
             self._consequences(write)
+        for path in write.paths:
+            if self.writing.get(path) is write:
+                del self.writing[path]
         self.stats["acknowledged" if failure is None else "not_acknowledged"] += 1
         write.done.set_result(None)
-
-    def _writing_changed(self) -> None:
-        if self.on_writing is not None:
-            self.on_writing(len(self.writing))
+        if write.turn is not None:
+            write.turn.part_ended(failure)
 
     def _consequences(self, write: Write) -> None:
         """Whether the block must be held back: the write failed in the epoch
@@ -523,7 +567,7 @@ class Replicator:
         """Wait until no write to `blocks` is under way (each ends within the timeout)."""
         blocks = list(blocks)
         while True:
-            busy = [w for w in self.writing.values() if any(b.contains(w.ident) for b in blocks)]
+            busy = {w for w in list(self.writing.values()) if w.touches(blocks)}
             if not busy:
                 return
             await asyncio.wait([w.done for w in busy])
@@ -553,8 +597,120 @@ class Replicator:
     async def close(self) -> None:
         for link in self._links.values():
             link.reset("the agent is shutting down")
-        for write in list(self.writing.values()):
-            self.finish(write, "the agent is shutting down")
+        for write in set(list(self.writing.values())):
+            if isinstance(write, TurnWrites):
+                write.end("the agent is shutting down")
+            else:
+                self.finish(write, "the agent is shutting down")
+
+    # -- a worker thread's turn ---------------------------------------------------------
+
+    def begin_turn(self, records: list[tuple[int, bytes, bytes]], ack: Acknowledgement) -> TurnWrites | None:
+        """On a worker thread, before its turn's batch is written: register
+        the turn's replicated SETs (``(ident, path, value)``); None, and
+        nothing registered, if a write of one of the paths is under way (the
+        turn then fails with TRYAGAIN)."""
+        turn = TurnWrites(self, records, ack)
+        if any(path in self.writing for path in turn.paths):
+            return None
+        for path in turn.paths:
+            self.writing[path] = turn
+        return turn
+
+    def stream_turn(self, turn: TurnWrites) -> None:
+        """On the event loop: send a turn's records, one ``RMSET`` per block
+        (and per `TURN_RECORDS`) to each of its members; the turn fails
+        whole, nothing sent, if one of its blocks is no longer served here."""
+        groups: dict[int, tuple[Held, list[int]]] = {}
+        for index, ident in enumerate(turn.idents):
+            held = self.ownership.held_at(ident)
+            if held is None or not held.role.primary or held.decision.verdict is not Verdict.SERVE:
+                why = held.decision.reason if held is not None and held.role.primary else "reassigned"
+                turn.end(f"the block of {ident} changed during the write: {why or 'not served here'}")
+                return
+            groups.setdefault(id(held), (held, []))[1].append(index)
+        turn.left = 1   # the turn ends only after every part was sent, even if one ends at once
+        for held, indices in groups.values():
+            for chunk in _chunks(indices, turn.values):
+                write = Write(self, [turn.idents[i] for i in chunk], [turn.paths[i] for i in chunk], turn)
+                turn.left += 1
+                write.streamed = True
+                records = [part for i in chunk
+                           for part in (turn.idents[i], encode_path(turn.paths[i]), turn.values[i])]
+                self._send(write, held, encode_command(b"RMSET", held.label, held.epoch, *records))
+        turn.part_ended(None)
+
+
+class Acknowledgement(Protocol):
+    """What a worker waits on for its turn (`nat_agent._fastpath.Acknowledgement`)."""
+
+    def done(self, failure: str | None) -> None: ...
+
+
+class TurnWrites:
+    """A worker thread's turn of SETs to blocks with members (`begin_turn`):
+    registered under each of its paths in `Replicator.writing` from the
+    worker's thread, streamed and settled on the event loop as writes
+    (one per block and chunk), and ended once all of those are: then the
+    keys are let go and the worker is told (`ack`)."""
+
+    __slots__ = ("owner", "idents", "paths", "values", "ack", "done", "left", "failure", "loop")
+
+    def __init__(self, owner: Replicator, records: list[tuple[int, bytes, bytes]],
+                 ack: Acknowledgement) -> None:
+        assert owner.loop is not None, "the service's lane starts the replicator on its loop"
+        self.owner = owner
+        self.loop = owner.loop
+        self.idents = [ident for ident, _, _ in records]
+        self.paths = [path.decode("utf-8") for _, path, _ in records]
+        self.values = [value for _, _, value in records]
+        self.ack = ack
+        self.done: asyncio.Future[None] = self.loop.create_future()
+        self.left = 0
+        self.failure: str | None = None
+
+    def touches(self, blocks: Sequence[Block]) -> bool:
+        return any(block.contains(ident) for block in blocks for ident in self.idents)
+
+    def landed(self, error: str | None) -> None:
+        """On the worker thread, once the batch is written (or failed: then
+        the turn ends unstreamed): its stream goes to the event loop."""
+        if error is None:
+            self.loop.call_soon_threadsafe(self.owner.stream_turn, self)
+        else:
+            self.loop.call_soon_threadsafe(self.end, f"this agent's store failed the write: {error}")
+
+    def part_ended(self, failure: str | None) -> None:
+        if failure is not None and self.failure is None:
+            self.failure = failure
+        self.left -= 1
+        if self.left == 0:
+            self.end(self.failure)
+
+    def end(self, failure: str | None) -> None:
+        """Let the keys go and tell the worker (on the event loop)."""
+        if self.done.done():
+            return
+        writing = self.owner.writing
+        for path in self.paths:
+            if writing.get(path) is self:
+                del writing[path]
+        self.done.set_result(None)
+        self.ack.done(failure)
+
+
+def _chunks(indices: list[int], values: list[bytes]) -> Iterator[list[int]]:
+    """`indices` in runs of at most `TURN_RECORDS` records and about `TURN_BYTES` of values."""
+    chunk: list[int] = []
+    size = 0
+    for index in indices:
+        if chunk and (len(chunk) == TURN_RECORDS or size + len(values[index]) > TURN_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(index)
+        size += len(values[index])
+    if chunk:
+        yield chunk
 
 
 class _Replies:

@@ -312,11 +312,11 @@ class MetadataService:
         view = LANE_VIEW()
         view.set_version(self.ownership.version)
         self.ownership.on_version = view.set_version
-        view.set_writing(len(self.writing))
-        self.replicator.on_writing = view.set_writing
+        view.watch(self.writing)
         fast = [(name, spec[3]) for name, spec in self._commands.items() if name in FAST_COMMANDS]
         self._lane_seconds = {counter: HISTOGRAM(REQUEST_BUCKETS) for _, counter in fast}
         return FAST_LANE(keyspace=keyspace(self.space), view=view, access=access, stats=self.stats,
+                         replicate=self.replicator.begin_turn,
                          counters=[(name, counter, self._lane_seconds[counter]) for name, counter in fast],
                          total="compiled_requests", buckets=Buckets.of(self.space))
 
@@ -336,6 +336,7 @@ class MetadataService:
         """Listen on host:port; returns the bound port (port 0 picks one).
         `transparent`: accept connections to any address the routes deliver
         here, and answer from it (the ``local`` rewrite's mdids)."""
+        self.replicator.loop = asyncio.get_running_loop()
         if self.limits.workers > 0 and self._lane is not None:
             port = self._start_workers(host, port, transparent, self._lane)
         else:
@@ -380,6 +381,7 @@ class MetadataService:
         self._workers = SERVICE_LOOP(
             listeners=[sock.detach() for sock in listeners], lane=lane, refresh=self.lane, handoff=handoff,
             sync_failed=self._sync_failed, write_failed=self._write_failed,
+            replication_failed=self._replication_failed,
             connected=self._connected, refused=self._refused, reclaimed=self._reclaimed,
             overdue=functools.partial(overdue, self.stats), dropped=functools.partial(dropped, self.stats),
             arg_limit=self.arg_limit, max_bulk=self.max_bulk,
@@ -411,6 +413,13 @@ class MetadataService:
         self.stats["internal_errors"] += replies
         log.error("%d replies wait for writes the store failed to apply: %s", replies, reason)
         return encode_reply(internal_error(reason))
+
+    def _replication_failed(self, reason: str, replies: int) -> bytes:
+        """A worker's replies that wait for its turn's replicated writes, which
+        the replica set did not acknowledge (on a worker thread): TRYAGAIN,
+        as the Python path answers such a write, counted as its are."""
+        self.stats["tryagain"] += replies
+        return encode_reply(ErrorReply(f"TRYAGAIN write not acknowledged by the replica set: {reason}"))
 
     async def _sample_ops(self) -> None:
         """The snapshots `ops` slides its window over."""
@@ -613,12 +622,16 @@ class MetadataService:
         if decision.verdict is Verdict.SERVE:
             assert decision.held is not None
             return ident, path, decision.held
+        raise self._refusal_of(ident, decision)
+
+    def _refusal_of(self, ident: int, decision: Decision) -> CommandError:
+        """The MOVED or TRYAGAIN for an ID this server does not serve now."""
         if decision.verdict is Verdict.TRYAGAIN:
             self.stats["tryagain"] += 1
-            raise CommandError(f"TRYAGAIN {self.space.address(ident)} block {decision.block} "
-                               f"{decision.reason}")
+            return CommandError(f"TRYAGAIN {self.space.address(ident)} block {decision.block} "
+                                f"{decision.reason}")
         self.stats["moved"] += 1
-        raise CommandError(self._redirect(ident, decision.hint))
+        return CommandError(self._redirect(ident, decision.hint))
 
     async def _settled(self, raw: bytes, write: bool) -> tuple[int, str, Held]:
         """`_served`, once no write to the key is under way: a read must not
@@ -634,6 +647,17 @@ class MetadataService:
             # Shielded: a waiter whose client hangs up is cancelled, and must not
             # cancel the write's `done`, which is another client's (and the key's).
             await asyncio.shield(pending.done)
+
+    async def _settled_key(self, ident: int, path: str) -> None:
+        """Wait for the write of `path` under way, if any; then TRYAGAIN (or
+        MOVED) unless this server still serves `ident` for writes."""
+        pending = self.writing.get(path)
+        if pending is not None:
+            self.stats["waited_for_replication"] += 1
+            await asyncio.shield(pending.done)
+        decision = self.ownership.decide(ident, True)
+        if decision.verdict is not Verdict.SERVE:
+            raise self._refusal_of(ident, decision)
 
     def _redirect(self, ident: int, hint: str | None) -> str:
         """MOVED to the new owner's data address if a hand-off named it, else to
@@ -665,7 +689,10 @@ class MetadataService:
         the members apply it, and sync it to disk, while this store does;
         else it is streamed once `work` says what it changed."""
         replicator = self.replicator
-        write = replicator.begin(ident, path)
+        while (write := replicator.begin(ident, path)) is None:
+            # A worker's turn took the key since the caller looked: wait for it,
+            # and write only if the block is still served here.
+            await self._settled_key(ident, path)
         token = self.agent.inflight.begin()
         try:
             if not isinstance(known, _Unchanged):
@@ -870,7 +897,7 @@ class MetadataService:
             except ValueError as exc:
                 raise CommandError(f"ERR invalid name after which to list: {exc}") from None
         prefix = path + "\0"
-        while pending := next((w for p, w in self.writing.items() if p.startswith(prefix)), None):
+        while pending := next((w for p, w in list(self.writing.items()) if p.startswith(prefix)), None):
             self.stats["waited_for_replication"] += 1
             await asyncio.shield(pending.done)   # as `_settled`: list nothing its set may not hold
             ident, path, _ = self._served(args[0], write=False)

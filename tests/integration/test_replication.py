@@ -236,7 +236,7 @@ def test_a_read_never_sees_a_write_the_set_did_not_acknowledge(tmp_path: Path, c
 
         writing = threading.Thread(target=write)
         writing.start()
-        _until(lambda: any(c[0] == b"RSET" for c in sent))   # the write is under way
+        _until(lambda: any(c[0] in (b"RSET", b"RMSET") for c in sent))   # the write is under way
         started = time.monotonic()
         with _client(a) as client, pytest.raises(Unavailable, match="TRYAGAIN.*degraded"):
             client.get("/read/x")     # waits for the write's end: failed, so the block is held back

@@ -324,13 +324,13 @@ fast_ops_st = st.lists(st.tuples(st.sampled_from(["solo", "replicated", "waiting
 @given(fast_ops_st)
 def test_fast_ranges_are_what_decide_serves_alone_and_move_with_the_version(ops) -> None:
     """`fast_ranges` (what the compiled path answers by itself) holds exactly
-    the IDs `decide` serves with no replica to wait for, for reads and
-    (minus frozen parts) for writes; and any change of what `decide` says
+    the IDs `decide` serves, for reads; for writes (minus frozen parts) those
+    with no other member, and for replicated writes those with; and any change of what `decide` says
     moves `version`, which is all the service watches to refresh the table:
     told (`on_version`) once the change is made, so that the table read
     when told is the one the operation leaves."""
     own = Ownership(32, ME)
-    told: list[tuple[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]]] = []
+    told: list[tuple[int, tuple[list[tuple[int, int]], ...]]] = []
     own.on_version = lambda version: told.append((version, own.fast_ranges()))
 
     def seen() -> list[tuple[Verdict, Verdict, bool]]:
@@ -368,8 +368,9 @@ def test_fast_ranges_are_what_decide_serves_alone_and_move_with_the_version(ops)
             assert seen() == before and own.fast_ranges() == table
         else:
             assert told[-1] == (own.version, own.fast_ranges())
-        reads, writes = own.fast_ranges()
-        assert reads == sorted(reads) and writes == sorted(writes)
+        reads, writes, replicated = own.fast_ranges()
+        assert reads == sorted(reads) and writes == sorted(writes) and replicated == sorted(replicated)
         for probe, (read, write, peers) in zip(PROBES, seen(), strict=True):
-            assert _fast(reads, probe) == (read is Verdict.SERVE and not peers)
+            assert _fast(reads, probe) == (read is Verdict.SERVE)
             assert _fast(writes, probe) == (write is Verdict.SERVE and not peers)
+            assert _fast(replicated, probe) == (write is Verdict.SERVE and peers)

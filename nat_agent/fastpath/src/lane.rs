@@ -28,9 +28,15 @@
 //!   turn's SETs as one batch (`Turn`, `apply`) and sends the replies after
 //!   the sync that covers them (`durable::SyncGroup`); on the event loop,
 //!   which cannot wait there, they are declined;
-//! * nothing at all while a replicated write is under way anywhere (the
-//!   replicator's `writing`, whose size it pushes into the `LaneView`),
-//!   since reads must wait for those.
+//! * on a worker thread, plain SETs to blocks with other members
+//!   (`Ownership.fast_ranges`' third table), kept in the turn with its other
+//!   writes: when the turn ends their keys are registered with the Python
+//!   replicator (`Replicator.begin_turn`) before the batch is written, the
+//!   stream goes to the event loop, and the turn's replies wait for its
+//!   `Acknowledgement` as well as for the sync (`server.rs`);
+//! * no key with a replicated write under way (the replicator's `writing`,
+//!   which the `LaneView` watches): reads of one wait for it, and writes of
+//!   one follow it, on the Python path.
 //!
 //! On the event loop everything runs synchronously inside one
 //! `data_received` callback, so no ownership change and no migration step
@@ -43,8 +49,9 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -148,13 +155,15 @@ struct Tables {
     version: i64,
     reads: Table,
     writes: Table,
+    /// Writes to blocks with other members: a worker's turn's plain SETs.
+    replicated: Table,
 }
 
 /// The lane's view of the agent's state, which Python keeps current through
 /// its methods: the tables of one `Ownership.version`, the version the
 /// ownership is at now (`Ownership.on_version`: the tables are stale until
-/// `set_table` brings them to it), and how many replicated writes are under
-/// way (`Replicator.writing`).
+/// `set_table` brings them to it), and the keys with a replicated write
+/// under way (`Replicator.writing`, the dict itself, read under the GIL).
 ///
 /// Shared by the event loop and the worker threads, hence frozen: the
 /// tables are swapped whole (an `Arc`), never borrowed across a store call,
@@ -163,7 +172,7 @@ struct Tables {
 pub struct LaneView {
     tables: Mutex<Arc<Tables>>,
     current: AtomicI64,
-    writing: AtomicUsize,
+    writing: OnceLock<Py<PyDict>>,
 }
 
 #[pymethods]
@@ -172,18 +181,16 @@ impl LaneView {
     /// and so stale.
     #[new]
     fn new() -> Self {
-        LaneView {
-            tables: Mutex::new(Arc::new(Tables { version: -1, reads: Vec::new(), writes: Vec::new() })),
-            current: AtomicI64::new(0),
-            writing: AtomicUsize::new(0),
-        }
+        let tables = Tables { version: -1, reads: Vec::new(), writes: Vec::new(), replicated: Vec::new() };
+        LaneView { tables: Mutex::new(Arc::new(tables)), current: AtomicI64::new(0), writing: OnceLock::new() }
     }
 
-    /// The ranges (first, last) served for reads and for writes at `version`
-    /// (`Ownership.fast_ranges`); each list sorted and disjoint.
-    fn set_table(&self, version: i64, reads: Table, writes: Table) {
+    /// The ranges (first, last) served for reads, for writes and for
+    /// replicated writes at `version` (`Ownership.fast_ranges`); each list
+    /// sorted and disjoint.
+    fn set_table(&self, version: i64, reads: Table, writes: Table, replicated: Table) {
         *self.tables.lock().expect("never poisoned: nothing panics holding it") =
-            Arc::new(Tables { version, reads, writes });
+            Arc::new(Tables { version, reads, writes, replicated });
     }
 
     /// The `Ownership.version` the tables were computed at.
@@ -203,15 +210,15 @@ impl LaneView {
         self.version() != self.current.load(Ordering::SeqCst)
     }
 
-    /// Replicated writes under way (the size of `Replicator.writing`).
-    #[getter]
-    fn writing(&self) -> usize {
-        self.writing.load(Ordering::SeqCst)
+    /// Watch `writing` (`Replicator.writing`: path -> write under way), once.
+    fn watch(&self, writing: Py<PyDict>) -> PyResult<()> {
+        self.writing.set(writing).map_err(|_| pyo3::exceptions::PyValueError::new_err("a view watches one replicator"))
     }
 
-    /// Called by the replicator whenever a write begins or ends.
-    fn set_writing(&self, count: usize) {
-        self.writing.store(count, Ordering::SeqCst);
+    /// Replicated writes under way (keys in `Replicator.writing`).
+    #[getter]
+    fn writing(&self, py: Python<'_>) -> usize {
+        self.writing.get().map_or(0, |writing| writing.bind(py).len())
     }
 }
 
@@ -219,6 +226,74 @@ impl LaneView {
     fn tables(&self) -> Arc<Tables> {
         Arc::clone(&self.tables.lock().expect("never poisoned: nothing panics holding it"))
     }
+
+    /// Whether a replicated write of `key` (a normalized key, the Python
+    /// path's `path`) is under way: its reads wait for it and its writes
+    /// follow it, on the Python path. Read under the GIL, as the replicator
+    /// and the workers' `Replicator.begin_turn` change it.
+    fn busy(&self, py: Python<'_>, key: &[u8]) -> bool {
+        let Some(writing) = self.writing.get().map(|w| w.bind(py)) else { return false };
+        if writing.is_empty() {
+            return false;
+        }
+        match std::str::from_utf8(key) {
+            Ok(path) => writing.contains(path).unwrap_or(true),
+            Err(_) => true,
+        }
+    }
+}
+
+/// What a worker waits on for its turn's replicated SETs: told by the
+/// Python replicator (`TurnWrites.end`, on the event loop) whether every
+/// synced member acknowledged them.
+#[pyclass(module = "nat_agent._fastpath", frozen)]
+pub struct Acknowledgement {
+    /// None while under way; then Some(None) if acknowledged, else Some(why not).
+    state: Mutex<Option<Option<String>>>,
+    ended: Condvar,
+}
+
+#[pymethods]
+impl Acknowledgement {
+    /// The turn ended: `failure` None if every synced member took it.
+    #[pyo3(signature = (failure))]
+    fn done(&self, failure: Option<String>) {
+        let mut state = self.state.lock().expect("never poisoned");
+        if state.is_none() {
+            *state = Some(failure);
+            self.ended.notify_all();
+        }
+    }
+}
+
+impl Acknowledgement {
+    fn new() -> Self {
+        Acknowledgement { state: Mutex::new(None), ended: Condvar::new() }
+    }
+
+    /// Wait (call without the GIL) for the end; why it failed, if it did.
+    /// The replicator ends every turn within its timeout, and at shutdown;
+    /// `stopping` ends the wait early when the agent stops before it could.
+    pub(crate) fn wait(&self, stopping: &AtomicBool) -> Option<String> {
+        let mut state = self.state.lock().expect("never poisoned");
+        loop {
+            if let Some(outcome) = state.as_ref() {
+                return outcome.clone();
+            }
+            if stopping.load(Ordering::SeqCst) {
+                return Some("the agent is shutting down".to_string());
+            }
+            state = self.ended.wait_timeout(state, Duration::from_millis(50)).expect("never poisoned").0;
+        }
+    }
+}
+
+/// A turn's replicated SETs, once its batch was asked for (`FastLane::apply`).
+pub(crate) enum Replication {
+    /// Streamed (or to be): the replies wait for this.
+    Pending(Py<Acknowledgement>),
+    /// Not written: a write of one of its keys was under way (TRYAGAIN).
+    Refused(String),
 }
 
 /// The common commands answered end to end (see the module's docstring);
@@ -232,6 +307,8 @@ pub struct FastLane {
     counters: Vec<Counter>,
     total: PyObject,
     ops: OpsCounts,
+    /// `Replicator.begin_turn`: registers a turn's replicated SETs.
+    replicate: Option<PyObject>,
 }
 
 /// A command the lane takes on: its name (upper case, as the service names
@@ -264,6 +341,9 @@ pub(crate) struct Turn {
     pub(crate) waiting: Vec<Waiting>,
     /// Record key -> (value, ID): the last write of a key in the turn wins.
     writes: HashMap<Vec<u8>, (Vec<u8>, u128)>,
+    /// Those of `writes` to blocks with other members: record key -> the
+    /// normalized key (the replicator's path).
+    replicated: HashMap<Vec<u8>, Vec<u8>>,
     /// The number of the batch the writes will be applied as.
     pub(crate) number: u64,
 }
@@ -332,7 +412,7 @@ impl FastLane {
     /// everything this lane answered counts under; `buckets`: how the
     /// requests it serves are counted by ID (`nat_agent.ops_meter.Buckets`).
     #[new]
-    #[pyo3(signature = (*, keyspace, view, access, stats, counters, total, buckets))]
+    #[pyo3(signature = (*, keyspace, view, access, stats, counters, total, buckets, replicate = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         keyspace: Py<Keyspace>,
@@ -342,6 +422,7 @@ impl FastLane {
         counters: Vec<Counter>,
         total: PyObject,
         buckets: &Bound<'_, PyAny>,
+        replicate: Option<PyObject>,
     ) -> PyResult<Self> {
         Ok(FastLane {
             space: keyspace,
@@ -351,6 +432,7 @@ impl FastLane {
             counters,
             total,
             ops: OpsCounts::of(buckets)?,
+            replicate,
         })
     }
 
@@ -416,11 +498,7 @@ impl FastLane {
         out: &mut Vec<u8>,
         mut turn: Option<&mut Turn>,
     ) -> PyResult<usize> {
-        let view = self.view.get();
-        if view.writing() > 0 {
-            return Ok(0);
-        }
-        let tables = view.tables();
+        let tables = self.view.get().tables();
         let start = out.len();
         let mut counts = vec![0u64; self.counters.len()];
         let mut seconds = Batch::start();
@@ -448,14 +526,34 @@ impl FastLane {
 
     /// Apply a turn's writes as one batch (under a group commit taking one
     /// ticket for them first, as every write does), and count the records
-    /// they create; the ticket, or None if there was nothing to write or no
-    /// group commit. On an error nothing of the batch is known to be in the store.
-    pub(crate) fn apply(&self, py: Python<'_>, turn: &mut Turn) -> PyResult<Option<u64>> {
+    /// they create; the ticket (None if there was nothing to write or no
+    /// group commit), and what its replicated SETs wait for. Those are
+    /// registered with the replicator before the batch is written (a turn
+    /// one of whose keys another write holds is not written at all: its
+    /// replies are TRYAGAIN), and streamed once it is. On an error nothing
+    /// of the batch is known to be in the store.
+    pub(crate) fn apply(&self, py: Python<'_>, turn: &mut Turn) -> PyResult<(Option<u64>, Option<Replication>)> {
         if turn.writes.is_empty() {
-            return Ok(None);
+            return Ok((None, None));
         }
         let writes = std::mem::take(&mut turn.writes);
+        let replicated = std::mem::take(&mut turn.replicated);
         turn.number += 1;
+        let mut streamed = None;
+        if !replicated.is_empty() {
+            let records = PyList::new(py, replicated.iter().map(|(record_key, key)| {
+                let (value, id) = &writes[record_key];
+                (*id, PyBytes::new(py, key), PyBytes::new(py, value))
+            }))?;
+            let ack = Py::new(py, Acknowledgement::new())?;
+            let begin = self.replicate.as_ref().expect("replicated writes are taken only with a replicator");
+            let registered = begin.call1(py, (records, ack.clone_ref(py)))?;
+            if registered.is_none(py) {
+                let why = "a write of one of its keys is under way".to_string();
+                return Ok((None, Some(Replication::Refused(why))));
+            }
+            streamed = Some((registered, ack));
+        }
         let mut created = Vec::new();
         for (key, (_, id)) in &writes {
             // Asked now, not when the command came: the batch lands right after.
@@ -468,6 +566,14 @@ impl FastLane {
         if let (Some(group), Some(ticket)) = (self.group(), ticket) {
             group.end(ticket);
         }
+        let replication = match streamed {
+            Some((registered, ack)) => {
+                let error = written.as_ref().err().map(|err| err.value(py).to_string());
+                registered.call_method1(py, "landed", (error,))?;
+                Some(Replication::Pending(ack))
+            }
+            None => None,
+        };
         written?;
         for id in created {
             // Written, so never undone now: a failure to count it is reported, not retried.
@@ -475,7 +581,7 @@ impl FastLane {
                 err.write_unraisable(py, None);
             }
         }
-        Ok(ticket)
+        Ok((ticket, replication))
     }
 
     /// One command; false if declined (nothing done, nothing written). One
@@ -569,6 +675,9 @@ impl FastLane {
             self.ops.count(id);
             return Some((Some(Value::Bytes(value.clone())), Need { batch: true, ..Need::default() }));
         }
+        if self.view.get().busy(py, &key) {
+            return None;
+        }
         let found = self.records.get(py, &record_key).ok()?;
         let mut need = Need::default();
         // Read first, then ask: a write takes its ticket before it reaches the store.
@@ -621,7 +730,7 @@ impl FastLane {
                           value: Option<&[u8]>, condition: Condition<'_>, turn: Option<&Turn>)
                           -> Option<(bool, Need)> {
         let (turn, table) = (turn?, self.records.unsynced_native()?);
-        if !within(&tables.writes, id) {
+        if !within(&tables.writes, id) || self.view.get().busy(py, &key) {
             return None;
         }
         let record_key = self.space.get().record_key(id, &key);
@@ -678,18 +787,26 @@ impl FastLane {
 
     /// Write a key served here for writes, and what its reply waits for;
     /// None to decline (nothing written). With a turn the write joins its
-    /// batch; under a group commit it is declined without one (see `answer_into`).
+    /// batch; under a group commit, or to a block with other members, it is
+    /// declined without one (see `answer_into`).
     fn write(&self, py: Python<'_>, tables: &Tables, raw: &[u8], value: &[u8], turn: Option<&mut Turn>) -> Option<Need> {
         if self.group().is_some() && turn.is_none() {
             return None;
         }
         let space = self.space.get();
         let (key, id) = space.route(raw)?;
-        if !within(&tables.writes, id) {
+        let replicated = !within(&tables.writes, id);
+        if replicated && (turn.is_none() || self.replicate.is_none() || !within(&tables.replicated, id)) {
+            return None;
+        }
+        if self.view.get().busy(py, &key) {
             return None;
         }
         let record_key = space.record_key(id, &key);
         if let Some(turn) = turn {
+            if replicated {
+                turn.replicated.insert(record_key.clone(), key.into_owned());
+            }
             turn.writes.insert(record_key, (value.to_vec(), id));
             self.ops.count(id);
             return Some(Need { batch: true, ..Need::default() });

@@ -10,8 +10,10 @@
 //!   the Python declarations of the space and the limits; its `route` is
 //!   that step on its own, for the comparison with the Python path.
 //! * `LaneView` (`lane.rs`) is what the lane knows of the agent's state:
-//!   where it may answer (from `Ownership.fast_ranges`) and whether a
-//!   replicated write is under way, pushed by Python through its methods.
+//!   where it may answer (from `Ownership.fast_ranges`, pushed by Python)
+//!   and which keys have a replicated write under way (the replicator's
+//!   own dict); `Acknowledgement` is what a worker's turn of replicated
+//!   writes waits on.
 //! * `OpsCounts` (`ops.rs`) counts what the lane served per bucket of the ID
 //!   space, for the admin API's `POST /ops`.
 //! * `SyncGroup` (`durable.rs`) is the group commit's ledger under
@@ -52,6 +54,7 @@ fn _fastpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<keys::Keyspace>()?;
     m.add_class::<lane::LaneView>()?;
     m.add_class::<lane::FastLane>()?;
+    m.add_class::<lane::Acknowledgement>()?;
     m.add_class::<seconds::Histogram>()?;
     m.add_class::<server::ServiceLoop>()?;
     m.add_class::<durable::SyncGroup>()?;

@@ -94,7 +94,7 @@ use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::lane::{FastLane, Turn, Waiting};
+use crate::lane::{Acknowledgement, FastLane, Replication, Turn, Waiting};
 use crate::parser::CommandParser;
 
 const LISTENER: Token = Token(0);
@@ -164,6 +164,9 @@ struct Shared {
     /// applied (`message`: the store's error).
     sync_failed: PyObject,
     write_failed: PyObject,
+    /// The same for replies whose turn's replicated writes the replica set
+    /// did not acknowledge, or that could not be streamed (TRYAGAIN).
+    replication_failed: PyObject,
     /// The connection events, each counted and logged by the service as on
     /// its own path: `connected()` (returns the connection's number),
     /// `refused()`, `reclaimed(peer, idle seconds)`, `overdue(peer, age in
@@ -254,7 +257,7 @@ pub struct ServiceLoop {
 #[pymethods]
 impl ServiceLoop {
     #[new]
-    #[pyo3(signature = (*, listeners, lane, refresh, handoff, sync_failed, write_failed, connected, refused, reclaimed, overdue, dropped,
+    #[pyo3(signature = (*, listeners, lane, refresh, handoff, sync_failed, write_failed, replication_failed, connected, refused, reclaimed, overdue, dropped,
                         arg_limit, max_bulk, max_args, max_line, unsent, flush_bytes, read_ahead, read_timeout,
                         idle_timeout, sweep_interval, max_clients, refusal, timeout_reply, reclaimed_prefix,
                         at_limit, shutting_down))]
@@ -266,6 +269,7 @@ impl ServiceLoop {
         handoff: PyObject,
         sync_failed: PyObject,
         write_failed: PyObject,
+        replication_failed: PyObject,
         connected: PyObject,
         refused: PyObject,
         reclaimed: PyObject,
@@ -307,6 +311,7 @@ impl ServiceLoop {
             handoff,
             sync_failed,
             write_failed,
+            replication_failed,
             arg_limit,
             connected,
             refused,
@@ -467,9 +472,13 @@ struct Run {
     /// This turn's writes, applied as one batch when it ends (`apply`).
     turn: Turn,
     /// The ticket of the writes applied since the last `settle`, and the
-    /// batches that could not be, with why.
+    /// batches that could not be, with why; the acknowledgements their
+    /// replicated writes wait for, and the batches whose replicated writes
+    /// were refused, with why.
     applied: u64,
     unapplied: HashMap<u64, String>,
+    acks: Vec<(u64, Py<Acknowledgement>)>,
+    unreplicated: HashMap<u64, String>,
     next: usize,
     buf: Vec<u8>,
 }
@@ -486,6 +495,8 @@ impl Run {
             turn: Turn::default(),
             applied: 0,
             unapplied: HashMap::new(),
+            acks: Vec::new(),
+            unreplicated: HashMap::new(),
             next: FIRST_CONN,
             buf: vec![0; 64 << 10],
         }
@@ -779,32 +790,47 @@ impl Run {
         }
     }
 
-    /// Wait for the sync that covers every held reply, then send them (or,
-    /// if it failed, the error for each) and let those connections go on
-    /// (see "Group commit"). What they answer then is held for the next
-    /// turn's sync, so that a client that never stops sending cannot keep
-    /// the worker from its other connections. The GIL is not held.
+    /// Wait for the sync that covers every held reply, and for the replica
+    /// set's acknowledgement of the batches they show, then send them (or,
+    /// if one failed, the error for each reply it fails) and let those
+    /// connections go on (see "Group commit"). What they answer then is
+    /// held for the next turn's sync, so that a client that never stops
+    /// sending cannot keep the worker from its other connections. The GIL
+    /// is not held, nor the gate: the event loop, which the
+    /// acknowledgements come from, may be waiting for the gate (`barrier`).
     fn settle(&mut self) {
         let shared = Arc::clone(&self.shared);
         let group = shared.lane.get().group();
         // Every reply that shows a batch applied so far is held now (or its
         // connection is gone), so the failed batches are settled here.
         let unapplied = std::mem::take(&mut self.unapplied);
+        let mut unreplicated = std::mem::take(&mut self.unreplicated);
+        let acks = std::mem::take(&mut self.acks);
         if self.held.is_empty() {
             return;
         }
         let ids: Vec<usize> = self.held.drain().collect();
         let held = || ids.iter().filter_map(|id| self.conns.get(id)?.held.as_ref()).flat_map(|h| &h.waiting);
         let ticket = held().map(|w| w.ticket).chain([std::mem::take(&mut self.applied)]).max().unwrap_or(0);
-        let unapplied: HashMap<u64, Vec<u8>> = unapplied
-            .into_iter()
-            .map(|(batch, message)| {
-                let replies = held().filter(|w| w.batch == Some(batch)).count();
-                (batch, shared.word(&shared.write_failed, message, replies))
-            })
-            .collect();
-        let refused = |reply: &Waiting| reply.batch.is_some_and(|batch| unapplied.contains_key(&batch));
-        let unsynced = group.and_then(|group| group.settle(ticket).err()).map(|(_, message)| {
+        let unsynced = group.and_then(|group| group.settle(ticket).err());
+        for (batch, ack) in acks {
+            if let Some(why) = ack.get().wait(&shared.stopping) {
+                unreplicated.entry(batch).or_insert(why);
+            }
+        }
+        let word_batches = |failures: HashMap<u64, String>, failed: &PyObject| -> HashMap<u64, Vec<u8>> {
+            failures
+                .into_iter()
+                .map(|(batch, message)| {
+                    let replies = held().filter(|w| w.batch == Some(batch)).count();
+                    (batch, shared.word(failed, message, replies))
+                })
+                .collect()
+        };
+        let mut failed = word_batches(unreplicated, &shared.replication_failed);
+        failed.extend(word_batches(unapplied, &shared.write_failed)); // the store's failure says more
+        let refused = |reply: &Waiting| reply.batch.is_some_and(|batch| failed.contains_key(&batch));
+        let unsynced = unsynced.map(|(_, message)| {
             let replies = held().filter(|w| !refused(w)).count();
             shared.word(&shared.sync_failed, message, replies)
         });
@@ -812,8 +838,8 @@ impl Run {
         for id in ids {
             let Some(conn) = self.conns.get_mut(&id) else { continue };
             if let Some(held) = conn.held.take() {
-                if !unapplied.is_empty() || unsynced.is_some() {
-                    held.fail(&mut conn.out, |reply| match reply.batch.and_then(|batch| unapplied.get(&batch)) {
+                if !failed.is_empty() || unsynced.is_some() {
+                    held.fail(&mut conn.out, |reply| match reply.batch.and_then(|batch| failed.get(&batch)) {
                         Some(error) => Some(error.as_slice()),
                         None => unsynced.as_deref(),
                     });
@@ -826,7 +852,7 @@ impl Run {
     }
 
     /// Apply the turn's writes as one batch (inside the gate); what the
-    /// replies that show them wait for (`applied`), or why they fail.
+    /// replies that show them wait for (`applied`, `acks`), or why they fail.
     fn apply(&mut self) {
         if !self.turn.has_writes() {
             return;
@@ -834,7 +860,16 @@ impl Run {
         let lane = self.shared.lane.get();
         let batch = self.turn.number;
         match Python::with_gil(|py| lane.apply(py, &mut self.turn).map_err(|err| err.value(py).to_string())) {
-            Ok(ticket) => self.applied = self.applied.max(ticket.unwrap_or(0)),
+            Ok((ticket, replication)) => {
+                self.applied = self.applied.max(ticket.unwrap_or(0));
+                match replication {
+                    Some(Replication::Pending(ack)) => self.acks.push((batch, ack)),
+                    Some(Replication::Refused(why)) => {
+                        self.unreplicated.insert(batch, why);
+                    }
+                    None => {}
+                }
+            }
             Err(message) => {
                 self.unapplied.insert(batch, message);
             }
