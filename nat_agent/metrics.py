@@ -40,7 +40,8 @@ CONNECTION_EVENTS = {"opened": "connections", "refused": "refused_connections",
                      "reclaimed": "reclaimed_connections", "timed_out": "timeouts",
                      "dropped": "dropped_connections"}
 """The connections' events, by the service's stats counter each is read from."""
-REPLICATION_OUTCOMES = ("streamed", "acknowledged", "not_acknowledged", "resent", "degraded", "fenced")
+REPLICATION_OUTCOMES = ("streamed", "acknowledged", "not_acknowledged", "resent", "degraded", "fenced",
+                        "worker_records")
 REPLICA_RECORDS = ("applied", "copied", "copies_skipped")
 
 

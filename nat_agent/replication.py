@@ -630,6 +630,7 @@ class Replicator:
                 return
             groups.setdefault(id(held), (held, []))[1].append(index)
         turn.left = 1   # the turn ends only after every part was sent, even if one ends at once
+        self.stats["worker_records"] += len(turn.idents)
         for held, indices in groups.values():
             for chunk in _chunks(indices, turn.values):
                 write = Write(self, [turn.idents[i] for i in chunk], [turn.paths[i] for i in chunk], turn)

@@ -143,7 +143,8 @@ STORE_BYTES = Family("metaflow_agent_store_bytes", "gauge",
 BLOCKS_HELD = Family("metaflow_agent_blocks", "gauge", "blocks held, by role (primary, backup)", ("role",))
 REPLICATION = Family("metaflow_agent_replication_writes_total", "counter",
                      "replicated writes by outcome (streamed, acknowledged, not_acknowledged, resent, "
-                     "degraded, fenced)", ("outcome",))
+                     "degraded, fenced; worker_records: the SETs of worker threads' turns, streamed "
+                     "as one write per block)", ("outcome",))
 REPLICATION_WRITING = Family("metaflow_agent_replication_writes_in_flight", "gauge",
                              "writes under way: streamed and not yet acknowledged by every synced member")
 REPLICATION_QUEUE = Family("metaflow_agent_replication_queue", "gauge",

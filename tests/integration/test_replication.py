@@ -17,6 +17,7 @@ would) and checks what issue 11 asks of the agent:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import socket
 import threading
@@ -385,6 +386,99 @@ def test_the_listener_applies_only_what_the_primary_of_the_epoch_sends(tmp_path:
         with _client(a) as client:   # b holds it as a backup: clients are sent to the primary
             assert client.get("/listener") is None   # a never wrote it: only b has the forged-by-a copy
         assert b.call(ADMIN.stats).service["replica_refused"] == 2
+
+
+def test_an_rmset_is_applied_whole_or_not_at_all(tmp_path: Path, cluster_secret: Path) -> None:
+    """A worker's turn reaches a backup as one RMSET: every record is checked
+    as an RSET is before any is applied."""
+    secret = load_secret(cluster_secret)
+    paths = [f"/turn/{i}" for i in range(5)]
+    with _agents(tmp_path, cluster_secret, "a", "b") as (a, b):
+        _pair(a, b, epoch=3)
+        auth, _ = hello(Signer(secret), a.name, b.replication)
+
+        def rmset(epoch: int, records: list[tuple[int, str]]) -> bytes:
+            return encode_command("RMSET", str(SPACE), epoch,
+                                  *(part for ident, path in records for part in (ident, path, path + "=v")))
+
+        held = [(mdid(p, SPACE), p) for p in paths]
+        outside = (SPACE.last + 1, "/turn/outside")   # not in the block
+        frames = [rmset(3, held[:2] + [outside]), rmset(2, held[2:3]),
+                  encode_command("RMSET", str(SPACE), 3, held[3][0], held[3][1]),   # a record cut short
+                  rmset(3, held[3:])]
+        answer = _raw(b.replication, auth + b"".join(frames), 5)
+        assert isinstance(answer[0], SimpleString)
+        assert isinstance(answer[1], ErrorReply) and answer[1].code == "NOTHELD"
+        assert answer[2] == ErrorReply("STALE 3")
+        assert isinstance(answer[3], ErrorReply) and "wrong number of arguments" in answer[3].message
+        assert answer[4] == SimpleString("OK")
+        assert b.call(ADMIN.stats).service["replica_refused"] == 2
+    assert {(path, value) for _, path, value in _scan(tmp_path / "b")} == \
+        {(p, (p + "=v").encode()) for p in paths[3:]}
+
+
+def test_a_turn_of_the_workers_loses_nothing_when_its_backup_is_killed(tmp_path: Path,
+                                                                         cluster_secret: Path) -> None:
+    """Writers on the primary's worker thread (their SETs are its turns'
+    RMSETs) and readers, while the backup is killed -9: every write
+    acknowledged is on the backup's disk, no read ever returns a value whose
+    write was not acknowledged, and after the kill nothing more is."""
+    rng = random.Random(7)
+    with _agents(tmp_path, cluster_secret, "a", "b", extra=("--replication-timeout", "1")) as (a, b):
+        _pair(a, b)
+        started: list[str] = []        # paths whose write began (each path written once)
+        acked: set[str] = set()
+        refused: set[str] = set()
+        seen: list[tuple[str, bytes]] = []
+        stop = threading.Event()
+        killed_at: list[float] = []
+
+        def writer(n: int) -> None:
+            with _client(a) as client:
+                for i in itertools.count():
+                    if stop.is_set():
+                        return
+                    path = f"/vanish/{n}/{i}"
+                    started.append(path)
+                    try:
+                        client.put(path, path.encode())
+                        acked.add(path)
+                    except Unavailable:
+                        refused.add(path)
+
+        def reader() -> None:
+            with _client(a) as client:
+                while not stop.is_set():
+                    if not started:
+                        continue
+                    path = started[rng.randrange(len(started))]
+                    try:
+                        value = client.get(path)
+                    except Unavailable:
+                        continue
+                    if value is not None:
+                        seen.append((path, value))
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+        threads += [threading.Thread(target=reader) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        b.kill()
+        killed_at.append(len(acked))
+        time.sleep(1.5)
+        stop.set()
+        for t in threads:
+            t.join(15)
+        turns = a.call(ADMIN.stats).service["replication_worker_records"]
+        b.launch().wait_ready()   # so that it stops cleanly with the rest
+    assert turns > 0, "the writes did not go through the workers' turns"
+    assert killed_at[0] > 50, "too few writes acknowledged before the kill to mean anything"
+    assert refused, "no write failed after the backup was killed"
+    on_backup = {path for _, path, _ in _scan(tmp_path / "b")}
+    assert acked <= on_backup, sorted(acked - on_backup)[:5]
+    assert all(path in acked and value == path.encode() for path, value in seen), \
+        [(p, v) for p, v in seen if p not in acked][:5]
 
 
 # -- roles on a real agent ---------------------------------------------------------------
