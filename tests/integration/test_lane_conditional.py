@@ -10,10 +10,16 @@ record afterwards must be the same. Then clients that increment one counter
 by compare-and-set, half through the compiled path and half through the
 Python path (the GET option sends a SET there), on one agent at once: an
 increment is lost if two of them ever both win on the same old value.
+
+The same streams again with each agent the primary of a set of two: the
+worker's plain SETs then go through its turns' RMSETs (`Replicator.begin_turn`),
+the event loop's through the Python replicator's RSETs; the replies, and
+both backups' records afterwards, must be the same.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 import socket
@@ -21,16 +27,21 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from client_lib.api.admin import ADMIN, AssignRequest, Role
 from client_lib.api.metrics import COMPILED_REQUESTS
+from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_SPACE_CIDR
 from client_lib.resp import OK, Reply, RespParser, encode_command
-from mininet_scenarios.daemons import AgentProcess
+from mininet_scenarios.daemons import AgentProcess, private_secret
+from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.ports import listen_port
+from nat_agent.store import Record
 
 PREFIXES = itertools.count()
 METRICS_PORT = listen_port()
@@ -38,14 +49,18 @@ NAMES = [b"x", b"y"]
 VALUES = [b"1", b"2", b"3"]
 KEYS = [b"a", b"b", b"d", b"d\0x", b"d\0y"]   # below the example's own prefix; d is a directory
 
-ops = st.lists(st.one_of(
+op = st.one_of(
     st.tuples(st.sampled_from(["SET", "NX", "XX", "GET", "EXISTS", "DEL"]), st.sampled_from(KEYS),
               st.sampled_from(VALUES)),
     st.tuples(st.sampled_from(["IFEQ"]), st.sampled_from(KEYS), st.sampled_from(VALUES),
               st.sampled_from(VALUES)),
     st.tuples(st.just("DELIFEQ"), st.sampled_from(KEYS), st.sampled_from(VALUES)),
     st.tuples(st.just("ECREATE"), st.sampled_from(NAMES), st.sampled_from(VALUES)),
-    st.tuples(st.just("ERMDIR"))), min_size=1, max_size=25)
+    st.tuples(st.just("ERMDIR")))
+ops = st.lists(op, min_size=1, max_size=25)
+plain_set = st.tuples(st.just("SET"), st.sampled_from(KEYS), st.sampled_from(VALUES))
+replicated_ops = st.lists(st.one_of(op, plain_set, plain_set), min_size=1, max_size=25)
+"""Mostly plain SETs: several in one turn make an RMSET of several records."""
 
 
 def command(op: tuple, prefix: bytes) -> bytes:
@@ -174,3 +189,61 @@ def _compiled_requests() -> int:
     found = re.search(rf"^{COMPILED_REQUESTS.name} (\S+)$", text, re.M)
     assert found, text[:2000]
     return int(float(found.group(1)))
+
+
+def _records(path: Path, space: Block) -> list[Record]:
+    """Every record of a stopped agent's LevelDB store, in order."""
+    async def scan() -> list[Record]:
+        store = LevelDBStore(path, space.width)
+        try:
+            return [r async for batch in store.scan(space.first, space.last) for r in batch]
+        finally:
+            await store.close()
+
+    return asyncio.run(scan())
+
+
+def test_replicated_streams_answer_as_the_python_path_and_leave_the_same_backups(tmp_path: Path) -> None:
+    space = Block.parse(DEFAULT_SPACE_CIDR)
+    secret = private_secret()
+    sides = []
+    try:
+        for side, workers in (("compiled", "1"), ("python", "0")):
+            primary = AgentProcess(f"leveldb:{tmp_path / side}", "--workers", workers, own=[str(space)],
+                                   secret_file=secret, log_path=tmp_path / f"{side}.log")
+            backup = AgentProcess(f"leveldb:{tmp_path / side}-backup", secret_file=secret,
+                                  log_path=tmp_path / f"{side}-backup.log")
+            sides.append((primary.launch(), backup.launch()))
+        for primary, backup in sides:
+            primary.wait_ready()
+            backup.wait_ready()
+            members = [primary.member(), backup.member(True)]
+            backup.call(ADMIN.assign, AssignRequest([Role(space, 1, False, members)]))
+            primary.call(ADMIN.assign, AssignRequest([Role(space, 1, True, members)]))
+
+        @given(stream=replicated_ops, cuts=st.lists(st.integers(0, 25), max_size=4))
+        @settings(max_examples=40, deadline=None)
+        def check(stream: list[tuple], cuts: list[int]) -> None:
+            prefix = b"/r%d/" % next(PREFIXES)
+            frames = [command(op, prefix) for op in stream]
+            frames += [encode_command(b"GET", prefix + key) for key in KEYS]
+            bounds = sorted({0, len(frames), *(c % (len(frames) + 1) for c in cuts)})
+            chunks = [b"".join(frames[a:b]) for a, b in itertools.pairwise(bounds)]
+            compiled, python = (replies(primary, chunks, len(frames)) for primary, _ in sides)
+            differ = [(op, c, p) for op, c, p in zip(stream, compiled, python, strict=False) if c != p]
+            assert compiled == python, differ
+
+        check()
+        turns = sides[0][0].call(ADMIN.stats).service.get("replication_worker_records", 0)
+        assert turns > 0, "the compiled primary's SETs did not go through its turns"
+    finally:
+        for pair in sides:
+            for agent in pair:
+                agent.terminate()
+        for pair in sides:
+            for agent in pair:
+                assert agent.stop() == 0, agent.log()[-2000:]
+        secret.unlink()
+    compiled, python = (_records(tmp_path / f"{side}-backup", space) for side in ("compiled", "python"))
+    assert compiled == python
+    assert compiled == _records(tmp_path / "compiled", space)
