@@ -48,8 +48,10 @@ What a Redis client sees:
 
 The compiled path (`nat_agent._fastpath.FastLane`, ``--request-path``): GET,
 SET, EXISTS and PING are answered in Rust where the answer is a plain success
-that needs no waiting (the table of `Ownership.fast_ranges`, a store with
-`record_access`); this class answers everything else, words every error, and
+that needs no waiting on the event loop (the table of `Ownership.fast_ranges`,
+a store with `record_access`; its worker threads also take conditional writes
+and, in turns, SETs to replicated blocks: `Replicator.begin_turn`); this
+class answers everything else, words every error, and
 is the oracle the lane is tested against. An install without the extension
 (`nat_agent.extension`) has no lane: this class answers everything.
 

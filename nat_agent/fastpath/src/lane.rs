@@ -19,8 +19,8 @@
 //!   `DEL key` (one key), `DELIFEQ key value` and `ECREATE dir name value`,
 //!   made at once under the GIL (`conditional`);
 //! * a key that normalizes (`keys::normalize_key`) into an ID the table says
-//!   is served here: reads where `Ownership.decide` says SERVE with no
-//!   replica to wait for, writes where that holds and no migration froze the
+//!   is served here: reads where `Ownership.decide` says SERVE, writes where
+//!   that holds, the block has no other member and no migration froze the
 //!   ID (`Ownership.fast_ranges`, pushed into the `LaneView` by the service
 //!   whenever the ownership's version moves);
 //! * under `--fsync batch`, writes and reads of a key whose last write is
