@@ -153,7 +153,7 @@ class ServiceLoop:
     def __init__(self, *, listeners: list[int], lane: FastLane, refresh: Callable[[], object],
                  handoff: Callable[[int, int, tuple[str, int], int, bool, list[bytes] | Exception], object],
                  sync_failed: Callable[[str, int], bytes], write_failed: Callable[[str, int], bytes],
-                 replication_failed: Callable[[str, int], bytes],
+                 turn_refused: Callable[[str, int], bytes], unacknowledged: Callable[[str, int], bytes],
                  connected: Callable[[], int], refused: Callable[[], None],
                  reclaimed: Callable[[tuple[str, int], float], None],
                  overdue: Callable[[tuple[str, int], float, int], None],

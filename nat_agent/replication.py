@@ -430,6 +430,7 @@ class Replicator:
         self.on_member_failure: MemberFailure | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         """The event loop, for the workers' turns (set by the service's lane)."""
+        self.closed = False
         self._links: dict[str, Link] = {}
 
     def queues(self) -> dict[str, Backlog]:
@@ -595,6 +596,7 @@ class Replicator:
             raise NotReplicated(f"{peer.name}: {describe(replies.error)}")
 
     async def close(self) -> None:
+        self.closed = True
         for link in self._links.values():
             link.reset("the agent is shutting down")
         for write in set(list(self.writing.values())):
@@ -621,6 +623,9 @@ class Replicator:
         """On the event loop: send a turn's records, one ``RMSET`` per block
         (and per `TURN_RECORDS`) to each of its members; the turn fails
         whole, nothing sent, if one of its blocks is no longer served here."""
+        if self.closed:
+            turn.end("the agent is shutting down")
+            return
         groups: dict[int, tuple[Held, list[int]]] = {}
         for index, ident in enumerate(turn.idents):
             held = self.ownership.held_at(ident)

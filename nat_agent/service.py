@@ -383,7 +383,7 @@ class MetadataService:
         self._workers = SERVICE_LOOP(
             listeners=[sock.detach() for sock in listeners], lane=lane, refresh=self.lane, handoff=handoff,
             sync_failed=self._sync_failed, write_failed=self._write_failed,
-            replication_failed=self._replication_failed,
+            turn_refused=self._turn_refused, unacknowledged=self._unacknowledged,
             connected=self._connected, refused=self._refused, reclaimed=self._reclaimed,
             overdue=functools.partial(overdue, self.stats), dropped=functools.partial(dropped, self.stats),
             arg_limit=self.arg_limit, max_bulk=self.max_bulk,
@@ -416,12 +416,22 @@ class MetadataService:
         log.error("%d replies wait for writes the store failed to apply: %s", replies, reason)
         return encode_reply(internal_error(reason))
 
-    def _replication_failed(self, reason: str, replies: int) -> bytes:
-        """A worker's replies that wait for its turn's replicated writes, which
-        the replica set did not acknowledge (on a worker thread): TRYAGAIN,
-        as the Python path answers such a write, counted as its are."""
+    def _turn_refused(self, reason: str, replies: int) -> bytes:
+        """A worker's replies that wait for its turn's writes, which were not
+        made (the ownership changed before the batch, or a replicated write
+        of one of its keys was under way) or not acknowledged by the replica
+        set (on a worker thread): TRYAGAIN, counted as the Python path's are."""
         self.stats["tryagain"] += replies
-        return encode_reply(ErrorReply(f"TRYAGAIN write not acknowledged by the replica set: {reason}"))
+        self.stats["errors"] += replies
+        return encode_reply(ErrorReply(f"TRYAGAIN {reason}"))
+
+    def _unacknowledged(self, reason: str, ident: int) -> bytes:
+        """A worker's reply that shows a replicated SET of its turn, which the
+        replica set did not acknowledge (on a worker thread): worded and
+        counted as the Python path's reply to that SET."""
+        self.stats["tryagain"] += 1
+        self.stats["errors"] += 1
+        return encode_reply(ErrorReply(self._not_acknowledged(ident, reason)))
 
     async def _sample_ops(self) -> None:
         """The snapshots `ops` slides its window over."""
@@ -713,9 +723,11 @@ class MetadataService:
             await replicator.acknowledged(write)
         except NotReplicated as exc:
             self.stats["tryagain"] += 1
-            raise CommandError(f"TRYAGAIN {self.space.address(ident)} write not acknowledged "
-                               f"by the replica set: {exc}") from None
+            raise CommandError(self._not_acknowledged(ident, str(exc))) from None
         return reply
+
+    def _not_acknowledged(self, ident: int, why: str) -> str:
+        return f"TRYAGAIN {self.space.address(ident)} write not acknowledged by the replica set: {why}"
 
     async def _conditional(self, ident: int, path: str, held: Held,
                            work: Awaitable[tuple[Reply, Change]]) -> Reply:

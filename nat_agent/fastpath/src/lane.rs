@@ -288,11 +288,13 @@ impl Acknowledgement {
     }
 }
 
-/// A turn's replicated SETs, once its batch was asked for (`FastLane::apply`).
-pub(crate) enum Replication {
-    /// Streamed (or to be): the replies wait for this.
+/// What a turn's replies wait for beyond the sync, once its batch was
+/// asked for (`FastLane::apply`).
+pub(crate) enum Outcome {
+    /// Its replicated SETs are streamed (or about to be): the replica set's
+    /// acknowledgement.
     Pending(Py<Acknowledgement>),
-    /// Not written: a write of one of its keys was under way (TRYAGAIN).
+    /// Nothing of it was written, for this reason: its replies are TRYAGAIN.
     Refused(String),
 }
 
@@ -317,12 +319,15 @@ type Counter = (Vec<u8>, PyObject, Py<Histogram>);
 
 /// A reply that may be sent only once a sync covers `ticket`, and, if it
 /// shows a turn's writes, once that `batch` (its number) is in the store:
-/// `out[start..end]`.
+/// `out[start..end]`. `replicated`: it shows a replicated SET of the batch
+/// (the ID written), so it also waits for the replica set, and fails if
+/// the set did not take the turn.
 pub(crate) struct Waiting {
     pub(crate) start: usize,
     pub(crate) end: usize,
     pub(crate) ticket: u64,
     pub(crate) batch: Option<u64>,
+    pub(crate) replicated: Option<u128>,
 }
 
 /// What a reply waits for (see `Waiting`).
@@ -330,6 +335,7 @@ pub(crate) struct Waiting {
 struct Need {
     ticket: u64,
     batch: bool,
+    replicated: Option<u128>,
 }
 
 /// One turn of a worker's loop under a group commit: its writes, not yet
@@ -344,6 +350,10 @@ pub(crate) struct Turn {
     /// Those of `writes` to blocks with other members: record key -> the
     /// normalized key (the replicator's path).
     replicated: HashMap<Vec<u8>, Vec<u8>>,
+    /// The `Ownership.version` of the tables its writes were admitted by
+    /// (None: no write yet, or several versions): the batch is written only
+    /// if the ownership is still there when the turn ends.
+    version: Option<Option<i64>>,
     /// The number of the batch the writes will be applied as.
     pub(crate) number: u64,
 }
@@ -502,9 +512,16 @@ impl FastLane {
         let start = out.len();
         let mut counts = vec![0u64; self.counters.len()];
         let mut seconds = Batch::start();
+        // A replicated SET is the last command of the connection this turn: what
+        // follows it is answered once the set has taken it or not (`server.rs`),
+        // as the Python path answers a pipeline in order.
+        let mut replicated = false;
         let taken = parser.take_leading(py, |buf, args| {
-            out.len() - start < budget
+            !replicated
+                && out.len() - start < budget
                 && self.execute(py, &tables, buf, args, resp3, out, &mut counts, &mut seconds, turn.as_deref_mut())
+                    .map(|need| replicated = need.replicated.is_some())
+                    .is_some()
         });
         if taken == 0 {
             return Ok(0);
@@ -532,13 +549,20 @@ impl FastLane {
     /// one of whose keys another write holds is not written at all: its
     /// replies are TRYAGAIN), and streamed once it is. On an error nothing
     /// of the batch is known to be in the store.
-    pub(crate) fn apply(&self, py: Python<'_>, turn: &mut Turn) -> PyResult<(Option<u64>, Option<Replication>)> {
+    pub(crate) fn apply(&self, py: Python<'_>, turn: &mut Turn) -> PyResult<(Option<u64>, Option<Outcome>)> {
         if turn.writes.is_empty() {
             return Ok((None, None));
         }
         let writes = std::mem::take(&mut turn.writes);
         let replicated = std::mem::take(&mut turn.replicated);
+        let admitted = turn.version.take().flatten();
         turn.number += 1;
+        // The ownership moved since the writes were admitted (a role may have
+        // changed: a block this agent now holds as a backup must not be
+        // written here). Asked under the GIL, as every change is made.
+        if admitted != Some(self.view.get().current.load(Ordering::SeqCst)) {
+            return Ok((None, Some(Outcome::Refused("the ownership changed during the write".to_string()))));
+        }
         let mut streamed = None;
         if !replicated.is_empty() {
             let records = PyList::new(py, replicated.iter().map(|(record_key, key)| {
@@ -549,8 +573,8 @@ impl FastLane {
             let begin = self.replicate.as_ref().expect("replicated writes are taken only with a replicator");
             let registered = begin.call1(py, (records, ack.clone_ref(py)))?;
             if registered.is_none(py) {
-                let why = "a write of one of its keys is under way".to_string();
-                return Ok((None, Some(Replication::Refused(why))));
+                let why = "a replicated write of one of its keys was under way".to_string();
+                return Ok((None, Some(Outcome::Refused(why))));
             }
             streamed = Some((registered, ack));
         }
@@ -570,7 +594,7 @@ impl FastLane {
             Some((registered, ack)) => {
                 let error = written.as_ref().err().map(|err| err.value(py).to_string());
                 registered.call_method1(py, "landed", (error,))?;
-                Some(Replication::Pending(ack))
+                Some(Outcome::Pending(ack))
             }
             None => None,
         };
@@ -584,8 +608,9 @@ impl FastLane {
         Ok((ticket, replication))
     }
 
-    /// One command; false if declined (nothing done, nothing written). One
-    /// answered is counted in `counts` and timed in `seconds`.
+    /// One command; None if declined (nothing done, nothing written), else
+    /// what its reply waits for. One answered is counted in `counts` and
+    /// timed in `seconds`.
     #[allow(clippy::too_many_arguments)]
     fn execute<'a>(
         &'a self,
@@ -598,11 +623,9 @@ impl FastLane {
         counts: &mut [u64],
         seconds: &mut Batch<'a>,
         mut turn: Option<&mut Turn>,
-    ) -> bool {
+    ) -> Option<Need> {
         let arg = |i: usize| &buf[args[i].0..args[i].1];
-        let Some(counter) = self.counters.iter().position(|(known, _, _)| known.eq_ignore_ascii_case(arg(0))) else {
-            return false;
-        };
+        let counter = self.counters.iter().position(|(known, _, _)| known.eq_ignore_ascii_case(arg(0)))?;
         let name = self.counters[counter].0.as_slice(); // as the service names it: upper case
         let start = out.len();
         let need = match (name, args.len()) {
@@ -649,14 +672,15 @@ impl FastLane {
             }
             _ => None,
         };
-        let Some(need) = need else { return false };
+        let need = need?;
         if let (true, Some(turn)) = (need.ticket > 0 || need.batch, turn) {
             let batch = need.batch.then_some(turn.number);
-            turn.waiting.push(Waiting { start, end: out.len(), ticket: need.ticket, batch });
+            let end = out.len();
+            turn.waiting.push(Waiting { start, end, ticket: need.ticket, batch, replicated: need.replicated });
         }
         counts[counter] += 1;
         seconds.answered(self.counters[counter].2.get());
-        true
+        Some(need)
     }
 
     /// The record of a key served here for reads, and what its reply waits
@@ -671,9 +695,12 @@ impl FastLane {
             return None;
         }
         let record_key = space.record_key(id, &key);
-        if let Some((value, _)) = turn.and_then(|turn| turn.writes.get(&record_key)) {
-            self.ops.count(id);
-            return Some((Some(Value::Bytes(value.clone())), Need { batch: true, ..Need::default() }));
+        if let Some(turn) = turn {
+            if let Some((value, _)) = turn.writes.get(&record_key) {
+                self.ops.count(id);
+                let replicated = turn.replicated.contains_key(&record_key).then_some(id);
+                return Some((Some(Value::Bytes(value.clone())), Need { batch: true, replicated, ..Need::default() }));
+            }
         }
         if self.view.get().busy(py, &key) {
             return None;
@@ -804,12 +831,17 @@ impl FastLane {
         }
         let record_key = space.record_key(id, &key);
         if let Some(turn) = turn {
+            turn.version = match turn.version {
+                None => Some(Some(tables.version)),
+                Some(Some(version)) if version == tables.version => Some(Some(version)),
+                Some(_) => Some(None),
+            };
             if replicated {
                 turn.replicated.insert(record_key.clone(), key.into_owned());
             }
             turn.writes.insert(record_key, (value.to_vec(), id));
             self.ops.count(id);
-            return Some(Need { batch: true, ..Need::default() });
+            return Some(Need { batch: true, replicated: replicated.then_some(id), ..Need::default() });
         }
         let old = self.records.get(py, &record_key).ok()?;
         // Not written: the Python path tries again and words the failure.

@@ -79,6 +79,7 @@
 //! limit, and written on accept, on a close, on the service's replies and
 //! at the limit).
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr};
@@ -94,7 +95,7 @@ use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::lane::{Acknowledgement, FastLane, Replication, Turn, Waiting};
+use crate::lane::{Acknowledgement, FastLane, Outcome, Turn, Waiting};
 use crate::parser::CommandParser;
 
 const LISTENER: Token = Token(0);
@@ -164,9 +165,13 @@ struct Shared {
     /// applied (`message`: the store's error).
     sync_failed: PyObject,
     write_failed: PyObject,
-    /// The same for replies whose turn's replicated writes the replica set
-    /// did not acknowledge, or that could not be streamed (TRYAGAIN).
-    replication_failed: PyObject,
+    /// The same for replies whose turn's writes were refused (not written:
+    /// the ownership changed meanwhile, or a replicated write of a key was
+    /// under way): TRYAGAIN.
+    turn_refused: PyObject,
+    /// `(message, id)`: the reply for a replicated SET the replica set did not
+    /// acknowledge (or a read that showed it), as the Python path words it.
+    unacknowledged: PyObject,
     /// The connection events, each counted and logged by the service as on
     /// its own path: `connected()` (returns the connection's number),
     /// `refused()`, `reclaimed(peer, idle seconds)`, `overdue(peer, age in
@@ -257,7 +262,7 @@ pub struct ServiceLoop {
 #[pymethods]
 impl ServiceLoop {
     #[new]
-    #[pyo3(signature = (*, listeners, lane, refresh, handoff, sync_failed, write_failed, replication_failed, connected, refused, reclaimed, overdue, dropped,
+    #[pyo3(signature = (*, listeners, lane, refresh, handoff, sync_failed, write_failed, turn_refused, unacknowledged, connected, refused, reclaimed, overdue, dropped,
                         arg_limit, max_bulk, max_args, max_line, unsent, flush_bytes, read_ahead, read_timeout,
                         idle_timeout, sweep_interval, max_clients, refusal, timeout_reply, reclaimed_prefix,
                         at_limit, shutting_down))]
@@ -269,7 +274,8 @@ impl ServiceLoop {
         handoff: PyObject,
         sync_failed: PyObject,
         write_failed: PyObject,
-        replication_failed: PyObject,
+        turn_refused: PyObject,
+        unacknowledged: PyObject,
         connected: PyObject,
         refused: PyObject,
         reclaimed: PyObject,
@@ -311,7 +317,8 @@ impl ServiceLoop {
             handoff,
             sync_failed,
             write_failed,
-            replication_failed,
+            turn_refused,
+            unacknowledged,
             arg_limit,
             connected,
             refused,
@@ -410,13 +417,13 @@ impl Held {
     }
 
     /// Each reply that `error_of` gives an error for becomes that error.
-    fn fail<'e>(self, out: &mut Vec<u8>, error_of: impl Fn(&Waiting) -> Option<&'e [u8]>) {
+    fn fail<'e>(self, out: &mut Vec<u8>, error_of: impl Fn(&Waiting) -> Option<Cow<'e, [u8]>>) {
         let mut rebuilt = Vec::with_capacity(out.len() - self.start);
         let mut cursor = self.start;
         for reply in &self.waiting {
             let Some(error) = error_of(reply) else { continue };
             rebuilt.extend_from_slice(&out[cursor..reply.start]);
-            rebuilt.extend_from_slice(error);
+            rebuilt.extend_from_slice(&error);
             cursor = reply.end;
         }
         rebuilt.extend_from_slice(&out[cursor..]);
@@ -472,13 +479,12 @@ struct Run {
     /// This turn's writes, applied as one batch when it ends (`apply`).
     turn: Turn,
     /// The ticket of the writes applied since the last `settle`, and the
-    /// batches that could not be, with why; the acknowledgements their
-    /// replicated writes wait for, and the batches whose replicated writes
-    /// were refused, with why.
+    /// batches the store failed, with why; the acknowledgements their
+    /// replicated writes wait for, and the batches refused, with why.
     applied: u64,
     unapplied: HashMap<u64, String>,
     acks: Vec<(u64, Py<Acknowledgement>)>,
-    unreplicated: HashMap<u64, String>,
+    refused: HashMap<u64, String>,
     next: usize,
     buf: Vec<u8>,
 }
@@ -496,7 +502,7 @@ impl Run {
             applied: 0,
             unapplied: HashMap::new(),
             acks: Vec::new(),
-            unreplicated: HashMap::new(),
+            refused: HashMap::new(),
             next: FIRST_CONN,
             buf: vec![0; 64 << 10],
         }
@@ -804,7 +810,7 @@ impl Run {
         // Every reply that shows a batch applied so far is held now (or its
         // connection is gone), so the failed batches are settled here.
         let unapplied = std::mem::take(&mut self.unapplied);
-        let mut unreplicated = std::mem::take(&mut self.unreplicated);
+        let refused = std::mem::take(&mut self.refused);
         let acks = std::mem::take(&mut self.acks);
         if self.held.is_empty() {
             return;
@@ -813,11 +819,8 @@ impl Run {
         let held = || ids.iter().filter_map(|id| self.conns.get(id)?.held.as_ref()).flat_map(|h| &h.waiting);
         let ticket = held().map(|w| w.ticket).chain([std::mem::take(&mut self.applied)]).max().unwrap_or(0);
         let unsynced = group.and_then(|group| group.settle(ticket).err());
-        for (batch, ack) in acks {
-            if let Some(why) = ack.get().wait(&shared.stopping) {
-                unreplicated.entry(batch).or_insert(why);
-            }
-        }
+        let unacknowledged: HashMap<u64, String> =
+            acks.into_iter().filter_map(|(batch, ack)| Some((batch, ack.get().wait(&shared.stopping)?))).collect();
         let word_batches = |failures: HashMap<u64, String>, failed: &PyObject| -> HashMap<u64, Vec<u8>> {
             failures
                 .into_iter()
@@ -827,21 +830,32 @@ impl Run {
                 })
                 .collect()
         };
-        let mut failed = word_batches(unreplicated, &shared.replication_failed);
+        let mut failed = word_batches(refused, &shared.turn_refused);
         failed.extend(word_batches(unapplied, &shared.write_failed)); // the store's failure says more
-        let refused = |reply: &Waiting| reply.batch.is_some_and(|batch| failed.contains_key(&batch));
+        let failing = |reply: &Waiting| reply.batch.is_some_and(|batch| failed.contains_key(&batch));
         let unsynced = unsynced.map(|(_, message)| {
-            let replies = held().filter(|w| !refused(w)).count();
+            let replies = held().filter(|w| !failing(w)).count();
             shared.word(&shared.sync_failed, message, replies)
         });
+        // A replicated reply of a turn the set did not take: worded each, by its ID.
+        let unacked = |reply: &Waiting| -> Option<Vec<u8>> {
+            let (why, id) = (unacknowledged.get(&reply.batch?)?, reply.replicated?);
+            Some(Python::with_gil(|py| {
+                let worded = shared.unacknowledged.call1(py, (why.clone(), id));
+                worded.and_then(|reply| reply.extract::<Vec<u8>>(py)).unwrap_or_else(|err| {
+                    err.write_unraisable(py, None);
+                    format!("-TRYAGAIN write not acknowledged by the replica set: {why}\r\n").into_bytes()
+                })
+            }))
+        };
         let gate = shared.gate.read().expect("never poisoned");
         for id in ids {
             let Some(conn) = self.conns.get_mut(&id) else { continue };
             if let Some(held) = conn.held.take() {
-                if !failed.is_empty() || unsynced.is_some() {
+                if !failed.is_empty() || !unacknowledged.is_empty() || unsynced.is_some() {
                     held.fail(&mut conn.out, |reply| match reply.batch.and_then(|batch| failed.get(&batch)) {
-                        Some(error) => Some(error.as_slice()),
-                        None => unsynced.as_deref(),
+                        Some(error) => Some(Cow::Borrowed(error.as_slice())),
+                        None => unacked(reply).map(Cow::Owned).or(unsynced.as_deref().map(Cow::Borrowed)),
                     });
                 }
             }
@@ -860,12 +874,12 @@ impl Run {
         let lane = self.shared.lane.get();
         let batch = self.turn.number;
         match Python::with_gil(|py| lane.apply(py, &mut self.turn).map_err(|err| err.value(py).to_string())) {
-            Ok((ticket, replication)) => {
+            Ok((ticket, outcome)) => {
                 self.applied = self.applied.max(ticket.unwrap_or(0));
-                match replication {
-                    Some(Replication::Pending(ack)) => self.acks.push((batch, ack)),
-                    Some(Replication::Refused(why)) => {
-                        self.unreplicated.insert(batch, why);
+                match outcome {
+                    Some(Outcome::Pending(ack)) => self.acks.push((batch, ack)),
+                    Some(Outcome::Refused(why)) => {
+                        self.refused.insert(batch, why);
                     }
                     None => {}
                 }
@@ -1039,6 +1053,9 @@ fn linger(conn: &mut Conn, buf: &mut [u8]) -> Next {
 /// one it declines. Holds the gate, then the GIL (in that order: see the
 /// module's docstring).
 fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, turn: &mut Turn) {
+    if conn.held.as_ref().is_some_and(|held| held.waiting.iter().any(|w| w.replicated.is_some())) {
+        return; // the rest waits for the replica set's answer (see `FastLane::answer_into`)
+    }
     Python::with_gil(|py| {
         let budget = shared.limits.flush_bytes;
         let lane = shared.lane.get();
