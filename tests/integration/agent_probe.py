@@ -1,13 +1,30 @@
-"""Talking RESP to a real agent from a test, and finding the processes it runs."""
+"""Talking RESP to a real agent from a test, finding the processes it runs,
+and reading its store once it has stopped."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from pathlib import Path
 
+from client_lib.cidr import Block
 from client_lib.resp import OK, ErrorReply, Reply, RespParser, encode_command
 from mininet_scenarios.daemons import AgentProcess
+from nat_agent.leveldb_store import LevelDBStore
+from nat_agent.store import Record
+
+
+def stored_records(path: Path, space: Block) -> list[Record]:
+    """Every record of a stopped agent's LevelDB store, in order."""
+    async def scan() -> list[Record]:
+        store = LevelDBStore(path, space.width)
+        try:
+            return [r async for batch in store.scan(space.first, space.last) for r in batch]
+        finally:
+            await store.close()
+
+    return asyncio.run(scan())
 
 
 def _reply(sock: socket.socket, parser: RespParser, what: bytes) -> Reply:

@@ -19,7 +19,6 @@ both backups' records afterwards, must be the same.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import re
 import socket
@@ -39,9 +38,8 @@ from client_lib.cidr import Block
 from client_lib.constants import DEFAULT_SPACE_CIDR
 from client_lib.resp import OK, Reply, RespParser, encode_command
 from mininet_scenarios.daemons import AgentProcess, private_secret
-from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.ports import listen_port
-from nat_agent.store import Record
+from tests.integration.agent_probe import stored_records
 
 PREFIXES = itertools.count()
 METRICS_PORT = listen_port()
@@ -191,18 +189,6 @@ def _compiled_requests() -> int:
     return int(float(found.group(1)))
 
 
-def _records(path: Path, space: Block) -> list[Record]:
-    """Every record of a stopped agent's LevelDB store, in order."""
-    async def scan() -> list[Record]:
-        store = LevelDBStore(path, space.width)
-        try:
-            return [r async for batch in store.scan(space.first, space.last) for r in batch]
-        finally:
-            await store.close()
-
-    return asyncio.run(scan())
-
-
 def test_replicated_streams_answer_as_the_python_path_and_leave_the_same_backups(tmp_path: Path) -> None:
     space = Block.parse(DEFAULT_SPACE_CIDR)
     secret = private_secret()
@@ -244,6 +230,6 @@ def test_replicated_streams_answer_as_the_python_path_and_leave_the_same_backups
             for agent in pair:
                 assert agent.stop() == 0, agent.log()[-2000:]
         secret.unlink()
-    compiled, python = (_records(tmp_path / f"{side}-backup", space) for side in ("compiled", "python"))
+    compiled, python = (stored_records(tmp_path / f"{side}-backup", space) for side in ("compiled", "python"))
     assert compiled == python
-    assert compiled == _records(tmp_path / "compiled", space)
+    assert compiled == stored_records(tmp_path / "compiled", space)

@@ -16,7 +16,6 @@ would) and checks what issue 11 asks of the agent:
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import random
 import socket
@@ -36,10 +35,10 @@ from client_lib.errors import ApiError, MetaFlowError, NamespaceError, Unavailab
 from client_lib.mdid import entry_key, mdid
 from client_lib.resp import ErrorReply, RespParser, SimpleString, encode_command
 from mininet_scenarios.daemons import AgentProcess
-from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.replication import check_hello, hello
 from nat_agent.resp_commands import CommandParser, encode_reply
 from nat_agent.store import Record
+from tests.integration.agent_probe import stored_records
 from tests.integration.resp_peer import Peer
 
 SPACE = Block.parse("100.64.0.0/10")
@@ -92,15 +91,7 @@ def _agents(tmp_path: Path, secret: Path, *names: str, own: str | None = "a",
 
 
 def _scan(path: Path) -> list[Record]:
-    """Every record of a stopped agent's LevelDB store, in order."""
-    async def scan() -> list[Record]:
-        store = LevelDBStore(path, SPACE.width)
-        try:
-            return [r async for batch in store.scan(SPACE.first, SPACE.last) for r in batch]
-        finally:
-            await store.close()
-
-    return asyncio.run(scan())
+    return stored_records(path, SPACE)
 
 
 def _until(condition: Callable[[], bool], timeout: float = 20.0) -> None:

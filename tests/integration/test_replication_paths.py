@@ -71,6 +71,7 @@ async def _write(pair: Pair, value: bytes, local: Callable[[], Awaitable[None]])
     """What the service does for a plain SET: stream first, then this store's part."""
     replicator = pair.replicator
     write = replicator.begin(IDENT, PATH)
+    assert write is not None   # no other write of the key is under way
     replicator.stream(write, value)
     try:
         await local()
@@ -119,6 +120,7 @@ def test_a_write_of_the_previous_epoch_that_a_member_refused_degrades_the_new_on
         async with _pair(tmp_path) as pair:
             replicator = pair.replicator
             write = replicator.begin(IDENT, PATH)
+            assert write is not None
             await pair.backup.assign(AssignRequest([Role(SPACE, 2, False, pair.members)]))
             replicator.stream(write, b"sent at epoch 1")
             await pair.primary.assign(AssignRequest([Role(SPACE, 2, True, pair.members)]))
