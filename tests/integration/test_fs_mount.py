@@ -4,7 +4,8 @@ tools on it: tar x of a source tree checked
 with diff -r, git, find, du, ls -lR, rsync -a, mv of directories, fs_mark
 and postmark; the errors a file system owes for what it does not keep;
 what a second mount sees, and when; fsync that survives a kill -9 of the
-mount; and clean unmounts by SIGTERM and by fusermount3 -u."""
+mount, and entries that survive one while their directory's times are
+still owed; and clean unmounts by SIGTERM and by fusermount3 -u."""
 
 from __future__ import annotations
 
@@ -232,6 +233,38 @@ def test_fsync_survives_a_kill_9_of_the_mount(tmp_path: Path, via: str) -> None:
     assert not mounted(first.path)
     with FuseMount(tmp_path / "mnt", via=via, root=root) as second:
         assert (second.path / "synced").read_bytes() == b"s" * 300_000
+
+
+def test_a_kill_9_while_directory_times_are_owed_loses_those_times_never_an_entry(tmp_path: Path,
+                                                                                  via: str) -> None:
+    """A directory's times are written up to 10 ms after the change that
+    owes them (`MountOperations.push_times`); the entry itself is written
+    before the change returns. Kill the mount right after a burst of
+    creates, with times still owed: every create that returned is there
+    for the next mount, and the directory shows no time newer than the
+    dead mount showed."""
+    root = secrets.randbits(62) | 2
+    first = FuseMount(tmp_path / "mnt", via=via, root=root, attr_timeout=0, entry_timeout=0,
+                      log_path=tmp_path / "fs.log").start()
+    made: list[str] = []
+    try:
+        directory = first.path / "d"
+        directory.mkdir()
+        for i in range(300):
+            name = f"f{i:03d}"
+            os.close(os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            made.append(name)
+        shown = directory.stat()
+        first.kill()   # at once: the last creates' directory times are still owed
+    finally:
+        first.kill()
+    assert not mounted(first.path)
+    with FuseMount(tmp_path / "mnt", via=via, root=root, attr_timeout=0, entry_timeout=0) as second:
+        directory = second.path / "d"
+        assert sorted(os.listdir(directory)) == made
+        assert all(stat.S_ISREG((directory / name).stat().st_mode) for name in made)
+        after = directory.stat()
+        assert after.st_mtime_ns <= shown.st_mtime_ns and after.st_ctime_ns <= shown.st_ctime_ns
 
 
 def test_sigterm_and_fusermount_unmount_cleanly_and_push_what_is_buffered(tmp_path: Path, via: str) -> None:
