@@ -12,11 +12,14 @@ lookup. Sites of equal weight split the space by the ID's top bits
 `parse_site`), a site's share of the entries being its prefix's share of
 the space, since an entry's ID is a uniform hash of its name.
 
-**An entry's ID in a site** (`SiteLayout.id_in`): its global ID (the hash
-over the whole space, `client_lib.mdid.mdid_of_key`) in the site that
-prefix belongs to, its *home*; in any other site, the hash over that site's
-own prefix. So every copy of an entry is one record at one ID, served and
-replicated inside its site as any record is.
+**An entry's ID in a site** (`SiteLayout.id_in`) is the hash of its key
+over that site's prefix (`client_lib.mdid.mdid_of_key`). In its *home*, the
+site whose prefix holds its global ID (the hash over the whole space), the
+two are the same ID: a prefix is an aligned block, so the global hash's low
+bits are the site's. So a site's agents run with the site's prefix as their
+``--space`` and compute every copy's ID themselves, as a single site does:
+every copy of an entry is one record at one ID, served and replicated
+inside its site as any record is.
 
 **The strategies** (`place`; Pineda-Morales et al., the multi-site workflow
 paper, section IV):
@@ -147,11 +150,10 @@ class SiteLayout:
         ident = mdid_of_key(key, self.space)
         return self.site_of(ident), ident
 
-    def id_in(self, key: bytes, site: Site) -> int:
-        """The ID of a normalized key's copy in `site`: its global ID at home,
-        else its hash over the site's own prefix."""
-        home, ident = self.home_of(key)
-        return ident if home == site else mdid_of_key(key, site.prefix)
+    @staticmethod
+    def id_in(key: bytes, site: Site) -> int:
+        """The ID of a normalized key's copy in `site` (at home: its global ID)."""
+        return mdid_of_key(key, site.prefix)
 
 
 class Strategy(enum.Enum):

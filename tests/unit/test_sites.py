@@ -115,3 +115,11 @@ def test_the_centralized_strategy_needs_its_site() -> None:
         place(layout, Strategy.CENTRALIZED, b"/x", "a")
     with pytest.raises(InvalidArgument, match="no site named 'z'"):
         place(layout, Strategy.DECENTRALIZED, b"/x", "z")
+
+
+@given(key=keys)
+def test_at_home_the_sites_own_hash_is_the_global_one_in_a_128_bit_space_too(key: bytes) -> None:
+    space = Block.parse("fd00::/8")
+    layout = SiteLayout.equal(space, ["a", "b", "c", "d", "e", "f", "g", "h"])
+    home, ident = layout.home_of(key)
+    assert layout.id_in(key, home) == ident == mdid_of_key(key, space)
