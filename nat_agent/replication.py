@@ -613,10 +613,16 @@ class Replicator:
         nothing registered, if a write of one of the paths is under way (the
         turn then fails with TRYAGAIN)."""
         turn = TurnWrites(self, records, ack)
-        if any(path in self.writing for path in turn.paths):
-            return None
-        for path in turn.paths:
-            self.writing[path] = turn
+        for taken, path in enumerate(turn.paths):
+            # One atomic step per key (the event loop may run between two): a
+            # key taken meanwhile undoes the turn's, and ends it on the loop
+            # for whoever saw one of its keys and waits for it.
+            if self.writing.setdefault(path, turn) is not turn:
+                for mine in turn.paths[:taken]:
+                    if self.writing.get(mine) is turn:
+                        del self.writing[mine]
+                turn.loop.call_soon_threadsafe(turn.end, "a write of one of its keys was under way")
+                return None
         return turn
 
     def stream_turn(self, turn: TurnWrites) -> None:
