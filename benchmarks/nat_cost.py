@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from benchmarks.cpu import cpu_seconds, pid_of
+from benchmarks.cpu import TICK, cpu_seconds, pid_of
 from client_lib.constants import DEFAULT_SPACE_CIDR, METAFLOW_PORT
 from mininet_scenarios.daemons import ROOT, AgentProcess
 from mininet_scenarios.netns_pair import NetnsPair
@@ -99,6 +99,10 @@ def measure(rounds: int, ops: int, workdir: Path, progress=None, reused: bool = 
                   for k in ("service_us_per_op", "total_us_per_op", "p50_us")} for mode, rs in runs.items()}
     total = {mode: m["total_us_per_op"] for mode, m in med.items()}
     service = med["none"]["service_us_per_op"]
+    if service <= 0:
+        # /proc counts CPU in clock ticks: a round under one tick of the agent's CPU measures 0.
+        raise ValueError(f"{ops} operations per round cost the agent less than one clock tick of CPU "
+                         f"(1/{TICK} s): too few to measure a share of it; run more")
     cost = {mode: total[mode] - total["none"] for mode in REWRITES}
     return {"rounds": rounds, "ops_per_round": ops, "reused_connections": reused, "mode": DEFAULT_MODE,
             "nat_cpu_us_per_op": round(cost[DEFAULT_MODE], 2),

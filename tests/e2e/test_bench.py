@@ -21,7 +21,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 @pytest.mark.timeout(600)
 def test_every_scheme_runs_side_by_side_with_its_costs(tmp_path):
     cfg = BenchConfig(entries=600, seconds=0.8, reps=1, levels=(1, 16), mdtest_files=30, nat_rounds=1,
-                      nat_ops=300)
+                      nat_ops=2000)
     report = run_bench(cfg, show_progress=False)
     schemes = report["schemes"]
     assert set(schemes) == {"metaflow", "hash", "central", "onehop", "chord", "ghba"}

@@ -350,10 +350,6 @@ pub(crate) struct Turn {
     /// Those of `writes` to blocks with other members: record key -> the
     /// normalized key (the replicator's path).
     replicated: HashMap<Vec<u8>, Vec<u8>>,
-    /// The `Ownership.version` of the tables its writes were admitted by
-    /// (None: no write yet, or several versions): the batch is written only
-    /// if the ownership is still there when the turn ends.
-    version: Option<Option<i64>>,
     /// The number of the batch the writes will be applied as.
     pub(crate) number: u64,
 }
@@ -555,13 +551,20 @@ impl FastLane {
         }
         let writes = std::mem::take(&mut turn.writes);
         let replicated = std::mem::take(&mut turn.replicated);
-        let admitted = turn.version.take().flatten();
         turn.number += 1;
-        // The ownership moved since the writes were admitted (a role may have
-        // changed: a block this agent now holds as a backup must not be
-        // written here). Asked under the GIL, as every change is made.
-        if admitted != Some(self.view.get().current.load(Ordering::SeqCst)) {
-            return Ok((None, Some(Outcome::Refused("the ownership changed during the write".to_string()))));
+        // Every write must still be served here as it was admitted: the role of
+        // its block may have changed since (a block now held as a backup must
+        // not be written here). Asked of the tables of the ownership's current
+        // version (the caller brings the view in step), under the GIL, as every
+        // change of the ownership is made.
+        let view = self.view.get();
+        let tables = view.tables();
+        let still = !view.stale()
+            && writes.iter().all(|(record_key, (_, id))| {
+                within(if replicated.contains_key(record_key) { &tables.replicated } else { &tables.writes }, *id)
+            });
+        if !still {
+            return Ok((None, Some(Outcome::Refused("the block's role changed during the write".to_string()))));
         }
         let mut streamed = None;
         if !replicated.is_empty() {
@@ -831,11 +834,6 @@ impl FastLane {
         }
         let record_key = space.record_key(id, &key);
         if let Some(turn) = turn {
-            turn.version = match turn.version {
-                None => Some(Some(tables.version)),
-                Some(Some(version)) if version == tables.version => Some(Some(version)),
-                Some(_) => Some(None),
-            };
             if replicated {
                 turn.replicated.insert(record_key.clone(), key.into_owned());
             }

@@ -871,9 +871,19 @@ impl Run {
         if !self.turn.has_writes() {
             return;
         }
-        let lane = self.shared.lane.get();
-        let batch = self.turn.number;
-        match Python::with_gil(|py| lane.apply(py, &mut self.turn).map_err(|err| err.value(py).to_string())) {
+        let (shared, turn) = (&self.shared, &mut self.turn);
+        let lane = shared.lane.get();
+        let batch = turn.number;
+        let applied = Python::with_gil(|py| {
+            // The view in step with the ownership, so that the batch is checked against it (`FastLane::apply`).
+            if lane.view().stale() {
+                if let Err(err) = shared.refresh.call0(py) {
+                    err.write_unraisable(py, None);
+                }
+            }
+            lane.apply(py, turn).map_err(|err| err.value(py).to_string())
+        });
+        match applied {
             Ok((ticket, outcome)) => {
                 self.applied = self.applied.max(ticket.unwrap_or(0));
                 match outcome {
