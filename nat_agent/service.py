@@ -418,9 +418,9 @@ class MetadataService:
 
     def _turn_refused(self, reason: str, replies: int) -> bytes:
         """A worker's replies that wait for its turn's writes, which were not
-        made (the ownership changed before the batch, or a replicated write
-        of one of its keys was under way) or not acknowledged by the replica
-        set (on a worker thread): TRYAGAIN, counted as the Python path's are."""
+        made (a block's role changed before the batch, or a replicated write
+        of one of its keys was under way; on a worker thread): TRYAGAIN,
+        counted as the Python path's are."""
         self.stats["tryagain"] += replies
         self.stats["errors"] += replies
         return encode_reply(ErrorReply(f"TRYAGAIN {reason}"))

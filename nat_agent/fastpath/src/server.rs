@@ -166,7 +166,7 @@ struct Shared {
     sync_failed: PyObject,
     write_failed: PyObject,
     /// The same for replies whose turn's writes were refused (not written:
-    /// the ownership changed meanwhile, or a replicated write of a key was
+    /// a block's role changed meanwhile, or a replicated write of a key was
     /// under way): TRYAGAIN.
     turn_refused: PyObject,
     /// `(message, id)`: the reply for a replicated SET the replica set did not
