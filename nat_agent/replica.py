@@ -248,12 +248,10 @@ class ReplicaServer:
     async def _rmset(self, stream: Stream, args: list[bytes]) -> Reply:
         """A primary's turn of SETs to one block, all checked before any is
         applied, then written as one batch (one sync)."""
-        block, epoch = self._block(args[0]), int(args[1])
         records = []
         for at in range(2, len(args), 3):
-            ident = int(args[at])
-            self._backup_of(stream, block, epoch, ident)
-            records.append((ident, decode_path(args[at + 1]), args[at + 2]))
+            _, ident, path = self._record(stream, [args[0], args[1], args[at], args[at + 1]])
+            records.append((ident, path, args[at + 2]))
         for ident, path, _ in records:
             self._touch(ident, path)
         await self.store.put_many(records)

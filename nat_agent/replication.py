@@ -350,9 +350,6 @@ class Write:
         """An ID of the write, whose held block is every one's."""
         return self.idents[0]
 
-    def touches(self, blocks: Sequence[Block]) -> bool:
-        return any(block.contains(ident) for block in blocks for ident in self.idents)
-
     def settle(self, tag: object, reply: Reply | BaseException) -> None:
         assert isinstance(tag, Peer)
         owner = self.owner
@@ -568,7 +565,8 @@ class Replicator:
         """Wait until no write to `blocks` is under way (each ends within the timeout)."""
         blocks = list(blocks)
         while True:
-            busy = {w for w in list(self.writing.values()) if w.touches(blocks)}
+            busy = {w for w in list(self.writing.values())
+                    if any(block.contains(ident) for block in blocks for ident in w.idents)}
             if not busy:
                 return
             await asyncio.wait([w.done for w in busy])
@@ -680,9 +678,6 @@ class TurnWrites:
         self.done: asyncio.Future[None] = self.loop.create_future()
         self.left = 0
         self.failure: str | None = None
-
-    def touches(self, blocks: Sequence[Block]) -> bool:
-        return any(block.contains(ident) for block in blocks for ident in self.idents)
 
     def landed(self, error: str | None) -> None:
         """On the worker thread, once the batch is written (or failed: then

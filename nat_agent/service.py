@@ -634,16 +634,12 @@ class MetadataService:
         if decision.verdict is Verdict.SERVE:
             assert decision.held is not None
             return ident, path, decision.held
-        raise self._refusal_of(ident, decision)
-
-    def _refusal_of(self, ident: int, decision: Decision) -> CommandError:
-        """The MOVED or TRYAGAIN for an ID this server does not serve now."""
         if decision.verdict is Verdict.TRYAGAIN:
             self.stats["tryagain"] += 1
-            return CommandError(f"TRYAGAIN {self.space.address(ident)} block {decision.block} "
-                                f"{decision.reason}")
+            raise CommandError(f"TRYAGAIN {self.space.address(ident)} block {decision.block} "
+                               f"{decision.reason}")
         self.stats["moved"] += 1
-        return CommandError(self._redirect(ident, decision.hint))
+        raise CommandError(self._redirect(ident, decision.hint))
 
     async def _settled(self, raw: bytes, write: bool) -> tuple[int, str, Held]:
         """`_served`, once no write to the key is under way: a read must not
@@ -659,17 +655,6 @@ class MetadataService:
             # Shielded: a waiter whose client hangs up is cancelled, and must not
             # cancel the write's `done`, which is another client's (and the key's).
             await asyncio.shield(pending.done)
-
-    async def _settled_key(self, ident: int, path: str) -> None:
-        """Wait for the write of `path` under way, if any; then TRYAGAIN (or
-        MOVED) unless this server still serves `ident` for writes."""
-        pending = self.writing.get(path)
-        if pending is not None:
-            self.stats["waited_for_replication"] += 1
-            await asyncio.shield(pending.done)
-        decision = self.ownership.decide(ident, True)
-        if decision.verdict is not Verdict.SERVE:
-            raise self._refusal_of(ident, decision)
 
     def _redirect(self, ident: int, hint: str | None) -> str:
         """MOVED to the new owner's data address if a hand-off named it, else to
@@ -703,8 +688,9 @@ class MetadataService:
         replicator = self.replicator
         while (write := replicator.begin(ident, path)) is None:
             # A worker's turn took the key since the caller looked: wait for it,
-            # and write only if the block is still served here.
-            await self._settled_key(ident, path)
+            # and write only if the block is still served here (`path` is a
+            # normalized key, which normalizes to itself).
+            await self._settled(path.encode("utf-8"), write=True)
         token = self.agent.inflight.begin()
         try:
             if not isinstance(known, _Unchanged):
