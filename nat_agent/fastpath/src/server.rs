@@ -201,15 +201,32 @@ struct Shared {
 
 impl Shared {
     /// The service's error reply for `replies` replies that failed for
-    /// `message` (`sync_failed` or `write_failed`).
+    /// `message` (`sync_failed`, `write_failed` or `turn_refused`).
     fn word(&self, failed: &PyObject, message: String, replies: usize) -> Vec<u8> {
+        let fallback = format!("-ERR {message}\r\n");
+        self.worded(failed, (message, replies), fallback)
+    }
+
+    /// What `wording` answers for `args`; if it fails (reported), `fallback`.
+    fn worded<A>(&self, wording: &PyObject, args: A, fallback: String) -> Vec<u8>
+    where
+        A: for<'py> IntoPyObject<'py, Target = PyTuple>,
+    {
         Python::with_gil(|py| {
-            let worded = failed.call1(py, (message.clone(), replies));
+            let worded = wording.call1(py, args);
             worded.and_then(|reply| reply.extract::<Vec<u8>>(py)).unwrap_or_else(|err| {
                 err.write_unraisable(py, None);
-                format!("-ERR {message}\r\n").into_bytes()
+                fallback.into_bytes()
             })
         })
+    }
+
+    /// Bring the lane's view in step with the ownership, if it is behind.
+    fn in_step(&self, py: Python<'_>) -> PyResult<()> {
+        if self.lane.get().view().stale() {
+            self.refresh.call0(py)?;
+        }
+        Ok(())
     }
 
     /// Report an event (see the fields); a failure to count or log it is
@@ -840,13 +857,8 @@ impl Run {
         // A replicated reply of a turn the set did not take: worded each, by its ID.
         let unacked = |reply: &Waiting| -> Option<Vec<u8>> {
             let (why, id) = (unacknowledged.get(&reply.batch?)?, reply.replicated?);
-            Some(Python::with_gil(|py| {
-                let worded = shared.unacknowledged.call1(py, (why.clone(), id));
-                worded.and_then(|reply| reply.extract::<Vec<u8>>(py)).unwrap_or_else(|err| {
-                    err.write_unraisable(py, None);
-                    format!("-TRYAGAIN write not acknowledged by the replica set: {why}\r\n").into_bytes()
-                })
-            }))
+            let fallback = format!("-TRYAGAIN write not acknowledged by the replica set: {why}\r\n");
+            Some(shared.worded(&shared.unacknowledged, (why.clone(), id), fallback))
         };
         let gate = shared.gate.read().expect("never poisoned");
         for id in ids {
@@ -876,10 +888,8 @@ impl Run {
         let batch = turn.number;
         let applied = Python::with_gil(|py| {
             // The view in step with the ownership, so that the batch is checked against it (`FastLane::apply`).
-            if lane.view().stale() {
-                if let Err(err) = shared.refresh.call0(py) {
-                    err.write_unraisable(py, None);
-                }
+            if let Err(err) = shared.in_step(py) {
+                err.write_unraisable(py, None);
             }
             lane.apply(py, turn).map_err(|err| err.value(py).to_string())
         });
@@ -1069,10 +1079,10 @@ fn answer(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, turn: &mut
     Python::with_gil(|py| {
         let budget = shared.limits.flush_bytes;
         let lane = shared.lane.get();
-        let refreshed = if lane.view().stale() { shared.refresh.call0(py).map(drop) } else { Ok(()) };
         let hold = lane.in_turns().then_some(&mut *turn);
-        let answered =
-            refreshed.and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out, hold));
+        let answered = shared
+            .in_step(py)
+            .and_then(|()| lane.answer_into(py, &mut conn.parser, conn.resp3, budget, &mut conn.out, hold));
         let waiting = std::mem::take(&mut turn.waiting);
         match (&mut conn.held, waiting.first()) {
             (Some(held), _) => held.waiting.extend(waiting),
