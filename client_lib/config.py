@@ -77,6 +77,7 @@ ROLES: dict[str, Role] = {role.name: role for role in (
     Role("controller", "metaflow-controller", "controller.settings", "controller"),
     Role("agent", "metaflow-agent", "nat_agent.daemon", "agent"),
     Role("fs", "metaflow-fs", "client_lib.fs.mount", "fs"),
+    Role("site-sync", "metaflow-site-sync", "nat_agent.site_sync", "agent"),
 )}
 
 

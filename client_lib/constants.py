@@ -41,6 +41,11 @@ backups here before it acknowledges it."""
 DEFAULT_REPLICAS: Final = 2
 """Copies of every block (the controller's --replicas); 1 is no replication."""
 
+SITE_SYNC_PORT: Final = 9003
+"""A site's propagation agent (`metaflow-site-sync`, the ``replicated``
+strategy of several sites): its site's writers queue their updates here
+(RESP)."""
+
 LOOKUP_PORT: Final = 9100
 """The baselines' lookup daemon (`metaflow-lookupd`), benchmarks only."""
 

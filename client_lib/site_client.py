@@ -8,23 +8,93 @@ network's (the switches route a site's own prefix to its servers and its
 border carries the other prefixes over the WAN), without one a table
 (``--route``, `client_lib.routes`). No lookup service is asked anything.
 
-The ``replicated`` strategy needs the sites' propagation agent, which is not
-built yet: this client refuses it rather than write copies nobody would
-propagate.
+Under ``replicated`` a write is stamped (`client_lib.stamps`), queued with
+the writer's site's propagation agent (`nat_agent.site_sync`, at the
+layout's ``sync`` address) and then written into the writer's site; it
+returns once both are done, and the agent carries it to every other site.
+Queued first, so a writer that dies between the two loses nothing: the
+agent writes the local copy too. A read takes the local copy, its stamp
+removed.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
+import tomllib
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from client_lib.client import MetaFlowClient
-from client_lib.errors import InvalidArgument
+from client_lib.client import Destination, MetaFlowClient
+from client_lib.errors import BadReply, InvalidArgument, ServerError, Unavailable
 from client_lib.mdid import normalize_path
 from client_lib.metadata import FileMetadata
-from client_lib.sites import Placement, SiteLayout, Strategy, place
+from client_lib.resp import OK, ErrorReply, ProtocolError, Reply, RespParser, encode_command
+from client_lib.sites import Placement, SiteLayout, Strategy, layout_from_table, place
+from client_lib.stamps import Clock, stamped, unstamped
 
-__all__ = ["SiteClient"]
+__all__ = ["Outbox", "SiteClient", "read_layout"]
+
+
+def read_layout(path: Path | str) -> SiteLayout:
+    """The layout in a TOML file (`client_lib.sites.layout_from_table`);
+    `InvalidArgument` naming the file for anything wrong."""
+    try:
+        with open(path, "rb") as f:
+            return layout_from_table(tomllib.load(f))
+    except (OSError, tomllib.TOMLDecodeError, InvalidArgument) as exc:
+        raise InvalidArgument(f"{path}: {exc}") from None
+
+
+class Outbox:
+    """The connection to one propagation agent: `queue` returns once the
+    agent has the updates on disk. Thread-safe (one request at a time)."""
+
+    def __init__(self, where: Destination, timeout: float = 5.0) -> None:
+        self.where, self.timeout = where, timeout
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def call(self, *args: bytes | str) -> Reply:
+        """One command and its reply; `Unavailable` if the agent cannot be
+        reached or answered nothing in time (the updates may or may not be
+        queued then: queueing again is harmless), `ServerError` if it refused."""
+        frame = encode_command(*args)
+        with self._lock:
+            try:
+                if self._sock is None:
+                    self._sock = socket.create_connection(self.where, timeout=self.timeout)
+                self._sock.settimeout(self.timeout)
+                self._sock.sendall(frame)
+                parser = RespParser()
+                while not (answer := parser.next_reply())[0]:
+                    data = self._sock.recv(65536)
+                    if not data:
+                        raise ConnectionResetError("the propagation agent closed the connection")
+                    parser.feed(data)
+            except (OSError, ProtocolError) as exc:
+                self._drop()
+                raise Unavailable(f"propagation agent {self.where[0]}:{self.where[1]}", 1, str(exc)) from None
+        reply = answer[1]
+        if isinstance(reply, ErrorReply):
+            raise ServerError(reply.message)
+        return reply
+
+    def queue(self, key: bytes, value: bytes) -> None:
+        reply = self.call("QUEUE", key, value)
+        if reply != OK:
+            raise BadReply(f"QUEUE answered {reply!r}")
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
 
 
 class SiteClient:
@@ -34,11 +104,16 @@ class SiteClient:
 
     def __init__(self, layout: SiteLayout, strategy: Strategy, local: str, *, central: str | None = None,
                  **options: Any) -> None:
-        if strategy is Strategy.REPLICATED:
-            raise InvalidArgument("the replicated strategy needs the sites' propagation agent, "
-                                  "which is not built yet")
         self.layout, self.strategy, self.local, self.central = layout, strategy, local, central
         self.placed(b"/")   # a bad site name, or centralized without its site, fails now
+        self.outbox: Outbox | None = None
+        if strategy is Strategy.REPLICATED:
+            sync = layout.named(local).sync
+            if sync is None:
+                raise InvalidArgument(f"the replicated strategy needs site {local}'s propagation agent "
+                                      "(its sync address in the layout)")
+            self.outbox = Outbox(sync, float(options.get("deadline", 5.0)))
+            self.clock = Clock(f"{local}/{os.getpid()}/{os.urandom(4).hex()}".encode())
         self.sites = {site.name: MetaFlowClient(site.prefix, **options) for site in layout.sites}
 
     def placed(self, key: bytes) -> Placement:
@@ -46,9 +121,14 @@ class SiteClient:
         return place(self.layout, self.strategy, key, self.local, self.central)
 
     def put(self, path: str | bytes, value: bytes | FileMetadata) -> None:
-        """Write every copy the strategy makes, in its order (local first)."""
-        for site, _ in self.placed(normalize_path(path)).writes:
-            self.sites[site].put(path, value)
+        """Write every copy the strategy makes, in its order (local first);
+        under ``replicated``, queue it for the other sites first."""
+        key = normalize_path(path)
+        if self.outbox is not None:
+            value = stamped(value.to_bytes() if isinstance(value, FileMetadata) else value, self.clock.next())
+            self.outbox.queue(key, value)
+        for site, _ in self.placed(key).writes:
+            self.sites[site].put(key, value)
 
     def get(self, path: str | bytes) -> bytes | None:
         """The first copy found, in the strategy's order (local first); None
@@ -56,12 +136,14 @@ class SiteClient:
         for site, _ in self.placed(normalize_path(path)).reads:
             value = self.sites[site].get(path)
             if value is not None:
-                return value
+                return value if self.outbox is None else unstamped(value)[1]
         return None
 
     def close(self) -> None:
         for client in self.sites.values():
             client.close()
+        if self.outbox is not None:
+            self.outbox.close()
 
     def __enter__(self) -> SiteClient:
         return self

@@ -47,10 +47,13 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from client_lib.cidr import Block
+from client_lib.client import Destination, host_port
+from client_lib.constants import SITE_SYNC_PORT
 from client_lib.errors import InvalidArgument
 from client_lib.mdid import mdid_of_key
 
@@ -60,10 +63,12 @@ SITE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 
 @dataclass(frozen=True)
 class Site:
-    """One site: its name and the block of the ID space it is home to."""
+    """One site: its name, the block of the ID space it is home to, and
+    where its propagation agent listens (needed by ``replicated`` only)."""
 
     name: str
     prefix: Block
+    sync: Destination | None = None
 
 
 def parse_site(text: str) -> Site:
@@ -154,6 +159,45 @@ class SiteLayout:
     def id_in(key: bytes, site: Site) -> int:
         """The ID of a normalized key's copy in `site` (at home: its global ID)."""
         return mdid_of_key(key, site.prefix)
+
+
+def layout_from_table(table: Mapping[str, Any]) -> SiteLayout:
+    """A layout as a configuration file gives it (`client_lib.site_client.read_layout`)::
+
+        space = "100.64.0.0/10"
+        [[site]]
+        name = "east"
+        prefix = "100.64.0.0/11"
+        sync = "10.1.0.9"          # HOST[:PORT] of its propagation agent; optional
+
+    `InvalidArgument` naming the row and the key for anything wrong."""
+    unknown = set(table) - {"space", "site"}
+    if unknown:
+        raise InvalidArgument(f"unknown key {sorted(unknown)[0]!r} (a layout has space and [[site]] rows)")
+    try:
+        space = Block.parse(str(table["space"]))
+    except KeyError:
+        raise InvalidArgument("a layout needs its space") from None
+    except ValueError as exc:
+        raise InvalidArgument(f"space: {exc}") from None
+    rows = table.get("site")
+    if not isinstance(rows, list) or not all(isinstance(row, Mapping) for row in rows):
+        raise InvalidArgument("a layout lists its sites as [[site]] tables")
+    sites = []
+    for number, row in enumerate(rows, 1):
+        extra = set(row) - {"name", "prefix", "sync"}
+        if extra or "name" not in row or "prefix" not in row:
+            what = f"unknown key {sorted(extra)[0]!r}" if extra else "needs a name and a prefix"
+            raise InvalidArgument(f"site {number}: {what}")
+        site = parse_site(f"{row['name']}={row['prefix']}")
+        sync = row.get("sync")
+        if sync is not None:
+            try:
+                site = Site(site.name, site.prefix, host_port(sync, SITE_SYNC_PORT))
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"site {site.name}'s sync: {exc}") from None
+        sites.append(site)
+    return SiteLayout(space, tuple(sites))
 
 
 class Strategy(enum.Enum):

@@ -71,6 +71,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("metaflow-agent", "nat_agent.daemon", "parser"),
     Command("metaflow-fs", "client_lib.fs.mount", "parser"),
     Command("metaflow-lookupd", "benchmarks.baselines.lookupd", "parser"),
+    Command("metaflow-site-sync", "nat_agent.site_sync", "parser"),
     _metaflowctl("status"),
     _metaflowctl("drain"),
     _metaflowctl("undrain"),

@@ -35,7 +35,7 @@ import time
 import weakref
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Protocol, TypeVar
+from typing import IO, Any, Protocol, Self, TypeVar
 
 from client_lib import errors
 from client_lib.api import codec
@@ -44,6 +44,7 @@ from client_lib.api.auth import load_secret, write_secret
 from client_lib.api.clients import ApiClient
 from client_lib.api.route import Route
 from client_lib.errors import ApiError
+from client_lib.site_client import Outbox
 from nat_agent.ports import listen_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,8 +72,103 @@ def private_secret() -> Path:
 _API_ERRORS = {cls.__name__: cls for cls in (ApiError, errors.AuthError, errors.NotFound, errors.Conflict)}
 
 
-class AgentProcess:
-    """One daemon on loopback (or inside a namespace via `netns`)."""
+class DaemonProcess:
+    """A daemon run as a subprocess: started, waited for until `ready`,
+    stopped with SIGTERM (its exit code returned) or killed. Subclasses give
+    `argv` and `ready`."""
+
+    what = "daemon"
+    argv: list[str]
+    log_path: Path | None
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._terminated = False
+        self._log: IO[bytes] | None = None
+
+    def ready(self) -> bool:
+        """Whether the daemon answers yet (may raise: counted as not yet)."""
+        raise NotImplementedError
+
+    def start(self, timeout: float = 20.0) -> Self:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> Self:
+        """Start the process without waiting for it: several daemons then
+        start in parallel, each followed by `wait_ready`."""
+        self._log = open(self.log_path, "ab") if self.log_path else None  # closed in stop/kill
+        out = self._log if self._log is not None else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=out, stderr=out)
+        self._terminated = False
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> Self:
+        """Wait until `ready`; kill the daemon and raise if it exits or times out."""
+        assert self.proc is not None, "launch() first"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.what} exited with {self.proc.returncode} at start: "
+                                   f"{self.log()[-2000:]}")
+            try:
+                if self.ready():
+                    return self
+            except (errors.MetaFlowError, OSError, RuntimeError):
+                pass
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"{self.what} did not come up in {timeout} s: {self.log()[-2000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def terminate(self) -> None:
+        """Send SIGTERM once, without waiting: stop several daemons in parallel,
+        then `stop` each. Only once, because a second SIGTERM that arrives
+        after the event loop has closed would kill the daemon mid-shutdown."""
+        if self.proc is not None and not self._terminated and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait; returns the exit code (0 for a clean shutdown)."""
+        if self.proc is None:
+            return 0
+        self.terminate()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        finally:
+            self._close_log()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if kind is None:
+            assert self.stop() == 0, f"{self.what} did not exit cleanly: {self.log()[-2000:]}"
+        else:
+            self.kill()
+
+
+class AgentProcess(DaemonProcess):
+    """One agent on loopback (or inside a namespace via `netns`)."""
+
+    what = "agent"
 
     def __init__(self, store: str, *extra: str, own: list[str] | None = None, name: str | None = None,
                  rewrite: str = "none", host: str = "127.0.0.1", admin_host: str = "127.0.0.1",
@@ -103,9 +199,7 @@ class AgentProcess:
                      "--listen", f"{host}:{self.port}", "--admin", f"{admin_host}:{self.admin_port}",
                      "--replication", self.replication, "--secret-file", str(self.secret_file),
                      *[arg for block in own or [] for arg in ("--own", block)], *extra]
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._terminated = False
-        self._log: IO[bytes] | None = None
+        super().__init__()
 
     def member(self, synced: bool = True) -> Member:
         """This agent as a member of a replica set (what a controller assigns)."""
@@ -136,78 +230,47 @@ class AgentProcess:
             raise _API_ERRORS.get(answer["kind"], ApiError)(answer["error"], answer["status"])
         return codec.from_json(route.response, answer["ok"], strict=False)
 
-    def start(self, timeout: float = 20.0) -> AgentProcess:
-        return self.launch().wait_ready(timeout)
+    def ready(self) -> bool:
+        self.call(ADMIN.health)
+        return True
 
-    def launch(self) -> AgentProcess:
-        """Start the process without waiting for it: several agents then
-        start in parallel, each followed by `wait_ready`."""
-        self._log = open(self.log_path, "ab") if self.log_path else None  # closed in stop/kill
-        out = self._log if self._log is not None else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=out, stderr=out)
-        self._terminated = False
-        return self
 
-    def wait_ready(self, timeout: float = 20.0) -> AgentProcess:
-        """Wait until ``/health`` answers; kill the agent and raise if it exits or times out."""
-        assert self.proc is not None, "launch() first"
+class SiteSyncProcess(DaemonProcess):
+    """A site's propagation agent (`metaflow-site-sync`) on loopback, its
+    queue in `queue`; `route` (``CIDR=HOST:PORT`` each) stands in for the
+    network. `outbox` talks to it as a writer does."""
+
+    what = "site-sync"
+
+    def __init__(self, layout: Path, site: str, queue: Path, *, port: int, route: list[str] | None = None,
+                 log_path: Path | None = None, extra: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.port, self.log_path = port, log_path
+        self.argv = [sys.executable, "-m", "nat_agent.site_sync", "--layout", str(layout), "--site", site,
+                     "--queue", str(queue), "--listen", f"127.0.0.1:{port}",
+                     *[arg for entry in route or [] for arg in ("--route", entry)], *extra]
+        self.outbox = Outbox(("127.0.0.1", port), timeout=5.0)
+
+    def ready(self) -> bool:
+        return self.outbox.call("PING") is not None
+
+    def backlog(self) -> dict[str, int]:
+        """Per site, the updates it has not applied yet."""
+        reply = self.outbox.call("BACKLOG")
+        assert isinstance(reply, list)
+        return {reply[i].decode(): int(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+    def wait_drained(self, timeout: float = 30.0) -> None:
+        """Until every site has applied every queued update (or raise)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"agent exited with {self.proc.returncode} at start: {self.log()[-2000:]}")
-            try:
-                self.call(ADMIN.health)
-                return self
-            except (ApiError, RuntimeError):
-                pass
+        while (left := self.backlog()) and any(left.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.what}: still {left} after {timeout} s: {self.log()[-2000:]}")
             time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"agent did not come up in {timeout} s: {self.log()[-2000:]}")
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
-
-    def terminate(self) -> None:
-        """Send SIGTERM once, without waiting: stop several agents in parallel,
-        then `stop` each. Only once, because a second SIGTERM that arrives
-        after the event loop has closed would kill the agent mid-shutdown."""
-        if self.proc is not None and not self._terminated and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self._terminated = True
-
-    def stop(self, timeout: float = 20.0) -> int:
-        """SIGTERM and wait; returns the exit code (0 for a clean shutdown)."""
-        if self.proc is None:
-            return 0
-        self.terminate()
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
-        finally:
-            self._close_log()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._close_log()
-
-    def _close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> AgentProcess:
-        return self.start()
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if kind is None:
-            assert self.stop() == 0, f"agent did not exit cleanly: {self.log()[-2000:]}"
-        else:
-            self.kill()
+    def launch(self) -> Self:
+        self.outbox.close()   # a connection to the last run is dead
+        return super().launch()
 
 
 def _call_in_namespace(argv: list[str]) -> None:

@@ -230,11 +230,13 @@ def test_the_example_file_validates_and_every_key_in_it_is_real(role: Role, secr
     assert table.pop("role") == role.name
     assert set(table) <= set(keys(role.parser())) and len(table) >= 5
     extra = ["--", "--secret-file", str(secret)] if "secret-file" in table else []
+    if "layout" in table:   # the example layout, where the file names where it is installed
+        extra = ["--", "--layout", str(EXAMPLES / "sites.toml")]
     assert metaflowctl(["check-config", str(path), *extra]) == 0
     shown = tomllib.loads(capsys.readouterr().out)   # the effective settings are a TOML file themselves
     assert shown["role"] == role.name
     for key, value in table.items():
-        assert shown[key] == value or key == "secret-file", key
+        assert shown[key] == value or key in ("secret-file", "layout"), key
 
 
 def test_check_config_shows_every_setting_with_its_source(tmp_path: Path, secret: Path,
@@ -276,8 +278,9 @@ def test_several_controllers_are_one_string_separated_by_commas(tmp_path: Path, 
      "key 'controller': --controller: '10.0.0.2:8080' is not a controller URL"),
     ('role = "fs"\nmountpoint = "/mnt"\nattr-timeout = -1\n', [], "key 'attr-timeout': --attr-timeout must"),
     ('role = "agent"\n', ["--role", "fs"], "key 'role': this file is for 'agent', not the fs"),
-    ('role = "router"\n', [], "key 'role': must be one of 'controller', 'agent', 'fs', not 'router'"),
-    ('log-level = "DEBUG"\n', [], "its keys fit controller or agent; add a role key"),
+    ('role = "router"\n', [],
+     "key 'role': must be one of 'controller', 'agent', 'fs', 'site-sync', not 'router'"),
+    ('log-level = "DEBUG"\n', [], "its keys fit controller or agent or site-sync; add a role key"),
     ('colour = "blue"\n', [], "its keys fit no daemon"),
 ])
 def test_check_config_refuses_what_the_daemon_would(tmp_path: Path, secret: Path, text: str,

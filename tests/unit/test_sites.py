@@ -10,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from client_lib.cidr import Block
+from client_lib.constants import SITE_SYNC_PORT
 from client_lib.errors import InvalidArgument
 from client_lib.mdid import mdid_of_key
-from client_lib.sites import Site, SiteLayout, Strategy, parse_site, place
+from client_lib.sites import Site, SiteLayout, Strategy, layout_from_table, parse_site, place
 
 SPACE = Block.parse("100.64.0.0/10")
 
@@ -123,3 +124,25 @@ def test_at_home_the_sites_own_hash_is_the_global_one_in_a_128_bit_space_too(key
     layout = SiteLayout.equal(space, ["a", "b", "c", "d", "e", "f", "g", "h"])
     home, ident = layout.home_of(key)
     assert layout.id_in(key, home) == ident == mdid_of_key(key, space)
+
+
+def test_a_layout_table_gives_the_sites_and_their_agents_or_says_what_is_wrong() -> None:
+    table = {"space": str(SPACE), "site": [
+        {"name": "west", "prefix": "100.96.0.0/11", "sync": "10.0.0.9:7000"},
+        {"name": "east", "prefix": "100.64.0.0/11"}]}
+    layout = layout_from_table(table)
+    assert [site.name for site in layout.sites] == ["east", "west"]
+    assert layout.named("west").sync == ("10.0.0.9", 7000) and layout.named("east").sync is None
+    assert layout_from_table({**table, "site": [{"name": "w", "prefix": "100.64.0.0/10",
+                                                   "sync": "h"}]}).named("w").sync == ("h", SITE_SYNC_PORT)
+    for bad, why in (({"site": []}, "needs its space"),
+                     ({**table, "space": "nowhere"}, "space"),
+                     ({**table, "sites": []}, "unknown key 'sites'"),
+                     ({**table, "site": {"name": "east"}}, r"\[\[site\]\] tables"),
+                     ({**table, "site": [{"name": "east"}]}, "site 1: needs a name and a prefix"),
+                     ({**table, "site": [{"name": "e", "prefix": str(SPACE), "port": 1}]},
+                      "unknown key 'port'"),
+                     ({**table, "site": [{"name": "e", "prefix": str(SPACE), "sync": "h:0"}]}, "e's sync"),
+                     ({**table, "site": table["site"][:1]}, "leave part of the space")):
+        with pytest.raises(InvalidArgument, match=why):
+            layout_from_table(bad)

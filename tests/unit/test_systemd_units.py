@@ -25,7 +25,8 @@ PREFIX = "/opt/metaflow/bin/"
 """Where docs/systemd.md installs the programs the units start."""
 CONFIG = {"metaflow-controller.service": "/etc/metaflow/controller.toml",
           "metaflow-agent@.service": "/etc/metaflow/agent-%i.toml",
-          "metaflow-fs@.service": "/etc/metaflow/fs-%i.toml"}
+          "metaflow-fs@.service": "/etc/metaflow/fs-%i.toml",
+          "metaflow-site-sync@.service": "/etc/metaflow/site-sync-%i.toml"}
 """The file each unit's daemon reads its settings from (``--config``)."""
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 

@@ -1,0 +1,197 @@
+"""The ``replicated`` strategy end to end (issue 29): two sites of one real
+agent each, a real `metaflow-site-sync` per site with its SQLite queue, and
+writers in both sites. Every update reaches every site; a site that is down
+(its agent stopped) or paused gets its backlog once it is back; a
+propagation agent killed with -9 and restarted on its queue loses nothing
+it acknowledged; concurrent writers of one key leave every site with the
+same, newest copy; bad requests are refused and lose nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from client_lib.cidr import Block
+from client_lib.client import MetaFlowClient, RetryPolicy, Route
+from client_lib.constants import METAFLOW_PORT
+from client_lib.errors import ServerError
+from client_lib.routes import parse_route, static_route
+from client_lib.site_client import SiteClient, read_layout
+from client_lib.sites import SiteLayout, Strategy
+from client_lib.stamps import Stamp, stamp_of, stamped, unstamped
+from mininet_scenarios.daemons import AgentProcess, SiteSyncProcess
+from nat_agent.ports import listen_port
+
+SPACE = Block.parse("100.64.0.0/10")
+NAMES = ("east", "west")
+
+
+@dataclass
+class Sites:
+    layout: SiteLayout
+    agents: dict[str, AgentProcess]
+    syncs: dict[str, SiteSyncProcess]
+    route: list[str]
+
+    def client(self, site: str) -> SiteClient:
+        return SiteClient(self.layout, Strategy.REPLICATED, site, route=self.static(),
+                          retry=RetryPolicy(3, base=0.01, cap=0.05), deadline=3)
+
+    def static(self) -> Route:
+        return static_route([parse_route(r, METAFLOW_PORT) for r in self.route], SPACE)
+
+    def held(self, site: str, path: str) -> bytes | None:
+        """The copy `site` holds, stamp and all, asked of that site alone."""
+        with MetaFlowClient(self.layout.named(site).prefix, route=self.static(),
+                            retry=RetryPolicy(1, base=0.01, cap=0.01), follow_moved=False) as client:
+            return client.get(path)
+
+
+@pytest.fixture
+def sites(tmp_path: Path) -> Iterator[Sites]:
+    halves = dict(zip(NAMES, SPACE.halves(), strict=True))
+    ports = {name: listen_port() for name in NAMES}
+    layout_file = tmp_path / "sites.toml"
+    layout_file.write_text(f'space = "{SPACE}"\n' + "".join(
+        f'[[site]]\nname = "{name}"\nprefix = "{halves[name]}"\nsync = "127.0.0.1:{ports[name]}"\n'
+        for name in NAMES))
+    agents = {name: AgentProcess(f"leveldb:{tmp_path / name}", "--space", str(halves[name]),
+                                 own=[str(halves[name])], log_path=tmp_path / f"{name}.log")
+              for name in NAMES}
+    for agent in agents.values():
+        agent.launch()
+    for agent in agents.values():
+        agent.wait_ready()
+    route = [f"{halves[name]}=127.0.0.1:{agents[name].port}" for name in NAMES]
+    syncs = {name: SiteSyncProcess(layout_file, name, tmp_path / f"{name}.sqlite", port=ports[name],
+                                   route=route, log_path=tmp_path / f"{name}-sync.log",
+                                   extra=("--backoff-cap", "0.2", "--timeout", "1"))
+             for name in NAMES}
+    for sync in syncs.values():
+        sync.start()
+    try:
+        yield Sites(read_layout(layout_file), agents, syncs, route)
+    finally:
+        for proc in [*syncs.values(), *agents.values()]:
+            proc.terminate()
+        for proc in [*syncs.values(), *agents.values()]:
+            assert proc.stop() == 0, proc.log()[-2000:]
+
+
+def _converged(sites: Sites, paths: dict[str, bytes]) -> None:
+    """Every site holds every path's expected value (stamp removed)."""
+    for sync in sites.syncs.values():
+        sync.wait_drained()
+    for site in NAMES:
+        for path, value in paths.items():
+            held = sites.held(site, path)
+            assert held is not None and stamp_of(held) is not None, (site, path, held)
+            assert unstamped(held)[1] == value, (site, path, held)
+
+
+def test_writes_in_both_sites_reach_every_site_and_read_locally(sites: Sites) -> None:
+    want = {}
+    with sites.client("east") as east, sites.client("west") as west:
+        for i in range(60):
+            for name, client in (("east", east), ("west", west)):
+                path, value = f"/{name}/f{i}", f"{name}-{i}".encode()
+                client.put(path, value)
+                assert client.get(path) == value   # its own site's copy, at once
+                want[path] = value
+        _converged(sites, want)
+        assert west.get("/east/f7") == b"east-7" and east.get("/west/f7") == b"west-7"
+
+
+def test_a_site_that_is_down_or_paused_catches_up_and_loses_nothing(sites: Sites) -> None:
+    west = sites.agents["west"]
+    want = {}
+    with sites.client("east") as east:
+        west.terminate()
+        assert west.stop() == 0
+        for i in range(150):
+            want[f"/cut/{i}"] = b"v%d" % i
+            east.put(f"/cut/{i}", want[f"/cut/{i}"])
+        for i in range(0, 150, 3):   # rewritten while cut off: only the last must arrive
+            want[f"/cut/{i}"] = b"w%d" % i
+            east.put(f"/cut/{i}", want[f"/cut/{i}"])
+        deadline = time.monotonic() + 10   # the site that is up is not held back by the one down
+        while sites.syncs["east"].backlog()["east"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sites.syncs["east"].backlog() == {"east": 0, "west": 200}
+        west.launch().wait_ready()
+        _converged(sites, want)
+
+        assert west.proc is not None
+        os.kill(west.proc.pid, signal.SIGSTOP)   # a paused site: the writes wait, then arrive
+        try:
+            for i in range(20):
+                want[f"/pause/{i}"] = b"p%d" % i
+                east.put(f"/pause/{i}", want[f"/pause/{i}"])
+        finally:
+            os.kill(west.proc.pid, signal.SIGCONT)
+        _converged(sites, want)
+
+
+def test_a_propagation_agent_killed_with_9_loses_nothing_it_acknowledged(sites: Sites) -> None:
+    west, sync = sites.agents["west"], sites.syncs["east"]
+    want = {}
+    with sites.client("east") as east:
+        west.terminate()
+        assert west.stop() == 0
+        for i in range(100):
+            want[f"/k9/{i}"] = b"k%d" % i
+            east.put(f"/k9/{i}", want[f"/k9/{i}"])
+        sync.kill()
+        sync.launch().wait_ready()
+        assert sync.backlog()["west"] == 100
+        west.launch().wait_ready()
+        _converged(sites, want)
+
+
+def test_concurrent_writers_of_one_key_leave_every_site_the_same_newest_copy(sites: Sites) -> None:
+    paths = [f"/race/{i}" for i in range(8)]
+
+    def write(site: str) -> None:
+        with sites.client(site) as client:
+            for round_ in range(25):
+                for path in paths:
+                    client.put(path, f"{site}-{round_}".encode())
+
+    threads = [threading.Thread(target=write, args=(site,)) for site in NAMES]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for sync in sites.syncs.values():
+        sync.wait_drained()
+    for path in paths:
+        copies = {site: sites.held(site, path) for site in NAMES}
+        assert copies["east"] == copies["west"], copies
+        assert copies["east"] is not None and copies["east"].split(b"-")[-1] == b"24"
+
+
+def test_bad_requests_are_refused_and_queue_nothing(sites: Sites) -> None:
+    outbox = sites.syncs["east"].outbox
+    good = stamped(b"v", Stamp(1, b"t"))
+    for args, error in (((b"QUEUE", b"/a", b"plain"), "no stamp"),
+                        ((b"QUEUE", b"/a"), "key-value pairs"),
+                        ((b"QUEUE", b"/a//b/", good), "not normalized"),
+                        ((b"QUEUE", b"relative", good), "absolute"),
+                        ((b"FLUSHALL",), "unknown command")):
+        with pytest.raises(ServerError, match=error):
+            outbox.call(*args)
+    assert sites.syncs["east"].backlog() == {"east": 0, "west": 0}
+    sync = sites.syncs["east"]
+    assert sync.proc is not None
+    sync.proc.send_signal(signal.SIGHUP)   # a reload: the layout is read again, the agent goes on
+    deadline = time.monotonic() + 10
+    while "layout is unchanged" not in sync.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "layout is unchanged" in sync.log() and outbox.call("PING") is not None
