@@ -47,7 +47,7 @@ FASTPATH_SOURCES := $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/bui
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: setup apt mininet-link ovs fs-tools test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
-        bench-flowtables bench-testbed bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-fs bench-fig20 plan clean \
+        bench-flowtables bench-testbed bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-sites bench-fs bench-fig20 plan clean \
         bench-scale bench-ovs-fit
 
 setup: apt $(STAMP) mininet-link ovs
@@ -242,6 +242,11 @@ bench-agent: setup
 # --sync-rate values after a kill -9 (about 10 minutes; --quick: about 2).
 bench-replication: setup
 	$(PY) -m benchmarks.replication --out benchmarks/results
+
+# The multi-site paper's Figs. 5-7 on four sites in network namespaces, WAN
+# links with the round trips of its Azure regions (docs/sites.md; about 6 minutes).
+bench-sites: setup
+	$(PY) -m benchmarks.sites_bench --out benchmarks/results
 
 # The nemesis at length (`make test` runs 20 kills and 2 of each other kind):
 # 200 kill -9s of storage servers (primaries, backups, in splits and

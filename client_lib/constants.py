@@ -46,6 +46,10 @@ SITE_SYNC_PORT: Final = 9003
 strategy of several sites): its site's writers queue their updates here
 (RESP)."""
 
+TCP_FASTOPEN_CONNECT: Final = 30
+"""The socket option of <linux/tcp.h> that sends a connection's first write
+in its SYN (the socket module does not name it): a client's ``fast_open``."""
+
 LOOKUP_PORT: Final = 9100
 """The baselines' lookup daemon (`metaflow-lookupd`), benchmarks only."""
 

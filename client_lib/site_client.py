@@ -23,9 +23,10 @@ import os
 import socket
 import threading
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from client_lib.client import Destination, MetaFlowClient
 from client_lib.errors import BadReply, InvalidArgument, ServerError, Unavailable
@@ -35,7 +36,7 @@ from client_lib.resp import OK, ErrorReply, ProtocolError, Reply, RespParser, en
 from client_lib.sites import Placement, SiteLayout, Strategy, layout_from_table, place
 from client_lib.stamps import Clock, stamped, unstamped
 
-__all__ = ["Outbox", "SiteClient", "read_layout"]
+__all__ = ["Outbox", "RespLine", "SiteClient", "SiteStore", "read_layout"]
 
 
 def read_layout(path: Path | str) -> SiteLayout:
@@ -48,9 +49,12 @@ def read_layout(path: Path | str) -> SiteLayout:
         raise InvalidArgument(f"{path}: {exc}") from None
 
 
-class Outbox:
-    """The connection to one propagation agent: `queue` returns once the
-    agent has the updates on disk. Thread-safe (one request at a time)."""
+class RespLine:
+    """One kept connection to one RESP server at a fixed address (a
+    propagation agent; the baselines' registries). Thread-safe (one
+    request at a time)."""
+
+    what = "server"
 
     def __init__(self, where: Destination, timeout: float = 5.0) -> None:
         self.where, self.timeout = where, timeout
@@ -58,9 +62,9 @@ class Outbox:
         self._lock = threading.Lock()
 
     def call(self, *args: bytes | str) -> Reply:
-        """One command and its reply; `Unavailable` if the agent cannot be
-        reached or answered nothing in time (the updates may or may not be
-        queued then: queueing again is harmless), `ServerError` if it refused."""
+        """One command and its reply; `Unavailable` if the server cannot be
+        reached or answered nothing in time (the command may or may not have
+        been applied then), `ServerError` if it refused."""
         frame = encode_command(*args)
         with self._lock:
             try:
@@ -72,20 +76,15 @@ class Outbox:
                 while not (answer := parser.next_reply())[0]:
                     data = self._sock.recv(65536)
                     if not data:
-                        raise ConnectionResetError("the propagation agent closed the connection")
+                        raise ConnectionResetError(f"the {self.what} closed the connection")
                     parser.feed(data)
             except (OSError, ProtocolError) as exc:
                 self._drop()
-                raise Unavailable(f"propagation agent {self.where[0]}:{self.where[1]}", 1, str(exc)) from None
+                raise Unavailable(f"{self.what} {self.where[0]}:{self.where[1]}", 1, str(exc)) from None
         reply = answer[1]
         if isinstance(reply, ErrorReply):
             raise ServerError(reply.message)
         return reply
-
-    def queue(self, key: bytes, value: bytes) -> None:
-        reply = self.call("QUEUE", key, value)
-        if reply != OK:
-            raise BadReply(f"QUEUE answered {reply!r}")
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -97,13 +96,36 @@ class Outbox:
             self._drop()
 
 
+class Outbox(RespLine):
+    """The connection to one propagation agent: `queue` returns once the
+    agent has the update on disk (an `Unavailable` leaves it unknown whether
+    it was queued: queueing again is harmless)."""
+
+    what = "propagation agent"
+
+    def queue(self, key: bytes, value: bytes) -> None:
+        reply = self.call("QUEUE", key, value)
+        if reply != OK:
+            raise BadReply(f"QUEUE answered {reply!r}")
+
+
+class SiteStore(Protocol):
+    """What `SiteClient` reads and writes one site's copies through: a
+    `MetaFlowClient` over the site's prefix, or (the baselines) a registry."""
+
+    def get(self, path: str | bytes) -> bytes | None: ...
+    def put(self, path: str | bytes, value: bytes | FileMetadata) -> None: ...
+    def close(self) -> None: ...
+
+
 class SiteClient:
     """Reads and writes of a client in site `local` under `strategy`
     (``centralized`` names its site in `central`); `options` are every
-    per-site `MetaFlowClient`'s (its route, timeouts, retries)."""
+    per-site `MetaFlowClient`'s (its route, timeouts, retries). `stores`
+    replaces those clients, one per site (the baselines' registries)."""
 
     def __init__(self, layout: SiteLayout, strategy: Strategy, local: str, *, central: str | None = None,
-                 **options: Any) -> None:
+                 stores: Mapping[str, SiteStore] | None = None, **options: Any) -> None:
         self.layout, self.strategy, self.local, self.central = layout, strategy, local, central
         self.placed(b"/")   # a bad site name, or centralized without its site, fails now
         self.outbox: Outbox | None = None
@@ -114,7 +136,8 @@ class SiteClient:
                                       "(its sync address in the layout)")
             self.outbox = Outbox(sync, float(options.get("deadline", 5.0)))
             self.clock = Clock(f"{local}/{os.getpid()}/{os.urandom(4).hex()}".encode())
-        self.sites = {site.name: MetaFlowClient(site.prefix, **options) for site in layout.sites}
+        self.sites: Mapping[str, SiteStore] = stores or {
+            site.name: MetaFlowClient(site.prefix, **options) for site in layout.sites}
 
     def placed(self, key: bytes) -> Placement:
         """Where this client puts and looks for a normalized key."""

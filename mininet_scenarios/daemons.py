@@ -236,20 +236,23 @@ class AgentProcess(DaemonProcess):
 
 
 class SiteSyncProcess(DaemonProcess):
-    """A site's propagation agent (`metaflow-site-sync`) on loopback, its
-    queue in `queue`; `route` (``CIDR=HOST:PORT`` each) stands in for the
-    network. `outbox` talks to it as a writer does."""
+    """A site's propagation agent (`metaflow-site-sync`), its queue in
+    `queue`, listening on `host`:`port` (inside `netns` if given, and then
+    reached from here at `reach`); `route` (``CIDR=HOST:PORT`` each) stands
+    in for the network. `outbox` talks to it as a writer does."""
 
     what = "site-sync"
 
-    def __init__(self, layout: Path, site: str, queue: Path, *, port: int, route: list[str] | None = None,
+    def __init__(self, layout: Path, site: str, queue: Path, *, port: int, host: str = "127.0.0.1",
+                 reach: str | None = None, netns: NetnsLike | None = None, route: list[str] | None = None,
                  log_path: Path | None = None, extra: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.port, self.log_path = port, log_path
-        self.argv = [sys.executable, "-m", "nat_agent.site_sync", "--layout", str(layout), "--site", site,
-                     "--queue", str(queue), "--listen", f"127.0.0.1:{port}",
+        self.argv = [*(netns.command() if netns else []), sys.executable, "-m", "nat_agent.site_sync",
+                     "--layout", str(layout), "--site", site, "--queue", str(queue),
+                     "--listen", f"{host}:{port}",
                      *[arg for entry in route or [] for arg in ("--route", entry)], *extra]
-        self.outbox = Outbox(("127.0.0.1", port), timeout=5.0)
+        self.outbox = Outbox((reach or host, port), timeout=5.0)
 
     def ready(self) -> bool:
         return self.outbox.call("PING") is not None

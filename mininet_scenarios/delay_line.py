@@ -18,12 +18,15 @@ beyond that a frame is dropped, as a router's full buffer drops it.
     python -m mininet_scenarios.delay_line IF_A IF_B --rtt-ms 40
 
 prints ``ready`` once both sockets are bound and runs until SIGTERM or
-SIGINT, then exits 0.
+SIGINT, then exits 0. SIGUSR1 cuts the line (every frame, in flight or
+arriving, is lost, as on a cut fibre: the interfaces stay up, so nothing
+tells the ends) and SIGUSR2 mends it.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import selectors
 import signal
 import socket
@@ -41,6 +44,8 @@ MAX_QUEUED = 50_000
 
 IDLE_WAIT = 0.2
 """Seconds between checks for a stop when no frame is in flight."""
+PRECISE_WAIT = 0.002
+"""A frame due within this many seconds is waited for by sleeping, not by epoll."""
 
 
 def _packet_socket(interface: str) -> socket.socket:
@@ -79,6 +84,7 @@ class DelayLine:
         self.sockets = (_packet_socket(a), _packet_socket(b))
         self.queues: tuple[deque[tuple[float, bytes]], deque[tuple[float, bytes]]] = (deque(), deque())
         self.stopping = False
+        self.cut = False
         self.forwarded = 0
         self.dropped = 0
 
@@ -96,7 +102,13 @@ class DelayLine:
                 self._send_due(time.monotonic())
                 heads = [queue[0][0] for queue in self.queues if queue]
                 wait = min(heads) - time.monotonic() if heads else IDLE_WAIT
-                for key, _ in selector.select(max(0.0, min(wait, IDLE_WAIT))):
+                if wait < PRECISE_WAIT:
+                    # epoll rounds its timeout up to a whole millisecond: the last of
+                    # a wait is slept precisely (arriving frames wait in the socket).
+                    time.sleep(max(0.0, wait))
+                    continue
+                timeout = math.floor(min(wait, IDLE_WAIT) * 1000 - 1) / 1000
+                for key, _ in selector.select(max(0.0, timeout)):
                     self._receive(key.data)
         finally:
             selector.close()
@@ -111,12 +123,16 @@ class DelayLine:
                 return
             if address[2] == socket.PACKET_OUTGOING:
                 continue   # one this line sent, seen on its way out
-            if len(queue) >= MAX_QUEUED:
+            if self.cut or len(queue) >= MAX_QUEUED:
                 self.dropped += 1
                 continue
             queue.append((due, frame))
 
     def _send_due(self, now: float) -> None:
+        if self.cut:   # what was in flight when the line was cut is lost too
+            self.dropped += sum(map(len, self.queues))
+            for queue in self.queues:
+                queue.clear()
         for side, queue in enumerate(self.queues):
             out = self.sockets[1 - side]
             while queue and queue[0][0] <= now:
@@ -133,7 +149,11 @@ def _stopped_by_signals(line: DelayLine) -> Iterator[None]:
     def stop(_signum: int, _frame: object) -> None:
         line.stopping = True
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    def cut(signum: int, _frame: object) -> None:
+        line.cut = signum == signal.SIGUSR1
+
+    handlers = {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: cut, signal.SIGUSR2: cut}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     try:
         yield
     finally:

@@ -109,6 +109,33 @@ class Host(Protocol):
     def detach(self, conn: Connection) -> None: ...
 
 
+class PythonPathHost:
+    """The part of a `Host` that a small RESP daemon shares (the baselines'
+    lookup daemon, a site's propagation agent): no compiled lane, no
+    per-argument limits, its connections tracked so that a stop closes them;
+    it gives `max_bulk` and `execute`."""
+
+    arg_limit: ArgLimit | None = None
+
+    def __init__(self) -> None:
+        self.stats: Counter[str] = Counter()
+        self._connections: set[Connection] = set()
+
+    def lane(self) -> None:
+        return None   # every command runs on the Python path
+
+    def attach(self, conn: Connection) -> ErrorReply | None:
+        self._connections.add(conn)
+        return None
+
+    def detach(self, conn: Connection) -> None:
+        self._connections.discard(conn)
+
+    def close_connections(self) -> None:
+        for conn in list(self._connections):
+            conn.close()
+
+
 async def resume(coro: Coroutine[Any, Any, bytes], waiting: Any) -> bytes:
     """Finish a coroutine that was started by hand and suspended on `waiting`
     (an asyncio future, or None for a bare yield to the loop)."""

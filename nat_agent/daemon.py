@@ -35,8 +35,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from client_lib import sdnotify
 from client_lib.api.admin import Stats
@@ -63,6 +62,7 @@ from nat_agent.replication import Replicator
 from nat_agent.rewrite import Rewriter
 from nat_agent.rules import DEFAULT_MODE, MODES
 from nat_agent.service import DEFAULT_WORKERS, MetadataService, ServiceLimits
+from nat_agent.serving import Runner, serve
 from nat_agent.store import DEFAULT_FSYNC, FSYNC_MODES
 from nat_agent.store_spec import open_store
 from nat_agent.syncs import Syncs
@@ -365,18 +365,11 @@ def quiet_collector() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    runner: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+    runner: Runner = asyncio.run
     if args.loop == "uvloop":
         import uvloop
         runner = uvloop.run
-    try:
-        runner(run(args, rereader(ROLES["agent"], parser, argv, from_args)))
-    except (OSError, ValueError) as exc:
-        log.error("cannot run: %s", exc)
-        return 1
-    return 0
+    return serve(run(args, rereader(ROLES["agent"], parser, argv, from_args)), args.log_level, log, runner)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ from client_lib.site_client import read_layout
 from client_lib.sites import Site, SiteLayout
 from client_lib.stamps import Step, stamp_of, step
 from client_lib.version import add_version_flag
-from nat_agent.connection import Client, Connection
+from nat_agent.connection import Client, Connection, PythonPathHost
 from nat_agent.resp_commands import encode_reply
+from nat_agent.serving import serve
 from nat_agent.site_queue import SiteQueue, Update
 
 log = logging.getLogger("metaflow.site_sync")
@@ -127,21 +128,19 @@ class Pusher(threading.Thread):
         self.client.close()
 
 
-class SyncService:
+class SyncService(PythonPathHost):
     """The agent: its queue, its pushers and the `nat_agent.connection.Host`
     of its clients' connections."""
 
     max_bulk = MAX_VALUE
-    arg_limit = None
 
     def __init__(self, layout: SiteLayout, queue: SiteQueue, clients: dict[str, MetaFlowClient], *,
                  batch: int = 256, workers: int = 8, backoff_cap: float = 2.0) -> None:
+        super().__init__()
         self.layout, self.queue = layout, queue
-        self.stats: Counter[str] = Counter()
         self.stop_pushing = threading.Event()
         self.pushers = [Pusher(site, clients[site.name], queue, self.stop_pushing, batch=batch,
                                workers=workers, backoff_cap=backoff_cap) for site in layout.sites]
-        self._connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._pending: list[tuple[list[tuple[bytes, bytes]], asyncio.Future[None]]] = []
         self._committing = False
@@ -158,8 +157,7 @@ class SyncService:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-            for conn in list(self._connections):
-                conn.close()
+            self.close_connections()
             await self._server.wait_closed()
         while self._committing:   # what was acknowledged is on disk; let the last commit end
             await asyncio.sleep(0.01)
@@ -170,16 +168,6 @@ class SyncService:
             await asyncio.to_thread(pusher.join)
             pusher.close()
         self.queue.close()
-
-    def lane(self) -> None:
-        return None
-
-    def attach(self, conn: Connection) -> ErrorReply | None:
-        self._connections.add(conn)
-        return None
-
-    def detach(self, conn: Connection) -> None:
-        self._connections.discard(conn)
 
     async def execute(self, command: list[bytes], conn: Client) -> bytes:
         handler = self._commands.get(command[0].upper())
@@ -259,6 +247,8 @@ def parser() -> argparse.ArgumentParser:
                    help="updates written into one site at once")
     p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                    help="the deadline of one write into a site, retries included")
+    p.add_argument("--fast-open", action="store_true",
+                   help="send each new connection's first write in its SYN (TCP Fast Open; docs/sites.md)")
     p.add_argument("--backoff-cap", type=float, default=2.0, metavar="SECONDS",
                    help="the longest pause before writing again into a site that failed")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -286,16 +276,18 @@ def from_args(args: argparse.Namespace) -> tuple[SiteLayout, Destination, Route 
     return layout, listen, route
 
 
-def _clients(layout: SiteLayout, route: Route | None, timeout: float) -> dict[str, MetaFlowClient]:
+def _clients(layout: SiteLayout, route: Route | None, timeout: float,
+             fast_open: bool) -> dict[str, MetaFlowClient]:
     retry = RetryPolicy(4, base=0.01, cap=0.5)
-    return {site.name: MetaFlowClient(site.prefix, route=route, retry=retry, deadline=timeout)
-            for site in layout.sites}
+    return {site.name: MetaFlowClient(site.prefix, route=route, retry=retry, deadline=timeout,
+                                      fast_open=fast_open) for site in layout.sites}
 
 
 async def run(args: argparse.Namespace, layout: SiteLayout, listen: Destination, route: Route | None) -> None:
     queue = SiteQueue(Path(args.queue), [site.name for site in layout.sites])
-    service = SyncService(layout, queue, _clients(layout, route, args.timeout), batch=args.batch,
-                          workers=args.workers, backoff_cap=args.backoff_cap)
+    clients = _clients(layout, route, args.timeout, args.fast_open)
+    service = SyncService(layout, queue, clients, batch=args.batch, workers=args.workers,
+                          backoff_cap=args.backoff_cap)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -331,14 +323,7 @@ def _reread(path: str, running: SiteLayout) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, (layout, listen, route) = parse(ROLES["site-sync"], parser(), argv, from_args)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        asyncio.run(run(args, layout, listen, route))
-    except (OSError, ValueError) as exc:
-        log.error("cannot run: %s", exc)
-        return 1
-    return 0
+    return serve(run(args, layout, listen, route), args.log_level, log)
 
 
 if __name__ == "__main__":

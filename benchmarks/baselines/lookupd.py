@@ -34,7 +34,6 @@ import json
 import logging
 import signal
 import sys
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +45,7 @@ from client_lib.cidr import Block
 from client_lib.constants import LOOKUP_PORT
 from client_lib.resp import ErrorReply, Reply
 from client_lib.version import add_version_flag
-from nat_agent.connection import Client, Connection
+from nat_agent.connection import Client, Connection, PythonPathHost
 from nat_agent.resp_commands import encode_reply
 
 log = logging.getLogger("metaflow.lookupd")
@@ -80,11 +79,10 @@ class CommandError(Exception):
     pass
 
 
-class LookupService:
+class LookupService(PythonPathHost):
     """The `nat_agent.connection.Host` of every lookup connection."""
 
     max_bulk = 64 << 20   # GADD batches and filters
-    arg_limit = None      # no per-argument limits: peers are trusted
 
     def __init__(self, name: str, membership: Membership) -> None:
         if name not in membership.data_ip:
@@ -94,8 +92,7 @@ class LookupService:
         self.chord = membership.chord()
         self.ghba = GhbaNode(name, GhbaLayout(tuple(sorted(membership.data_ip)), membership.group_size))
         self.peers = RpcPool()
-        self.stats: Counter[str] = Counter()
-        self._connections: set[Connection] = set()
+        super().__init__()
         self._server: asyncio.AbstractServer | None = None
         self._commands: dict[bytes, Callable[[list[bytes]], Awaitable[Reply]]] = {
             b"PING": self._ping, b"WHO": self._who, b"CHORD": self._chord, b"GHBA": self._ghba,
@@ -113,20 +110,9 @@ class LookupService:
         if self._server is None:
             return
         self._server.close()
-        for conn in list(self._connections):
-            conn.close()
+        self.close_connections()
         self.peers.close()
         await self._server.wait_closed()
-
-    def lane(self) -> None:
-        return None   # every lookup command runs on the Python path
-
-    def attach(self, conn: Connection) -> ErrorReply | None:
-        self._connections.add(conn)
-        return None
-
-    def detach(self, conn: Connection) -> None:
-        self._connections.discard(conn)
 
     async def execute(self, command: list[bytes], conn: Client) -> bytes:
         handler = self._commands.get(command[0].upper())

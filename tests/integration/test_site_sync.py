@@ -109,18 +109,26 @@ def test_writes_in_both_sites_reach_every_site_and_read_locally(sites: Sites) ->
         assert west.get("/east/f7") == b"east-7" and east.get("/west/f7") == b"west-7"
 
 
+def _write(client: SiteClient, want: dict[str, bytes], tag: str, count: int, step: int = 1,
+           mark: bytes = b"v") -> None:
+    """Write ``/tag/i`` for every `step`-th i below `count`, noting each in `want`."""
+    for i in range(0, count, step):
+        want[f"/{tag}/{i}"] = mark + b"%d" % i
+        client.put(f"/{tag}/{i}", want[f"/{tag}/{i}"])
+
+
+def _stopped(agent: AgentProcess) -> None:
+    agent.terminate()
+    assert agent.stop() == 0
+
+
 def test_a_site_that_is_down_or_paused_catches_up_and_loses_nothing(sites: Sites) -> None:
     west = sites.agents["west"]
-    want = {}
+    want: dict[str, bytes] = {}
     with sites.client("east") as east:
-        west.terminate()
-        assert west.stop() == 0
-        for i in range(150):
-            want[f"/cut/{i}"] = b"v%d" % i
-            east.put(f"/cut/{i}", want[f"/cut/{i}"])
-        for i in range(0, 150, 3):   # rewritten while cut off: only the last must arrive
-            want[f"/cut/{i}"] = b"w%d" % i
-            east.put(f"/cut/{i}", want[f"/cut/{i}"])
+        _stopped(west)
+        _write(east, want, "cut", 150)
+        _write(east, want, "cut", 150, 3, b"w")   # rewritten while cut off: only the last must arrive
         deadline = time.monotonic() + 10   # the site that is up is not held back by the one down
         while sites.syncs["east"].backlog()["east"] and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -131,9 +139,7 @@ def test_a_site_that_is_down_or_paused_catches_up_and_loses_nothing(sites: Sites
         assert west.proc is not None
         os.kill(west.proc.pid, signal.SIGSTOP)   # a paused site: the writes wait, then arrive
         try:
-            for i in range(20):
-                want[f"/pause/{i}"] = b"p%d" % i
-                east.put(f"/pause/{i}", want[f"/pause/{i}"])
+            _write(east, want, "pause", 20)
         finally:
             os.kill(west.proc.pid, signal.SIGCONT)
         _converged(sites, want)
@@ -141,13 +147,10 @@ def test_a_site_that_is_down_or_paused_catches_up_and_loses_nothing(sites: Sites
 
 def test_a_propagation_agent_killed_with_9_loses_nothing_it_acknowledged(sites: Sites) -> None:
     west, sync = sites.agents["west"], sites.syncs["east"]
-    want = {}
+    want: dict[str, bytes] = {}
     with sites.client("east") as east:
-        west.terminate()
-        assert west.stop() == 0
-        for i in range(100):
-            want[f"/k9/{i}"] = b"k%d" % i
-            east.put(f"/k9/{i}", want[f"/k9/{i}"])
+        _stopped(west)
+        _write(east, want, "k9", 100)
         sync.kill()
         sync.launch().wait_ready()
         assert sync.backlog()["west"] == 100
