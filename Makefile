@@ -27,7 +27,7 @@ APT_PACKAGES := redis-server redis-tools iptables conntrack iproute2 ethtool \
                 libnetfilter-queue-dev libnetfilter-queue1 build-essential \
                 mininet openvswitch-switch iputils-ping strace e2fsprogs \
                 fuse3 libfuse3-dev pkg-config rsync postmark fsmark git systemd prometheus \
-                etcd-server etcd-client libleveldb-dev libsnappy-dev
+                etcd-server etcd-client libleveldb-dev libsnappy-dev procps
 # Debian's Mininet is a package of the system python3 only. The venv gets a
 # symlink to that one package, not a .pth line for the whole dist-packages
 # directory: a .pth would let every Debian module (an older cryptography,

@@ -177,7 +177,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
                       ("local-replication", results["fig6"]["local-replication"])):
         curve = progress_curve(run)
         axes[1].plot([t for _, t in curve], [100 * f for f, _ in curve], marker=".", label=name)
-    axes[1].set(xlabel="seconds", ylabel="operations done, %", title="Fig. 6: progress")
+    axes[1].set(xlabel="seconds from the start (mean over nodes)", ylabel="operations done, %",
+                title="Fig. 6: progress")
     axes[2].set(xlabel="nodes", ylabel="operations/s", title="Fig. 7: throughput")
     runs = results.get("fig10", [])
     shapes = sorted({(r["workflow"], r["scenario"]) for r in runs})
@@ -187,7 +188,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
                         and r["strategy"] == strategy.value) for shape in shapes]
         axes[3].bar([x + k * width for x in range(len(shapes))], heights, width, label=strategy.value)
     axes[3].set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))],
-                       [f"{w}\n{sc}" for w, sc in shapes], fontsize=7)
+                       [f"{w} {sc}" for w, sc in shapes], fontsize=7, rotation=25, ha="right")
     axes[3].set(ylabel="makespan, s", title="Fig. 10: workflows")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -302,6 +303,16 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return results
 
 
+def kept(results: dict[str, Any]) -> dict[str, Any]:
+    """What is written to disk: every run without its nodes' details, but
+    for Fig. 6's two (their progress curves)."""
+    def lean(run: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in run.items() if key != "nodes_detail"}
+    out = {key: [lean(r) for r in value] if key in ("fig5", "fig7", "registry", "plain") else value
+           for key, value in results.items()}
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sites_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--sites", type=int, choices=(2, 4), default=4)
@@ -331,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "sites.json").write_text(json.dumps(results, indent=1))
+        (args.out / "sites.json").write_text(json.dumps(kept(results), indent=1))
         plot(results, Path(__file__).resolve().parents[1] / "docs" / "img" / "sites.png")
     return 0
 

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from benchmarks.baselines.site_registry import REGISTRY_PORT
 from client_lib.constants import METAFLOW_PORT, SITE_SYNC_PORT
 from mininet_scenarios.daemons import ROOT, AgentProcess, SiteSyncProcess
 from mininet_scenarios.delay_line import prepare
@@ -36,6 +35,8 @@ from mininet_scenarios.syscmd import delete_link, ip
 
 _counter = itertools.count()
 
+REGISTRY_PORT = 6379
+"""Where each site's registry listens, for the baseline (Redis's own port)."""
 CLIENT_FAST_OPEN = 0x1 | 0x4
 """``net.ipv4.tcp_fastopen`` where the nodes run: send data in the SYN, even
 without a cookie from that server (each MetaDataID is a server address never

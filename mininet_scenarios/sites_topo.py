@@ -19,7 +19,9 @@ Addresses: site ``i``'s border is ``10.(100+i).0.1`` (on its loopback) and
 its nodes' subnet ``10.(100+i).0.0/16``; agent ``j`` of site ``i`` sits on
 ``10.(100+i).(j+1).2/24`` behind the border's ``.1``; the link between
 sites ``i < j`` is a /30 of ``10.255.0.0/16``; the management link from
-the machine to border ``i`` is ``mgmt + 4i`` (a /30, the border on ``+2``).
+the machine to border ``i`` is ``mgmt + 4i`` (a /30, the border on ``+2``;
+``mgmt`` is 10.252.0.0 by default, apart from the Mininet scenarios'
+management network, 10.254.0.0/16).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class SitesTopo:
     rtt_ms: dict[frozenset[str], float]
     agents: int = 1
     rate_mbit: float | None = None
-    mgmt: str = "10.254.0.0"
+    mgmt: str = "10.252.0.0"
     links: tuple[WanLink, ...] = field(init=False)
 
     def __post_init__(self) -> None:

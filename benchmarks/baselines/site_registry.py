@@ -21,9 +21,6 @@ from client_lib.metadata import FileMetadata
 from client_lib.resp import OK
 from client_lib.site_client import RespLine, SiteStore
 
-REGISTRY_PORT = 6379
-"""Where each site's registry listens (Redis's own port)."""
-
 
 class RegistryStore(RespLine):
     """One site's registry: a redis-server keyed by the entry's normalized path."""
