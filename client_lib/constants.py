@@ -41,10 +41,10 @@ backups here before it acknowledges it."""
 DEFAULT_REPLICAS: Final = 2
 """Copies of every block (the controller's --replicas); 1 is no replication."""
 
-SITE_SYNC_PORT: Final = 9003
+SITE_SYNC_PORT: Final = 9004
 """A site's propagation agent (`metaflow-site-sync`, the ``replicated``
 strategy of several sites): its site's writers queue their updates here
-(RESP)."""
+(RESP). Not 9003, where the deployment examples put an agent's metrics."""
 
 TCP_FASTOPEN_CONNECT: Final = 30
 """The socket option of <linux/tcp.h> that sends a connection's first write

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from client_lib.api.metrics import AGENT as AGENT_METRICS
 from client_lib.api.metrics import CONTROLLER as CONTROLLER_METRICS
+from client_lib.api.metrics import SITE_SYNC as SITE_SYNC_METRICS
 from client_lib.api.metrics import Family
 from client_lib.config import ROLES, Role, is_switch, keys, toml_value, type_name
 
@@ -208,7 +209,8 @@ def render_families(families: Sequence[Family]) -> str:
 def current_metrics() -> dict[str, str]:
     """Each daemon's table of metric families, by program name."""
     return {"metaflow-controller": render_families(CONTROLLER_METRICS),
-            "metaflow-agent": render_families(AGENT_METRICS)}
+            "metaflow-agent": render_families(AGENT_METRICS),
+            "metaflow-site-sync": render_families(SITE_SYNC_METRICS)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,13 +21,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from client_lib.api import metrics as m
+from nat_agent.metrics_endpoint import MetricsEndpoint, counter_family, gauge_family
 from nat_agent.migration import Migrator
 from nat_agent.replica import ReplicaServer
 from nat_agent.service import MetadataService
@@ -45,14 +44,6 @@ REPLICATION_OUTCOMES = ("streamed", "acknowledged", "not_acknowledged", "resent"
 REPLICA_RECORDS = ("applied", "copied", "copies_skipped")
 
 
-def _counter(family: m.Family) -> CounterMetricFamily:
-    return CounterMetricFamily(family.name.removesuffix("_total"), family.help, labels=family.labels)
-
-
-def _gauge(family: m.Family) -> GaugeMetricFamily:
-    return GaugeMetricFamily(family.name, family.help, labels=family.labels)
-
-
 class AgentCollector(Collector):
     """One agent's families; `keys` and `size` are set by the scrape (the store
     counts and measures itself asynchronously: a Redis store asks its server)."""
@@ -66,7 +57,7 @@ class AgentCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         service = self.service
         stats, failures = service.stats, service.failures
-        requests = _counter(m.REQUESTS)
+        requests = counter_family(m.REQUESTS)
         for command, counter in service.counters().items():
             failed = {o: failures[counter, o] for o in OUTCOMES}
             requests.add_metric([command, "served"],
@@ -74,7 +65,7 @@ class AgentCollector(Collector):
             for outcome, count in failed.items():
                 requests.add_metric([command, outcome], count)
         yield requests
-        compiled = _counter(m.COMPILED_REQUESTS)
+        compiled = counter_family(m.COMPILED_REQUESTS)
         compiled.add_metric([], stats["compiled_requests"])
         yield compiled
         seconds = HistogramMetricFamily(m.REQUEST_SECONDS.name, m.REQUEST_SECONDS.help,
@@ -84,28 +75,29 @@ class AgentCollector(Collector):
             latency = latencies[counter]
             seconds.add_metric([command], latency.cumulative(), latency.total)
         yield seconds
-        yield _from(_counter(m.REJECTED), stats, {reason: reason for reason in REJECTIONS})
-        yield _from(_counter(m.CONNECTIONS), stats, CONNECTION_EVENTS)
+        yield _from(counter_family(m.REJECTED), stats, {reason: reason for reason in REJECTIONS})
+        yield _from(counter_family(m.CONNECTIONS), stats, CONNECTION_EVENTS)
         yield GaugeMetricFamily(m.CONNECTIONS_OPEN.name, m.CONNECTIONS_OPEN.help,
                                 value=service.open_connections())
         yield GaugeMetricFamily(m.KEYS.name, m.KEYS.help, value=self.keys)
         yield GaugeMetricFamily(m.STORE_BYTES.name, m.STORE_BYTES.help, value=self.size)
         roles = service.ownership.roles
-        held = _gauge(m.BLOCKS_HELD)
+        held = gauge_family(m.BLOCKS_HELD)
         held.add_metric(["primary"], sum(r.primary for r in roles))
         held.add_metric(["backup"], sum(not r.primary for r in roles))
         yield held
         replicator = service.replicator
-        yield _from(_counter(m.REPLICATION), replicator.stats, {o: o for o in REPLICATION_OUTCOMES})
+        yield _from(counter_family(m.REPLICATION), replicator.stats, {o: o for o in REPLICATION_OUTCOMES})
         yield GaugeMetricFamily(m.REPLICATION_WRITING.name, m.REPLICATION_WRITING.help,
                                 value=len(replicator.writing))
-        queue, lag = _gauge(m.REPLICATION_QUEUE), _gauge(m.REPLICATION_LAG)
+        queue, lag = gauge_family(m.REPLICATION_QUEUE), gauge_family(m.REPLICATION_LAG)
         for address, backlog in sorted(replicator.queues().items()):
             queue.add_metric([address], backlog.waiting)
             lag.add_metric([address], backlog.oldest_s)
         yield queue
         yield lag
-        yield _from(_counter(m.REPLICA_APPLIED), self.replica.stats, {how: how for how in REPLICA_RECORDS})
+        yield _from(counter_family(m.REPLICA_APPLIED), self.replica.stats,
+                    {how: how for how in REPLICA_RECORDS})
         yield _states(m.SYNCS, [r.state for r in self.syncs.reports()])
         yield _states(m.MIGRATIONS, [r.state for r in self.migrator.reports()])
         synced = HistogramMetricFamily(m.DISK_SYNC_SECONDS.name, m.DISK_SYNC_SECONDS.help)
@@ -123,41 +115,21 @@ def _from(family: CounterMetricFamily, counts: Counter[str], labels: dict[str, s
 
 
 def _states(family: m.Family, states: list[str]) -> GaugeMetricFamily:
-    out = _gauge(family)
+    out = gauge_family(family)
     for state, count in sorted(Counter(states).items()):
         out.add_metric([state], count)
     return out
 
 
-class AgentMetrics:
+class AgentMetrics(MetricsEndpoint):
     """The registry of one agent, served on its metrics port from the event loop."""
 
     def __init__(self, service: MetadataService, replica: ReplicaServer, syncs: Syncs,
                  migrator: Migrator) -> None:
-        disable_created_metrics()   # a `_created` series per counter doubles the series for nothing we use
         self.collector = AgentCollector(service, replica, syncs, migrator)
-        self.registry = CollectorRegistry()
-        self.registry.register(self.collector)
-        self._runner: web.AppRunner | None = None
+        super().__init__(self.collector)
 
-    async def scrape(self) -> bytes:
-        """One scrape, in Prometheus' text format."""
+    async def refresh(self) -> None:
         store = self.collector.service.store
         self.collector.keys = await store.total()
         self.collector.size = await store.size_bytes()
-        return generate_latest(self.registry)
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        return web.Response(body=await self.scrape(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def start(self, host: str, port: int) -> None:
-        """Serve ``GET /metrics`` on `host:port`; a port that is taken raises OSError."""
-        app = web.Application()
-        app.router.add_get("/metrics", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()

@@ -33,12 +33,16 @@ import signal
 import sys
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
 from client_lib import sdnotify
+from client_lib.api import metrics as m
 from client_lib.client import Destination, MetaFlowClient, RetryPolicy, Route, host_port
 from client_lib.config import ROLES, add_config_flag, checked, parse
 from client_lib.constants import MAX_KEY, MAX_VALUE, METAFLOW_PORT, SITE_SYNC_PORT
@@ -51,6 +55,7 @@ from client_lib.sites import Site, SiteLayout
 from client_lib.stamps import Step, stamp_of, step
 from client_lib.version import add_version_flag
 from nat_agent.connection import Client, Connection, PythonPathHost
+from nat_agent.metrics_endpoint import MetricsEndpoint, counter_family, gauge_family
 from nat_agent.resp_commands import encode_reply
 from nat_agent.serving import serve
 from nat_agent.site_queue import SiteQueue, Update
@@ -128,6 +133,29 @@ class Pusher(threading.Thread):
         self.client.close()
 
 
+class SyncCollector(Collector):
+    """The agent's families (`client_lib.api.metrics.SITE_SYNC`), read at scrape time."""
+
+    def __init__(self, service: SyncService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        queued = counter_family(m.SITE_QUEUED)
+        queued.add_metric([], self.service.queued)
+        yield queued
+        backlog = gauge_family(m.SITE_BACKLOG)
+        for site, count in self.service.queue.backlog().items():
+            backlog.add_metric([site], count)
+        yield backlog
+        applied, failures = counter_family(m.SITE_APPLIED), counter_family(m.SITE_PUSH_FAILURES)
+        for pusher in self.service.pushers:
+            for taken in Step:
+                applied.add_metric([pusher.site.name, taken.value], pusher.applied[taken.value])
+            failures.add_metric([pusher.site.name], pusher.failures)
+        yield applied
+        yield failures
+
+
 class SyncService(PythonPathHost):
     """The agent: its queue, its pushers and the `nat_agent.connection.Host`
     of its clients' connections."""
@@ -144,6 +172,7 @@ class SyncService(PythonPathHost):
         self._server: asyncio.AbstractServer | None = None
         self._pending: list[tuple[list[tuple[bytes, bytes]], asyncio.Future[None]]] = []
         self._committing = False
+        self.queued = 0
         self._commands: dict[bytes, Callable[[list[bytes]], Awaitable[Reply]]] = {
             b"PING": self._ping, b"QUEUE": self._queue, b"BACKLOG": self._backlog}
 
@@ -222,6 +251,7 @@ class SyncService(PythonPathHost):
                     for _, done in waiting:
                         done.set_exception(exc)
                     continue
+                self.queued += sum(len(pairs) for pairs, _ in waiting)
                 for _, done in waiting:
                     done.set_result(None)
                 for pusher in self.pushers:
@@ -239,6 +269,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", required=True, metavar="PATH", help="the SQLite file of the queue (created)")
     p.add_argument("--listen", default=f"0.0.0.0:{SITE_SYNC_PORT}", metavar="HOST:PORT",
                    help="where the site's writers queue their updates")
+    p.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                   help="serve Prometheus metrics (GET /metrics) on the --listen host at this port; 0: none")
     p.add_argument("--route", action="append", default=[], metavar="CIDR=HOST[:PORT]",
                    help="instead of the network: the agent serving CIDR (repeat to cover the whole space)")
     p.add_argument("--batch", type=int, default=256, metavar="N",
@@ -268,6 +300,8 @@ def from_args(args: argparse.Namespace) -> tuple[SiteLayout, Destination, Route 
         if not 0 < value <= 3600:
             raise InvalidArgument(f"{flag} must be above 0 and at most 3600 seconds, not {value}")
     listen = checked("--listen", lambda text: host_port(text, SITE_SYNC_PORT), args.listen)
+    if not 0 <= args.metrics_port <= 65535:
+        raise InvalidArgument(f"--metrics-port must be 0 (none) or a port number, not {args.metrics_port}")
     route = None
     if args.route:
         entries = [checked("--route", lambda text: parse_route(text, METAFLOW_PORT), text)
@@ -294,6 +328,9 @@ async def run(args: argparse.Namespace, layout: SiteLayout, listen: Destination,
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, lambda: _reread(args.layout, layout))
     port = await service.start(*listen)
+    metrics = MetricsEndpoint(SyncCollector(service))
+    if args.metrics_port:
+        await metrics.start(listen[0], args.metrics_port)
     serving = f"site {args.site}: queueing on {listen[0]}:{port}, pushing to {len(layout.sites)} sites"
     log.info("%s", serving)
     sdnotify.ready(serving)
@@ -301,6 +338,7 @@ async def run(args: argparse.Namespace, layout: SiteLayout, listen: Destination,
         await stop.wait()
     finally:
         sdnotify.stopping()
+        await metrics.stop()
         await service.stop()
         log.info("stopped; backlog on disk is kept for the next start")
 

@@ -163,6 +163,21 @@ MIGRATIONS = Family("metaflow_agent_migrations", "gauge", "migrations this agent
 DISK_SYNC_SECONDS = Family("metaflow_agent_disk_sync_seconds", "histogram",
                            "seconds a sync to disk shared by concurrent writes took (LevelDB, --fsync batch)")
 
+# -- a site's propagation agent (metaflow-site-sync) ----------------------------------
+
+SITE_QUEUED = Family("metaflow_site_updates_queued_total", "counter",
+                     "updates this site's writers queued, on disk")
+SITE_BACKLOG = Family("metaflow_site_backlog_updates", "gauge",
+                      "queued updates the site has not applied yet", ("site",))
+SITE_APPLIED = Family("metaflow_site_updates_applied_total", "counter",
+                      "updates written into the site, by what they took: create, replace, or keep "
+                      "(the site's copy was as new)", ("site", "step"))
+SITE_PUSH_FAILURES = Family("metaflow_site_push_failures_total", "counter",
+                            "batches that did not reach the site (retried with backoff)", ("site",))
+
+SITE_SYNC: tuple[Family, ...] = (SITE_QUEUED, SITE_BACKLOG, SITE_APPLIED, SITE_PUSH_FAILURES)
+"""Every family `metaflow-site-sync` exposes."""
+
 AGENT: tuple[Family, ...] = (
     REQUESTS, COMPILED_REQUESTS, REQUEST_SECONDS, REJECTED, CONNECTIONS_OPEN, CONNECTIONS, KEYS, STORE_BYTES,
     BLOCKS_HELD, REPLICATION, REPLICATION_WRITING, REPLICATION_QUEUE, REPLICATION_LAG, REPLICA_APPLIED, SYNCS,

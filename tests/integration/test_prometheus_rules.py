@@ -40,7 +40,7 @@ def test_promtool_passes(command: list[str]) -> None:
 
 def _queried(text: str) -> set[str]:
     """The metric families a text's queries name (a histogram's by its family name)."""
-    histograms = {f.name for f in (*m.CONTROLLER, *m.AGENT) if f.kind == "histogram"}
+    histograms = {f.name for f in (*m.CONTROLLER, *m.AGENT, *m.SITE_SYNC) if f.kind == "histogram"}
     names = set(re.findall(r"\bmetaflow_[a-z_]+", text))
     return {next((h for h in histograms if name in (f"{h}_bucket", f"{h}_count", f"{h}_sum")), name)
             for name in names}
@@ -48,7 +48,7 @@ def _queried(text: str) -> set[str]:
 
 @pytest.mark.parametrize("path", [PROMETHEUS / "alerts.yml", DASHBOARD], ids=lambda path: path.name)
 def test_the_queries_name_only_metrics_the_daemons_expose(path: Path) -> None:
-    exposed = {f.name for f in (*m.CONTROLLER, *m.AGENT)}
+    exposed = {f.name for f in (*m.CONTROLLER, *m.AGENT, *m.SITE_SYNC)}
     queried = _queried(path.read_text())
     assert queried, f"no metaflow_ metric in {path.name}"
     assert queried <= exposed, f"queried but exposed by no daemon: {sorted(queried - exposed)}"

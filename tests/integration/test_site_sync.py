@@ -12,11 +12,13 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from client_lib.cidr import Block
 from client_lib.client import MetaFlowClient, RetryPolicy, Route
@@ -39,6 +41,14 @@ class Sites:
     agents: dict[str, AgentProcess]
     syncs: dict[str, SiteSyncProcess]
     route: list[str]
+    metrics: dict[str, int]
+
+    def scrape(self, site: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """`site`'s propagation agent's metrics: (name, labels) -> value."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics[site]}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(text) for sample in family.samples}
 
     def client(self, site: str) -> SiteClient:
         return SiteClient(self.layout, Strategy.REPLICATED, site, route=self.static(),
@@ -70,14 +80,16 @@ def sites(tmp_path: Path) -> Iterator[Sites]:
     for agent in agents.values():
         agent.wait_ready()
     route = [f"{halves[name]}=127.0.0.1:{agents[name].port}" for name in NAMES]
+    metrics = {name: listen_port() for name in NAMES}
     syncs = {name: SiteSyncProcess(layout_file, name, tmp_path / f"{name}.sqlite", port=ports[name],
                                    route=route, log_path=tmp_path / f"{name}-sync.log",
-                                   extra=("--backoff-cap", "0.2", "--timeout", "1"))
+                                   extra=("--backoff-cap", "0.2", "--timeout", "1",
+                                          "--metrics-port", str(metrics[name])))
              for name in NAMES}
     for sync in syncs.values():
         sync.start()
     try:
-        yield Sites(read_layout(layout_file), agents, syncs, route)
+        yield Sites(read_layout(layout_file), agents, syncs, route, metrics)
     finally:
         for proc in [*syncs.values(), *agents.values()]:
             proc.terminate()
@@ -133,8 +145,16 @@ def test_a_site_that_is_down_or_paused_catches_up_and_loses_nothing(sites: Sites
         while sites.syncs["east"].backlog()["east"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sites.syncs["east"].backlog() == {"east": 0, "west": 200}
+        seen = sites.scrape("east")   # what an operator sees: west behind, east applied, failures counted
+        assert seen["metaflow_site_backlog_updates", (("site", "west"),)] == 200
+        assert seen["metaflow_site_updates_queued_total", ()] >= 200
+        applied = sum(v for (name, labels), v in seen.items()
+                      if name == "metaflow_site_updates_applied_total" and ("site", "east") in labels)
+        assert 150 <= applied <= 200   # a rewrite queued before its first was pushed goes once
+        assert seen["metaflow_site_push_failures_total", (("site", "west"),)] >= 1
         west.launch().wait_ready()
         _converged(sites, want)
+        assert sites.scrape("east")["metaflow_site_backlog_updates", (("site", "west"),)] == 0
 
         assert west.proc is not None
         os.kill(west.proc.pid, signal.SIGSTOP)   # a paused site: the writes wait, then arrive
