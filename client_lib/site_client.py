@@ -33,7 +33,7 @@ from client_lib.errors import BadReply, InvalidArgument, ServerError, Unavailabl
 from client_lib.mdid import normalize_path
 from client_lib.metadata import FileMetadata
 from client_lib.resp import OK, ErrorReply, ProtocolError, Reply, RespParser, encode_command
-from client_lib.sites import Placement, SiteLayout, Strategy, layout_from_table, place
+from client_lib.sites import Placement, SiteLayout, Strategies, Strategy, layout_from_table, place
 from client_lib.stamps import Clock, stamped, unstamped
 
 __all__ = ["Outbox", "RespLine", "SiteClient", "SiteStore", "read_layout"]
@@ -119,17 +119,21 @@ class SiteStore(Protocol):
 
 
 class SiteClient:
-    """Reads and writes of a client in site `local` under `strategy`
-    (``centralized`` names its site in `central`); `options` are every
+    """Reads and writes of a client in site `local` under `strategy`, one
+    for every entry or one per namespace prefix (`Strategies`;
+    ``centralized`` names its site in `central`); `options` are every
     per-site `MetaFlowClient`'s (its route, timeouts, retries). `stores`
     replaces those clients, one per site (the baselines' registries)."""
 
-    def __init__(self, layout: SiteLayout, strategy: Strategy, local: str, *, central: str | None = None,
-                 stores: Mapping[str, SiteStore] | None = None, **options: Any) -> None:
-        self.layout, self.strategy, self.local, self.central = layout, strategy, local, central
-        self.placed(b"/")   # a bad site name, or centralized without its site, fails now
+    def __init__(self, layout: SiteLayout, strategy: Strategy | Strategies, local: str, *,
+                 central: str | None = None, stores: Mapping[str, SiteStore] | None = None,
+                 **options: Any) -> None:
+        self.layout, self.local, self.central = layout, local, central
+        self.strategies = strategy if isinstance(strategy, Strategies) else Strategies.single(strategy)
+        for _, each in self.strategies.rules:   # a bad site name, or centralized without its site, fails now
+            place(layout, each, b"/", local, central)
         self.outbox: Outbox | None = None
-        if strategy is Strategy.REPLICATED:
+        if self.strategies.uses(Strategy.REPLICATED):
             sync = layout.named(local).sync
             if sync is None:
                 raise InvalidArgument(f"the replicated strategy needs site {local}'s propagation agent "
@@ -141,13 +145,17 @@ class SiteClient:
 
     def placed(self, key: bytes) -> Placement:
         """Where this client puts and looks for a normalized key."""
-        return place(self.layout, self.strategy, key, self.local, self.central)
+        return place(self.layout, self.strategies.of(key), key, self.local, self.central)
+
+    def _replicated(self, key: bytes) -> bool:
+        return self.strategies.of(key) is Strategy.REPLICATED
 
     def put(self, path: str | bytes, value: bytes | FileMetadata) -> None:
         """Write every copy the strategy makes, in its order (local first);
         under ``replicated``, queue it for the other sites first."""
         key = normalize_path(path)
-        if self.outbox is not None:
+        if self._replicated(key):
+            assert self.outbox is not None
             value = stamped(value.to_bytes() if isinstance(value, FileMetadata) else value, self.clock.next())
             self.outbox.queue(key, value)
         for site, _ in self.placed(key).writes:
@@ -156,10 +164,11 @@ class SiteClient:
     def get(self, path: str | bytes) -> bytes | None:
         """The first copy found, in the strategy's order (local first); None
         if no copy it looks at holds the entry."""
-        for site, _ in self.placed(normalize_path(path)).reads:
-            value = self.sites[site].get(path)
+        key = normalize_path(path)
+        for site, _ in self.placed(key).reads:
+            value = self.sites[site].get(key)
             if value is not None:
-                return value if self.outbox is None else unstamped(value)[1]
+                return unstamped(value)[1] if self._replicated(key) else value
         return None
 
     def close(self) -> None:

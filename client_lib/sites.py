@@ -55,7 +55,7 @@ from client_lib.cidr import Block
 from client_lib.client import Destination, host_port
 from client_lib.constants import SITE_SYNC_PORT
 from client_lib.errors import InvalidArgument
-from client_lib.mdid import mdid_of_key
+from client_lib.mdid import mdid_of_key, normalize_path
 
 SITE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 """A site's name: what configuration files, metrics and logs call it."""
@@ -207,6 +207,55 @@ class Strategy(enum.Enum):
     REPLICATED = "replicated"
     DECENTRALIZED = "decentralized"
     LOCAL_REPLICATION = "local-replication"
+
+
+@dataclass(frozen=True)
+class Strategies:
+    """A strategy per namespace prefix: an entry takes the rule of the
+    longest prefix of its path (whole components: ``/scratch`` covers
+    ``/scratch/a`` and not ``/scratchpad``); ``/`` is the default and must
+    be given. ``Strategies.parse(["/=decentralized", "/scratch=local-replication"])``."""
+
+    rules: tuple[tuple[bytes, Strategy], ...]
+
+    def __post_init__(self) -> None:
+        prefixes = [prefix for prefix, _ in self.rules]
+        if b"/" not in prefixes:
+            raise InvalidArgument("the strategies need a default, a rule for /")
+        if len(set(prefixes)) != len(prefixes):
+            twice = sorted(p for p in prefixes if prefixes.count(p) > 1)[0]
+            raise InvalidArgument(f"two strategies for {twice.decode(errors='replace')}")
+        object.__setattr__(self, "rules", tuple(sorted(self.rules, key=lambda rule: -len(rule[0]))))
+
+    @classmethod
+    def single(cls, strategy: Strategy) -> Strategies:
+        return cls(((b"/", strategy),))
+
+    @classmethod
+    def parse(cls, texts: Sequence[str]) -> Strategies:
+        """``PREFIX=STRATEGY`` each (a prefix is an absolute path)."""
+        rules = []
+        for text in texts:
+            prefix, sep, name = text.partition("=")
+            if not sep or not prefix.startswith("/"):
+                raise InvalidArgument(f"a strategy rule is /PREFIX=STRATEGY, not {text!r}")
+            try:
+                strategy = Strategy(name.strip())
+            except ValueError:
+                raise InvalidArgument(f"no strategy {name.strip()!r} (the strategies: "
+                                      f"{', '.join(s.value for s in Strategy)})") from None
+            rules.append((normalize_path(prefix.strip()), strategy))
+        return cls(tuple(rules))
+
+    def of(self, key: bytes) -> Strategy:
+        """The strategy of a normalized key."""
+        for prefix, strategy in self.rules:
+            if prefix == b"/" or key == prefix or key.startswith(prefix + b"/"):
+                return strategy
+        raise AssertionError("unreachable: / matches every key")
+
+    def uses(self, strategy: Strategy) -> bool:
+        return any(s is strategy for _, s in self.rules)
 
 
 Copy = tuple[str, int]

@@ -18,7 +18,7 @@ from client_lib.errors import InvalidArgument, Unavailable
 from client_lib.mdid import normalize_path
 from client_lib.routes import static_route
 from client_lib.site_client import SiteClient
-from client_lib.sites import SiteLayout, Strategy
+from client_lib.sites import SiteLayout, Strategies, Strategy
 from mininet_scenarios.daemons import AgentProcess
 
 LAYOUT = SiteLayout.equal(Block.parse("100.64.0.0/10"), ["east", "west"])
@@ -106,3 +106,14 @@ def test_a_bad_layout_or_strategy_is_refused_at_once() -> None:
         SiteClient(LAYOUT, Strategy.CENTRALIZED, "east")
     with pytest.raises(InvalidArgument, match="no site named 'north'"):
         SiteClient(LAYOUT, Strategy.DECENTRALIZED, "north")
+
+
+def test_strategies_by_prefix_place_each_entry_by_its_own_rule(agents: dict[Block, AgentProcess]) -> None:
+    rules = Strategies.parse(["/=decentralized", "/mine=local-replication"])
+    mine, other = _homed_in("west", "mine"), _homed_in("west", "other")
+    with SiteClient(LAYOUT, rules, "east", route=_route(agents), retry=ONCE) as client:
+        client.put(mine, b"m")
+        client.put(other, b"o")
+        assert client.get(mine) == b"m" and client.get(other) == b"o"
+    assert _held(agents, mine) == {"east": b"m", "west": b"m"}
+    assert _held(agents, other) == {"east": None, "west": b"o"}

@@ -13,7 +13,7 @@ from client_lib.cidr import Block
 from client_lib.constants import SITE_SYNC_PORT
 from client_lib.errors import InvalidArgument
 from client_lib.mdid import mdid_of_key
-from client_lib.sites import Site, SiteLayout, Strategy, layout_from_table, parse_site, place
+from client_lib.sites import Site, SiteLayout, Strategies, Strategy, layout_from_table, parse_site, place
 
 SPACE = Block.parse("100.64.0.0/10")
 
@@ -146,3 +146,24 @@ def test_a_layout_table_gives_the_sites_and_their_agents_or_says_what_is_wrong()
                      ({**table, "site": table["site"][:1]}, "leave part of the space")):
         with pytest.raises(InvalidArgument, match=why):
             layout_from_table(bad)
+
+
+def test_strategies_by_prefix_take_the_longest_whole_component_match() -> None:
+    rules = Strategies.parse(["/=decentralized", "/scratch=local-replication", "/scratch/shared=centralized"])
+    assert rules.of(b"/a/b") is Strategy.DECENTRALIZED
+    assert rules.of(b"/scratch") is Strategy.LOCAL_REPLICATION
+    assert rules.of(b"/scratch/x") is Strategy.LOCAL_REPLICATION
+    assert rules.of(b"/scratchpad/x") is Strategy.DECENTRALIZED
+    assert rules.of(b"/scratch/shared/y") is Strategy.CENTRALIZED
+    assert rules.uses(Strategy.CENTRALIZED) and not rules.uses(Strategy.REPLICATED)
+    for bad, why in ((["/scratch=decentralized"], "default"), (["/=decentralized", "/=centralized"], "two"),
+                     (["/=nearby"], "no strategy 'nearby'"), (["scratch=decentralized"], "/PREFIX=STRATEGY")):
+        with pytest.raises(InvalidArgument, match=why):
+            Strategies.parse(bad)
+
+
+@given(keys, st.sampled_from(list(Strategy)), st.sampled_from(list(Strategy)))
+def test_a_key_takes_its_prefix_rule_or_the_default(key: bytes, inner: Strategy, default: Strategy) -> None:
+    rules = Strategies(((b"/", default), (b"/p", inner)))
+    under = key == b"/p" or key.startswith(b"/p/")
+    assert rules.of(key) is (inner if under else default)
