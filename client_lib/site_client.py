@@ -34,7 +34,7 @@ from client_lib.mdid import normalize_path
 from client_lib.metadata import FileMetadata
 from client_lib.resp import OK, ErrorReply, ProtocolError, Reply, RespParser, encode_command
 from client_lib.sites import Placement, SiteLayout, Strategies, Strategy, layout_from_table, place
-from client_lib.stamps import Clock, stamped, unstamped
+from client_lib.stamps import Clock, is_tombstone, stamped, unstamped
 
 __all__ = ["Outbox", "RespLine", "SiteClient", "SiteStore", "read_layout"]
 
@@ -115,6 +115,7 @@ class SiteStore(Protocol):
 
     def get(self, path: str | bytes) -> bytes | None: ...
     def put(self, path: str | bytes, value: bytes | FileMetadata) -> None: ...
+    def delete(self, path: str | bytes) -> bool: ...
     def close(self) -> None: ...
 
 
@@ -161,14 +162,33 @@ class SiteClient:
         for site, _ in self.placed(key).writes:
             self.sites[site].put(key, value)
 
+    def delete(self, path: str | bytes) -> None:
+        """Remove the copies a write makes, in its order; under ``replicated``
+        write a tombstone instead, queued and propagated as a write is (a
+        later write, by stamp, brings the entry back). Under local
+        replication another site's local copy, written by a writer there,
+        stays until it is deleted from there."""
+        key = normalize_path(path)
+        if self._replicated(key):
+            assert self.outbox is not None
+            tombstone = self.clock.next().tombstone
+            self.outbox.queue(key, tombstone)
+            for site, _ in self.placed(key).writes:
+                self.sites[site].put(key, tombstone)
+            return
+        for site, _ in self.placed(key).writes:
+            self.sites[site].delete(key)
+
     def get(self, path: str | bytes) -> bytes | None:
         """The first copy found, in the strategy's order (local first); None
         if no copy it looks at holds the entry."""
         key = normalize_path(path)
         for site, _ in self.placed(key).reads:
             value = self.sites[site].get(key)
+            if value is not None and self._replicated(key):
+                return None if is_tombstone(value) else unstamped(value)[1]
             if value is not None:
-                return unstamped(value)[1] if self._replicated(key) else value
+                return value
         return None
 
     def close(self) -> None:

@@ -31,6 +31,10 @@ from client_lib.errors import InvalidArgument
 
 MAGIC = b"\x00MFs1"
 """What a stamped value starts with (a NUL first: no text value does)."""
+DELETED = b"\x00MFd1"
+"""...and a deletion (a tombstone: a stamp and nothing else), which orders
+against writes as any stamped value does, so a later write brings the entry
+back and a later deletion removes it, in every site alike."""
 _CLOCK = struct.Struct(">Q")
 MAX_WRITER = 64
 """The longest writer name, in bytes."""
@@ -51,7 +55,16 @@ class Stamp:
 
     @property
     def header(self) -> bytes:
-        return MAGIC + _CLOCK.pack(self.ns) + bytes([len(self.writer)]) + self.writer
+        return MAGIC + self._body
+
+    @property
+    def tombstone(self) -> bytes:
+        """The deletion made at this stamp."""
+        return DELETED + self._body
+
+    @property
+    def _body(self) -> bytes:
+        return _CLOCK.pack(self.ns) + bytes([len(self.writer)]) + self.writer
 
 
 def stamped(value: bytes, stamp: Stamp) -> bytes:
@@ -64,9 +77,12 @@ def stamped(value: bytes, stamp: Stamp) -> bytes:
 
 
 def unstamped(data: bytes) -> tuple[Stamp | None, bytes]:
-    """The stamp and the value of stored `data`; (None, data) if it has no stamp."""
+    """The stamp and the value of stored `data`; (None, data) if it has no
+    stamp; a tombstone's value is empty (`is_tombstone` tells it apart)."""
     head = len(MAGIC) + _CLOCK.size
-    if not data.startswith(MAGIC) or len(data) <= head:
+    if not data.startswith((MAGIC, DELETED)) or len(data) <= head:
+        return None, data
+    if data.startswith(DELETED) and len(data) != head + 1 + data[head]:
         return None, data
     size = data[head]
     if not 0 < size <= MAX_WRITER or len(data) < head + 1 + size:
@@ -77,6 +93,11 @@ def unstamped(data: bytes) -> tuple[Stamp | None, bytes]:
 
 def stamp_of(data: bytes) -> Stamp | None:
     return unstamped(data)[0]
+
+
+def is_tombstone(data: bytes) -> bool:
+    """Whether stored `data` is a deletion."""
+    return data.startswith(DELETED) and stamp_of(data) is not None
 
 
 class Step(enum.Enum):

@@ -39,6 +39,12 @@ class RegistryStore(RespLine):
         if reply != OK:
             raise BadReply(f"SET answered {reply!r}")
 
+    def delete(self, path: str | bytes) -> bool:
+        reply = self.call("DEL", normalize_path(path))
+        if not isinstance(reply, int):
+            raise BadReply(f"DEL answered {reply!r}")
+        return reply > 0
+
 
 def registry_stores(addresses: Mapping[str, Destination], timeout: float = 10.0) -> dict[str, SiteStore]:
     """Every site's registry, by site name."""

@@ -27,7 +27,7 @@ from client_lib.errors import ServerError
 from client_lib.routes import parse_route, static_route
 from client_lib.site_client import SiteClient, read_layout
 from client_lib.sites import SiteLayout, Strategy
-from client_lib.stamps import Stamp, stamp_of, stamped, unstamped
+from client_lib.stamps import Stamp, is_tombstone, stamp_of, stamped, unstamped
 from mininet_scenarios.daemons import AgentProcess, SiteSyncProcess
 from nat_agent.ports import listen_port
 
@@ -218,3 +218,21 @@ def test_bad_requests_are_refused_and_queue_nothing(sites: Sites) -> None:
     while "layout is unchanged" not in sync.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "layout is unchanged" in sync.log() and outbox.call("PING") is not None
+
+
+def test_a_delete_reaches_every_site_and_a_later_write_brings_the_entry_back(sites: Sites) -> None:
+    with sites.client("east") as east, sites.client("west") as west:
+        east.put("/gone", b"1")
+        east.put("/back", b"1")
+        for sync in sites.syncs.values():
+            sync.wait_drained()
+        assert west.get("/gone") == b"1"
+        east.delete("/gone")
+        east.delete("/back")
+        assert east.get("/gone") is None   # at once in the deleter's site
+        west.put("/back", b"2")            # later than its deletion: it comes back everywhere
+        for sync in sites.syncs.values():
+            sync.wait_drained()
+        assert west.get("/gone") is None and east.get("/gone") is None
+        assert east.get("/back") == b"2" and west.get("/back") == b"2"
+        assert all(is_tombstone(sites.held(site, "/gone") or b"") for site in NAMES)

@@ -117,3 +117,13 @@ def test_strategies_by_prefix_place_each_entry_by_its_own_rule(agents: dict[Bloc
         assert client.get(mine) == b"m" and client.get(other) == b"o"
     assert _held(agents, mine) == {"east": b"m", "west": b"m"}
     assert _held(agents, other) == {"east": None, "west": b"o"}
+
+
+def test_a_delete_removes_exactly_the_copies_a_write_makes(agents: dict[Block, AgentProcess]) -> None:
+    for strategy in (Strategy.DECENTRALIZED, Strategy.LOCAL_REPLICATION):
+        path = _homed_in("west", f"del-{strategy.value}")
+        with SiteClient(LAYOUT, strategy, "east", route=_route(agents), retry=ONCE) as client:
+            client.put(path, b"v")
+            client.delete(path)
+            assert client.get(path) is None
+        assert _held(agents, path) == {"east": None, "west": None}, strategy

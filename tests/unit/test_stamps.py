@@ -8,12 +8,23 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from client_lib.constants import MAX_VALUE
 from client_lib.errors import InvalidArgument
-from client_lib.stamps import MAGIC, MAX_WRITER, Clock, Stamp, Step, stamp_of, stamped, step, unstamped
+from client_lib.stamps import (
+    MAGIC,
+    MAX_WRITER,
+    Clock,
+    Stamp,
+    Step,
+    is_tombstone,
+    stamp_of,
+    stamped,
+    step,
+    unstamped,
+)
 from nat_agent.site_sync import apply_update
 
 stamps = st.builds(Stamp, st.integers(0, (1 << 64) - 1), st.binary(min_size=1, max_size=MAX_WRITER))
@@ -88,3 +99,16 @@ def test_a_site_ends_with_the_newest_update_whatever_the_order_and_repeats(
         assert taken in Step
     newest = max(updates, key=lambda u: u[0])[0]
     assert stamp_of(site.held[b"/k"]) == newest
+
+
+@given(stamps, stamps, st.binary(max_size=8))
+def test_a_tombstone_orders_against_writes_by_its_stamp(deleted: Stamp, written: Stamp, value: bytes) -> None:
+    assume(deleted != written)   # one writer's stamps never repeat, and stamps name their writer
+    tombstone = deleted.tombstone
+    assert is_tombstone(tombstone) and unstamped(tombstone) == (deleted, b"")
+    assert not is_tombstone(stamped(value, written))
+    assert not is_tombstone(tombstone + b"x")   # a tombstone carries nothing after its stamp
+    site = Site()
+    for update in (stamped(value, written), tombstone):   # whichever came last by stamp wins, in any order
+        apply_update(site, b"/k", update)
+    assert site.held[b"/k"] == (tombstone if deleted > written else stamped(value, written))
