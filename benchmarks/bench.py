@@ -86,6 +86,11 @@ class BenchConfig:
     schemes: tuple[str, ...] = SCHEMES
     mgmt_subnet: str | None = None
     """The management network's: another lets the run share the machine with another scenario."""
+    replicas: int = 1
+    """Copies of every block: 1 compares lookups alone; 2 with `fsync` batch is how an
+    operator runs it (issue 27's mdtest row)."""
+    fsync: str = "off"
+    """The agents' --fsync."""
     heartbeat: tuple[float, float] | None = None
     """The agents' --heartbeat and the controller's --heartbeat-timeout (default theirs): on a
     large fabric on a loaded machine, a false take-over would move blocks under the baselines'
@@ -424,12 +429,13 @@ def harness(cfg: BenchConfig, workdir: Path, progress: tqdm) -> Iterator[Harness
     graph = builders.with_clients(builders.named(cfg.topology))
     servers = len(builders.storage_hosts(graph))
     # every server owns a share from the start (the controller's default gives
-    # half of them blocks and the rest wait for splits); one copy of each block,
-    # as the baselines keep, and no disk sync per write: this compares
-    # lookups (replication's cost is `make bench-replication`'s, a sync's
-    # `benchmarks.bench_fsync`'s)
-    with MetaFlowNet(graph, store=cfg.store, workdir=workdir, replicas=1, mgmt_subnet=cfg.mgmt_subnet,
-                     agent_args=list(nat_cost.REQUEST_PATH_ONLY), heartbeat=cfg.heartbeat,
+    # half of them blocks and the rest wait for splits); by default one copy of
+    # each block, as the baselines keep, and no disk sync per write: this
+    # compares lookups (replication's cost is `make bench-replication`'s, a
+    # sync's `benchmarks.bench_fsync`'s); --replicas and --fsync give every
+    # scheme the same storage with copies and syncs
+    with MetaFlowNet(graph, store=cfg.store, workdir=workdir, replicas=cfg.replicas,
+                     mgmt_subnet=cfg.mgmt_subnet, agent_args=["--fsync", cfg.fsync], heartbeat=cfg.heartbeat,
                      controller_args=["--bootstrap", f"preallocate:{servers}"]) as mf:
         mf.wait_served()
         members, names = write_membership(mf, workdir / "membership.json")

@@ -90,6 +90,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reuse", action="store_true", default=None,
                    help="reuse request connections (default: one per request, as in the paper)")
     p.add_argument("--nat-rounds", type=int, default=None, help="A/B rounds of the NAT cost (0: skip)")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="copies of every block, for every scheme alike (default 1: lookups compared alone)")
+    p.add_argument("--fsync", choices=("always", "batch", "off"), default=None,
+                   help="the agents' --fsync, for every scheme alike (default off)")
 
 
 def _suffix(topology: str) -> str:
@@ -112,12 +116,14 @@ def run_bench_command(args: argparse.Namespace) -> int:
     cfg = with_overrides(base, schemes=schemes, store=args.store, entries=args.entries, seconds=args.seconds,
                          reps=args.reps, levels=levels, get_fraction=args.get_fraction, zipf=args.zipf,
                          mdtest_files=args.mdtest_files, reuse=args.reuse, nat_rounds=args.nat_rounds,
-                         topology=args.topology, mgmt_subnet=args.mgmt_subnet,
+                         topology=args.topology, mgmt_subnet=args.mgmt_subnet, replicas=args.replicas,
+                         fsync=args.fsync,
                          heartbeat=tuple(args.heartbeat) if args.heartbeat else None)
     report = run_bench(cfg, show_progress=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = ("bench-quick" if args.quick else "bench") + _suffix(cfg.topology)
+    durable = "" if (cfg.replicas, cfg.fsync) == (1, "off") else f"-r{cfg.replicas}-{cfg.fsync}"
+    name = ("bench-quick" if args.quick else "bench") + _suffix(cfg.topology) + durable
     (out / f"{name}.json").write_text(json.dumps(report, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
