@@ -51,6 +51,7 @@ class Unavailable(MetaFlowError):
 
     def __init__(self, what: str, attempts: int, reason: str) -> None:
         super().__init__(f"{what}: gave up after {attempts} attempts: {reason}")
+        self.what = what
         self.attempts = attempts
         self.reason = reason
 

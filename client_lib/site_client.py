@@ -23,10 +23,10 @@ import os
 import socket
 import threading
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from client_lib.client import Destination, MetaFlowClient
 from client_lib.errors import BadReply, InvalidArgument, ServerError, Unavailable
@@ -35,6 +35,8 @@ from client_lib.metadata import FileMetadata
 from client_lib.resp import OK, ErrorReply, ProtocolError, Reply, RespParser, encode_command
 from client_lib.sites import Placement, SiteLayout, Strategies, Strategy, layout_from_table, place
 from client_lib.stamps import Clock, is_tombstone, stamped, unstamped
+
+T = TypeVar("T")
 
 __all__ = ["Outbox", "RespLine", "SiteClient", "SiteStore", "read_layout"]
 
@@ -119,6 +121,32 @@ class SiteStore(Protocol):
     def close(self) -> None: ...
 
 
+class _Named:
+    """A site's store whose `Unavailable` says which site could not be reached."""
+
+    def __init__(self, site: str, store: SiteStore) -> None:
+        self.site, self.store = site, store
+
+    def _call(self, method: Callable[..., T], *args: Any) -> T:
+        try:
+            return method(*args)
+        except Unavailable as exc:
+            what = f"site {self.site} unreachable ({exc.what})"
+            raise Unavailable(what, exc.attempts, exc.reason) from None
+
+    def get(self, path: str | bytes) -> bytes | None:
+        return self._call(self.store.get, path)
+
+    def put(self, path: str | bytes, value: bytes | FileMetadata) -> None:
+        self._call(self.store.put, path, value)
+
+    def delete(self, path: str | bytes) -> bool:
+        return self._call(self.store.delete, path)
+
+    def close(self) -> None:
+        self.store.close()
+
+
 class SiteClient:
     """Reads and writes of a client in site `local` under `strategy`, one
     for every entry or one per namespace prefix (`Strategies`;
@@ -148,6 +176,11 @@ class SiteClient:
         """Where this client puts and looks for a normalized key."""
         return place(self.layout, self.strategies.of(key), key, self.local, self.central)
 
+    def _at(self, site: str) -> SiteStore:
+        """`site`'s copies, whose `Unavailable` names the site (a site cut off
+        from this one, or down, is said as such; the error stays retryable)."""
+        return _Named(site, self.sites[site])
+
     def _replicated(self, key: bytes) -> bool:
         return self.strategies.of(key) is Strategy.REPLICATED
 
@@ -160,7 +193,7 @@ class SiteClient:
             value = stamped(value.to_bytes() if isinstance(value, FileMetadata) else value, self.clock.next())
             self.outbox.queue(key, value)
         for site, _ in self.placed(key).writes:
-            self.sites[site].put(key, value)
+            self._at(site).put(key, value)
 
     def delete(self, path: str | bytes) -> None:
         """Remove the copies a write makes, in its order; under ``replicated``
@@ -174,17 +207,17 @@ class SiteClient:
             tombstone = self.clock.next().tombstone
             self.outbox.queue(key, tombstone)
             for site, _ in self.placed(key).writes:
-                self.sites[site].put(key, tombstone)
+                self._at(site).put(key, tombstone)
             return
         for site, _ in self.placed(key).writes:
-            self.sites[site].delete(key)
+            self._at(site).delete(key)
 
     def get(self, path: str | bytes) -> bytes | None:
         """The first copy found, in the strategy's order (local first); None
         if no copy it looks at holds the entry."""
         key = normalize_path(path)
         for site, _ in self.placed(key).reads:
-            value = self.sites[site].get(key)
+            value = self._at(site).get(key)
             if value is not None and self._replicated(key):
                 return None if is_tombstone(value) else unstamped(value)[1]
             if value is not None:

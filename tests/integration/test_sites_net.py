@@ -143,6 +143,7 @@ def test_a_cut_link_refuses_the_far_site_at_once_and_loses_no_replicated_write(n
                    "replicated": [r.get("/replicated" + p) == b"r" for p in far + near]}}
         ''')
         assert all(r is not None and r[0] < 2.5 for r in out["refusals"]), out["refusals"]
+        assert all(f"site {FAR} unreachable" in r[1] and "No route to host" in r[1] for r in out["refusals"])
         assert all(out["near"]) and all(out["replicated"]), out
         assert net.syncs[0].backlog()[FAR] == 40
     finally:
