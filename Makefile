@@ -46,7 +46,7 @@ FASTPATH_SOURCES := $(wildcard $(FASTPATH_CRATE)/src/*.rs) $(FASTPATH_CRATE)/bui
                     $(FASTPATH_CRATE)/Cargo.toml $(FASTPATH_CRATE)/Cargo.lock
 SITE_PACKAGES = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
-.PHONY: setup apt mininet-link ovs fs-tools test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
+.PHONY: setup apt mininet-link ovs fs-tools constraints test unit lint typecheck docs docs-check docs-serve check-install demo bench bench-quick \
         bench-flowtables bench-testbed bench-agent bench-failover bench-hotspot chaos chaos-ha bench-replication bench-sites bench-fs bench-fig20 plan clean \
         bench-scale bench-ovs-fit
 
@@ -79,13 +79,24 @@ apt:
 # Every role's extra, so the venv runs every test, benchmark and check.
 EXTRAS := agent,controller,bench,fs,test,dev,docs
 
+# The third-party packages at the versions the tests last passed with
+# (deploy/constraints.txt says why any is held back).
+CONSTRAINTS := deploy/constraints.txt
+
 # After apt (order only): pyfuse3 and NetfilterQueue build against its
 # libraries. Again when the crate changes: that is what rebuilds the extension.
-$(STAMP): pyproject.toml $(FASTPATH_SOURCES) | apt
+$(STAMP): pyproject.toml $(CONSTRAINTS) $(FASTPATH_SOURCES) | apt
 	@test -x "$(CARGO)" || { echo "make: cargo is needed to build $(FASTPATH_CRATE) (install Rust with rustup)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(WITH_CARGO) $(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(WITH_CARGO) $(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+# After upgrading packages in the venv and passing `make test` with them:
+# write their versions into the constraints (its comment lines are kept).
+constraints: $(STAMP)
+	{ grep '^#' $(CONSTRAINTS); $(PY) -m pip freeze --exclude-editable; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 	touch $(STAMP)
 
 # ruff and mypy (pyproject.toml says what each checks), and the documentation
