@@ -44,13 +44,15 @@ from client_lib.api.clients import ApiClient
 from client_lib.api.rest import REST
 from client_lib.api.route import Route
 from client_lib.cidr import Block
-from client_lib.constants import DEFAULT_REPLICAS
+from client_lib.constants import COOKIE_METAFLOW, DEFAULT_REPLICAS
 from client_lib.errors import ApiError, MetaFlowError
+from client_lib.mdid import DEFAULT_SPACE
 from mininet_scenarios import ofdump
 from mininet_scenarios.daemons import AgentProcess
 from mininet_scenarios.etcd import EtcdProcess
 from mininet_scenarios.mgmt import SUBNET_HELP
 from mininet_scenarios.scenario import Scenario
+from mininet_scenarios.syscmd import appctl
 from nat_agent.ports import listen_port
 from topology import builders
 from topology.classify import discovered_graph, map_topology
@@ -133,7 +135,7 @@ class MetaFlowNet:
                  workdir: Path | None = None, mgmt_subnet: str | None = None,
                  silent_clients: bool = False, mode: str = "full", operator_flows: Sequence[str] = (),
                  controller_later: bool = False, controllers: int = 1, lease_ttl: int = 1,
-                 heartbeat: Sequence[float] | None = None) -> None:
+                 heartbeat: Sequence[float] | None = None, space: str = str(DEFAULT_SPACE)) -> None:
         """`mgmt_subnet`: the management network's; another one lets this
         network run beside another scenario on the same machine.
         `silent_clients`: clients are not announced, so their first packet
@@ -147,7 +149,8 @@ class MetaFlowNet:
         and the controller locates and registers each one. `heartbeat`: the
         agents' --heartbeat and the controller's --heartbeat-timeout (default
         theirs); a large fabric on a loaded machine needs longer ones
-        (docs/testbed.md)."""
+        (docs/testbed.md). `space`: the MetaDataIDs this fabric serves (a
+        site's prefix, when several sites share the space)."""
         if controllers < 1:
             raise ValueError(f"at least one controller, not {controllers}")
         self.graph = graph
@@ -169,6 +172,7 @@ class MetaFlowNet:
         self.rest_ports = [listen_port() for _ in range(controllers)]
         self.of_port, self.rest_port = self.of_ports[0], self.rest_ports[0]
         self.lease_ttl = lease_ttl
+        self.space = space
         self.logdir = workdir or Path("/tmp")
         self.controller: ControllerProcess | None = None
         self.controllers: list[ControllerProcess] = []
@@ -257,7 +261,7 @@ class MetaFlowNet:
                                  mgmt_subnet=self.mgmt_subnet, operator_flows=self.operator_flows,
                                  await_controller=not self.controller_later,
                                  standby_controllers=[("127.0.0.1", p) for p in self.of_ports[1:]],
-                                 agent_timeout=self.build_timeout)
+                                 agent_timeout=self.build_timeout, space=self.space)
         self.scenario.__enter__()
         try:
             self.timings["scenario_up_s"] = round(time.monotonic() - started, 2)
@@ -560,6 +564,23 @@ class MetaFlowNet:
     def dump_flows(self, switch: str) -> str:
         """What one OVS bridge really holds (`ovs-ofctl -O OpenFlow10 dump-flows`)."""
         return ofdump.dump(self.running.topo.names[switch])
+
+    def metaflow_packets(self, switch: str, beyond: int | None = None, timeout: float = 15.0) -> int:
+        """The packets that `switch`'s MetaFlow entries have carried; with
+        `beyond`, once the count passes it (or as it stands after `timeout`).
+        OVS credits most packets to an OpenFlow entry only when a revalidator
+        thread next dumps the datapath flow that carried them (every half
+        second, later on a loaded machine: a CI run read 57 right after the
+        clients' 60 files, hundreds of packets), so each read first waits for
+        one full revalidation round."""
+        deadline = time.monotonic() + timeout
+        while True:
+            appctl("revalidator/wait")
+            count = sum(int(n) for n in re.findall(rf"cookie={COOKIE_METAFLOW:#x},.*?n_packets=(\d+)",
+                                                   self.dump_flows(switch)))
+            if beyond is None or count > beyond or time.monotonic() > deadline:
+                return count
+            time.sleep(0.5)
 
     def real_network(self) -> tuple[FakeNetwork, dict[str, list[Block]], list[str]]:
         """A fake network of the entries the switches really hold, on the fabric

@@ -3,6 +3,9 @@ veth links, kernel routes by prefix, WAN links with their round trips
 (`mininet_scenarios.delay_line`, ``tbf`` for the rate), a real
 `metaflow-agent` per block in ``--rewrite local`` mode, and (if asked) each
 site's propagation agent, all as `mininet_scenarios.sites_topo` plans them.
+With ``fabric=True`` each site is instead a MetaFlow fabric in Mininet, with
+its own switches, controller and agents (`mininet_scenarios.site_fabric`),
+and its border one of the fabric's client hosts.
 
     with SitesNet(topo, workdir) as net:
         net.run_node("east", sys.executable, "-m", "benchmarks.sites_node", ...)
@@ -30,6 +33,7 @@ from client_lib.constants import METAFLOW_PORT, SITE_SYNC_PORT
 from mininet_scenarios.daemons import ROOT, AgentProcess, SiteSyncProcess
 from mininet_scenarios.delay_line import prepare
 from mininet_scenarios.netns_pair import Namespace
+from mininet_scenarios.site_fabric import SiteFabric, site_graph
 from mininet_scenarios.sites_topo import SitesTopo, WanLink
 from mininet_scenarios.syscmd import delete_link, ip
 
@@ -52,10 +56,19 @@ class SitesNet:
     propagation agent on its border); `sync` also starts those agents."""
 
     def __init__(self, topo: SitesTopo, workdir: Path, *, sync: bool = False, registry: bool = False,
-                 fast_open: bool = False, agent_extra: tuple[str, ...] = ()) -> None:
+                 fast_open: bool = False, agent_extra: tuple[str, ...] = (), fabric: bool = False) -> None:
         """`fast_open`: the kernels of borders and agents allow TCP Fast Open
         without cookies (`CLIENT_FAST_OPEN`, `SERVER_FAST_OPEN`), for clients
-        that ask for it."""
+        that ask for it. `fabric`: each site a MetaFlow fabric of
+        ``topo.agents`` servers with its own controller (`SiteFabric`),
+        instead of agents behind the border's kernel routes."""
+        if fabric and fast_open:
+            raise ValueError("fast_open needs the agents' kernels set before they listen: "
+                             "not with fabric (the fabric starts its own agents)")
+        if fabric and topo.agents < 2:
+            raise ValueError("a site's fabric needs at least 2 agents")
+        self.fabric = fabric
+        self.fabrics: list[SiteFabric] = []
         self.topo, self.workdir, self.sync, self.registry = topo, workdir, sync, registry
         self.fast_open = fast_open
         self.agent_extra = agent_extra
@@ -109,7 +122,10 @@ class SitesNet:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._namespace(self.wire)
         for i, border in enumerate(self.borders):
-            self._namespace(border)
+            if self.fabric:
+                self._fabric_border(i)
+            else:
+                self._namespace(border)
             border.run("sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
                        "net.ipv4.conf.default.rp_filter=0")
             border.run("ip", "addr", "add", f"{topo.border_address(i)}/32", "dev", "lo")
@@ -124,21 +140,8 @@ class SitesNet:
             ip("link", "set", mgmt, "up")
             border.run("ip", "addr", "add", f"{there}/30", "dev", f"{mgmt}p")
             border.run("ip", "link", "set", f"{mgmt}p", "up")
-            for j, (agent_ns, block) in enumerate(zip(self.agent_ns[i], topo.blocks(i), strict=True)):
-                self._namespace(agent_ns)
-                if self.fast_open:
-                    agent_ns.run("sysctl", "-qw", f"net.ipv4.tcp_fastopen={SERVER_FAST_OPEN}")
-                near, beyond = topo.agent_link(i, j)
-                inside, outside = f"{self.base}a{i:x}{j}", f"{self.base}r{i:x}{j}"
-                ip("link", "add", outside, "netns", border.name, "type", "veth",
-                   "peer", "name", inside, "netns", agent_ns.name)
-                border.run("ip", "addr", "add", f"{near}/24", "dev", outside)
-                agent_ns.run("ip", "addr", "add", f"{beyond}/24", "dev", inside)
-                for ns, intf in ((border, outside), (agent_ns, inside)):
-                    ns.run("ip", "link", "set", intf, "up")
-                    ns.run("ethtool", "-K", intf, "tx", "off")
-                agent_ns.run("ip", "route", "add", "default", "via", near)
-                border.run("ip", "route", "add", str(block), "via", beyond)
+            if not self.fabric:
+                self._agents_behind(i)
         for link in topo.links:
             for i, far, address in ((link.a, link.b, link.address_a), (link.b, link.a, link.address_b)):
                 border = self.borders[i]
@@ -150,6 +153,42 @@ class SitesNet:
                 prepare(self.wire_if(i, far), topo.rate_mbit, self.wire.command())
         for i in range(len(self.borders)):
             self._route_wan(i)
+
+    def _agents_behind(self, i: int) -> None:
+        """Site `i`'s agents in namespaces of their own behind its border,
+        which routes each one's block to it."""
+        topo, border = self.topo, self.borders[i]
+        for j, (agent_ns, block) in enumerate(zip(self.agent_ns[i], topo.blocks(i), strict=True)):
+            self._namespace(agent_ns)
+            if self.fast_open:
+                agent_ns.run("sysctl", "-qw", f"net.ipv4.tcp_fastopen={SERVER_FAST_OPEN}")
+            near, beyond = topo.agent_link(i, j)
+            inside, outside = f"{self.base}a{i:x}{j}", f"{self.base}r{i:x}{j}"
+            ip("link", "add", outside, "netns", border.name, "type", "veth",
+               "peer", "name", inside, "netns", agent_ns.name)
+            border.run("ip", "addr", "add", f"{near}/24", "dev", outside)
+            agent_ns.run("ip", "addr", "add", f"{beyond}/24", "dev", inside)
+            for ns, intf in ((border, outside), (agent_ns, inside)):
+                ns.run("ip", "link", "set", intf, "up")
+                ns.run("ethtool", "-K", intf, "tx", "off")
+            agent_ns.run("ip", "route", "add", "default", "via", near)
+            border.run("ip", "route", "add", str(block), "via", beyond)
+
+    def _fabric_border(self, i: int) -> None:
+        """Site `i` as a MetaFlow fabric (`SiteFabric`), its border namespace
+        the fabric's border host's, given this net's name for it (``ip netns
+        attach``; deleting the name leaves the namespace to Mininet). What
+        arrives over the WAN enters the fabric from the border's own address."""
+        site = self.topo.sites[i]
+        (self.workdir / site.name).mkdir(parents=True, exist_ok=True)
+        fabric = SiteFabric(site_graph(self.topo.agents), site.prefix, self.workdir / site.name,
+                            agent_args=self.agent_extra)
+        self.fabrics.append(fabric.__enter__())
+        border = self.borders[i]
+        ip("netns", "attach", border.name, str(fabric.border_ns.pid))
+        self._made.append(border)
+        border.run("iptables", "-t", "nat", "-A", "POSTROUTING", "-o", fabric.border_interface,
+                   "-j", "MASQUERADE")
 
     def _route_wan(self, i: int, only: WanLink | None = None) -> None:
         for destination, hop, link in self.topo.wan_routes(i):
@@ -167,7 +206,7 @@ class SitesNet:
             if line.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"the delay line {link} did not start")
             self.lines[(link.a, link.b)] = line
-        for i, site in enumerate(topo.sites):
+        for i, site in enumerate(topo.sites if not self.fabric else ()):
             row = []
             for j, block in enumerate(topo.blocks(i)):
                 _, address = topo.agent_link(i, j)
@@ -244,6 +283,15 @@ class SitesNet:
         link = self.topo.link_of(a, b)
         self.lines[(link.a, link.b)].send_signal(signal.SIGUSR1 if cut else signal.SIGUSR2)
 
+    def kill_controller(self, site: str) -> None:
+        """SIGKILL of `site`'s controller (`fabric` only): its switches keep
+        the entries they have."""
+        self.fabrics[self.topo.index(site)].kill_controller()
+
+    def restart_controller(self, site: str) -> float:
+        """A new controller for `site` (`fabric` only); seconds to rebuild."""
+        return self.fabrics[self.topo.index(site)].restart_controller()
+
     # -- nodes -----------------------------------------------------------------
 
     def node(self, site: str, *argv: str, **kwargs: object) -> subprocess.Popen[str]:
@@ -279,5 +327,10 @@ class SitesNet:
             delete_link(link)
         self._mgmt_links.clear()
         self.agents, self.syncs = [], []
+        while self.fabrics:
+            try:
+                self.fabrics.pop().__exit__(None, None, None)
+            except Exception as failure:   # the other sites' fabrics still go
+                failures.append(f"a site's fabric: {failure}")
         if failures:
             raise RuntimeError("; ".join(failures))

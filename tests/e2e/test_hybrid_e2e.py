@@ -15,7 +15,6 @@ with real requests, and the clients' writes and reads all come back.
 
 from __future__ import annotations
 
-import re
 import time
 import warnings
 
@@ -85,27 +84,6 @@ def cookie(value: int) -> str:
     return f"cookie {value:#x}"
 
 
-def metaflow_packets(mf: MetaFlowNet, switch: str) -> int:
-    return sum(int(n) for n in re.findall(rf"cookie={COOKIE_METAFLOW:#x},.*?n_packets=(\d+)",
-                                          mf.dump_flows(switch)))
-
-
-def metaflow_packets_beyond(mf: MetaFlowNet, switch: str, floor: int, timeout: float = 15.0) -> int:
-    """The MetaFlow entries' packet count on `switch` once it passes `floor`
-    (or as it stands after `timeout`). OVS credits most packets to an
-    OpenFlow entry only when a revalidator thread next dumps the datapath
-    flow that carried them (every half second, later on a loaded machine:
-    a CI run read 57 right after the clients' 60 files, hundreds of packets),
-    so each read first waits for one full revalidation round."""
-    deadline = time.monotonic() + timeout
-    while True:
-        appctl("revalidator/wait")
-        count = metaflow_packets(mf, switch)
-        if count > floor or time.monotonic() > deadline:
-            return count
-        time.sleep(0.5)
-
-
 def check_tables(mf: MetaFlowNet) -> None:
     """Only MetaFlow's own entries, above our NORMAL (which replaced the operator's)."""
     gateway = mf.running.gateway
@@ -141,10 +119,10 @@ def test_hybrid_mode_beside_a_fabric_that_forwards_on_its_own(tmp_path):
             assert cookie(COOKIE_NORMAL) in plain and cookie(COOKIE_METAFLOW) not in plain, plain
 
         edge, _ = edge_of(client)
-        before = metaflow_packets(mf, edge)
+        before = mf.metaflow_packets(edge)
         results = mf.run_clients(FILES, tmp_path)
         assert all(r["errors"] == 0 and r["read_back"] == r["written"] == FILES for r in results), results
-        count = metaflow_packets_beyond(mf, edge, before + FILES)
+        count = mf.metaflow_packets(edge, beyond=before + FILES)
         assert count > before + FILES, f"requests did not take MetaFlow's entries ({before} -> {count})"
         tables = mf.switch_tables()
 
