@@ -16,6 +16,7 @@ needs routes for the other sites' addresses.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -41,13 +42,16 @@ class SiteFabric:
     the host where the site's border lives (`border_ns` runs commands there)."""
 
     def __init__(self, graph: nx.Graph, prefix: Block, workdir: Path, *, replicas: int = 2,
-                 agent_args: tuple[str, ...] = ()) -> None:
+                 agent_args: tuple[str, ...] = (), controllers: int = 1) -> None:
+        """`controllers` > 1: that many, one leading through the site's etcd
+        and the others standing by (docs/ha.md)."""
         clients = builders.client_hosts(graph)
         if not clients:
             raise ValueError("a site's fabric needs a client host for its border")
         self.border = clients[0]
         self.net = MetaFlowNet(graph, space=str(prefix), workdir=workdir, replicas=replicas,
-                               agent_args=agent_args)
+                               agent_args=agent_args, controllers=controllers)
+        self.killed: int | None = None
 
     def __enter__(self) -> SiteFabric:
         self.net.__enter__()
@@ -67,12 +71,29 @@ class SiteFabric:
         return str(self.net.running.host(self.border).defaultIntf())
 
     def kill_controller(self) -> None:
-        """SIGKILL of the site's controller: the switches keep its entries."""
-        if self.net.controller is None:
+        """SIGKILL of the site's (leading) controller: the switches keep its
+        entries; a standby, if the site has one, takes over."""
+        if self.net.controllers:
+            self.killed = self.net.kill_leader()
+        elif self.net.controller is not None:
+            self.net.controller.kill()
+        else:
             raise RuntimeError("the site's controller is not running")
-        self.net.controller.kill()
+
+    def taken_over(self, timeout: float = 60.0) -> float:
+        """Seconds until a living controller leads (after `kill_controller`,
+        a standby)."""
+        started = time.monotonic()
+        self.net.leader(timeout)
+        return time.monotonic() - started
 
     def restart_controller(self) -> float:
-        """A new controller for the site (after `kill_controller`, or killing
-        the running one); seconds until it has rebuilt the fabric's view."""
-        return self.net.restart_controller(kill=True)
+        """The killed controller back (a standby now, if the site has
+        several), or a new one in its place; seconds until it is ready."""
+        started = time.monotonic()
+        if self.killed is None:
+            return self.net.restart_controller(kill=True)
+        self.net.revive_controller(self.killed)
+        self.net.standby(self.killed)
+        self.killed = None
+        return time.monotonic() - started

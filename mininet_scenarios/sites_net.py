@@ -56,18 +56,20 @@ class SitesNet:
     propagation agent on its border); `sync` also starts those agents."""
 
     def __init__(self, topo: SitesTopo, workdir: Path, *, sync: bool = False, registry: bool = False,
-                 fast_open: bool = False, agent_extra: tuple[str, ...] = (), fabric: bool = False) -> None:
+                 fast_open: bool = False, agent_extra: tuple[str, ...] = (), fabric: bool = False,
+                 controllers: int = 1) -> None:
         """`fast_open`: the kernels of borders and agents allow TCP Fast Open
         without cookies (`CLIENT_FAST_OPEN`, `SERVER_FAST_OPEN`), for clients
         that ask for it. `fabric`: each site a MetaFlow fabric of
         ``topo.agents`` servers with its own controller (`SiteFabric`),
-        instead of agents behind the border's kernel routes."""
+        instead of agents behind the border's kernel routes, with
+        `controllers` controllers each (more than one: a leader and standbys)."""
         if fabric and fast_open:
             raise ValueError("fast_open needs the agents' kernels set before they listen: "
                              "not with fabric (the fabric starts its own agents)")
         if fabric and topo.agents < 2:
             raise ValueError("a site's fabric needs at least 2 agents")
-        self.fabric = fabric
+        self.fabric, self.controllers = fabric, controllers
         self.fabrics: list[SiteFabric] = []
         self.topo, self.workdir, self.sync, self.registry = topo, workdir, sync, registry
         self.fast_open = fast_open
@@ -182,7 +184,7 @@ class SitesNet:
         site = self.topo.sites[i]
         (self.workdir / site.name).mkdir(parents=True, exist_ok=True)
         fabric = SiteFabric(site_graph(self.topo.agents), site.prefix, self.workdir / site.name,
-                            agent_args=self.agent_extra)
+                            agent_args=self.agent_extra, controllers=self.controllers)
         self.fabrics.append(fabric.__enter__())
         border = self.borders[i]
         ip("netns", "attach", border.name, str(fabric.border_ns.pid))
@@ -283,14 +285,9 @@ class SitesNet:
         link = self.topo.link_of(a, b)
         self.lines[(link.a, link.b)].send_signal(signal.SIGUSR1 if cut else signal.SIGUSR2)
 
-    def kill_controller(self, site: str) -> None:
-        """SIGKILL of `site`'s controller (`fabric` only): its switches keep
-        the entries they have."""
-        self.fabrics[self.topo.index(site)].kill_controller()
-
-    def restart_controller(self, site: str) -> float:
-        """A new controller for `site` (`fabric` only); seconds to rebuild."""
-        return self.fabrics[self.topo.index(site)].restart_controller()
+    def fabric_of(self, site: str) -> SiteFabric:
+        """`site`'s fabric (`fabric` only): its controllers, to kill and restart."""
+        return self.fabrics[self.topo.index(site)]
 
     # -- nodes -----------------------------------------------------------------
 
