@@ -16,6 +16,11 @@ prefix, WAN links with the round trips of the paper's four Azure regions).
 * **Fig. 10: workflows**, BuzzFlow and Montage (`benchmarks.sites_workflows`)
   in the three scenarios of the paper's Table I, each strategy; a run's
   makespan is the time to its last job's end.
+* **Sites as fabrics.** Fig. 5's largest run once more for each strategy,
+  with every site a MetaFlow fabric of its own (switches, a controller, two
+  agents: `mininet_scenarios.site_fabric`), against the same run on the
+  sites above, both without TCP Fast Open (the fabrics' agents start before
+  the kernel could be told to take it).
 
 Prints the tables (markdown) and writes the results (JSON) and one plot.
 
@@ -25,6 +30,7 @@ Prints the tables (markdown) and writes the results (JSON) and one plot.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -45,6 +51,10 @@ from client_lib.sites import SiteLayout, Strategy
 from mininet_scenarios.sites_net import SitesNet
 from mininet_scenarios.sites_topo import PAPER_REGIONS, PAPER_RTT_MS, SitesTopo, paper_layout
 
+AGENT_FLAGS = ("--fsync", "off")
+"""The agents keep the paper's in-memory registries' durability."""
+FABRIC_AGENTS = 2
+"""Storage servers in each site's fabric, for the run on fabrics."""
 START_AFTER_S = 2.0
 """Nodes are started this long before they all begin (a Python start-up each)."""
 PROGRESS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
@@ -228,12 +238,24 @@ def report(results: dict[str, Any]) -> str:
                   "a node, the most of Fig. 5):", "",
                   "| strategy | MetaFlow, s | MetaFlow without fast open, s | registry, s "
                   "| MetaFlow / registry | without fast open / registry |", "|---|---|---|---|---|---|"]
-        for base, plain in zip(results["registry"], results["plain"], strict=True):
+        plains = {r["strategy"]: r for r in results["plain"]}
+        for base in results["registry"]:
+            plain = plains[base["strategy"]]
             ours = next(r for r in results["fig5"] if r["strategy"] == base["strategy"]
                         and r["entries"] == base["entries"])
             lines.append(f"| {base['strategy']} | {ours['makespan']:.2f} | {plain['makespan']:.2f} | "
                          f"{base['makespan']:.2f} | {ours['makespan'] / base['makespan']:.2f} | "
                          f"{plain['makespan'] / base['makespan']:.2f} |")
+    if results.get("fabric"):
+        plains = {r["strategy"]: r for r in results["plain"]}
+        lines += ["", f"Sites as MetaFlow fabrics ({FABRIC_AGENTS} agents and a controller each) against the "
+                  "sites above, both without fast open (Fig. 5's largest run):", "",
+                  "| strategy | sites above, s | fabrics, s | fabrics / sites above | failures on fabrics |",
+                  "|---|---|---|---|---|"]
+        for fab in results["fabric"]:
+            plain = plains[fab["strategy"]]
+            lines.append(f"| {fab['strategy']} | {plain['makespan']:.2f} | {fab['makespan']:.2f} | "
+                         f"{fab['makespan'] / plain['makespan']:.2f} | {fab['failures']} |")
     if results.get("fig10"):
         lines += ["", "Fig. 10 (workflow makespan, s):", "",
                   "| workflow | scenario | " + " | ".join(s.value for s in Strategy)
@@ -270,32 +292,43 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     rounds += [("fig7", s, n // len(topo.sites), args.fig7_entries) for n in args.nodes for s in Strategy]
     flows = [(w, sc, s) for w in args.workflows for sc in SCENARIOS for s in Strategy]
     baseline = [s for s in Strategy if s is not Strategy.REPLICATED]
+    fabrics = list(Strategy) if args.fabric else []
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "sites": [s.name for s in topo.sites],
                                "central": central, "entries": args.entries, "fig5": [], "fig7": [],
                                "fig10": [], "workflow_nodes": args.workflow_nodes, "registry": [],
-                               "plain": []}
-    with SitesNet(topo, workdir, sync=True, registry=True, fast_open=True,
-                  agent_extra=("--fsync", "off")) as net, \
-            tqdm(total=len(rounds) + len(flows) + 2 * len(baseline), desc="bench-sites") as bar:
-        results["rtts"] = measured_rtts(net)
-        for number, (figure, strategy, per, entries) in enumerate(rounds):
-            bar.set_postfix_str(f"{figure} {strategy.value} {per * len(topo.sites)} nodes x {entries}")
-            results[figure].append(run_round(net, strategy, per, entries, f"r{number}", central))
-            bar.update()
-        for strategy in baseline:
-            bar.set_postfix_str(f"registry {strategy.value}")
-            results["registry"].append(run_round(net, strategy, per_site, max(args.entries),
-                                                 f"reg-{strategy.value}", central, registry=True))
-            bar.update()
-            bar.set_postfix_str(f"no fast open {strategy.value}")
-            results["plain"].append(run_round(net, strategy, per_site, max(args.entries),
-                                              f"plain-{strategy.value}", central, fast_open=False))
-            bar.update()
-        for number, (workflow, scenario, strategy) in enumerate(flows):
-            bar.set_postfix_str(f"fig10 {workflow} {scenario.name} {strategy.value}")
-            results["fig10"].append(run_workflow(net, strategy, workflow, scenario, args.workflow_nodes,
-                                                 f"wf{number}", central))
-            bar.update()
+                               "plain": [], "fabric": []}
+    with tqdm(total=len(rounds) + len(flows) + len(baseline) + len(Strategy) + len(fabrics),
+              desc="bench-sites") as bar:
+        with SitesNet(topo, workdir, sync=True, registry=True, fast_open=True,
+                      agent_extra=AGENT_FLAGS) as net:
+            results["rtts"] = measured_rtts(net)
+            for number, (figure, strategy, per, entries) in enumerate(rounds):
+                bar.set_postfix_str(f"{figure} {strategy.value} {per * len(topo.sites)} nodes x {entries}")
+                results[figure].append(run_round(net, strategy, per, entries, f"r{number}", central))
+                bar.update()
+            for strategy in baseline:
+                bar.set_postfix_str(f"registry {strategy.value}")
+                results["registry"].append(run_round(net, strategy, per_site, max(args.entries),
+                                                     f"reg-{strategy.value}", central, registry=True))
+                bar.update()
+            for strategy in Strategy:
+                bar.set_postfix_str(f"no fast open {strategy.value}")
+                results["plain"].append(run_round(net, strategy, per_site, max(args.entries),
+                                                  f"plain-{strategy.value}", central, fast_open=False))
+                bar.update()
+            for number, (workflow, scenario, strategy) in enumerate(flows):
+                bar.set_postfix_str(f"fig10 {workflow} {scenario.name} {strategy.value}")
+                results["fig10"].append(run_workflow(net, strategy, workflow, scenario, args.workflow_nodes,
+                                                     f"wf{number}", central))
+                bar.update()
+        if fabrics:
+            with SitesNet(dataclasses.replace(topo, agents=FABRIC_AGENTS), workdir / "fabrics", sync=True,
+                          agent_extra=AGENT_FLAGS, fabric=True, replicas=1) as net:
+                for strategy in fabrics:
+                    bar.set_postfix_str(f"fabrics {strategy.value}")
+                    results["fabric"].append(run_round(net, strategy, per_site, max(args.entries),
+                                                       f"fab-{strategy.value}", central, fast_open=False))
+                    bar.update()
     largest = max(args.entries)
     by = {r["strategy"]: r for r in results["fig5"] if r["entries"] == largest}
     results["fig6"] = {"decentralized": by["decentralized"], "local-replication": by["local-replication"],
@@ -308,7 +341,7 @@ def kept(results: dict[str, Any]) -> dict[str, Any]:
     for Fig. 6's two (their progress curves)."""
     def lean(run: dict[str, Any]) -> dict[str, Any]:
         return {key: value for key, value in run.items() if key != "nodes_detail"}
-    out = {key: [lean(r) for r in value] if key in ("fig5", "fig7", "registry", "plain") else value
+    out = {key: [lean(r) for r in value] if key in ("fig5", "fig7", "registry", "plain", "fabric") else value
            for key, value in results.items()}
     return out
 
@@ -328,6 +361,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workflow-nodes", type=int, default=8, help="Fig. 10: nodes (one job each)")
     p.add_argument("--central", default=None, help="the centralized strategy's site (default: the first)")
     p.add_argument("--rate-mbit", type=float, default=100.0, help="each WAN link's rate cap")
+    p.add_argument("--no-fabric", dest="fabric", action="store_false",
+                   help="skip the run on sites that are MetaFlow fabrics")
     p.add_argument("--out", type=Path, default=None, help="write sites.json there, and the plot to docs/img")
     return p
 

@@ -57,19 +57,20 @@ class SitesNet:
 
     def __init__(self, topo: SitesTopo, workdir: Path, *, sync: bool = False, registry: bool = False,
                  fast_open: bool = False, agent_extra: tuple[str, ...] = (), fabric: bool = False,
-                 controllers: int = 1) -> None:
+                 controllers: int = 1, replicas: int = 2) -> None:
         """`fast_open`: the kernels of borders and agents allow TCP Fast Open
         without cookies (`CLIENT_FAST_OPEN`, `SERVER_FAST_OPEN`), for clients
         that ask for it. `fabric`: each site a MetaFlow fabric of
         ``topo.agents`` servers with its own controller (`SiteFabric`),
         instead of agents behind the border's kernel routes, with
-        `controllers` controllers each (more than one: a leader and standbys)."""
+        `controllers` controllers each (more than one: a leader and standbys)
+        and `replicas` copies of each block."""
         if fabric and fast_open:
             raise ValueError("fast_open needs the agents' kernels set before they listen: "
                              "not with fabric (the fabric starts its own agents)")
         if fabric and topo.agents < 2:
             raise ValueError("a site's fabric needs at least 2 agents")
-        self.fabric, self.controllers = fabric, controllers
+        self.fabric, self.controllers, self.replicas = fabric, controllers, replicas
         self.fabrics: list[SiteFabric] = []
         self.topo, self.workdir, self.sync, self.registry = topo, workdir, sync, registry
         self.fast_open = fast_open
@@ -184,7 +185,8 @@ class SitesNet:
         site = self.topo.sites[i]
         (self.workdir / site.name).mkdir(parents=True, exist_ok=True)
         fabric = SiteFabric(site_graph(self.topo.agents), site.prefix, self.workdir / site.name,
-                            agent_args=self.agent_extra, controllers=self.controllers)
+                            agent_args=self.agent_extra, controllers=self.controllers,
+                            replicas=self.replicas)
         self.fabrics.append(fabric.__enter__())
         border = self.borders[i]
         ip("netns", "attach", border.name, str(fabric.border_ns.pid))
