@@ -254,8 +254,10 @@ bench-agent: setup
 bench-replication: setup
 	$(PY) -m benchmarks.replication --out benchmarks/results
 
-# The multi-site paper's Figs. 5-7 on four sites in network namespaces, WAN
-# links with the round trips of its Azure regions (docs/sites.md; about 6 minutes).
+# The multi-site paper's Figs. 5, 6, 7 and 10 on four sites in network
+# namespaces, WAN links with the round trips of its Azure regions, the
+# per-site registry baseline, and Fig. 5's largest run again on sites that are
+# MetaFlow fabrics (docs/sites.md; about 20 minutes).
 bench-sites: setup
 	$(PY) -m benchmarks.sites_bench --out benchmarks/results
 
