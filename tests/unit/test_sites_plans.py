@@ -1,6 +1,7 @@
 """The multi-site experiments' plans, as pure data: the sites' namespaces,
-links, addresses and routes (`mininet_scenarios.sites_topo`) and the
-workflow shapes (`benchmarks.sites_workflows`)."""
+links, addresses and routes (`mininet_scenarios.sites_topo`), a site's
+fabric (`mininet_scenarios.site_fabric.site_graph`), the workflow shapes
+(`benchmarks.sites_workflows`), and the bench's comparison of fabrics."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from benchmarks import sites_bench
 from benchmarks.sites_workflows import SCENARIOS, Scenario, buzzflow, montage
 from client_lib.cidr import Block
-from client_lib.sites import SiteLayout
+from client_lib.sites import SiteLayout, Strategy
+from mininet_scenarios.site_fabric import site_graph
 from mininet_scenarios.sites_topo import PAPER_REGIONS, PAPER_RTT_MS, SitesTopo, paper_layout
+from topology import builders
 
 SPACE = Block.parse("100.64.0.0/10")
 
@@ -77,3 +81,28 @@ def test_every_workflow_read_is_written_by_an_earlier_job_and_nothing_twice(scen
         assert sum(len(job.reads) + len(job.writes) for job in jobs) >= len(jobs) * (scenario.ops // 2)
     assert len(montage(sites, nodes, scenario, "t")) == nodes
     assert len(buzzflow(sites, nodes, scenario, "t")) == max(1, nodes // len(sites)) * len(sites)
+
+
+def test_a_site_fabric_has_a_border_client_and_an_even_number_of_servers() -> None:
+    graph = site_graph(4)
+    assert len(builders.storage_hosts(graph)) == 4 and len(builders.client_hosts(graph)) == 2
+    for odd in (1, 3):
+        with pytest.raises(ValueError, match="even number"):
+            site_graph(odd)
+
+
+def test_the_report_compares_each_strategy_on_fabrics_with_the_same_run_on_the_plain_sites() -> None:
+    def run(strategy: Strategy, makespan: float, failures: int = 0) -> dict[str, object]:
+        return {"strategy": strategy.value, "entries": 10, "nodes": 4, "makespan": makespan,
+                "failures": failures, "throughput": 1.0}
+
+    results = {"rtts": [], "central": "s0", "entries": [10], "fig7": [],
+               "fig5": [run(s, 1.0) for s in Strategy],
+               "fig6": {"speedup": {f: 1.0 for f in sites_bench.PROGRESS}},
+               "plain": [run(s, 2.0 + n) for n, s in enumerate(Strategy)],
+               "fabric": [run(s, 4.0 + n, failures=n) for n, s in enumerate(Strategy)]}
+    rows = [line for line in sites_bench.report(results).splitlines() if line.count("|") == 6
+            and line.split("|")[1].strip() in {s.value for s in Strategy}]
+    want = [f"| {s.value} | {2.0 + n:.2f} | {4.0 + n:.2f} | {(4.0 + n) / (2.0 + n):.2f} | {n} |"
+            for n, s in enumerate(Strategy)]
+    assert rows == want
