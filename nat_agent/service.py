@@ -128,6 +128,7 @@ from nat_agent.extension import FAST_LANE, HISTOGRAM, KEYSPACE, LANE_VIEW, SERVI
 from nat_agent.latency import Latency
 from nat_agent.ops_meter import SAMPLE_S, Buckets, OpsMeter
 from nat_agent.ownership import Decision, Held, Verdict
+from nat_agent.port_sharing import refuse_shared
 from nat_agent.replication import NotReplicated, Replicator
 from nat_agent.resp_commands import ArgLimit, encode_reply, internal_error
 from nat_agent.store import (
@@ -369,6 +370,7 @@ class MetadataService:
             for _ in range(self.limits.workers):
                 listeners.append(transparent_listener(host, port, reuse_port=True, transparent=transparent))
                 port = listeners[0].getsockname()[1]
+            refuse_shared(listeners[0].getsockname()[0], port, listeners)
         except BaseException:
             for sock in listeners:
                 sock.close()

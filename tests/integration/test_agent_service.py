@@ -212,3 +212,22 @@ def test_ownership_survives_a_restart_and_sigterm_is_clean(tmp_path):
         assert proc.call(ADMIN.health).owned == [Block.parse("100.64.0.0/11")]
         with client_for(proc) as c:
             assert c.get(path) == b"kept"
+
+
+def test_a_second_agent_on_the_same_port_is_refused_and_the_first_keeps_every_connection(tmp_path):
+    """The workers share their port with SO_REUSEPORT, which the kernel
+    would let another agent of the same user join, taking half of the
+    connections: the second one must refuse to start, whichever way it serves."""
+    with AgentProcess(f"leveldb:{tmp_path / 'first'}", "--workers", "2", own=[SPACE],
+                      log_path=tmp_path / "first.log") as first:
+        for workers, why in (("2", f"port {first.port} is already served by another process"),
+                             ("0", "address already in use")):
+            second = AgentProcess(f"leveldb:{tmp_path / f'second{workers}'}", "--workers", workers,
+                                  own=[SPACE], port=first.port, log_path=tmp_path / f"second{workers}.log")
+            with pytest.raises(RuntimeError, match="exited with 1 at start"):
+                second.launch().wait_ready(30)
+            assert why in second.log(), second.log()
+        with client_for(first) as c:
+            for i in range(50):   # fresh connections, all to the first agent
+                c.put(f"/alone/{i}", b"%d" % i)
+            assert [c.get(f"/alone/{i}") for i in range(50)] == [b"%d" % i for i in range(50)]
