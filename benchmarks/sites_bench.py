@@ -232,13 +232,13 @@ def report(results: dict[str, Any]) -> str:
         row = {r["strategy"]: r for r in results["fig7"] if r["nodes"] == nodes}
         lines.append(f"| {nodes} | " + " | ".join(f"{row[s.value]['throughput']:.0f}" for s in Strategy)
                      + " |")
+    plains = {r["strategy"]: r for r in results.get("plain", [])}
     if results.get("registry"):
         most = max(results["entries"])
         lines += ["", f"Against the paper's registry layout (a redis-server per site; {most} operations "
                   "a node, the most of Fig. 5):", "",
                   "| strategy | MetaFlow, s | MetaFlow without fast open, s | registry, s "
                   "| MetaFlow / registry | without fast open / registry |", "|---|---|---|---|---|---|"]
-        plains = {r["strategy"]: r for r in results["plain"]}
         for base in results["registry"]:
             plain = plains[base["strategy"]]
             ours = next(r for r in results["fig5"] if r["strategy"] == base["strategy"]
@@ -247,7 +247,6 @@ def report(results: dict[str, Any]) -> str:
                          f"{base['makespan']:.2f} | {ours['makespan'] / base['makespan']:.2f} | "
                          f"{plain['makespan'] / base['makespan']:.2f} |")
     if results.get("fabric"):
-        plains = {r["strategy"]: r for r in results["plain"]}
         lines += ["", f"Sites as MetaFlow fabrics ({FABRIC_AGENTS} agents and a controller each) against the "
                   "sites above, both without fast open (Fig. 5's largest run):", "",
                   "| strategy | sites above, s | fabrics, s | fabrics / sites above | failures on fabrics |",
@@ -288,6 +287,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     topo = topology(args.sites, args.rate_mbit)
     central = args.central or topo.sites[0].name
     per_site = (args.fig5_nodes or max(args.nodes)) // len(topo.sites)
+    largest = max(args.entries)
     rounds = [("fig5", s, per_site, e) for e in args.entries for s in Strategy]
     rounds += [("fig7", s, n // len(topo.sites), args.fig7_entries) for n in args.nodes for s in Strategy]
     flows = [(w, sc, s) for w in args.workflows for sc in SCENARIOS for s in Strategy]
@@ -308,12 +308,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 bar.update()
             for strategy in baseline:
                 bar.set_postfix_str(f"registry {strategy.value}")
-                results["registry"].append(run_round(net, strategy, per_site, max(args.entries),
+                results["registry"].append(run_round(net, strategy, per_site, largest,
                                                      f"reg-{strategy.value}", central, registry=True))
                 bar.update()
             for strategy in Strategy:
                 bar.set_postfix_str(f"no fast open {strategy.value}")
-                results["plain"].append(run_round(net, strategy, per_site, max(args.entries),
+                results["plain"].append(run_round(net, strategy, per_site, largest,
                                                   f"plain-{strategy.value}", central, fast_open=False))
                 bar.update()
             for number, (workflow, scenario, strategy) in enumerate(flows):
@@ -326,10 +326,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                           agent_extra=AGENT_FLAGS, fabric=True, replicas=1) as net:
                 for strategy in fabrics:
                     bar.set_postfix_str(f"fabrics {strategy.value}")
-                    results["fabric"].append(run_round(net, strategy, per_site, max(args.entries),
+                    results["fabric"].append(run_round(net, strategy, per_site, largest,
                                                        f"fab-{strategy.value}", central, fast_open=False))
                     bar.update()
-    largest = max(args.entries)
     by = {r["strategy"]: r for r in results["fig5"] if r["entries"] == largest}
     results["fig6"] = {"decentralized": by["decentralized"], "local-replication": by["local-replication"],
                        "speedup": speedups(by["decentralized"], by["local-replication"])}

@@ -210,7 +210,21 @@ class SitesNet:
             if line.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"the delay line {link} did not start")
             self.lines[(link.a, link.b)] = line
-        for i, site in enumerate(topo.sites if not self.fabric else ()):
+        if not self.fabric:   # a fabric's agents are up with it
+            self._start_agents()
+        rows = "".join(f'[[site]]\nname = "{site.name}"\nprefix = "{site.prefix}"\n'
+                       f'sync = "{topo.border_address(i)}:{SITE_SYNC_PORT}"\n'
+                       for i, site in enumerate(topo.sites))
+        self.layout_file.write_text(f'space = "{topo.layout.space}"\n{rows}')
+        if self.sync:
+            self._start_syncs()
+        if self.registry:
+            self._start_registries()
+
+    def _start_agents(self) -> None:
+        """An agent in each agent namespace, owning its block of the site's prefix."""
+        topo = self.topo
+        for i, site in enumerate(topo.sites):
             row = []
             for j, block in enumerate(topo.blocks(i)):
                 _, address = topo.agent_link(i, j)
@@ -224,14 +238,6 @@ class SitesNet:
             self.agents.append(row)
         for agent in (a for row in self.agents for a in row):
             agent.wait_ready(60)
-        rows = "".join(f'[[site]]\nname = "{site.name}"\nprefix = "{site.prefix}"\n'
-                       f'sync = "{topo.border_address(i)}:{SITE_SYNC_PORT}"\n'
-                       for i, site in enumerate(topo.sites))
-        self.layout_file.write_text(f'space = "{topo.layout.space}"\n{rows}')
-        if self.sync:
-            self._start_syncs()
-        if self.registry:
-            self._start_registries()
 
     def _start_syncs(self) -> None:
         topo = self.topo

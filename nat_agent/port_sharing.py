@@ -6,8 +6,9 @@ same user join such a group: a second agent started on the same port, by
 mistake or by two test runs picking the same free port at once, would
 silently take half of the connections, and each agent would hold half of
 the writes. So after binding, the agent reads its network namespace's TCP
-listeners (``/proc/net/tcp``) and refuses to serve if any listener on its
-port is not one of its own sockets. Two agents racing each do that after
+listeners (``/proc/net/tcp``) and refuses to serve if a listener on its
+port at an overlapping address (the same one, or either the wildcard) is not
+one of its own sockets. Two agents racing each do that after
 their own bind, so the later one sees the earlier one and stops.
 """
 

@@ -46,7 +46,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SitesNet]:
 
 def far_border_switch(net: SitesNet) -> str:
     """The far site's switch where its border host is attached."""
-    fabric = net.fabrics[1]
+    fabric = net.fabric_of(FAR)
     (switch,) = fabric.net.graph.neighbors(fabric.border)
     return str(switch)
 
@@ -97,7 +97,7 @@ def test_every_strategy_runs_and_a_far_id_takes_the_far_fabric_entries(net: Site
         assert run["failures"] == 0 and run["nodes"] == 4, run
         assert all(node["ops"] == 30 for node in run["nodes_detail"])
     paths = homed(net, FAR, "entries", 20)
-    far_net = net.fabrics[1].net
+    far_net = net.fabric_of(FAR).net
     before = far_net.metaflow_packets(far_border_switch(net))
     in_site(net, NEAR, f'''
         d = client("decentralized")
