@@ -410,6 +410,8 @@ class Namespace:
             raise NamespaceError(errno.EINVAL, f"cannot set {sorted(unknown)}: only {list(_SETTABLE)}")
         for raw, old, guessed in self._candidates(key, read):
             if old.shared:
+                if guessed:
+                    continue   # a stub is never rewritten, so no CAS would compare this guess: read it
                 return self.setattr_inode(old.ino, **changes)
             if old.kind == "dir" and "size" in changes:
                 if guessed:

@@ -116,6 +116,22 @@ def test_three_clients_taking_turns_match_the_model(ops: list, clients: list[int
         assert visible_tree(ns, model) == model.dirs
 
 
+def test_a_remembered_link_another_client_removed_is_not_changed() -> None:
+    """A client remembers the name it linked; another client unlinks it; the
+    first one's setattr of that name is ENOENT, and the inode (still named
+    by its other link) is untouched. (A remembered stub was once believed
+    and the change went to the inode through a name that no longer existed.)"""
+    records, clock, ns, _ = _fresh()
+    other = _namespace(records.attach(), clock)
+    made = ns.create(ROOT, "c")
+    ns.link(ROOT, "b", (ROOT, b"c"), made.ino)
+    other.unlink(ROOT, "b")
+    with pytest.raises(NamespaceError) as caught:
+        ns.setattr(ROOT, "b", mode=0o600)
+    assert caught.value.errno == errno.ENOENT
+    assert ns.lookup(ROOT, "c").mode == made.mode
+
+
 def _shows(seen: Tree, tree: Tree) -> bool:
     """Whether a reader's view of the directories the model knew before an
     operation (`seen`) is `tree`: the same listings, and a directory that
