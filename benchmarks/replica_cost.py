@@ -34,7 +34,7 @@ from client_lib.mdid import mdid
 from nat_agent.agent import Agent, Identity
 from nat_agent.leveldb_store import LevelDBStore
 from nat_agent.replica import ReplicaServer
-from nat_agent.store import FsyncMode
+from nat_agent.store import FsyncMode, record_key
 
 SPACE = Block.parse(DEFAULT_SPACE_CIDR)
 PRIMARY = "p"
@@ -99,16 +99,15 @@ async def sync_cost(directory: Path, turns: int) -> dict[str, float]:
     try:
         group = store._group   # the store's own: what `put` waits on
         assert group is not None
-        ledger = group.ledger
 
         async def through_loop(turn: int) -> None:
             await store.put(SPACE.first + turn, f"/loop/{turn}", VALUE)
 
         async def inline(turn: int) -> None:
-            ticket = ledger.begin([b"inline"])
-            store._records.put(b"inline/%d" % turn, VALUE)
-            ledger.end(ticket)
-            ledger.sync_through(ledger.issued)
+            key = record_key(SPACE.first + turn, f"/inline/{turn}", store.width)
+            ticket = store._apply([key], lambda: store._records.put(key, VALUE))   # as `put` writes
+            assert ticket is not None
+            group.ledger.sync_through(ticket)
 
         loop_cpu, loop_wall = await _cpu(turns, through_loop)
         inline_cpu, inline_wall = await _cpu(turns, inline)

@@ -128,7 +128,7 @@ def servers(workdir: Path) -> Iterator[dict[str, dict[str, Side]]]:
             return stack.enter_context(RedisServer(workdir / name, port=0, **options))  # type: ignore[arg-type]
 
         def agents(*members: AgentProcess) -> Side:
-            return Side((members[0].host, members[0].port), [pid_of(m.proc) for m in members])
+            return Side(_endpoint(members[0]), [pid_of(m.proc) for m in members])
 
         def redises(*members: RedisServer) -> Side:
             assert members[0].port is not None and all(m.pid is not None for m in members)
