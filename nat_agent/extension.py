@@ -16,10 +16,12 @@ extension itself, so this is the only place the decision is made.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
 from client_lib.resp import DEFAULT_MAX_ARGS
 from nat_agent import resp_commands
+from nat_agent.mdid_index import SortedMdids
 from nat_agent.resp_commands import ArgLimit
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
         Keyspace,
         LaneView,
         LevelDB,
+        MdidIndex,
         ServiceLoop,
         SyncGroup,
     )
@@ -49,6 +52,9 @@ SYNC_GROUP: type[SyncGroup] | None
 LEVELDB: type[LevelDB] | None
 """LevelDB opened by the extension, which the lane then reads and writes
 without Python; None: `nat_agent.leveldb_store` opens it with plyvel."""
+MDID_INDEX: type[MdidIndex] | None
+"""The LevelDB store's range index in Rust, which the lane updates without
+Python; None: `nat_agent.mdid_index.SortedMdids`."""
 UNAVAILABLE: str | None
 """None when the extension is imported; else why it could not be."""
 PYTHON_PATH_NOTICE = "serving every request through the Python path"
@@ -58,12 +64,12 @@ extension (the tests and `make check-install` look for it)."""
 try:
     import nat_agent._fastpath as _fastpath
 except ImportError as error:
-    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = HISTOGRAM = SYNC_GROUP = LEVELDB = None
+    FAST_LANE = SERVICE_LOOP = KEYSPACE = LANE_VIEW = HISTOGRAM = SYNC_GROUP = LEVELDB = MDID_INDEX = None
     UNAVAILABLE = f"nat_agent._fastpath cannot be imported: {error}"
 else:
     FAST_LANE, SERVICE_LOOP = _fastpath.FastLane, _fastpath.ServiceLoop
     KEYSPACE, LANE_VIEW, HISTOGRAM = _fastpath.Keyspace, _fastpath.LaneView, _fastpath.Histogram
-    SYNC_GROUP, LEVELDB = _fastpath.SyncGroup, _fastpath.LevelDB
+    SYNC_GROUP, LEVELDB, MDID_INDEX = _fastpath.SyncGroup, _fastpath.LevelDB, _fastpath.MdidIndex
     UNAVAILABLE = None
 
 
@@ -77,6 +83,15 @@ def command_parser(max_bulk: int, limit: ArgLimit | None, max_args: int = DEFAUL
         return _fastpath.CommandParser(max_bulk=max_bulk, max_args=max_args, limit=limit)
     parser = resp_commands.CommandParser(max_bulk=max_bulk, max_args=max_args, limit=limit)
     return cast("CommandParser", parser)
+
+
+def mdid_index(ids: Iterable[int]) -> MdidIndex:
+    """The range index of a store's records, counting `ids`: the compiled
+    one, which the lane updates directly, or without the extension
+    `SortedMdids`, its oracle with the same methods (tests/unit/test_mdid_index.py)."""
+    if MDID_INDEX is not None:
+        return MDID_INDEX(ids)
+    return cast("MdidIndex", SortedMdids(ids))
 
 
 def arg_limits(key: int, value: int, values_from: list[tuple[bytes, int]]) -> ArgLimit:

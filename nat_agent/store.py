@@ -232,6 +232,9 @@ class RecordAccess:
     sync_failure: Callable[[str], OSError] | None
     """The error of a write or read whose sync failed for a reason (a
     message), as the store's own path raises it (`GroupCommit.failure`)."""
+    index: object | None = None
+    """The extension's `MdidIndex` that `counted` and `uncounted` update,
+    which the lane then updates directly, without Python; None to call them."""
     native: object | None = None
     """The same records as the extension's own table (`LevelTable`), which
     the lane then reads and writes directly, without Python and with the GIL

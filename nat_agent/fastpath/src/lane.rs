@@ -53,10 +53,12 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::durable::SyncGroup;
+use crate::index::MdidIndex;
 use crate::keys::Keyspace;
 use crate::level::Table as LevelTable;
 use crate::ops::OpsCounts;
@@ -65,13 +67,20 @@ use crate::seconds::{Batch, Histogram};
 
 type Table = Vec<(u128, u128)>;
 
+/// Where the records the lane creates and deletes are counted.
+enum Index {
+    /// The extension's own (`RecordAccess.index`), updated without Python.
+    Native(Py<MdidIndex>),
+    /// `RecordAccess.counted` and `uncounted`, called under the GIL.
+    Python { counted: PyObject, uncounted: PyObject },
+}
+
 /// A store's records as `nat_agent.store.RecordAccess` hands them over.
 struct Records {
     get: PyObject,
     put: PyObject,
     put_options: Option<Py<PyDict>>,
-    counted: PyObject,
-    uncounted: PyObject,
+    index: Index,
     group: Option<Py<SyncGroup>>,
     put_batch: Option<PyObject>,
     /// The extension's own table of the records, called instead of the
@@ -94,12 +103,34 @@ impl Records {
             get: access.getattr("get")?.unbind(),
             put: access.getattr("put")?.unbind(),
             put_options: put_options.map(Bound::unbind),
-            counted: access.getattr("counted")?.unbind(),
-            uncounted: access.getattr("uncounted")?.unbind(),
+            index: match optional("index")? {
+                Some(index) => Index::Native(index.downcast_into::<MdidIndex>()?.unbind()),
+                None => Index::Python { counted: access.getattr("counted")?.unbind(),
+                                        uncounted: access.getattr("uncounted")?.unbind() },
+            },
             group: optional("group")?.map(|g| g.downcast_into::<SyncGroup>()).transpose()?.map(Bound::unbind),
             put_batch: optional("put_batch")?.map(Bound::unbind),
             native: optional("native")?.map(|t| t.downcast_into::<LevelTable>()).transpose()?.map(|t| (t.unbind(), sync)),
         })
+    }
+
+    /// Count a record of `id` the lane created (`created`) or deleted. Made
+    /// after the write, so never undone: a failure to count is reported,
+    /// not retried.
+    fn recount(&self, py: Python<'_>, id: u128, created: bool) {
+        let counted = match &self.index {
+            Index::Native(index) if created => Ok(index.get().counted(id)),
+            Index::Native(index) => match index.get().uncounted(id) {
+                true => Ok(()),
+                false => Err(PyValueError::new_err(format!("a deleted record of {id} was not in the index"))),
+            },
+            Index::Python { counted, uncounted } => {
+                (if created { counted } else { uncounted }).call1(py, (id,)).map(drop)
+            }
+        };
+        if let Err(err) = counted {
+            err.write_unraisable(py, None);
+        }
     }
 
     /// The record of `key`: None if there is none, Err if the store failed.
@@ -603,10 +634,7 @@ impl FastLane {
         };
         written?;
         for id in created {
-            // Written, so never undone now: a failure to count it is reported, not retried.
-            if let Err(err) = self.records.counted.call1(py, (id,)) {
-                err.write_unraisable(py, None);
-            }
+            self.records.recount(py, id, true);
         }
         Ok((ticket, replication))
     }
@@ -801,16 +829,8 @@ impl FastLane {
         written.ok()?;
         need.ticket = ticket.unwrap_or(0);
         self.ops.count(id);
-        let recount = match (value, old.is_some()) {
-            (Some(_), false) => Some(&self.records.counted),
-            (None, true) => Some(&self.records.uncounted),
-            _ => None,
-        };
-        if let Some(recount) = recount {
-            // Written, so never declined now: a failure to count it is reported, not retried.
-            if let Err(err) = recount.call1(py, (id,)) {
-                err.write_unraisable(py, None);
-            }
+        if value.is_some() != old.is_some() {
+            self.records.recount(py, id, value.is_some());
         }
         Some((true, need))
     }
@@ -846,10 +866,7 @@ impl FastLane {
         self.records.put(py, &record_key, value).ok()?;
         self.ops.count(id);
         if old.is_none() {
-            // Written, so never declined now: a failure to count it is reported, not retried.
-            if let Err(err) = self.records.counted.call1(py, (id,)) {
-                err.write_unraisable(py, None);
-            }
+            self.records.recount(py, id, true);
         }
         Some(Need::default())
     }

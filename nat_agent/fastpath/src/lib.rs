@@ -19,6 +19,8 @@
 //! * `SyncGroup` (`durable.rs`) is the group commit's ledger under
 //!   `--fsync batch`, shared by the workers (which send a turn's replies
 //!   after the one sync that covers its writes) and the Python path.
+//! * `MdidIndex` (`index.rs`) is the LevelDB store's range index (the mdid
+//!   of every record, to count ID ranges), which the lane updates directly.
 //! * `LevelDB` (`level.rs`) is the store's LevelDB, opened here so that the
 //!   lane reads and writes records without Python; the store reaches it
 //!   through plyvel's method names (plyvel is the fallback).
@@ -35,6 +37,7 @@
 //! same random chunks and requires identical results.
 
 mod durable;
+mod index;
 mod keys;
 mod lane;
 mod level;
@@ -58,6 +61,7 @@ fn _fastpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<seconds::Histogram>()?;
     m.add_class::<server::ServiceLoop>()?;
     m.add_class::<durable::SyncGroup>()?;
+    m.add_class::<index::MdidIndex>()?;
     m.add_class::<level::LevelDB>()?;
     m.add_class::<level::Table>()?;
     m.add_class::<level::WriteBatch>()?;
