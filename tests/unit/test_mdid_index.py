@@ -59,7 +59,7 @@ def test_bad_input_is_refused_and_changes_nothing() -> None:
     with pytest.raises(ValueError, match="not in the index"):
         index.remove(3)
     with pytest.raises(TypeError):
-        index.update([4, "5"])
+        index.update([4, "5"])  # type: ignore[list-item]
     with pytest.raises(OverflowError):
         index.add(-1)
     assert len(index) == 2 and index.count(0, 10) == 2
