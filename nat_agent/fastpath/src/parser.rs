@@ -6,6 +6,8 @@
 //! one buffer, argument slices turned into Python bytes once a command is
 //! whole).
 
+use std::sync::LazyLock;
+
 use memchr::memmem;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -267,7 +269,9 @@ impl CommandParser {
     }
 
     fn line(&mut self) -> Parsed<(usize, usize)> {
-        let Some(found) = memmem::find(&self.buf[self.pos..], CRLF) else {
+        // Built once: `memmem::find` builds a finder per call (three per SET).
+        static LINE_END: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(CRLF));
+        let Some(found) = LINE_END.find(&self.buf[self.pos..]) else {
             if self.buf.len() - self.pos > self.max_line {
                 return Err(Stop::Protocol(format!("line longer than {} bytes", self.max_line)));
             }

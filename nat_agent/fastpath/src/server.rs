@@ -465,6 +465,9 @@ struct Conn {
     paused: bool,
     /// The socket has bytes we have not read (we stopped short of `WouldBlock`).
     unread: bool,
+    /// A readiness event said the peer closed its side or the socket failed:
+    /// read on until end of file or `WouldBlock`, not only until a short read.
+    read_to_end: bool,
     closing: Option<Instant>,
     /// Closing, its last reply sent and its write side shut (`linger`).
     half_closed: bool,
@@ -549,6 +552,7 @@ impl Run {
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             if let Some(conn) = self.conns.get_mut(&id) {
                                 conn.unread = true;
+                                conn.read_to_end |= event.is_read_closed() || event.is_error();
                             }
                         }
                         self.turn(id);
@@ -613,6 +617,7 @@ impl Run {
                 held: None,
                 paused: false,
                 unread: true,
+                read_to_end: false,
                 closing: None,
                 half_closed: false,
                 useful: now,
@@ -1030,6 +1035,14 @@ fn step(conn: &mut Conn, worker: usize, id: usize, shared: &Shared, buf: &mut [u
                     conn.started = now; // the first byte of a new request
                 }
                 conn.parser.feed(&buf[..n]);
+                // A short read of a stream socket emptied it (epoll(7)): what
+                // arrives after it raises a new edge, so the read that would
+                // only say `WouldBlock` (one more system call per request) is
+                // skipped. Not when the peer's close was seen: its end of file
+                // raises no new edge.
+                if n < buf.len() && !conn.read_to_end {
+                    conn.unread = false;
+                }
             }
             Err(err) if err.kind() == ErrorKind::WouldBlock => {
                 conn.unread = false;
