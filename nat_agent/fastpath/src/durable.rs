@@ -27,9 +27,7 @@
 //!   one, gets its error (a second fsync can report success for pages the
 //!   kernel dropped after the first failed).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::fs::File;
-use std::io;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
@@ -37,14 +35,16 @@ use std::time::Instant;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::logs::Logs;
 use crate::seconds::Histogram;
 
 /// What a sync does.
 enum Sync {
     /// fdatasync every write-ahead log (files named `*suffix`) in the
     /// directory, and the directory itself when a new log has appeared since
-    /// the last sync: `nat_agent.leveldb_store`'s reasons, done here without the GIL.
-    Logs { directory: PathBuf, suffix: String, synced: Mutex<HashSet<String>> },
+    /// the last sync: `nat_agent.leveldb_store`'s reasons, done here without
+    /// the GIL (`logs.rs`).
+    Logs(Mutex<Logs>),
     /// A Python callable (the tests' model disk), called with the GIL.
     Python(PyObject),
 }
@@ -84,7 +84,7 @@ impl SyncGroup {
     #[pyo3(signature = (*, seconds, directory=None, suffix=None, sync=None))]
     fn new(seconds: Py<Histogram>, directory: Option<PathBuf>, suffix: Option<String>, sync: Option<PyObject>) -> PyResult<Self> {
         let sync = match (directory, suffix, sync) {
-            (Some(directory), Some(suffix), None) => Sync::Logs { directory, suffix, synced: Mutex::new(HashSet::new()) },
+            (Some(directory), Some(suffix), None) => Sync::Logs(Mutex::new(Logs::new(directory, suffix))),
             (None, None, Some(sync)) => Sync::Python(sync),
             _ => return Err(PyValueError::new_err("a sync group syncs either a directory's logs or a callable")),
         };
@@ -199,9 +199,9 @@ impl SyncGroup {
 
     fn sync_now(&self) -> Result<(), Failure> {
         match &self.sync {
-            Sync::Logs { directory, suffix, synced } => {
-                let mut synced = synced.lock().expect("never poisoned");
-                sync_logs(directory, suffix, &mut synced).map_err(|err| (err.raw_os_error().unwrap_or(0), err.to_string()))
+            Sync::Logs(logs) => {
+                let mut logs = logs.lock().expect("never poisoned");
+                logs.sync().map_err(|err| (err.raw_os_error().unwrap_or(0), err.to_string()))
             }
             Sync::Python(sync) => Python::with_gil(|py| {
                 sync.call0(py).map(drop).map_err(|err| {
@@ -217,27 +217,4 @@ impl SyncGroup {
             }),
         }
     }
-}
-
-/// fdatasync each log, then the directory if a log is new since `synced`
-/// (the logs seen at the last sync), which it then updates.
-fn sync_logs(directory: &PathBuf, suffix: &str, synced: &mut HashSet<String>) -> io::Result<()> {
-    let mut logs: Vec<String> = std::fs::read_dir(directory)?
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter(|name| name.ends_with(suffix))
-        .collect();
-    logs.sort();
-    for name in &logs {
-        match File::open(directory.join(name)) {
-            Ok(file) => file.sync_data()?,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => continue, // compacted meanwhile
-            Err(err) => return Err(err),
-        }
-    }
-    let logs: HashSet<String> = logs.into_iter().collect();
-    if !logs.is_subset(synced) {
-        File::open(directory)?.sync_all()?;
-    }
-    *synced = logs;
-    Ok(())
 }

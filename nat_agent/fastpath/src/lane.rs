@@ -119,7 +119,10 @@ impl Records {
     /// not retried.
     fn recount(&self, py: Python<'_>, id: u128, created: bool) {
         let counted = match &self.index {
-            Index::Native(index) if created => Ok(index.get().counted(id)),
+            Index::Native(index) if created => {
+                index.get().counted(id);
+                Ok(())
+            }
             Index::Native(index) => match index.get().uncounted(id) {
                 true => Ok(()),
                 false => Err(PyValueError::new_err(format!("a deleted record of {id} was not in the index"))),

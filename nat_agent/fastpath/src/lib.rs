@@ -41,6 +41,7 @@ mod index;
 mod keys;
 mod lane;
 mod level;
+mod logs;
 mod number;
 mod ops;
 mod parser;
