@@ -57,6 +57,7 @@ from client_lib.resp import OK, ErrorReply, ProtocolError, Reply
 from nat_agent.agent import Agent
 from nat_agent.connection import resume
 from nat_agent.extension import command_parser
+from nat_agent.ownership import Held
 from nat_agent.replication import TURN_RECORDS, check_hello
 from nat_agent.resp_commands import ArgumentTooLarge, encode_reply, internal_error
 from nat_agent.store import decode_path
@@ -210,9 +211,9 @@ class ReplicaServer:
             block = self._blocks[raw] = Block.parse(raw.decode("ascii"))
         return block
 
-    def _backup_of(self, stream: Stream, block: Block, epoch: int, ident: int) -> None:
+    def _backup_of(self, stream: Stream, block: Block, epoch: int, ident: int) -> Held:
         """Refuse unless `ident` (in `block`) is held here as a backup at exactly
-        `epoch`, with this connection's sender as the primary."""
+        `epoch`, with this connection's sender as the primary; its role here."""
         if self.ownership.suspended:
             raise Refused("SUSPENDED restarted, waiting for the controller")
         held = self.ownership.held_at(ident)
@@ -223,6 +224,7 @@ class ReplicaServer:
         if held.role.primary or held.primary != stream.sender:
             raise Refused(f"ERR {stream.sender} is not the primary of {held.block} at epoch "
                           f"{epoch} here (its primary is {held.primary})")
+        return held
 
     def _record(self, stream: Stream, args: list[bytes]) -> tuple[Block, int, str]:
         block, epoch, ident = self._block(args[0]), int(args[1]), int(args[2])
@@ -248,10 +250,16 @@ class ReplicaServer:
     async def _rmset(self, stream: Stream, args: list[bytes]) -> Reply:
         """A primary's turn of SETs to one block, all checked before any is
         applied, then written as one batch (one sync)."""
+        block, epoch = self._block(args[0]), int(args[1])
         records = []
+        passed: Block | None = None   # the held block whose role the last full check passed
         for at in range(2, len(args), 3):
-            _, ident, path = self._record(stream, [args[0], args[1], args[at], args[at + 1]])
-            records.append((ident, path, args[at + 2]))
+            ident = int(args[at])
+            # A turn's records lie in one held block: nothing the check reads
+            # can change during this loop, so one check serves them all.
+            if passed is None or not (passed.contains(ident) and block.contains(ident)):
+                passed = self._backup_of(stream, block, epoch, ident).block
+            records.append((ident, decode_path(args[at + 1]), args[at + 2]))
         for ident, path, _ in records:
             self._touch(ident, path)
         await self.store.put_many(records)
