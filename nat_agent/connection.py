@@ -393,10 +393,15 @@ class Connection(asyncio.Protocol):
 
     def staleness(self) -> tuple[bool, bool, float]:
         """Sort key, most reclaimable first: connections already closing, then
-        the one whose last useful progress is oldest (idle the longest, or
-        stuck in an old incomplete request, or not reading its replies); one
-        waiting on the store is reclaimed last, if ever."""
-        return self._waiting is not None, not self._closing, self.useful
+        those with an incomplete request, then the others, each the one whose
+        last useful progress is oldest first (idle the longest, or stuck in an
+        old incomplete request, or not reading its replies); one waiting on
+        the store is reclaimed last, if ever. Incomplete requests go first
+        since a storm of reconnecting tricklers (each reconnection at the
+        limit reclaims one, which reconnects in turn) reclaimed a client's new
+        connection between its connect and its command, as the oldest not yet
+        useful, though every other was a trickler with half a command sent."""
+        return self._waiting is not None, not self._closing, not self.parser.busy, self.useful
 
     def expire(self, now: float, read_timeout: float, idle_timeout: float) -> None:
         """Called by the sweeper: close an overdue request or an idle client."""

@@ -250,6 +250,44 @@ def test_slow_connections_beyond_max_clients_do_not_lock_out_a_working_client(tm
 
 
 @EVERY_WORKER_COUNT
+def test_a_connection_that_has_sent_nothing_yet_outlasts_newer_tricklers(tmp_path: Path,
+                                                                          workers: str) -> None:
+    """Found (the test above, once in a fresh-clone run with 4 workers): each
+    reconnecting trickler reclaimed the oldest connection not yet useful, so
+    a good client's connection, between its connect and its command, went
+    before the tricklers that came after it. Now connections with an
+    incomplete request go first: at a limit of 4, a silent connection
+    outlasts the 3 tricklers opened before it and the 3 opened after it, and
+    answers when it speaks."""
+    limit = 4
+    partial = TRICKLE_FRAME[:5]
+    with AgentProcess(f"leveldb:{tmp_path / 'db'}", "--max-clients", str(limit), "--workers", workers,
+                      own=[SPACE], log_path=tmp_path / "agent.log") as agent:
+        address = (agent.host, agent.port)
+        def trickler() -> socket.socket:
+            sock = socket.create_connection(address, timeout=5)
+            sock.sendall(partial)
+            time.sleep(0.02)  # accepted and read, in this order
+            return sock
+
+        for _ in range(ROUNDS):
+            opened = [trickler() for _ in range(limit - 1)]
+            try:
+                silent = socket.create_connection(address, timeout=5)
+                opened.append(silent)
+                time.sleep(0.02)
+                opened += [trickler() for _ in range(limit)]   # at the limit: each reclaims one
+                silent.sendall(encode_command(b"PING"))
+                assert read_replies(silent, 1) == [PONG], "the silent connection was reclaimed"
+            finally:
+                for sock in opened:
+                    sock.close()
+            time.sleep(0.2)  # the agent sees them closed
+        stats = agent.call(ADMIN.stats).service
+    assert stats["reclaimed_connections"] >= limit * ROUNDS and stats.get("refused_connections", 0) == 0
+
+
+@EVERY_WORKER_COUNT
 def test_at_the_limit_the_stalest_connection_anywhere_in_the_agent_goes_first(tmp_path: Path,
                                                                              workers: str) -> None:
     """Found: each worker thread reclaimed among its own connections only, so

@@ -59,7 +59,11 @@
 //! exists in any worker. Two parts. (1) Before a connection is judged the
 //! least recently useful, what it has sent is read and answered
 //! (`catch_up`): a client whose command sits unread in its socket is served
-//! (and so becomes the most recently useful), never reclaimed unread. (2) A
+//! (and so becomes the most recently useful), never reclaimed unread; and
+//! a connection with an incomplete request (a trickler's half command)
+//! goes before any without one, so that a storm of reconnecting tricklers
+//! (each reconnection at the limit reclaims one, which reconnects in turn)
+//! does not reclaim a client between its connect and its command. (2) A
 //! worker owns its connections and no other thread touches them, so the
 //! choice across workers goes through `Mailbox::stalest`: each worker
 //! publishes the rank of its stalest reclaimable connection (lowered at once
@@ -121,9 +125,12 @@ enum Message {
 }
 
 /// A connection's rank for reclaiming: lower goes first. One already
-/// closing goes first; then the one whose useful progress is oldest; one
-/// waiting on the service never (`NOTHING`).
+/// closing goes first; then those with an incomplete request, then the
+/// others (`SETTLED` on), each the one whose useful progress is oldest
+/// first; one waiting on the service never (`NOTHING`).
 const NOTHING: u64 = u64::MAX;
+/// Where the ranks of connections without an incomplete request begin.
+const SETTLED: u64 = 1 << 62;
 
 /// A worker's inbox, its waker, and the rank of its stalest reclaimable
 /// connection as it last published it.
@@ -252,14 +259,16 @@ impl Shared {
         } else if conn.closing.is_some() {
             0
         } else {
-            self.rank_at(conn.useful)
+            self.rank_at(conn.useful, conn.parser.busy())
         }
     }
 
-    /// The rank of a connection last useful at `useful` and not closing.
-    fn rank_at(&self, useful: Instant) -> u64 {
+    /// The rank of a connection last useful at `useful`, not closing, with
+    /// an `incomplete` request or none (see `SETTLED`).
+    fn rank_at(&self, useful: Instant, incomplete: bool) -> u64 {
         let nanos = useful.saturating_duration_since(self.epoch).as_nanos();
-        u64::try_from(nanos).map_or(NOTHING - 1, |n| n.saturating_add(1).min(NOTHING - 1))
+        let rank = u64::try_from(nanos).map_or(SETTLED - 1, |n| n.saturating_add(1).min(SETTLED - 1));
+        if incomplete { rank } else { SETTLED + rank }
     }
 }
 
@@ -604,7 +613,7 @@ impl Run {
             });
             let now = Instant::now();
             self.shared.live.fetch_add(1, Ordering::Relaxed);
-            self.lower(self.shared.rank_at(now));
+            self.lower(self.shared.rank_at(now, false));
             self.conns.insert(id, Conn {
                 stream,
                 peer,
@@ -801,7 +810,8 @@ impl Run {
         if reply.close && conn.closing.is_none() {
             conn.closing = Some(now);
         }
-        self.lower(self.shared.rank_at(now));
+        let rank = self.shared.rank(conn);
+        self.lower(rank);
         self.turn(reply.conn);
     }
 
@@ -809,9 +819,14 @@ impl Run {
     /// until it would block, waits, is paused or is done.
     fn turn(&mut self, id: usize) {
         let Some(conn) = self.conns.get_mut(&id) else { return };
+        let before = self.shared.rank(conn);
         let next = step(conn, self.index, id, &self.shared, &mut self.buf, &mut self.turn);
         if conn.held.is_some() {
             self.held.insert(id);
+        }
+        let after = self.shared.rank(conn);
+        if after < before {
+            self.lower(after); // it began an incomplete request: the published rank must not be later
         }
         if let Next::Drop = next {
             self.forget(id);
