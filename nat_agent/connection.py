@@ -391,7 +391,7 @@ class Connection(asyncio.Protocol):
             self.data_received(data)
         return self._closing or self._waiting is not None or self.useful > before
 
-    def staleness(self) -> tuple[bool, bool, float]:
+    def staleness(self) -> tuple[bool, bool, bool, float]:
         """Sort key, most reclaimable first: connections already closing, then
         those with an incomplete request, then the others, each the one whose
         last useful progress is oldest first (idle the longest, or stuck in an
