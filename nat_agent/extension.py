@@ -53,7 +53,7 @@ LEVELDB: type[LevelDB] | None
 """LevelDB opened by the extension, which the lane then reads and writes
 without Python; None: `nat_agent.leveldb_store` opens it with plyvel."""
 MDID_INDEX: type[MdidIndex] | None
-"""The LevelDB store's range index in Rust, which the lane updates without
+"""The LevelDB store's record index in Rust, which the lane updates without
 Python; None: `nat_agent.mdid_index.SortedMdids`."""
 UNAVAILABLE: str | None
 """None when the extension is imported; else why it could not be."""
@@ -85,13 +85,14 @@ def command_parser(max_bulk: int, limit: ArgLimit | None, max_args: int = DEFAUL
     return cast("CommandParser", parser)
 
 
-def mdid_index(ids: Iterable[int]) -> MdidIndex:
-    """The range index of a store's records, counting `ids`: the compiled
-    one, which the lane updates directly, or without the extension
-    `SortedMdids`, its oracle with the same methods (tests/unit/test_mdid_index.py)."""
+def mdid_index(id_bytes: int, keys: Iterable[bytes]) -> MdidIndex:
+    """The index of a store's records, of its record keys `keys` (whose
+    mdids are `id_bytes` long): the compiled one, which the lane updates
+    directly, or without the extension `SortedMdids`, its oracle with the
+    same methods (tests/unit/test_mdid_index.py)."""
     if MDID_INDEX is not None:
-        return MDID_INDEX(ids)
-    return cast("MdidIndex", SortedMdids(ids))
+        return MDID_INDEX(id_bytes, keys)
+    return cast("MdidIndex", SortedMdids(id_bytes, keys))
 
 
 def arg_limits(key: int, value: int, values_from: list[tuple[bytes, int]]) -> ArgLimit:

@@ -18,9 +18,11 @@ LevelDB cannot count a key range without walking it, so the store keeps the
 mdids of all records in memory in a sorted multiset (`extension.mdid_index`:
 the extension's `MdidIndex`, which the compiled lane updates without Python,
 or a `SortedList`), rebuilt at open by one keys-only pass and updated after
-every write; `count` is two rank lookups. The cost is 16 bytes per record
-(a Python int per record without the extension), which a metadata server
-can afford.
+every write; `count` is two rank lookups. The extension's also keeps a
+128-bit fingerprint of each record key, so a write learns whether it created
+a record without reading LevelDB first. The cost is 32 bytes per record (a
+Python int per record without the extension), which a metadata server can
+afford.
 
 LevelDB calls are made synchronously inside the async methods: LevelDB is
 in-process and a call takes microseconds, less than a thread hop would.
@@ -75,7 +77,6 @@ from nat_agent.store import (
     check_fsync,
     check_width,
     condition_holds,
-    decode_mdid,
     decode_path,
     encode_path,
     entry_bounds,
@@ -153,9 +154,8 @@ class LevelDBStore(Store):
             self._records = self._db.prefixed_db(_RECORDS)
             self._meta = self._db.prefixed_db(_META)
             self._check_stored_width()
-            self._mdids = extension.mdid_index(
-                decode_mdid(key, width) for key in self._records.iterator(include_value=False)
-            )
+            self._mdids = extension.mdid_index(check_width(width),
+                                               self._records.iterator(include_value=False))
         except BaseException:
             self._db.close()
             raise
@@ -223,7 +223,7 @@ class LevelDBStore(Store):
 
     async def put(self, mdid: int, path: str, value: bytes) -> None:
         key = record_key(mdid, path, self.width)
-        await self._durable(self._write(mdid, key, value, self._records.get(key) is None))
+        await self._durable(self._write(key, value, self._is_new(key)))
 
     async def put_if(
         self, mdid: int, path: str, value: bytes, when: Condition | None = None
@@ -239,7 +239,7 @@ class LevelDBStore(Store):
         if not condition_holds(when, old, header):
             await self._settled(key)
             return False, old
-        await self._durable(self._write(mdid, key, value, old is None))
+        await self._durable(self._write(key, value, old is None))
         return True, old
 
     async def entries(self, mdid: int, directory: str, after: str, limit: int) -> list[tuple[str, bytes]]:
@@ -275,11 +275,17 @@ class LevelDBStore(Store):
             batch.put(key, value)
         batch.write()
 
-    def _write(self, mdid: int, key: bytes, value: bytes, is_new: bool) -> int | None:
-        """Write a record, and count its mdid if it is new; its ticket (``batch``)."""
+    def _is_new(self, key: bytes) -> bool:
+        """Whether a write of `key` may create its record, so that `_write`
+        counts it: the compiled index tells that itself (it counts a key
+        once), so no read then; else whether the store has none."""
+        return self._mdids.knows_keys or self._records.get(key) is None
+
+    def _write(self, key: bytes, value: bytes, is_new: bool) -> int | None:
+        """Write a record, and count it if it is new; its ticket (``batch``)."""
         ticket = self._apply([key], lambda: self._records.put(key, value, sync=self._sync_each))
         if is_new:
-            self._mdids.add(mdid)
+            self._mdids.add(key)
         return ticket
 
     async def delete(self, mdid: int, path: str, if_equal: bytes | None = None) -> bool:
@@ -290,7 +296,7 @@ class LevelDBStore(Store):
             await self._settled(key)
             return False
         ticket = self._apply([key], lambda: self._records.delete(key, sync=self._sync_each))
-        self._mdids.remove(mdid)
+        self._mdids.remove(key)
         await self._durable(ticket)
         return True
 
@@ -333,14 +339,10 @@ class LevelDBStore(Store):
 
     async def put_many(self, records: Sequence[Record]) -> None:
         # Encode everything first, so a bad mdid rejects the batch before any write.
-        rows = [(record_key(mdid, path, self.width), mdid, value) for mdid, path, value in records]
-        new: dict[bytes, int] = {}  # keyed, so a duplicate in the batch counts once
-        for key, mdid, _ in rows:
-            if self._records.get(key) is None:
-                new[key] = mdid
-        pairs = [(key, value) for key, _, value in rows]
+        pairs = [(record_key(mdid, path, self.width), value) for mdid, path, value in records]
+        new = {key for key, _ in pairs if self._is_new(key)}  # a set: a duplicate in the batch counts once
         ticket = self._apply([key for key, _ in pairs], lambda: self._put_batch(pairs))
-        self._mdids.update(new.values())
+        self._mdids.update(new)
         await self._durable(ticket)
 
     async def delete_range(self, first: int, last: int) -> int:
@@ -354,7 +356,7 @@ class LevelDBStore(Store):
                 batch.delete(key)
                 removed.append(key)
         ticket = self._apply(removed, batch.write)
-        self._mdids.remove_range(first, last)
+        self._mdids.remove_keys(removed)
         await self._durable(ticket)
         return len(removed)
 

@@ -217,10 +217,10 @@ class RecordAccess:
     put: Callable[..., None]
     """``put(key, value, **put_options)``."""
     put_options: dict[str, Any] | None
-    counted: Callable[[int], None]
-    """Called with the mdid of a record that `put` created (the range index)."""
-    uncounted: Callable[[int], None]
-    """Called with the mdid of a record the lane deleted (DEL, DELIFEQ)."""
+    counted: Callable[[bytes], None]
+    """Called with the record key of a record that `put` created (the range index)."""
+    uncounted: Callable[[bytes], None]
+    """Called with the record key of a record the lane deleted (DEL, DELIFEQ)."""
     group: SyncLedger | None
     """The compiled group commit's ledger (``SyncGroup``) that writes wait
     for and that tells whether a key's last write is not yet synced; None
@@ -234,7 +234,8 @@ class RecordAccess:
     message), as the store's own path raises it (`GroupCommit.failure`)."""
     index: object | None = None
     """The extension's `MdidIndex` that `counted` and `uncounted` update,
-    which the lane then updates directly, without Python; None to call them."""
+    which the lane then updates directly, without Python and without reading
+    a record to tell whether a write creates it; None to call them."""
     native: object | None = None
     """The same records as the extension's own table (`LevelTable`), which
     the lane then reads and writes directly, without Python and with the GIL

@@ -1,15 +1,25 @@
-//! `MdidIndex`: the LevelDB store's range index, the mdid of every record in
-//! a sorted multiset, so that counting the records of an ID range is two
-//! rank lookups instead of a walk of LevelDB's keys.
+//! `MdidIndex`: the LevelDB store's index of its records: the mdid of every
+//! record in a sorted multiset, so that counting the records of an ID range
+//! is two rank lookups instead of a walk of LevelDB's keys, and a 128-bit
+//! fingerprint of every record key, so that a write knows whether it
+//! creates a record (and must count it) without reading LevelDB first.
 //!
 //! Why here: it was a Python `SortedList`, which the compiled lane called
 //! under the GIL for every record it created (about 7 % of the agent's CPU
-//! under `redis-benchmark` SETs of new paths, `perf`, 2026-12-07). The lane
-//! now updates this one directly; the store's Python code (put, delete,
-//! migrations, `count`) calls the same object, with the `SortedList`
-//! methods it used, so `nat_agent.mdid_index` keeps `SortedList` as the
-//! fallback without the extension and as the oracle of
-//! `tests/unit/test_mdid_index.py`.
+//! under `redis-benchmark` SETs of new paths, `perf`, 2026-12-07), after a
+//! LevelDB read of every key a turn wrote, only to tell new from old (a
+//! second walk of the memtable's skip list beside the insert's: 2 to 4 µs
+//! of CPU per SET, measured by skipping it). The lane now updates this one
+//! directly and reads nothing. The store's Python code (put, delete,
+//! migrations, `count`) calls the same object; `nat_agent.mdid_index` is
+//! the same methods over a `SortedList`, the fallback without the extension
+//! and the oracle of `tests/unit/test_mdid_index.py`.
+//!
+//! The fingerprints are two SipHash-1-3 values of the key under random keys
+//! chosen when the index is made: 128 bits, so among a billion records the
+//! chance that two share one is about 10^-21 (a shared one would make the
+//! second record's creation uncounted, never lose a write), and no client
+//! can choose paths that collide. 16 bytes a record, and 16 for its mdid.
 //!
 //! The layout is `SortedList`'s: sorted chunks of at most `2 * LOAD` IDs and
 //! each chunk's largest, so an insert moves at most `2 * LOAD` IDs, and a
@@ -17,6 +27,8 @@
 //! lengths before it (about n / LOAD of them: a microsecond at a million
 //! records) and a binary search in one chunk.
 
+use std::collections::HashSet;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::{Mutex, MutexGuard};
 
 use pyo3::exceptions::PyValueError;
@@ -95,111 +107,159 @@ impl Chunks {
         }
         self.rank(last, true) - self.rank(first, false)
     }
+}
 
-    /// Remove every ID in `first..=last`; how many there were.
-    fn remove_range(&mut self, first: u128, last: u128) -> usize {
-        if first > last {
-            return 0;
+/// The hasher of a set of fingerprints, which are hashes already: their low 64 bits.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte); // never called: fingerprints are u128s
         }
-        let before = self.len;
-        for chunk in &mut self.chunks {
-            if chunk[0] <= last && chunk[chunk.len() - 1] >= first {
-                chunk.retain(|&x| x < first || x > last);
-            }
-        }
-        let (chunks, maxes): (Vec<_>, Vec<_>) = std::mem::take(&mut self.chunks)
-            .into_iter()
-            .filter(|c| !c.is_empty())
-            .map(|c| {
-                let max = c[c.len() - 1];
-                (c, max)
-            })
-            .unzip();
-        self.chunks = chunks;
-        self.maxes = maxes;
-        self.len = self.chunks.iter().map(Vec::len).sum();
-        before - self.len
+    }
+
+    fn write_u128(&mut self, n: u128) {
+        self.0 = n as u64;
     }
 }
 
-/// The IDs of an iterable of Python ints.
-fn collect(ids: &Bound<'_, PyAny>) -> PyResult<Vec<u128>> {
-    ids.try_iter()?.map(|id| id?.extract::<u128>()).collect()
+/// What the lock guards: both halves change together.
+#[derive(Default)]
+struct Records {
+    ids: Chunks,
+    keys: HashSet<u128, BuildHasherDefault<Prehashed>>,
 }
 
-/// The mdids of a store's records, as a sorted multiset (see the module).
+/// A store's records: their mdids and key fingerprints (see the module).
 #[pyclass(frozen, module = "nat_agent._fastpath")]
 pub struct MdidIndex {
-    ids: Mutex<Chunks>,
+    records: Mutex<Records>,
+    /// Bytes of an mdid at the head of a record key (`nat_agent.store.record_key`).
+    id_bytes: usize,
+    hashers: [RandomState; 2],
 }
 
 impl MdidIndex {
-    fn lock(&self) -> MutexGuard<'_, Chunks> {
-        // Every change leaves the chunks whole before it can panic: a poisoned lock's data is sound.
-        self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Records> {
+        // Every change leaves both halves whole before it can panic: a poisoned lock's data is sound.
+        self.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A record of `id` was created (the lane's own call).
-    pub(crate) fn counted(&self, id: u128) {
-        self.lock().insert(id);
+    fn fingerprint(&self, key: &[u8]) -> u128 {
+        let [high, low] = &self.hashers;
+        (u128::from(high.hash_one(key)) << 64) | u128::from(low.hash_one(key))
     }
 
-    /// A record of `id` was deleted (the lane's own call); whether one was counted.
-    pub(crate) fn uncounted(&self, id: u128) -> bool {
-        self.lock().remove(id)
+    /// The mdid at the head of a record key.
+    fn id_of(&self, key: &[u8]) -> PyResult<u128> {
+        let head = key.get(..self.id_bytes).ok_or_else(|| PyValueError::new_err("a record key shorter than its mdid"))?;
+        Ok(head.iter().fold(0u128, |n, &b| (n << 8) | u128::from(b)))
     }
+
+    /// A record of `id` with `key` was written: counted if it is new; whether it was.
+    pub(crate) fn created(&self, id: u128, key: &[u8]) -> bool {
+        let fingerprint = self.fingerprint(key);
+        let mut records = self.lock();
+        let new = records.keys.insert(fingerprint);
+        if new {
+            records.ids.insert(id);
+        }
+        new
+    }
+
+    /// The record of `id` with `key` was deleted: whether it was counted.
+    pub(crate) fn deleted(&self, id: u128, key: &[u8]) -> bool {
+        let fingerprint = self.fingerprint(key);
+        let mut records = self.lock();
+        records.keys.remove(&fingerprint) && records.ids.remove(id)
+    }
+}
+
+/// The byte strings of an iterable.
+fn collect(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
+    keys.try_iter()?.map(|key| key?.extract::<Vec<u8>>()).collect()
 }
 
 #[pymethods]
 impl MdidIndex {
-    /// The index of `ids` (an iterable of ints, in any order).
+    /// The index of the record keys `keys` (in any order), whose mdids are
+    /// `id_bytes` long.
     #[new]
-    #[pyo3(signature = (ids=None))]
-    fn new(ids: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        let mut sorted = match ids {
-            Some(ids) => collect(ids)?,
-            None => Vec::new(),
+    #[pyo3(signature = (id_bytes, keys=None))]
+    fn new(id_bytes: usize, keys: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        if !(1..=16).contains(&id_bytes) {
+            return Err(PyValueError::new_err(format!("mdids of {id_bytes} bytes")));
+        }
+        let index = MdidIndex {
+            records: Mutex::new(Records::default()),
+            id_bytes,
+            hashers: [RandomState::new(), RandomState::new()],
         };
-        sorted.sort_unstable();
-        Ok(MdidIndex { ids: Mutex::new(Chunks::from_sorted(sorted)) })
+        let Some(keys) = keys else { return Ok(index) };
+        let mut ids = Vec::new();
+        let mut fingerprints = HashSet::default();
+        for key in keys.try_iter()? {
+            let key: Vec<u8> = key?.extract()?;
+            if fingerprints.insert(index.fingerprint(&key)) {
+                ids.push(index.id_of(&key)?);
+            }
+        }
+        ids.sort_unstable();
+        *index.lock() = Records { ids: Chunks::from_sorted(ids), keys: fingerprints };
+        Ok(index)
     }
 
-    /// Count one more record of `id`.
-    fn add(&self, id: u128) {
-        self.counted(id);
+    /// A record of `key` was created (a key already counted is not counted again).
+    fn add(&self, key: &[u8]) -> PyResult<()> {
+        self.created(self.id_of(key)?, key);
+        Ok(())
     }
 
-    /// Count one record of `id` fewer; ValueError if none is counted (as `SortedList.remove`).
-    fn remove(&self, id: u128) -> PyResult<()> {
-        if self.uncounted(id) {
+    /// The record of `key` was deleted; ValueError if it was not counted.
+    fn remove(&self, key: &[u8]) -> PyResult<()> {
+        if self.deleted(self.id_of(key)?, key) {
             Ok(())
         } else {
-            Err(PyValueError::new_err(format!("{id} not in the index")))
+            Err(PyValueError::new_err(format!("{key:?} not in the index")))
         }
     }
 
-    /// Count one more record of each of `ids`.
-    fn update(&self, ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = collect(ids)?; // all of them first: a bad one adds none
-        let mut chunks = self.lock();
-        for id in ids {
-            chunks.insert(id);
+    /// Records of each of `keys` were created.
+    fn update(&self, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        let keys = collect(keys)?;
+        let ids = keys.iter().map(|key| self.id_of(key)).collect::<PyResult<Vec<_>>>()?; // a bad one adds none
+        for (id, key) in ids.into_iter().zip(&keys) {
+            self.created(id, key);
         }
         Ok(())
     }
 
-    /// Records counted with an ID in `first..=last` (0 if `first > last`).
-    fn count(&self, first: u128, last: u128) -> usize {
-        self.lock().count(first, last)
+    /// The records of `keys` were deleted; how many of them were counted.
+    fn remove_keys(&self, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let keys = collect(keys)?;
+        let ids = keys.iter().map(|key| self.id_of(key)).collect::<PyResult<Vec<_>>>()?;
+        Ok(ids.into_iter().zip(&keys).filter(|(id, key)| self.deleted(*id, key)).count())
     }
 
-    /// Forget every record with an ID in `first..=last`; how many there were.
-    fn remove_range(&self, first: u128, last: u128) -> usize {
-        self.lock().remove_range(first, last)
+    /// Records counted with an ID in `first..=last` (0 if `first > last`).
+    fn count(&self, first: u128, last: u128) -> usize {
+        self.lock().ids.count(first, last)
     }
 
     fn __len__(&self) -> usize {
-        self.lock().len
+        self.lock().ids.len
+    }
+
+    /// Whether `add` of a key already counted is ignored: always, here
+    /// (`nat_agent.mdid_index.SortedMdids` has False).
+    #[getter]
+    fn knows_keys(&self) -> bool {
+        true
     }
 }
-

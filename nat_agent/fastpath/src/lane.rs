@@ -114,26 +114,40 @@ impl Records {
         })
     }
 
-    /// Count a record of `id` the lane created (`created`) or deleted. Made
-    /// after the write, so never undone: a failure to count is reported,
-    /// not retried.
-    fn recount(&self, py: Python<'_>, id: u128, created: bool) {
+    /// Count a record of `id` and `key` the lane created (`created`) or
+    /// deleted. Made after the write, so never undone: a failure to count
+    /// is reported, not retried.
+    fn recount(&self, py: Python<'_>, id: u128, key: &[u8], created: bool) {
         let counted = match &self.index {
             Index::Native(index) if created => {
-                index.get().counted(id);
+                index.get().created(id, key);
                 Ok(())
             }
-            Index::Native(index) => match index.get().uncounted(id) {
+            Index::Native(index) => match index.get().deleted(id, key) {
                 true => Ok(()),
                 false => Err(PyValueError::new_err(format!("a deleted record of {id} was not in the index"))),
             },
             Index::Python { counted, uncounted } => {
-                (if created { counted } else { uncounted }).call1(py, (id,)).map(drop)
+                (if created { counted } else { uncounted }).call1(py, (PyBytes::new(py, key),)).map(drop)
             }
         };
         if let Err(err) = counted {
             err.write_unraisable(py, None);
         }
+    }
+
+    /// The records among `keys` that do not exist, to count once they are
+    /// written (`recount`): none to ask with the compiled index, which
+    /// counts a key only once (`MdidIndex::created`), so all of them then.
+    fn to_count<'k>(&self, py: Python<'_>, keys: impl Iterator<Item = (&'k Vec<u8>, u128)>)
+                    -> PyResult<Vec<(u128, Vec<u8>)>> {
+        let mut fresh = Vec::new();
+        for (key, id) in keys {
+            if matches!(self.index, Index::Native(_)) || self.get(py, key)?.is_none() {
+                fresh.push((id, key.clone()));
+            }
+        }
+        Ok(fresh)
     }
 
     /// The record of `key`: None if there is none, Err if the store failed.
@@ -615,13 +629,8 @@ impl FastLane {
             }
             streamed = Some((registered, ack));
         }
-        let mut created = Vec::new();
-        for (key, (_, id)) in &writes {
-            // Asked now, not when the command came: the batch lands right after.
-            if self.records.get(py, key)?.is_none() {
-                created.push(*id);
-            }
-        }
+        // Asked now, not when the command came: the batch lands right after.
+        let created = self.records.to_count(py, writes.iter().map(|(key, (_, id))| (key, *id)))?;
         let ticket = self.group().map(|group| group.begin(writes.keys().cloned().collect()));
         let written = self.records.put_batch(py, writes.into_iter().map(|(key, (value, _))| (key, value)).collect());
         if let (Some(group), Some(ticket)) = (self.group(), ticket) {
@@ -636,8 +645,8 @@ impl FastLane {
             None => None,
         };
         written?;
-        for id in created {
-            self.records.recount(py, id, true);
+        for (id, key) in created {
+            self.records.recount(py, id, &key, true);
         }
         Ok((ticket, replication))
     }
@@ -833,7 +842,7 @@ impl FastLane {
         need.ticket = ticket.unwrap_or(0);
         self.ops.count(id);
         if value.is_some() != old.is_some() {
-            self.records.recount(py, id, value.is_some());
+            self.records.recount(py, id, &record_key, value.is_some());
         }
         Some((true, need))
     }
@@ -864,12 +873,12 @@ impl FastLane {
             self.ops.count(id);
             return Some(Need { batch: true, replicated: replicated.then_some(id), ..Need::default() });
         }
-        let old = self.records.get(py, &record_key).ok()?;
+        let fresh = self.records.to_count(py, std::iter::once((&record_key, id))).ok()?;
         // Not written: the Python path tries again and words the failure.
         self.records.put(py, &record_key, value).ok()?;
         self.ops.count(id);
-        if old.is_none() {
-            self.records.recount(py, id, true);
+        for (id, key) in fresh {
+            self.records.recount(py, id, &key, true);
         }
         Some(Need::default())
     }
