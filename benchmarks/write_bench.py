@@ -198,7 +198,8 @@ def run_benchmark(rounds: int, requests: int, say: Callable[[str], None]) -> dic
     table = {row: {key: round(statistics.median(values), 3 if key.endswith("ratio") else 1)
                    for key, values in columns.items()}
              for row, columns in samples.items()}
-    return {"rounds": rounds, "requests": requests, "rows": table}
+    spread = {row: columns["set_ratio"] for row, columns in samples.items()}
+    return {"rounds": rounds, "requests": requests, "rows": table, "set_ratios": spread}
 
 
 ROW_NAMES = {
@@ -229,6 +230,10 @@ def format_report(results: dict) -> str:
               f"{anchor} µs on the same SETs. The r=2 row's CPU is both members' on each side.", "",
               f"{results['rounds']} interleaved rounds of {results['requests']} requests per run; medians "
               "(a ratio is the median of the rounds' ratios, each taken within one round)."]
+    if "set_ratios" in results:
+        each = (f"{row} " + ", ".join(f"{r:.2f}" for r in ratios)
+                for row, ratios in results["set_ratios"].items())
+        lines += ["", "Each round's SET ratio: " + "; ".join(each) + "."]
     return "\n".join(lines)
 
 
