@@ -22,9 +22,10 @@ Also each side's CPU per SET (its server processes' CPU time from /proc
 over the SET run, divided by the requests: the agent, or the primary and
 its backup; the redis-server, or the primary and its replica), so that the
 agent's is read beside what Redis spends on the same load. Servers are
-interleaved over rounds; the tables report medians, and a ratio is the
-median of the ratios each round measured (both sides one after the other,
-so a noisy neighbour of that moment hits both).
+interleaved over rounds (the rows' order reversed every other round, the
+two sides' every second round); the tables report medians, and a ratio is
+the median of the ratios each round measured (both sides one after the
+other, so a noisy neighbour of that moment hits both).
 
     python -m benchmarks.write_bench [--quick] [--out benchmarks/results]
 """
@@ -167,10 +168,11 @@ def _endpoint(server: AgentProcess) -> Endpoint:
     return (server.host, server.port)
 
 
-def measure_row(row: str, pair: dict[str, Side], requests: int) -> dict[str, float]:
+def measure_row(row: str, pair: dict[str, Side], requests: int,
+                redis_first: bool = False) -> dict[str, float]:
     """One round of one row: SET (and GET) rates of both sides, and each side's CPU per SET."""
     result: dict[str, float] = {}
-    for name, side in pair.items():
+    for name, side in sorted(pair.items(), reverse=redis_first):
         before = side.cpu_seconds()
         if row == "r=2":
             result[f"{name}_set"] = drive(side.target, requests, wait=name == "redis")
@@ -187,7 +189,8 @@ def run_benchmark(rounds: int, requests: int, say: Callable[[str], None]) -> dic
     with tempfile.TemporaryDirectory(prefix="mfwrite") as tmp, servers(Path(tmp)) as rows:
         for r in range(rounds):
             for row in (list(rows) if r % 2 == 0 else list(reversed(rows))):
-                measured = measure_row(row, rows[row], requests)
+                # The sides take turns to go first, as the rows do: neither always follows the other.
+                measured = measure_row(row, rows[row], requests, redis_first=r % 4 >= 2)
                 for command in ("set", "get"):   # paired within the round: both sides met the same neighbours
                     if f"agent_{command}" in measured:
                         ratio = measured[f"agent_{command}"] / measured[f"redis_{command}"]
