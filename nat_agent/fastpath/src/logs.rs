@@ -3,100 +3,115 @@
 //! log is new since the last sync (`nat_agent.leveldb_store` says why every
 //! log and not only the newest).
 //!
-//! Why kept open: listing the directory and opening each log for every sync
-//! (an `openat`, two `getdents64`, a `close`, and an `openat` and `close` per
-//! log) was about 2.4 % of the agent's CPU under `redis-benchmark` SETs
-//! (`perf`, 2026-12-07), for a list that changes once per memtable (tens of
-//! thousands of writes). An inotify watch on the directory says when a file
-//! came or went; only then is it listed again. Sound because a log's
-//! creation queues its event before LevelDB writes to it, so before any
-//! write a sync covers: a sync that finds no event has every log open.
-//! Without inotify (its limits reached) every sync lists, as before.
+//! Why kept open: opening the directory, listing it and opening each log for
+//! every sync (an `openat`, two `getdents64`, a `close`, and an `openat` and
+//! `close` per log) was about 2.4 % of the agent's CPU under
+//! `redis-benchmark` SETs (`perf`, 2026-12-07), for a list that changes once
+//! per memtable (tens of thousands of writes), and most of it was the path
+//! lookups of the two `openat`s. So the directory stream and the logs stay
+//! open: a sync rewinds the stream (`rewinddir`, which POSIX makes see the
+//! directory as it is now, as a new `opendir` would), reads it, and opens
+//! only a log it has not seen. Listing at every sync keeps the promise
+//! without any watch: an inotify watch, tried first, saved the listing too,
+//! but took one of the user's 128 inotify instances per agent, and a
+//! Mininet fabric of 200 agents run as root would take them all from every
+//! other process of that user.
 
 use std::collections::HashMap;
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// What makes the list stale: a file created, removed or renamed in (or
-/// the watch itself lost: `IN_Q_OVERFLOW` and `IN_IGNORED` come unasked).
-const CHANGES: u32 = libc::IN_CREATE | libc::IN_DELETE | libc::IN_MOVED_FROM | libc::IN_MOVED_TO;
+/// An open directory stream, closed when dropped.
+struct Directory(*mut libc::DIR);
+
+// SAFETY: the stream is used by one thread at a time (`Logs` is behind the sync group's mutex).
+unsafe impl Send for Directory {}
+
+impl Drop for Directory {
+    fn drop(&mut self) {
+        // SAFETY: a stream `opendir` returned, closed once.
+        unsafe { libc::closedir(self.0) };
+    }
+}
+
+impl Directory {
+    fn open(path: &Path) -> io::Result<Self> {
+        let name = CString::new(path.as_os_str().as_bytes()).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: a NUL-terminated path.
+        let stream = unsafe { libc::opendir(name.as_ptr()) };
+        if stream.is_null() {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Directory(stream))
+    }
+
+    /// The names in the directory now (from the start: the stream is rewound).
+    fn names(&mut self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        // SAFETY: a stream `opendir` returned; each entry is read before the next call.
+        unsafe {
+            libc::rewinddir(self.0);
+            loop {
+                *libc::__errno_location() = 0;
+                let entry = libc::readdir(self.0);
+                if entry.is_null() {
+                    let errno = *libc::__errno_location();
+                    return if errno == 0 { Ok(names) } else { Err(io::Error::from_raw_os_error(errno)) };
+                }
+                if let Ok(name) = CStr::from_ptr((*entry).d_name.as_ptr()).to_str() {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+    }
+
+    /// fsync the directory (its entries), through the stream's own descriptor.
+    fn sync(&self) -> io::Result<()> {
+        // SAFETY: the stream's descriptor, valid while the stream is open.
+        if unsafe { libc::fsync(libc::dirfd(self.0)) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
 
 pub struct Logs {
     directory: PathBuf,
     suffix: String,
-    /// The directory's inotify watch; None: list at every sync.
-    watch: Option<OwnedFd>,
-    /// The logs as last listed, open; None until listed (or once stale).
-    open: Option<HashMap<String, File>>,
+    /// The directory's stream; None until the first sync (or after a failure).
+    stream: Option<Directory>,
+    /// The logs as last listed, open.
+    open: HashMap<String, File>,
 }
 
 impl Logs {
     pub fn new(directory: PathBuf, suffix: String) -> Self {
-        let watch = watch(&directory).ok();
-        Logs { directory, suffix, watch, open: None }
+        Logs { directory, suffix, stream: None, open: HashMap::new() }
     }
 
     /// fdatasync every log, and the directory if a log is new.
     pub fn sync(&mut self) -> io::Result<()> {
         let result = self.sync_listed();
         if result.is_err() {
-            self.open = None; // listed afresh (every log new) before the next sync
+            // Opened afresh (every log new, so the directory synced too) at the next sync.
+            self.stream = None;
+            self.open.clear();
         }
         result
     }
 
     fn sync_listed(&mut self) -> io::Result<()> {
-        let new = if self.changed() || self.open.is_none() { self.list()? } else { false };
-        let open = self.open.as_ref().expect("listed above");
-        let mut names: Vec<&String> = open.keys().collect();
-        names.sort(); // oldest first, as LevelDB numbers them
-        for name in names {
-            open[name].sync_data()?;
+        let first = self.stream.is_none();
+        if first {
+            self.stream = Some(Directory::open(&self.directory)?);
         }
-        if new {
-            File::open(&self.directory)?.sync_all()?;
-        }
-        Ok(())
-    }
-
-    /// Whether the watch saw a file come or go since the last call (its
-    /// queue emptied); always true without a watch.
-    fn changed(&mut self) -> bool {
-        let Some(watch) = &self.watch else { return true };
-        let mut buf = [0u8; 4096];
-        let mut changed = false;
-        loop {
-            // SAFETY: a valid fd and a buffer of the length given.
-            let n = unsafe { libc::read(watch.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n > 0 {
-                changed = true; // only the asked-for events, or the queue overflowed: either way, list
-                continue;
-            }
-            let error = io::Error::last_os_error();
-            if n < 0 && error.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            if n < 0 && error.kind() != io::ErrorKind::WouldBlock {
-                self.watch = None; // broken: list at every sync from now on
-                return true;
-            }
-            return changed;
-        }
-    }
-
-    /// List the directory and open its logs (keeping those already open);
-    /// whether one is new since the last listing.
-    fn list(&mut self) -> io::Result<bool> {
-        let first = self.open.is_none();
-        let mut before = self.open.take().unwrap_or_default();
-        let mut open = HashMap::new();
-        let mut new = false;
-        for entry in std::fs::read_dir(&self.directory)? {
-            let name = entry?.file_name();
-            let Ok(name) = name.into_string() else { continue };
+        let stream = self.stream.as_mut().expect("opened above");
+        let mut before = std::mem::take(&mut self.open);
+        let mut new = first;
+        for name in stream.names()? {
             if !name.ends_with(&self.suffix) {
                 continue;
             }
@@ -111,26 +126,16 @@ impl Logs {
                     Err(err) => return Err(err),
                 },
             };
-            open.insert(name, file);
+            self.open.insert(name, file);
         }
-        self.open = Some(open);
-        Ok(new || first)
+        let mut names: Vec<&String> = self.open.keys().collect();
+        names.sort(); // oldest first, as LevelDB numbers them
+        for name in names {
+            self.open[name].sync_data()?;
+        }
+        if new {
+            stream.sync()?;
+        }
+        Ok(())
     }
-}
-
-/// A non-blocking inotify watch of `directory`'s entries.
-fn watch(directory: &Path) -> io::Result<OwnedFd> {
-    // SAFETY: plain system calls; the fd is owned from here on.
-    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut path = directory.as_os_str().as_bytes().to_vec();
-    path.push(0);
-    // SAFETY: a NUL-terminated path.
-    if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr().cast(), CHANGES) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fd)
 }
