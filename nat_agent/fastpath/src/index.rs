@@ -173,17 +173,23 @@ impl MdidIndex {
         new
     }
 
+    /// The record keys of an iterable, each with its mdid; an error (and
+    /// nothing) if one is not bytes or is shorter than an mdid.
+    fn keyed(&self, keys: &Bound<'_, PyAny>) -> PyResult<Vec<(u128, Vec<u8>)>> {
+        keys.try_iter()?
+            .map(|key| {
+                let key: Vec<u8> = key?.extract()?;
+                Ok((self.id_of(&key)?, key))
+            })
+            .collect()
+    }
+
     /// The record of `id` with `key` was deleted: whether it was counted.
     pub(crate) fn deleted(&self, id: u128, key: &[u8]) -> bool {
         let fingerprint = self.fingerprint(key);
         let mut records = self.lock();
         records.keys.remove(&fingerprint) && records.ids.remove(id)
     }
-}
-
-/// The byte strings of an iterable.
-fn collect(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
-    keys.try_iter()?.map(|key| key?.extract::<Vec<u8>>()).collect()
 }
 
 #[pymethods]
@@ -204,10 +210,9 @@ impl MdidIndex {
         let Some(keys) = keys else { return Ok(index) };
         let mut ids = Vec::new();
         let mut fingerprints = HashSet::default();
-        for key in keys.try_iter()? {
-            let key: Vec<u8> = key?.extract()?;
+        for (id, key) in index.keyed(keys)? {
             if fingerprints.insert(index.fingerprint(&key)) {
-                ids.push(index.id_of(&key)?);
+                ids.push(id);
             }
         }
         ids.sort_unstable();
@@ -232,19 +237,15 @@ impl MdidIndex {
 
     /// Records of each of `keys` were created.
     fn update(&self, keys: &Bound<'_, PyAny>) -> PyResult<()> {
-        let keys = collect(keys)?;
-        let ids = keys.iter().map(|key| self.id_of(key)).collect::<PyResult<Vec<_>>>()?; // a bad one adds none
-        for (id, key) in ids.into_iter().zip(&keys) {
-            self.created(id, key);
+        for (id, key) in self.keyed(keys)? {
+            self.created(id, &key);
         }
         Ok(())
     }
 
     /// The records of `keys` were deleted; how many of them were counted.
     fn remove_keys(&self, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let keys = collect(keys)?;
-        let ids = keys.iter().map(|key| self.id_of(key)).collect::<PyResult<Vec<_>>>()?;
-        Ok(ids.into_iter().zip(&keys).filter(|(id, key)| self.deleted(*id, key)).count())
+        Ok(self.keyed(keys)?.into_iter().filter(|(id, key)| self.deleted(*id, key)).count())
     }
 
     /// Records counted with an ID in `first..=last` (0 if `first > last`).
