@@ -4,9 +4,11 @@ The iptables rules (`nat_agent.rules`, mode ``nfqueue``) queue the client's
 requests (destination = an mdid in the space, port 9000) and our replies
 (source = our address, port 9000) to one queue. For each packet the
 `Translator` rewrites the request's destination to our address, remembering
-the mdid per client endpoint (`FlowTable`), and the reply's source back to
-that mdid. Replies to clients we have no flow for (they talked to our own
-address directly) pass unchanged.
+the mdid per client connection (`FlowTable`), and the reply's source back to
+that mdid; a connection that would meet another one from the same client
+port once the mdid is gone also gets another port (`nat_agent.flowtable`).
+Replies to clients we have no flow for (they talked to our own address
+directly) pass unchanged.
 
 The queue is served in a child process (`NfqueueWorker`), so the per-packet
 Python work runs on its own interpreter and GIL instead of competing with
@@ -42,7 +44,13 @@ from netfilterqueue import NetfilterQueue, Packet
 
 from client_lib.cidr import Block
 from nat_agent.flowtable import FlowTable
-from nat_agent.packet import parse, replace_destination, replace_source
+from nat_agent.packet import (
+    parse,
+    replace_destination,
+    replace_destination_port,
+    replace_source,
+    replace_source_port,
+)
 
 __all__ = ["COUNTERS", "FlowTable", "NfqueueWorker", "Translator"]
 
@@ -52,9 +60,9 @@ __all__ = ["COUNTERS", "FlowTable", "NfqueueWorker", "Translator"]
 # packet on through its stack (routing, TCP, the veth peer) before returning,
 # so it measures what the agent's process spends per packet, not what
 # Python costs.
-INBOUND, OUTBOUND, REWRITTEN, PASSED, ERRORS, FLOWS, TRANSLATE_NS, CALLBACK_NS = range(8)
-COUNTERS = ("inbound", "outbound", "rewritten", "passed", "errors", "flows", "translate_ns",
-            "callback_ns")
+INBOUND, OUTBOUND, REWRITTEN, PASSED, ERRORS, FLOWS, REMAPPED, TRANSLATE_NS, CALLBACK_NS = range(9)
+COUNTERS = ("inbound", "outbound", "rewritten", "passed", "errors", "flows", "remapped",
+            "translate_ns", "callback_ns")
 
 
 class Translator:
@@ -83,19 +91,23 @@ class Translator:
             return None
         if info.dport == self._port and self._first <= info.dst <= self._last:
             counters[INBOUND] += 1
-            self.flows.inbound((info.proto, info.src, info.sport), info.dst, info.tcp_flags)
+            port = self.flows.inbound((info.proto, info.src, info.sport), info.dst, info.tcp_flags)
             counters[FLOWS] = len(self.flows)
+            counters[REMAPPED] = self.flows.remapped
             packet = bytearray(payload)
             replace_destination(packet, self._own)
+            replace_source_port(packet, port)
         elif info.sport == self._port and info.src == self._own:
             counters[OUTBOUND] += 1
-            mdid = self.flows.outbound((info.proto, info.dst, info.dport), info.tcp_flags)
+            found = self.flows.outbound((info.proto, info.dst, info.dport), info.tcp_flags)
             counters[FLOWS] = len(self.flows)
-            if mdid is None:
+            if found is None:
                 counters[PASSED] += 1
                 return None
+            mdid, port = found
             packet = bytearray(payload)
             replace_source(packet, mdid)
+            replace_destination_port(packet, port)
         else:
             counters[PASSED] += 1
             return None

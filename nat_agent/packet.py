@@ -86,6 +86,28 @@ def replace_destination(packet: bytearray, address: int) -> None:
     _replace_address(packet, _DST_OFFSET, address)
 
 
+def replace_source_port(packet: bytearray, port: int) -> None:
+    """Set the TCP/UDP source port of a packet that `parse` accepted, in
+    place, fixing the transport checksum (the IP header holds no port)."""
+    _replace_port(packet, 0, port)
+
+
+def replace_destination_port(packet: bytearray, port: int) -> None:
+    """Set the TCP/UDP destination port of a packet that `parse` accepted, in
+    place, fixing the transport checksum."""
+    _replace_port(packet, 2, port)
+
+
+def _replace_port(packet: bytearray, offset: int, new: int) -> None:
+    """Write `new` at `offset` (0 = source, 2 = destination) of the transport header."""
+    l4 = (packet[0] & 0x0F) * 4
+    (old,) = _U16.unpack_from(packet, l4 + offset)
+    if old == new:
+        return
+    _U16.pack_into(packet, l4 + offset, new)
+    _adjust_l4_checksum(packet, packet[9], l4, old, new)
+
+
 def _replace_address(packet: bytearray, offset: int, new: int) -> None:
     """Write `new` at `offset` (12 = source, 16 = destination) of a packet that
     `parse` accepted or that is a non-first fragment (then only the IP
@@ -97,11 +119,16 @@ def _replace_address(packet: bytearray, offset: int, new: int) -> None:
     _adjust_checksum(packet, _IP_CHECKSUM_OFFSET, old, new)
     if _U16.unpack_from(packet, 6)[0] & 0x1FFF:
         return
-    proto = packet[9]
+    _adjust_l4_checksum(packet, packet[9], (packet[0] & 0x0F) * 4, old, new)
+
+
+def _adjust_l4_checksum(packet: bytearray, proto: int, l4: int, old: int, new: int) -> None:
+    """Adjust the TCP/UDP checksum (header at `l4`) for a field it covers
+    (an address of the pseudo-header, or a port) changed from `old` to `new`."""
     field = _L4_CHECKSUM_OFFSET.get(proto)
     if field is None:
         return
-    at = (packet[0] & 0x0F) * 4 + field
+    at = l4 + field
     if proto == IPPROTO_UDP and packet[at] == 0 and packet[at + 1] == 0:
         return  # UDP checksum 0: the sender did not compute one; keep it that way
     _adjust_checksum(packet, at, old, new, zero_means_none=proto == IPPROTO_UDP)
@@ -109,7 +136,8 @@ def _replace_address(packet: bytearray, offset: int, new: int) -> None:
 
 def _adjust_checksum(packet: bytearray, at: int, old: int, new: int,
                      zero_means_none: bool = False) -> None:
-    """RFC 1624 eqn. 3, HC' = ~(~HC + ~m + m'), for a 32-bit field m.
+    """RFC 1624 eqn. 3, HC' = ~(~HC + ~m + m'), for a field m of 32 bits
+    (a 16-bit one is its lower half: adding the upper ~0 adds nothing).
 
     For UDP a computed 0 is sent as 0xFFFF (RFC 768): 0 means "no checksum".
     """

@@ -9,6 +9,9 @@
         operation given TIMEOUT seconds; prints JSON results
     rewrite_peers.py pingpong PORT ROUNDS ADDRESS     ROUNDS 64-byte round trips on one
         connection; prints {"peer": ..., "us_per_round_trip": ...}
+    rewrite_peers.py sameport PORT LOCAL ADDRESS...   one connection from local port LOCAL
+        to each ADDRESS:PORT, all open at once (Linux allows that: the
+        destinations differ), then round trips on each in turn; prints JSON
 
 A separate process per role, because each must live in its own namespace
 (and the rewriter in a process the test can SIGKILL).
@@ -107,6 +110,37 @@ def run_pingpong(port: int, rounds: int, address: str) -> None:
     print(json.dumps({"peer": peer, "us_per_round_trip": elapsed / rounds * 1e6}), flush=True)
 
 
+def run_sameport(port: int, local: int, addresses: list[str]) -> None:
+    conns = []
+    for address in addresses:
+        conn = socket.socket()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        conn.bind(("0.0.0.0", local))
+        conn.settimeout(5)
+        started = time.monotonic()
+        conn.connect((address, port))
+        conns.append((conn, {"address": address, "peer": conn.getpeername()[0],
+                             "local_port": conn.getsockname()[1],
+                             "connect_s": round(time.monotonic() - started, 3), "echoed": 0}))
+    for round_ in range(3):
+        for conn, result in conns:
+            if "error" in result:
+                continue
+            message = f"{result['address']} round {round_}".encode()
+            try:
+                conn.sendall(message)
+                received = b""
+                while len(received) < len(message) and (chunk := conn.recv(64)):
+                    received += chunk
+            except OSError as exc:
+                result["error"] = f"{type(exc).__name__}: {exc}"
+                continue
+            result["echoed"] += received == message
+    for conn, _ in conns:
+        conn.close()
+    print(json.dumps([result for _, result in conns]), flush=True)
+
+
 def main(argv: list[str]) -> None:
     role, *args = argv
     if role == "rewriter":
@@ -117,6 +151,8 @@ def main(argv: list[str]) -> None:
         run_client(int(args[0]), int(args[1]), float(args[2]), args[3:])
     elif role == "pingpong":
         run_pingpong(int(args[0]), int(args[1]), args[2])
+    elif role == "sameport":
+        run_sameport(int(args[0]), int(args[1]), args[2:])
     else:
         raise SystemExit(f"unknown role {role!r}")
 

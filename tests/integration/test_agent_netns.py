@@ -53,20 +53,13 @@ def test_five_thousand_round_trips_through_the_rewrite(mode, tmp_path):
             assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
             report = json.loads(out.stdout)
             stats = agent.call(ADMIN.stats)  # from inside the namespace
-        assert report["ops"] >= ROUND_TRIPS and report["wrong_count"] == 0
-        assert report["client"]["retries"] == 0
+        assert report["ops"] >= ROUND_TRIPS and report["wrong_count"] == 0, report
+        assert report["client"]["retries"] == 0, report
         audit = report["audit"]
-        if mode in ("local", "kernel"):
-            assert audit["replies_from_elsewhere"] == 0, audit
-        else:
-            # The paper's per-flow table is keyed by client address and port. When
-            # a client reuses a port for a new MetaDataID while the server still
-            # closes the old connection, the two collide after the rewrite and a
-            # SYN-ACK can leave unrewritten (seen: 0-2 in 20,000 packets). The
-            # client ignores it and its SYN retransmission connects (no request
-            # fails, no retry). Any other stray packet would be a bug.
-            assert audit["replies_from_elsewhere"] == audit["elsewhere_syn_acks"], audit
-            assert audit["elsewhere_syn_acks"] <= ROUND_TRIPS // 1000, audit
+        # Every reply leaves from the mdid asked, also when the client opened
+        # a connection from a port it still held to another mdid (the flow
+        # table gives that one another port on the server's side).
+        assert audit["replies_from_elsewhere"] == 0, audit
         assert audit["replies_from_mdid"] >= ROUND_TRIPS  # at least one packet per reply
         # Different IDs really were used: one connection per MetaDataID.
         assert report["client"]["connects"] > ROUND_TRIPS // 3 * 0.9

@@ -73,12 +73,10 @@ print(json.dumps({{"results": results}}))
 @pytest.mark.parametrize("quit_first", [False, True], ids=["open-together", "one-after-another"])
 def test_one_client_port_reaches_many_ids(served: tuple[NetnsPair, AgentProcess], quit_first: bool) -> None:
     """Issue 13: after a rewrite, connections from one client port to two
-    mdids of one server are one 4-tuple at the server; docs/limits.md records
-    the second being reset and retried about 1 s late on the fabric.
+    mdids of one server would be one 4-tuple at the server, so the kernel
+    and nfqueue modes give the second another port (`test_rewrite_netns.py`).
     Without a rewrite they are different connections, each answered at
-    once from its mdid, whether open together or one after another.
-    (This two-namespace probe did not make DNAT or NFQUEUE collide on this
-    machine's kernel, 6.18, either: it guards local mode, and is no contrast.)"""
+    once from its mdid, whether open together or one after another."""
     net, _ = served
     results = _client(net.client, PING_FROM_ONE_PORT.format(ids=IDS, quit=quit_first))["results"]
     assert [r[:2] for r in results] == [[mdid, "+PONG\r\n"] for mdid in IDS], results

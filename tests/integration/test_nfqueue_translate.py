@@ -53,3 +53,25 @@ def test_everything_else_passes_unchanged() -> None:
     assert t.translate(bytes(IP(src=CLIENT, dst=MDID, proto=1) / b"\x08\x00\x00\x00")) is None
     assert t.translate(bytes(IP(src=CLIENT, dst=MDID) / TCP(dport=9000) / b"abc")[:-1]) is None
     assert counts(t) == {"outbound": 1, "passed": 6}
+
+
+def test_a_second_connection_from_one_client_port_is_given_another_port_both_ways() -> None:
+    """Two connections from port 40000 to two mdids would be one connection
+    to the server: the second gets another source port inbound and its own
+    port back on the replies, checksums adjusted (scapy recomputes them)."""
+    t = translator()
+    other = "100.93.7.42"
+    t.translate(bytes(IP(src=CLIENT, dst=MDID) / TCP(sport=40000, dport=9000, flags="S")))
+    second = t.translate(bytes(IP(src=CLIENT, dst=other) / TCP(sport=40000, dport=9000, flags="S")
+                               / b"syn data"))
+    assert second is not None
+    moved = IP(bytes(second))[TCP].sport
+    assert moved != 40000
+    assert second == bytes(IP(src=CLIENT, dst=OWN) / TCP(sport=moved, dport=9000, flags="S") / b"syn data")
+    for sport, mdid in ((moved, other), (40000, MDID)):
+        reply = IP(src=OWN, dst=CLIENT) / TCP(sport=9000, dport=sport, flags="SA") / Raw(b"y" * 1001)
+        assert t.translate(bytes(reply)) == bytes(
+            IP(src=mdid, dst=CLIENT) / TCP(sport=9000, dport=40000, flags="SA") / Raw(b"y" * 1001))
+    udp = t.translate(bytes(IP(src=CLIENT, dst=MDID) / UDP(sport=40000, dport=9000) / b"q"))
+    assert udp == bytes(IP(src=CLIENT, dst=OWN) / UDP(sport=40000, dport=9000) / b"q")  # UDP: its own slot
+    assert counts(t)["remapped"] == 1

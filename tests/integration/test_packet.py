@@ -18,7 +18,9 @@ from nat_agent.packet import (
     TCP_SYN,
     parse,
     replace_destination,
+    replace_destination_port,
     replace_source,
+    replace_source_port,
 )
 
 addresses = st.integers(0, 2**32 - 1)
@@ -82,11 +84,21 @@ def test_replace_source_matches_scapy(fields: dict, new: int) -> None:
     assert bytes(packet) == _packet(**{**fields, "src": new})
 
 
+@settings(max_examples=300, deadline=None)
+@given(packets, ports, ports)
+def test_replace_ports_matches_scapy(fields: dict, sport: int, dport: int) -> None:
+    packet = bytearray(_packet(**fields))
+    replace_source_port(packet, sport)
+    replace_destination_port(packet, dport)
+    assert bytes(packet) == _packet(**{**fields, "sport": sport, "dport": dport})
+
+
 @given(packets)
 def test_udp_checksum_zero_stays_zero(fields: dict) -> None:
     fields = {**fields, "proto": "udp", "udp_checksum_zero": True}
     packet = bytearray(_packet(**fields))
     replace_destination(packet, 0x64400001)
+    replace_source_port(packet, fields["sport"] ^ 0x5A5A)
     at = (packet[0] & 0x0F) * 4 + 6
     assert packet[at:at + 2] == b"\x00\x00"
 

@@ -154,6 +154,28 @@ def test_requests_to_mdids_reach_the_service_and_replies_come_from_them(
 
 
 @pytest.mark.parametrize("mode", ["kernel", "nfqueue"])
+def test_connections_from_one_client_port_to_several_mdids_stay_apart(
+        make_net: Callable[..., NetnsPair], mode: str) -> None:
+    """Once the mdid is rewritten away, two connections from one client port
+    would be one connection to the server. Kernel mode's conntrack gives the
+    second another port; the nfqueue agent's flow table must too, or the
+    second SYN meets the first connection and the client's RST kills it."""
+    net = make_net()
+    stateful_firewall(net.server)
+    rewriter, _ = start_rewriter(net.server, mode, net.server_ip, f"metaflow-agent:{mode}")
+    start_echo(net.server)
+    out = net.client.run(sys.executable, PEERS, "sameport", "9000", "40123", *MDIDS).stdout
+    results = json.loads(out)
+    for result in results:
+        assert "error" not in result, results
+        assert result["local_port"] == 40123 and result["peer"] == result["address"], results
+        assert result["echoed"] == 3, results
+    stats = stop_rewriter(rewriter)
+    if mode == "nfqueue":
+        assert stats["remapped"] == len(MDIDS) - 1 and stats["errors"] == 0
+
+
+@pytest.mark.parametrize("mode", ["kernel", "nfqueue"])
 def test_a_killed_agent_leaves_rules_that_the_next_start_replaces(
         make_net: Callable[..., NetnsPair], mode: str) -> None:
     net = make_net()
