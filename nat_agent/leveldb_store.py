@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -156,6 +157,7 @@ class LevelDBStore(Store):
             self._check_stored_width()
             self._mdids = extension.mdid_index(check_width(width),
                                                self._records.iterator(include_value=False))
+            self._order = threading.Lock()   # see RecordAccess.order
         except BaseException:
             self._db.close()
             raise
@@ -223,23 +225,27 @@ class LevelDBStore(Store):
 
     async def put(self, mdid: int, path: str, value: bytes) -> None:
         key = record_key(mdid, path, self.width)
-        await self._durable(self._write(key, value, self._is_new(key)))
+        with self._order:
+            ticket = self._write(key, value, self._is_new(key))
+        await self._durable(ticket)
 
     async def put_if(
         self, mdid: int, path: str, value: bytes, when: Condition | None = None
     ) -> tuple[bool, bytes | None]:
-        """Atomic without a lock: nothing else runs between the read and the
-        write, since the store is called synchronously on the event loop, and
-        the extension's table keeps the GIL for reads and unsynced writes, so
-        a worker's conditional write (`FastLane`) cannot come between either."""
+        """Atomic: the order lock (`RecordAccess.order`) is held from the read
+        to the write and its count, and every other write of the records, the
+        compiled workers' (`FastLane`) included, holds it too."""
         key = record_key(mdid, path, self.width)
-        old = self._records.get(key)
-        header = isinstance(when, InDirectory) and \
-            self._records.get(record_key(mdid, when.directory, self.width)) is not None
-        if not condition_holds(when, old, header):
+        with self._order:
+            old = self._records.get(key)
+            header = isinstance(when, InDirectory) and \
+                self._records.get(record_key(mdid, when.directory, self.width)) is not None
+            holds = condition_holds(when, old, header)
+            ticket = self._write(key, value, old is None) if holds else None
+        if not holds:
             await self._settled(key)
             return False, old
-        await self._durable(self._write(key, value, old is None))
+        await self._durable(ticket)
         return True, old
 
     async def entries(self, mdid: int, directory: str, after: str, limit: int) -> list[tuple[str, bytes]]:
@@ -265,7 +271,7 @@ class LevelDBStore(Store):
                             group=self._group.ledger if self._group is not None else None,
                             put_batch=self._put_batch if self._group is not None else None,
                             sync_failure=self._group.failure if self._group is not None else None,
-                            native=self._records if self._native else None)
+                            native=self._records if self._native else None, order=self._order)
 
     def _put_batch(self, pairs: list[tuple[bytes, bytes]]) -> None:
         """One LevelDB write of ``(key, value)`` pairs: `put_many`'s, and a
@@ -291,22 +297,38 @@ class LevelDBStore(Store):
     async def delete(self, mdid: int, path: str, if_equal: bytes | None = None) -> bool:
         """Atomic with its check as `put_if` is."""
         key = record_key(mdid, path, self.width)
-        old = self._records.get(key)
-        if old is None or (if_equal is not None and old != if_equal):
+        with self._order:
+            found, ticket = self._delete_now(key, if_equal)
+        if not found:
             await self._settled(key)
             return False
-        ticket = self._apply([key], lambda: self._records.delete(key, sync=self._sync_each))
-        self._mdids.remove(key)
         await self._durable(ticket)
         return True
+
+    def _delete_now(self, key: bytes, if_equal: bytes | None) -> tuple[bool, int | None]:
+        """`delete`'s look and write, the order lock held: whether the record
+        was there (and equal) and so deleted, and the deletion's ticket."""
+        old = self._records.get(key)
+        if old is None or (if_equal is not None and old != if_equal):
+            return False, None
+        ticket = self._apply([key], lambda: self._records.delete(key, sync=self._sync_each))
+        self._mdids.remove(key)
+        return True, ticket
 
     async def remove_directory(self, mdid: int, directory: str) -> Removal:
         """Atomic as `put_if` is: nothing runs between the look and the delete."""
         start, stop = entry_bounds(mdid, directory, "", self.width)
-        with self._records.iterator(start=start, stop=stop, include_value=False) as keys:
-            if next(keys, None) is not None:
-                return "not-empty"
-        return "removed" if await self.delete(mdid, directory) else "absent"
+        key = record_key(mdid, directory, self.width)
+        with self._order:
+            with self._records.iterator(start=start, stop=stop, include_value=False) as keys:
+                if next(keys, None) is not None:
+                    return "not-empty"
+            found, ticket = self._delete_now(key, None)
+        if not found:
+            await self._settled(key)
+            return "absent"
+        await self._durable(ticket)
+        return "removed"
 
     async def exists(self, mdid: int, path: str) -> bool:
         key = record_key(mdid, path, self.width)
@@ -340,9 +362,11 @@ class LevelDBStore(Store):
     async def put_many(self, records: Sequence[Record]) -> None:
         # Encode everything first, so a bad mdid rejects the batch before any write.
         pairs = [(record_key(mdid, path, self.width), value) for mdid, path, value in records]
-        new = {key for key, _ in pairs if self._is_new(key)}  # a set: a duplicate in the batch counts once
-        ticket = self._apply([key for key, _ in pairs], lambda: self._put_batch(pairs))
-        self._mdids.update(new)
+        with self._order:
+            # a set: a duplicate in the batch counts once
+            new = {key for key, _ in pairs if self._is_new(key)}
+            ticket = self._apply([key for key, _ in pairs], lambda: self._put_batch(pairs))
+            self._mdids.update(new)
         await self._durable(ticket)
 
     async def delete_range(self, first: int, last: int) -> int:
@@ -351,12 +375,13 @@ class LevelDBStore(Store):
             return 0
         removed: list[bytes] = []
         batch = self._records.write_batch(sync=self._sync_each)
-        with self._records.iterator(start=bounds.start, stop=bounds.stop, include_value=False) as keys:
-            for key in keys:
-                batch.delete(key)
-                removed.append(key)
-        ticket = self._apply(removed, batch.write)
-        self._mdids.remove_keys(removed)
+        with self._order:
+            with self._records.iterator(start=bounds.start, stop=bounds.stop, include_value=False) as keys:
+                for key in keys:
+                    batch.delete(key)
+                    removed.append(key)
+            ticket = self._apply(removed, batch.write)
+            self._mdids.remove_keys(removed)
         await self._durable(ticket)
         return len(removed)
 

@@ -36,6 +36,7 @@ loses nothing; the mode decides what a power loss can take:
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -236,6 +237,14 @@ class RecordAccess:
     """The extension's `MdidIndex` that `counted` and `uncounted` update,
     which the lane then updates directly, without Python and without reading
     a record to tell whether a write creates it; None to call them."""
+    order: threading.Lock | None = None
+    """A lock (``threading.Lock``) that every write of the records holds from
+    before it (or the read a conditional write decides on) until its records
+    are counted, so that the index changes in the order the records do: a
+    worker's batch lands with the GIL released and is counted after, and a
+    DEL on another thread must not find its record in between. The lane
+    waits for it only where it checks nothing under the GIL after; elsewhere
+    it takes it if it is free and otherwise declines. None: no order kept."""
     native: object | None = None
     """The same records as the extension's own table (`LevelTable`), which
     the lane then reads and writes directly, without Python and with the GIL

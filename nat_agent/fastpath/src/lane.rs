@@ -86,6 +86,20 @@ struct Records {
     /// The extension's own table of the records, called instead of the
     /// above (`RecordAccess.native`), and whether its writes sync.
     native: Option<(Py<LevelTable>, bool)>,
+    /// The store's lock that every write holds until its records are counted
+    /// (`RecordAccess.order`; see `Records::ordered`).
+    order: Option<PyObject>,
+}
+
+/// `RecordAccess.order`, held: released when dropped, also on an early return.
+struct Ordered<'py>(Bound<'py, PyAny>);
+
+impl Drop for Ordered<'_> {
+    fn drop(&mut self) {
+        if let Err(err) = self.0.call_method0("release") {
+            err.write_unraisable(self.0.py(), None);
+        }
+    }
 }
 
 impl Records {
@@ -111,7 +125,29 @@ impl Records {
             group: optional("group")?.map(|g| g.downcast_into::<SyncGroup>()).transpose()?.map(Bound::unbind),
             put_batch: optional("put_batch")?.map(Bound::unbind),
             native: optional("native")?.map(|t| t.downcast_into::<LevelTable>()).transpose()?.map(|t| (t.unbind(), sync)),
+            order: optional("order")?.map(Bound::unbind),
         })
+    }
+
+    /// Hold the store's order lock until the guard drops: from before a
+    /// write (or the read a conditional write decides on) to after its
+    /// records are counted. A batch lands with the GIL released and is
+    /// counted after, so without it a DEL on another thread could find a
+    /// record in between, delete it and uncount it before it was counted:
+    /// the index would count a record that is gone (and, on the Python path,
+    /// the DEL's reply was an internal error).
+    ///
+    /// `blocking`: wait for it (`threading.Lock.acquire` releases the GIL
+    /// meanwhile, so whatever was checked under the GIL must be checked again
+    /// after), or take it only if it is free: None when it is not (the caller
+    /// declines, and the Python path answers). Some(None): the store has none.
+    fn ordered<'py>(&self, py: Python<'py>, blocking: bool) -> PyResult<Option<Option<Ordered<'py>>>> {
+        let Some(order) = &self.order else { return Ok(Some(None)) };
+        let order = order.bind(py).clone();
+        if !order.call_method1("acquire", (blocking,))?.is_truthy()? {
+            return Ok(None);
+        }
+        Ok(Some(Some(Ordered(order))))
     }
 
     /// Count a record of `id` and `key` the lane created (`created`) or
@@ -600,6 +636,8 @@ impl FastLane {
         let writes = std::mem::take(&mut turn.writes);
         let replicated = std::mem::take(&mut turn.replicated);
         turn.number += 1;
+        // Taken before the roles are checked below: waiting for it releases the GIL.
+        let _ordered = self.records.ordered(py, true)?;
         // Every write must still be served here as it was admitted: the role of
         // its block may have changed since (a block now held as a backup must
         // not be written here). Asked of the tables of the ownership's current
@@ -781,12 +819,11 @@ impl FastLane {
     /// directory's header): those are declined, and the Python path answers
     /// them after the turn's writes have landed.
     ///
-    /// Made at once, not in the turn's batch, and with the GIL held from the
-    /// read of the record to the write: every other conditional write, the
-    /// workers' and the event loop's (whose table calls keep the GIL too),
-    /// runs before or after, never between. A turn's plain SETs are not
-    /// ordered against it until their batch lands, which is when they take
-    /// effect (their replies wait for it). The write takes a ticket of the
+    /// Made at once, not in the turn's batch, and with the store's order lock
+    /// (`Records::ordered`, taken only if free: else declined) and the GIL
+    /// held from the read of the record to the write and its count: every
+    /// other write, a turn's batch, the workers' and the event loop's, runs
+    /// before or after, never between. The write takes a ticket of the
     /// group commit, and the reply waits for its sync, as a SET's does; a
     /// condition that fails shows the record as it is, so its reply waits as
     /// a read's does.
@@ -811,6 +848,7 @@ impl FastLane {
         if turn.writes.contains_key(&record_key) || header.is_some_and(|h| turn.writes.contains_key(h)) {
             return None;
         }
+        let _ordered = self.records.ordered(py, false).ok()??;
         let old = table.get_raw(&record_key).ok()?;
         let holds = match condition {
             Condition::Absent => old.is_none(),
@@ -873,6 +911,7 @@ impl FastLane {
             self.ops.count(id);
             return Some(Need { batch: true, replicated: replicated.then_some(id), ..Need::default() });
         }
+        let _ordered = self.records.ordered(py, false).ok()??;
         let fresh = self.records.to_count(py, std::iter::once((&record_key, id))).ok()?;
         // Not written: the Python path tries again and words the failure.
         self.records.put(py, &record_key, value).ok()?;
