@@ -93,6 +93,7 @@ class FlowTable:
         now = self._clock()
         self.expire(now)
         proto, client, port = key
+        syn = (tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN
         alias = self._aliases.get((proto, client, port, mdid))
         slot = key if alias is None else (proto, client, alias)
         flow = self._live(slot, now)
@@ -101,7 +102,7 @@ class FlowTable:
             flow = self._live(key, now)
         if flow is not None and (flow.mdid != mdid or flow.port != port):
             flow = None  # the slot holds another connection
-            if not _starts(proto, tcp_flags):
+            if proto == IPPROTO_TCP and not syn:  # only a SYN, or any UDP datagram, starts a flow
                 return port  # a stray packet of a connection we do not know
             slot = (proto, client, self._free_port(proto, client))
             self._aliases[(proto, client, port, mdid)] = slot[2]
@@ -110,7 +111,7 @@ class FlowTable:
             if flow is not None:
                 self._drop(slot)
             return slot[2]
-        if flow is None or (tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN:
+        if flow is None or syn:
             self._flows[slot] = flow = _Flow(mdid, port, now + self.idle_timeout)
         self._touch(slot, flow, now, tcp_flags, _FIN_IN)
         return slot[2]
@@ -175,8 +176,3 @@ class FlowTable:
         else:
             flow.expires = now + self.idle_timeout
         self._flows.move_to_end(key)
-
-
-def _starts(proto: int, tcp_flags: int) -> bool:
-    """Whether a packet may open a flow: a TCP SYN, or any UDP datagram."""
-    return proto != IPPROTO_TCP or (tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN
