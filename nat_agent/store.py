@@ -243,8 +243,10 @@ class RecordAccess:
     are counted, so that the index changes in the order the records do: a
     worker's batch lands with the GIL released and is counted after, and a
     DEL on another thread must not find its record in between. The lane
-    waits for it only where it checks nothing under the GIL after; elsewhere
-    it takes it if it is free and otherwise declines. None: no order kept."""
+    waits for it (the GIL released meanwhile) only in a turn's write, which
+    checks its blocks' roles after taking it; a conditional or single write,
+    which checked under the GIL before, takes it only if it is free and
+    otherwise declines to the Python path. None: no order kept."""
     native: object | None = None
     """The same records as the extension's own table (`LevelTable`), which
     the lane then reads and writes directly, without Python and with the GIL
