@@ -16,8 +16,8 @@ STAMP  := $(VENV)/.installed
 # client, a C toolchain for NetfilterQueue's extension, Mininet with
 # Open vSwitch (and ping, which Mininet hosts use) for the emulated fabrics
 # (mininet_scenarios/), and strace and mkfs.ext4 for the durability tests
-# (syscall counts, a disk whose power is cut), and for metaflow-fs libfuse3
-# (pyfuse3 builds against it; fusermount3 unmounts) and the tools the mount
+# (syscall counts, a disk whose power is cut), and for metaflow-fs fuse3
+# (fusermount3 mounts and unmounts) and the tools the mount
 # is tested with (rsync, postmark, fs_mark; git is there already), and
 # systemd for `systemd-analyze verify` of deploy/systemd/'s units, and
 # Prometheus, whose promtool checks the alert rules and scrape configuration
@@ -26,7 +26,7 @@ STAMP  := $(VENV)/.installed
 APT_PACKAGES := redis-server redis-tools iptables conntrack iproute2 ethtool \
                 libnetfilter-queue-dev libnetfilter-queue1 build-essential \
                 mininet openvswitch-switch iputils-ping strace e2fsprogs \
-                fuse3 libfuse3-dev pkg-config rsync postmark fsmark git systemd prometheus \
+                fuse3 pkg-config rsync postmark fsmark git systemd prometheus \
                 etcd-server etcd-client libleveldb-dev libsnappy-dev procps
 # Debian's Mininet is a package of the system python3 only. The venv gets a
 # symlink to that one package, not a .pth line for the whole dist-packages
@@ -83,7 +83,7 @@ EXTRAS := agent,controller,bench,fs,test,dev,docs
 # (deploy/constraints.txt says why any is held back).
 CONSTRAINTS := deploy/constraints.txt
 
-# After apt (order only): pyfuse3 and NetfilterQueue build against its
+# After apt (order only): NetfilterQueue builds against its
 # libraries. Again when the crate changes: that is what rebuilds the extension.
 $(STAMP): pyproject.toml $(CONSTRAINTS) $(FASTPATH_SOURCES) | apt
 	@test -x "$(CARGO)" || { echo "make: cargo is needed to build $(FASTPATH_CRATE) (install Rust with rustup)" >&2; exit 1; }

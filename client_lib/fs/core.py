@@ -59,6 +59,10 @@ DirectoryPage = list[tuple[bytes, Attributes, int]]
 
 _PAGE = 256
 
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
+"""fallocate(2)'s modes that `FileSystem.fallocate` keeps (``linux/falloc.h``)."""
+_FALLOCATE_MODES = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE
+
 
 @dataclass(frozen=True)
 class Read:
@@ -318,11 +322,14 @@ class FileSystem:
     def listxattr(self, ino: int) -> list[bytes]:
         return sorted(self._xattrs(ino))
 
-    def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
-        """The inode's flag (and ctime) first, then the record: see `client_lib.fs.xattrs`."""
+    def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
+        """The inode's flag (and ctime) first, then the record: see
+        `client_lib.fs.xattrs`. `flags`: XATTR_CREATE, XATTR_REPLACE."""
         xattrs.set_in({}, name, value)   # a bad name or value fails before anything is written
+        if flags & xattrs.XATTR_REPLACE and not self.getattr(ino).xattrs:
+            raise NamespaceError(errno.ENODATA, f"no extended attribute {name!r} (XATTR_REPLACE)")
         self.setattr(ino, {"xattrs": 1})
-        self.ns.change_xattrs(ino, lambda held: xattrs.set_in(held, name, value))
+        self.ns.change_xattrs(ino, lambda held: xattrs.set_in(held, name, value, flags))
 
     def removexattr(self, ino: int, name: bytes) -> None:
         if name not in self._xattrs(ino):
@@ -384,6 +391,30 @@ class FileSystem:
             opened.size = max(opened.size, offset + len(data))
             opened.mtime_ns, opened.dirty = self.clock(), True
         return len(data)
+
+    def fallocate(self, fh: int, offset: int, length: int, mode: int) -> None:
+        """``fallocate(2)``: mode 0 grows the file to `offset` + `length` if
+        it is shorter (there is no space to reserve: the service has none to
+        run out of, and unwritten bytes read as zeros); FALLOC_FL_PUNCH_HOLE
+        (with FALLOC_FL_KEEP_SIZE, as Linux requires) and
+        FALLOC_FL_ZERO_RANGE make the range read as zeros, its whole chunks
+        deleted. The other modes (collapse, insert, unshare) are EOPNOTSUPP.
+        The new size and mtime are written as a write's are (close, fsync)."""
+        if offset < 0 or length <= 0:
+            raise NamespaceError(errno.EINVAL, f"fallocate of {length} bytes at {offset}")
+        if mode & ~_FALLOCATE_MODES or (mode & FALLOC_FL_PUNCH_HOLE and not mode & FALLOC_FL_KEEP_SIZE):
+            raise NamespaceError(errno.EOPNOTSUPP, f"fallocate mode {mode:#x} is not kept")
+        opened = self._handle(fh)
+        with opened.lock:
+            self._push_data(opened)
+            end, changed = offset + length, False
+            if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) and offset < opened.size:
+                self.data.zero(opened.ino, offset, min(end, opened.size) - offset)
+                changed = True
+            if not mode & FALLOC_FL_KEEP_SIZE and end > opened.size:
+                opened.size, changed = end, True
+            if changed:
+                opened.mtime_ns, opened.dirty = self.clock(), True
 
     def flush(self, fh: int) -> None:
         """Data, then size and mtime, to the servers (close, fsync)."""

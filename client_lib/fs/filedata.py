@@ -24,6 +24,7 @@ from __future__ import annotations
 import random
 import time
 import zlib
+from collections.abc import Callable
 
 from client_lib.errors import InvalidArgument, MetaFlowError
 from client_lib.fs.records import Records
@@ -111,6 +112,20 @@ class FileData:
             keep += 1
         self._delete(ino, keep, old_size)
 
+    def zero(self, ino: int, offset: int, length: int) -> None:
+        """Zeros over `length` bytes at `offset` (``fallocate``'s punched hole
+        or zeroed range): chunks wholly inside deleted, the ends blanked."""
+        _check_range(offset, length)
+        position, end = offset, offset + length
+        while position < end:
+            index, within = divmod(position, self.chunk_size)
+            take = min(self.chunk_size - within, end - position)
+            if take == self.chunk_size:
+                self.client.delete(chunk_key(ino, index))
+            else:
+                self._blank(ino, index, within, take)
+            position += take
+
     def remove(self, ino: int, size: int) -> None:
         """Reclaim every chunk of an unlinked file of `size` bytes."""
         self._delete(ino, 0, size)
@@ -123,31 +138,41 @@ class FileData:
         return b"" if raw is None else _open(key, raw)
 
     def _splice(self, ino: int, index: int, within: int, piece: bytes, fresh: bool = False) -> None:
-        """Put `piece` at `within` in a chunk, by compare-and-set; a `fresh`
-        chunk is first assumed absent."""
+        """Put `piece` at `within` in a chunk; a `fresh` chunk is first assumed absent."""
+        def spliced(old: bytes | None) -> bytes:
+            old = old or b""
+            return old[:within] + bytes(max(0, within - len(old))) + piece + old[within + len(piece):]
+        self._rewrite(ino, index, spliced, "write", fresh)
+
+    def _cut(self, ino: int, index: int, length: int) -> None:
+        self._rewrite(ino, index, lambda old: None if old is None or len(old) <= length else old[:length],
+                      "truncate")
+
+    def _blank(self, ino: int, index: int, within: int, length: int) -> None:
+        """Zeros over `length` bytes at `within` of a chunk (a missing chunk,
+        or bytes past its end, read as zeros already)."""
+        def blanked(old: bytes | None) -> bytes | None:
+            if old is None or within >= len(old):
+                return None
+            return old[:within] + bytes(min(length, len(old) - within)) + old[within + length:]
+        self._rewrite(ino, index, blanked, "punch")
+
+    def _rewrite(self, ino: int, index: int, change: Callable[[bytes | None], bytes | None], what: str,
+                 fresh: bool = False) -> None:
+        """A chunk changed by compare-and-set: `change` maps its bytes (None:
+        no chunk) to the new ones, or None for nothing to write."""
         key = chunk_key(ino, index)
         for attempt in range(_CAS_TRIES):
             _back_off(attempt)
             raw = None if fresh and not attempt else self.client.get(key)
-            old = b"" if raw is None else _open(key, raw)
-            new = old[:within] + bytes(max(0, within - len(old))) + piece + old[within + len(piece):]
+            new = change(None if raw is None else _open(key, raw))
+            if new is None:
+                return
             done = (self.client.create(key, _seal(new)) if raw is None
                     else self.client.compare_and_set(key, raw, _seal(new)))
             if done:
                 return
-        raise MetaFlowError(f"chunk {key} changed {_CAS_TRIES} times under this write")
-
-    def _cut(self, ino: int, index: int, length: int) -> None:
-        key = chunk_key(ino, index)
-        for attempt in range(_CAS_TRIES):
-            _back_off(attempt)
-            raw = self.client.get(key)
-            if raw is None:
-                return
-            old = _open(key, raw)
-            if len(old) <= length or self.client.compare_and_set(key, raw, _seal(old[:length])):
-                return
-        raise MetaFlowError(f"chunk {key} changed {_CAS_TRIES} times under this truncate")
+        raise MetaFlowError(f"chunk {key} changed {_CAS_TRIES} times under this {what}")
 
     def _delete(self, ino: int, first: int, size: int) -> None:
         for index in range(first, -(-size // self.chunk_size)):

@@ -12,7 +12,8 @@ ENODATA), never a record nobody will delete.
 Limits, Linux's where it has one: a name of 1 to 255 bytes (ERANGE past
 it), a value of at most 64 KiB (E2BIG), and at most 64 KiB of names and
 values in all per inode (ENOSPC), which keeps the record well under the
-service's ``--max-value``.
+service's ``--max-value``. ``XATTR_CREATE`` and ``XATTR_REPLACE`` are
+honoured, checked against the record under its compare-and-set.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import json
 
 from client_lib.errors import MetadataFormatError, NamespaceError
 
-__all__ = ["NAME_MAX", "TOTAL_MAX", "VALUE_MAX", "XattrMap", "decode", "encode", "removed", "set_in",
-           "xattr_key"]
+__all__ = ["NAME_MAX", "TOTAL_MAX", "VALUE_MAX", "XATTR_CREATE", "XATTR_REPLACE", "XattrMap", "decode",
+           "encode", "removed", "set_in", "xattr_key"]
 
 NAME_MAX = 255
 """Bytes of one name (Linux's ``XATTR_NAME_MAX``)."""
@@ -56,8 +57,17 @@ def decode(raw: bytes | None) -> XattrMap:
         raise MetadataFormatError(f"not extended attributes: {raw[:80]!r}: {exc}") from None
 
 
-def set_in(xattrs: XattrMap, name: bytes, value: bytes) -> XattrMap:
-    """`xattrs` with `name` set to `value`, within the limits (module docstring)."""
+XATTR_CREATE, XATTR_REPLACE = 1, 2
+"""setxattr(2)'s flags: fail if the name exists (EEXIST), or if it does not (ENODATA)."""
+
+
+def set_in(xattrs: XattrMap, name: bytes, value: bytes, flags: int = 0) -> XattrMap:
+    """`xattrs` with `name` set to `value`, within the limits (module
+    docstring) and as `flags` allow."""
+    if flags & XATTR_CREATE and name in xattrs:
+        raise NamespaceError(errno.EEXIST, f"extended attribute {name!r} exists (XATTR_CREATE)")
+    if flags & XATTR_REPLACE and name not in xattrs:
+        raise NamespaceError(errno.ENODATA, f"no extended attribute {name!r} (XATTR_REPLACE)")
     if not name or len(name) > NAME_MAX:
         raise NamespaceError(errno.ERANGE, f"an extended attribute's name has 1 to {NAME_MAX} bytes")
     if len(value) > VALUE_MAX:

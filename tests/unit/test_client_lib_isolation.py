@@ -2,8 +2,8 @@
 the contract, and its subpackages: the API's serving side, `client_lib.server`,
 and the file system, `client_lib.fs`) must import with the standard library
 only, and import nothing of the rest of MetaFlow. The one exception is the
-FUSE shim, `client_lib.fs.mount` and its reads, `client_lib.fs.mount_reads`,
-which need the ``fs`` extra (pyfuse3, trio); its
+FUSE shim, `client_lib.fs.mount`, its session, `client_lib.fs.fuse_session`,
+and its reads, `client_lib.fs.mount_reads`, which need the ``fs`` extra (trio); its
 command says so when it is missing. Which of these may import which is the
 layering rule's (tests/unit/test_layers.py)."""
 
@@ -20,7 +20,7 @@ import client_lib
 # Run in an isolated interpreter (-I: no environment, no user site; -S: no
 # site-packages at all), from a copy of the package alone, so a third-party
 # import or an import of a sibling package (btree, nat_agent...) fails there.
-EXTRA = {"client_lib.fs.mount", "client_lib.fs.mount_reads"}
+EXTRA = {"client_lib.fs.mount", "client_lib.fs.fuse_session", "client_lib.fs.mount_reads"}
 """The modules that need the ``fs`` extra."""
 _PROBE = """
 import importlib, json, pkgutil, sys

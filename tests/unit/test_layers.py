@@ -10,7 +10,8 @@ whether or not it runs at import time. From the bottom up:
     client_lib           the wire contract and the client: the standard library only
     client_lib.server    the serving side of the API, which both daemons use
     client_lib.fs        a file system on the client
-    client_lib.fs.mount  its FUSE shim (the fs extra: pyfuse3, trio)
+    client_lib.fs.mount  its FUSE shim (the fs extra: trio)
+    client_lib.fs.fuse_session  the shim's FUSE session on trio (the fs extra: trio)
     client_lib.fs.mount_reads  the shim's reads on trio (the fs extra: trio)
     btree, topology      the pure core
     controller           the core, the contract and os-ken
@@ -36,13 +37,16 @@ PACKAGES = ("client_lib", "btree", "topology", "controller", "nat_agent", "bench
 _CONTRACT = {"client_lib", "client_lib.server"}
 _CORE = {"btree", "topology"}
 _DAEMONS = {"controller", "nat_agent"}
-_FILE_SYSTEM = {"client_lib.fs", "client_lib.fs.mount", "client_lib.fs.mount_reads"}
+_FILE_SYSTEM = {"client_lib.fs", "client_lib.fs.mount", "client_lib.fs.fuse_session",
+                "client_lib.fs.mount_reads"}
 RULE: dict[str, set[str]] = {
     # layer: what its modules may import besides the standard library and their own layer
     "client_lib": set(),
     "client_lib.server": {"client_lib"},
     "client_lib.fs": {"client_lib", "client_lib.fs.mount"},  # metaflow-fs: the mount, if installed
-    "client_lib.fs.mount": {"client_lib", "client_lib.fs", "client_lib.fs.mount_reads", "pyfuse3", "trio"},
+    "client_lib.fs.mount": {"client_lib", "client_lib.fs", "client_lib.fs.fuse_session",
+                            "client_lib.fs.mount_reads", "trio"},
+    "client_lib.fs.fuse_session": {"client_lib", "client_lib.fs", "trio"},
     "client_lib.fs.mount_reads": {"client_lib", "client_lib.fs", "trio"},
     "btree": {"client_lib", "sortedcontainers"},
     "topology": {"btree", "client_lib", "networkx"},

@@ -40,7 +40,7 @@ SYSTEM = frozenset({"mininet"})
 CLIENT_FILES = ("client_lib", "controller/ctl.py", "controller/status.py", "controller/backup.py",
                 "controller/snapshot_format.py")
 """What `metaflowctl status|get|put|del|stat|secret|snapshot|restore` runs."""
-MOUNT = ("client_lib/fs/mount.py", "client_lib/fs/mount_reads.py")
+MOUNT = ("client_lib/fs/mount.py", "client_lib/fs/fuse_session.py", "client_lib/fs/mount_reads.py")
 """The FUSE shim and its reads: the fs role's, left out of the others' client_lib."""
 
 ROLES = {
