@@ -95,7 +95,10 @@ def live(held: Iterable[Lock], now: float) -> list[Lock]:
 
 def conflict(held: Iterable[Lock], wanted: Lock, now: float) -> Lock | None:
     """The first live lock of another owner, of the same kind, that overlaps
-    `wanted` where one of the two is a write lock; None if it may be taken."""
+    `wanted` where one of the two is a write lock; None if it may be taken
+    (an unlock always may)."""
+    if wanted.type == F_UNLCK:
+        return None
     for lock in held:
         if (lock.expires > now and lock.kind == wanted.kind and not lock.same_owner(wanted)
                 and lock.overlaps(wanted.start, wanted.end) and F_WRLCK in (lock.type, wanted.type)):

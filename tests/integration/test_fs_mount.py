@@ -130,6 +130,38 @@ def test_what_is_not_kept_gets_a_clear_errno(mount: FuseMount) -> None:
     assert target.read_bytes() == b"data"
 
 
+def test_fallocate_grows_a_file_and_punches_holes_that_read_as_zeros(mount: FuseMount) -> None:
+    target = mount.path / "sparse"
+    data = os.urandom(600_000)   # three chunks: a hole over a whole one and parts of two
+    target.write_bytes(data)
+    _run("fallocate", "--punch-hole", "--offset", "100000", "--length", "400000", target)
+    assert target.stat().st_size == len(data)
+    assert target.read_bytes() == data[:100_000] + bytes(400_000) + data[500_000:]
+    _run("fallocate", "--zero-range", "--offset", "590000", "--length", "20000", target)   # grows it
+    assert target.read_bytes() == data[:100_000] + bytes(400_000) + data[500_000:590_000] + bytes(20_000)
+    with open(target, "r+b") as f:
+        os.posix_fallocate(f.fileno(), 0, 1_000_000)   # mode 0: the size, nothing reserved
+        assert os.fstat(f.fileno()).st_size == 1_000_000
+    assert target.stat().st_size == 1_000_000 and target.read_bytes()[610_000:] == bytes(390_000)
+    collapse = subprocess.run(["fallocate", "--collapse-range", "--offset", "0", "--length", "4096",
+                               str(target)], capture_output=True, text=True)
+    assert collapse.returncode != 0 and "not supported" in collapse.stderr
+
+
+def test_setxattr_honours_create_and_replace(mount: FuseMount) -> None:
+    target = mount.path / "x"
+    target.write_bytes(b"")
+    with pytest.raises(OSError) as missing:
+        os.setxattr(target, "user.a", b"1", os.XATTR_REPLACE)
+    assert missing.value.errno == errno.ENODATA
+    os.setxattr(target, "user.a", b"1", os.XATTR_CREATE)
+    with pytest.raises(OSError) as exists:
+        os.setxattr(target, "user.a", b"2", os.XATTR_CREATE)
+    assert exists.value.errno == errno.EEXIST
+    os.setxattr(target, "user.a", b"3", os.XATTR_REPLACE)
+    assert os.getxattr(target, "user.a") == b"3" and os.listxattr(target) == ["user.a"]
+
+
 def test_o_trunc_and_shell_redirection_cut_an_existing_file(mount: FuseMount) -> None:
     target = mount.path / "f"
     target.write_bytes(b"a longer first version")

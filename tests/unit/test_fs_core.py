@@ -15,11 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client_lib import NamespaceError
-from client_lib.fs.core import FileSystem, Read
+from client_lib.fs.core import (
+    FALLOC_FL_KEEP_SIZE,
+    FALLOC_FL_PUNCH_HOLE,
+    FALLOC_FL_ZERO_RANGE,
+    FileSystem,
+    Read,
+)
 from client_lib.fs.filedata import FileData, chunk_key
 from client_lib.fs.inode import Attributes
 from client_lib.fs.namespace import Namespace
-from client_lib.fs.xattrs import xattr_key
+from client_lib.fs.xattrs import XATTR_CREATE, XATTR_REPLACE, xattr_key
 from tests.fs_model import MemoryRecords
 
 ROOT = 1
@@ -48,15 +54,21 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("read"), st.integers(0, 160), st.integers(0, 80)),
     st.tuples(st.just("truncate"), st.integers(0, 150), st.just(0)),
     st.tuples(st.just("flush"), st.just(0), st.just(0)),
-    st.tuples(st.just("reopen"), st.just(0), st.just(0))), max_size=40)
+    st.tuples(st.just("reopen"), st.just(0), st.just(0)),
+    st.tuples(st.sampled_from(["allocate", "punch", "zero", "zero-keep"]), st.integers(0, 150),
+              st.integers(1, 70))), max_size=40)
+
+FALLOCATE_MODES = {"allocate": 0, "punch": FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                   "zero": FALLOC_FL_ZERO_RANGE, "zero-keep": FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE}
 
 
 @given(ops=ops)
 @settings(max_examples=200)
 def test_contents_through_the_buffer_match_a_bytearray(ops: list) -> None:
     """Writes at any offset (contiguous ones buffered, others pushing the
-    buffer), reads, truncates, flushes and reopen (release, then open: the
-    size comes back from the entry) give what a bytearray gives."""
+    buffer), reads, truncates, fallocate's growth, punched holes and zeroed
+    ranges, flushes and reopen (release, then open: the size comes back
+    from the entry) give what a bytearray gives."""
     fs = _fs()
     fh, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
     model = bytearray()
@@ -71,6 +83,13 @@ def test_contents_through_the_buffer_match_a_bytearray(ops: list) -> None:
             fs.setattr(made.ino, {"size": offset})
             model[offset:] = b""
             model += bytes(offset - len(model))
+        elif op in FALLOCATE_MODES:
+            fs.fallocate(fh, offset, arg, FALLOCATE_MODES[op])
+            end = offset + arg
+            if op != "allocate":
+                model[offset:min(end, len(model))] = bytes(max(0, min(end, len(model)) - offset))
+            if op in ("allocate", "zero"):
+                model += bytes(max(0, end - len(model)))
         elif op == "flush":
             fs.flush(fh)
             assert fs.ns.lookup(ROOT, b"f").size == len(model)
@@ -556,3 +575,43 @@ def test_an_mtime_set_by_hand_wins_over_one_owed_and_unmount_writes_the_rest() -
     fs.flush_all()   # the root's owed times are written, sub's are not
     assert fs.ns.lookup(ROOT, "sub").mtime_ns == 5 and not fs.owes_times()
     assert fs.ns.root_attributes().mtime_ns > sub.mtime_ns
+
+
+def test_fallocate_deletes_the_whole_chunks_of_a_hole_and_refuses_what_it_does_not_keep() -> None:
+    fs = _fs()
+    fh, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    fs.write(fh, 0, bytes(range(1, 81)))   # five chunks of 16 bytes
+    fs.flush(fh)
+    assert len(_chunks(fs, made.ino)) == 5
+    fs.fallocate(fh, 8, 40, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)   # chunks 1 and 2 whole
+    assert len(_chunks(fs, made.ino)) == 3
+    assert fs.read(fh, 0, 80) == bytes(range(1, 9)) + bytes(40) + bytes(range(49, 81))
+    for mode, code in [(FALLOC_FL_PUNCH_HOLE, errno.EOPNOTSUPP),   # Linux wants KEEP_SIZE with it
+                       (0x08, errno.EOPNOTSUPP),                   # FALLOC_FL_COLLAPSE_RANGE
+                       (0x20, errno.EOPNOTSUPP)]:                  # FALLOC_FL_INSERT_RANGE
+        with pytest.raises(NamespaceError) as refused:
+            fs.fallocate(fh, 0, 16, mode)
+        assert refused.value.errno == code
+    for offset, length in [(-1, 10), (0, 0)]:
+        with pytest.raises(NamespaceError) as bad:
+            fs.fallocate(fh, offset, length, 0)
+        assert bad.value.errno == errno.EINVAL
+    assert fs.getattr(made.ino).size == 80
+
+
+def test_setxattr_create_and_replace_check_what_the_record_holds() -> None:
+    fs = _fs()
+    _, made = fs.create(ROOT, b"f", 0o644, 0, 0, exclusive=True)
+    with pytest.raises(NamespaceError) as missing:
+        fs.setxattr(made.ino, b"user.a", b"1", XATTR_REPLACE)
+    assert missing.value.errno == errno.ENODATA
+    assert not fs.getattr(made.ino).xattrs   # refused before anything was written
+    fs.setxattr(made.ino, b"user.a", b"1", XATTR_CREATE)
+    with pytest.raises(NamespaceError) as exists:
+        fs.setxattr(made.ino, b"user.a", b"2", XATTR_CREATE)
+    assert exists.value.errno == errno.EEXIST
+    with pytest.raises(NamespaceError) as other:
+        fs.setxattr(made.ino, b"user.b", b"2", XATTR_REPLACE)
+    assert other.value.errno == errno.ENODATA
+    fs.setxattr(made.ino, b"user.a", b"3", XATTR_REPLACE)
+    assert fs.getxattr(made.ino, b"user.a") == b"3" and fs.listxattr(made.ino) == [b"user.a"]
