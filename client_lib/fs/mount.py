@@ -130,7 +130,7 @@ class MountOperations:
         """The INIT flags this mount asks for (docs/filesystem.md says why each)."""
         caps = (proto.Cap.ASYNC_READ | proto.Cap.ATOMIC_O_TRUNC | proto.Cap.EXPORT_SUPPORT
                 | proto.Cap.BIG_WRITES | proto.Cap.AUTO_INVAL_DATA | proto.Cap.DO_READDIRPLUS
-                | proto.Cap.ASYNC_DIO | proto.Cap.MAX_PAGES)
+                | proto.Cap.ASYNC_DIO | proto.Cap.MAX_PAGES | proto.Cap.PARALLEL_DIROPS)
         if self.locks is not None:
             caps |= proto.Cap.POSIX_LOCKS | proto.Cap.FLOCK_LOCKS
         return int(caps)

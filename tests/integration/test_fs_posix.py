@@ -50,13 +50,22 @@ def _tool(name: str) -> str:
     return os.path.abspath(found)
 
 
-def pjdfstest(path: Path) -> dict[str, str]:
-    """Every test's outcome (ok, FAILED, skipped) in a run of pjdfstest in `path`."""
+def pjdfstest(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Every test's outcome (ok, FAILED, skipped) in a run of pjdfstest in
+    `path`, and what it printed under each test (a failure's message)."""
     done = subprocess.run([_tool("pjdfstest"), "-p", str(path)], cwd=path, capture_output=True, text=True,
                           timeout=900)
-    outcomes = {m.group(1): m.group(2) for m in map(_RESULT.match, done.stdout.splitlines()) if m}
+    outcomes: dict[str, str] = {}
+    printed: dict[str, str] = {}
+    name = ""
+    for line in done.stdout.splitlines():
+        if (m := _RESULT.match(line)) is not None:
+            name = m.group(1)
+            outcomes[name] = m.group(2)
+        elif name:
+            printed[name] = printed.get(name, "") + line + "\n"
     assert outcomes, f"pjdfstest printed no results: {done.stdout[-2000:]}{done.stderr[-2000:]}"
-    return outcomes
+    return outcomes, printed
 
 
 @pytest.fixture
@@ -113,14 +122,15 @@ def test_pjdfstest_passes_the_same_over_a_space_split_between_two_agents(tmpfs: 
 
 def _same_as_tmpfs(tmpfs: Path, mount: FuseMount) -> None:
     with ThreadPoolExecutor(2) as pool:   # mostly waiting for time stamps to move: side by side
-        reference, ours = pool.map(pjdfstest, [tmpfs, mount.path])
+        (reference, _), (ours, printed) = pool.map(pjdfstest, [tmpfs, mount.path])
     passing = {name for name, outcome in reference.items() if outcome == "ok"}
     assert len(passing) > 300, f"only {len(passing)} pass on tmpfs: not the suite this test was written for"
     failing = {name for name in passing if ours.get(name) != "ok"}
     unexplained = sorted(failing - EXCEPTIONS.keys())
     fixed = sorted(EXCEPTIONS.keys() - failing)
     assert not unexplained, \
-        f"{len(unexplained)} pass on tmpfs and not here: {unexplained}\n{mount.log()[-3000:]}"
+        f"{len(unexplained)} pass on tmpfs and not here: {unexplained}\n" \
+        + "".join(f"{name}:\n{printed.get(name, '')[:1500]}" for name in unexplained) + mount.log()[-3000:]
     assert not fixed, f"these pass now: take them off EXCEPTIONS and the docs: {fixed}"
     print(f"pjdfstest: {len(passing) - len(failing)} of the {len(passing)} that pass on tmpfs pass here")
 
