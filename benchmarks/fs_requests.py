@@ -4,7 +4,7 @@ the mount (FUSE requests, by type) and what the mount asks the service
 round trips per operation").
 
 One standalone agent (``--metrics-port``: its request counters are read
-before and after), one mount with ``--debug`` (libfuse logs every request),
+before and after), one mount with ``--debug`` (it logs every FUSE request),
 first without kernel caching (``--attr-timeout 0 --entry-timeout 0``, as
 the mdtest phases of `make bench-fs` run: the most the kernel ever asks),
 then with the default 1 s. Each
@@ -32,13 +32,13 @@ from pathlib import Path
 from benchmarks.publish import publish
 from client_lib.api.metrics import REQUESTS
 from client_lib.constants import DEFAULT_SPACE_CIDR
+from client_lib.fs.fuse_session import REQUEST_LOGGED
 from mininet_scenarios.daemons import AgentProcess
 from mininet_scenarios.fs_mount import FuseMount
 
 LISTING = 100
 """Entries in the directory the readdir row lists."""
 
-_FUSE = re.compile(r"opcode: (\w+)")
 _SERVED = re.compile(rf'^{REQUESTS.name}\{{command="(\w+)",outcome="served"\}} (\S+)$', re.M)
 
 
@@ -109,7 +109,7 @@ def measure(repeat: int, cache: float, say: Callable[[str], None]) -> list[dict]
                 for i in range(repeat):
                     call(i)
                 time.sleep(0.2)
-                fuse = Counter(_FUSE.findall(mount.log()[logged:]))
+                fuse = Counter(REQUEST_LOGGED.findall(mount.log()[logged:]))
                 service = _served(metrics) - served
                 rows.append({"call": name,
                              "fuse": {op: round(n / repeat, 1) for op, n in sorted(fuse.items())},

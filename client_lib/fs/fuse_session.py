@@ -19,6 +19,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -39,6 +40,10 @@ READ_BUFFER = MAX_WRITE + 4096
 """A request's largest size: a write's data with its header and fuse_write_in."""
 MAX_WORKERS = 64
 """Requests answered at once, at most; the kernel queues the rest."""
+
+REQUEST_LOGGED = re.compile(r"FUSE (\w+) unique \d+ node")
+"""What ``--debug`` logs for every request read, its opcode's name the
+group (counted by `benchmarks.fs_requests`)."""
 
 Handler = Callable[[proto.Request], Awaitable[bytes | None]]
 """Answers one request: its encoded reply, or None for a request that takes
@@ -175,7 +180,7 @@ class Session:
         except proto.ProtocolError as exc:
             log.error("FUSE: %s", exc)
             return
-        if self.debug:
+        if self.debug:   # the line REQUEST_LOGGED matches
             log.debug("FUSE %s unique %d node %d pid %d", _name(request.opcode), request.unique,
                       request.nodeid, request.pid)
         if request.opcode == proto.Op.INTERRUPT:

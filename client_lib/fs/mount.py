@@ -574,7 +574,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lock-lease", type=float, default=locks.LEASE,
                    help="seconds a file lock of this mount outlives its last renewal, if the mount dies")
     p.add_argument("--allow-other", action="store_true", help="let other users than the mounting one in")
-    p.add_argument("--debug", action="store_true", help="log every failure in full, and FUSE's own debug")
+    p.add_argument("--debug", action="store_true", help="log every failure in full, and every FUSE request")
     add_config_flag(p)
     return p
 
