@@ -110,14 +110,15 @@ class Session:
         self._interrupted: set[int] = set()
         self._waits: dict[int, trio.CancelScope] = {}
         self._scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
         self.requests = 0
         """Requests read so far (a count for tests and benchmarks)."""
 
     async def serve(self) -> None:
         """Answer requests until the mount goes (unmounted from outside) or `terminate`."""
         with trio.CancelScope() as self._scope:
-            async with trio.open_nursery() as nursery:
-                self._start_worker(nursery)
+            async with trio.open_nursery() as self._nursery:
+                self._start_worker(self._nursery)
 
     def terminate(self) -> None:
         """End `serve` (from the event loop's thread)."""
@@ -127,15 +128,22 @@ class Session:
     @contextlib.contextmanager
     def interruptible(self, unique: int) -> Iterator[trio.CancelScope]:
         """A scope that a FUSE_INTERRUPT of request `unique` cancels (check
-        ``cancelled_caught`` after it: the caller then answers EINTR)."""
+        ``cancelled_caught`` after it: the caller then answers EINTR). The
+        wait in it does not count against `MAX_WORKERS`: however many
+        processes wait for locks, a worker is left to read the request that
+        frees them."""
         with trio.CancelScope() as scope:
             self._waits[unique] = scope
             if unique in self._interrupted:
                 scope.cancel()
+            self._workers -= 1
+            if not self._idle and self._nursery is not None:
+                self._start_worker(self._nursery)
             try:
                 yield scope
             finally:
                 del self._waits[unique]
+                self._workers += 1
 
     def _start_worker(self, nursery: trio.Nursery) -> None:
         self._workers += 1

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from client_lib.client import MetaFlowClient
+from client_lib.fs.fuse_session import MAX_WORKERS
 from client_lib.fs.locks import lock_key
 from mininet_scenarios.daemons import AgentProcess
 from mininet_scenarios.fs_mount import FuseMount
@@ -152,3 +153,24 @@ def test_the_locks_of_a_killed_mount_expire_with_their_lease(mounts: tuple[FuseM
         assert time.monotonic() - killed < LEASE + 10, "a dead mount's locks outlived their lease"
         time.sleep(0.2)
     assert time.monotonic() - killed >= LEASE * 0.5   # not dropped early: they expired
+
+
+def test_more_waiting_locks_than_the_mount_has_workers_leave_it_answering(
+        mounts: tuple[FuseMount, FuseMount]) -> None:
+    """Each waiting lock holds a request of the mount's for as long as it
+    waits; past `MAX_WORKERS` of them the mount must still read the rest."""
+    a, b = mounts
+    (a.path / "w").write_bytes(b"")
+    holder = _hold("flock", a.path / "w")
+    waiters: list[subprocess.Popen[bytes]] = []
+    try:
+        waiters += [subprocess.Popen(["flock", str(b.path / "w"), "true"]) for _ in range(MAX_WORKERS + 6)]
+        time.sleep(1.0)
+        assert all(w.poll() is None for w in waiters)
+        (b.path / "still-answering").write_text("yes")   # the mount still serves other calls
+        assert (b.path / "still-answering").read_text() == "yes"
+    finally:
+        _let_go(holder)
+        for w in waiters:
+            w.wait(60)
+    assert [w.returncode for w in waiters] == [0] * len(waiters)
