@@ -12,7 +12,7 @@ parsers say now, so a flag added, removed, re-described or given another
 default in the code fails the tests until the pages are regenerated.
 
 The parsers are named by module and imported only when a table is made: the
-controller's pulls in os-ken's settings types, the file system's pyfuse3.
+controller's pulls in os-ken's settings types, the file system's trio.
 """
 
 from __future__ import annotations

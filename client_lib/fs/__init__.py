@@ -11,6 +11,10 @@ itself (tests/unit/test_layers.py). From the bottom up:
     filedata   file contents in checksummed chunks
     core       the inode-numbered file system a FUSE mount serves
     central    the records in one central redis-server (the baseline)
-    mount      the FUSE shim (the ``fs`` extra: pyfuse3, trio)
+    xattrs     extended attributes, one record per inode
+    locks      flock and POSIX record locks, one leased record per inode
+    fuse_protocol  FUSE's wire protocol, parsed and encoded without I/O
+    fuse_session   the mount's FUSE session on trio (the ``fs`` extra)
+    mount      the FUSE shim (the ``fs`` extra: trio)
     cli        the ``metaflow-fs`` command
 """

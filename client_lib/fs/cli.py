@@ -12,7 +12,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from client_lib.fs.mount import main as mount
     except ImportError as exc:
-        print(f"metaflow-fs needs the fs extra (pyfuse3 and libfuse3): pip install 'metaflow-sdn[fs]' "
+        print(f"metaflow-fs needs the fs extra (trio): pip install 'metaflow-sdn[fs]' "
               f"({exc})", file=sys.stderr)
         return 2
     return mount(argv)
