@@ -23,11 +23,11 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["ATTR", "ENTRY_OUT", "HEADER", "MAJOR", "MINOR", "ROOT_ID", "Attr", "Init", "Op", "ProtocolError",
-           "Request",
-           "attr_reply", "create_reply", "data_reply", "dirent", "direntplus", "entry_reply", "error_reply",
-           "init_reply", "lock_reply", "names", "open_reply", "parse", "statfs_reply", "write_reply",
-           "xattr_size_reply"]
+__all__ = ["MAJOR", "MINOR", "ROOT_ID", "Attr", "Cap", "Init", "Op", "ProtocolError", "Request", "attr_reply",
+           "create_reply", "data_reply", "dirent", "direntplus", "entry_reply", "error_reply", "fields",
+           "init_reply", "lock_reply", "names", "open_reply", "parse", "parse_init", "statfs_reply",
+           "write_reply", "xattr_size_reply"]
+"""With the struct layouts (``*_IN``, ``*_OUT``) and flag values below, which `fields` reads."""
 
 MAJOR, MINOR = 7, 31
 """The protocol version we answer INIT with (module docstring)."""
@@ -96,7 +96,6 @@ class Cap(enum.IntFlag):
     FLOCK_LOCKS = 1 << 10
     AUTO_INVAL_DATA = 1 << 12
     DO_READDIRPLUS = 1 << 13
-    READDIRPLUS_AUTO = 1 << 14
     ASYNC_DIO = 1 << 15
     PARALLEL_DIROPS = 1 << 18
     MAX_PAGES = 1 << 22
@@ -104,13 +103,11 @@ class Cap(enum.IntFlag):
 
 # Flags inside requests and replies.
 FATTR_MODE, FATTR_UID, FATTR_GID, FATTR_SIZE = 1, 2, 4, 8
-FATTR_ATIME, FATTR_MTIME, FATTR_FH, FATTR_ATIME_NOW, FATTR_MTIME_NOW = 16, 32, 64, 128, 256
-FATTR_CTIME = 1024
+FATTR_ATIME, FATTR_MTIME, FATTR_ATIME_NOW, FATTR_MTIME_NOW = 16, 32, 128, 256
 FUSE_LK_FLOCK = 1
 """fuse_lk_in.lk_flags: the lock is a BSD flock, not a POSIX record lock."""
 FUSE_RELEASE_FLOCK_UNLOCK = 2
 """fuse_release_in.release_flags: drop the file's flock with it."""
-FOPEN_KEEP_CACHE = 2
 
 HEADER = struct.Struct("<IIQQIIIHH")
 """fuse_in_header: len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding."""
@@ -129,7 +126,6 @@ INIT_OUT = struct.Struct("<IIIIHHIIHH8I")
 congestion_threshold, max_write, time_gran, max_pages, map_alignment, and unused words."""
 OPEN_IN = struct.Struct("<II")
 OPEN_OUT = struct.Struct("<QII")
-GETATTR_IN = struct.Struct("<IIQ")
 SETATTR_IN = struct.Struct("<IIQQQQQQIIIIIIII")
 """fuse_setattr_in: valid, padding, fh, size, lock_owner, atime, mtime, ctime,
 atimensec, mtimensec, ctimensec, mode, unused4, uid, gid, unused5."""
@@ -153,7 +149,6 @@ GETXATTR_OUT = struct.Struct("<II")
 LK_IN = struct.Struct("<QQQQIIII")
 """fuse_lk_in: fh, owner, then fuse_file_lock (start, end, type, pid), lk_flags, padding."""
 LK_OUT = struct.Struct("<QQII")
-ACCESS_IN = struct.Struct("<II")
 CREATE_IN = struct.Struct("<IIII")
 """fuse_create_in: flags, mode, umask, open_flags."""
 INTERRUPT_IN = struct.Struct("<Q")
