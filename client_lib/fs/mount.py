@@ -546,6 +546,15 @@ def _errno(work: Callable[..., object]) -> Iterator[None]:
         raise FuseError(errno.EIO) from None
 
 
+def _drop_locks(lock_table: LockTable) -> None:
+    """A clean unmount's last step: this mount's locks dropped at once; if
+    the service cannot be reached, they are left to expire with their lease."""
+    try:
+        lock_table.release_all()
+    except MetaFlowError as exc:
+        log.warning("this mount's locks are left to expire with their lease: %s", exc)
+
+
 def _redis_address(text: str) -> tuple[str, int]:
     try:
         return host_port(text, REDIS_PORT)
@@ -633,7 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         trio.run(_serve_until_stopped, args.mountpoint, reloader, operations, session)
         fs.flush_all()
-        lock_table.release_all()
+        _drop_locks(lock_table)
     finally:
         unmount(args.mountpoint)
         os.close(fd)

@@ -174,3 +174,21 @@ def test_more_waiting_locks_than_the_mount_has_workers_leave_it_answering(
         for w in waiters:
             w.wait(60)
     assert [w.returncode for w in waiters] == [0] * len(waiters)
+
+
+def test_a_mount_stopped_cleanly_drops_its_locks_at_once(mounts: tuple[FuseMount, FuseMount], via: str,
+                                                         root: int, tmp_path: Path) -> None:
+    _, b = mounts
+    leaving = FuseMount(tmp_path / "d", via=via, root=root).start()   # the default 20 s lease
+    try:
+        (leaving.path / "k").write_bytes(b"z" * 200)
+        posix = _hold("posix", leaving.path / "k")
+        flock = _hold("flock", leaving.path / "k")
+        assert not _posix_free(b.path / "k") and not _flock_free(b.path / "k")
+        assert leaving.stop() == 0   # SIGTERM while both are held
+        assert _posix_free(b.path / "k") and _flock_free(b.path / "k")   # not a lease later: now
+    finally:
+        leaving.kill()
+    for holder in (posix, flock):
+        holder.kill()
+        holder.wait(10)
