@@ -132,6 +132,11 @@ class MetaFlowApp(HandlerFailuresLogged, app_manager.OSKenApp):
         self.election: EtcdElection | None = None   # started once REST listens
         self.refused_role: set[int] = set()
         """Switches that refused the Nicira role request: run as their only controller."""
+        self._told: dict[int, tuple[Any, bool]] = {}
+        """dpid -> (the connection, the role claimed on it): a switch that
+        connects while the leadership changes is told once, not by both the
+        event thread and the decision thread."""
+        self._told_lock = threading.Lock()
         self.metrics = ControllerMetrics(self._gauges, self.leadership)
         self.core = MetaFlowCore(settings, recorder=self.metrics)
         self.inbox: queue.Queue[object] = queue.Queue()
@@ -277,12 +282,18 @@ class MetaFlowApp(HandlerFailuresLogged, app_manager.OSKenApp):
             wake.start()
 
     def _claim_role(self, dp: Any, leading: bool) -> None:
-        """The role request, and what the role hears (`ofmsgs.async_config`)."""
+        """The role request, and what the role hears (`ofmsgs.async_config`),
+        unless this connection was told this role already."""
         if dp.id in self.refused_role:
             return
-        for msg in (ofmsgs.role_request(leading), ofmsgs.async_config()):
-            msg.datapath = dp
-            dp.send_msg(msg)
+        with self._told_lock:
+            told = self._told.get(dp.id)
+            if told is not None and told[0] is dp and told[1] == leading:
+                return
+            self._told[dp.id] = (dp, leading)
+            for msg in (ofmsgs.role_request(leading), ofmsgs.async_config()):
+                msg.datapath = dp
+                dp.send_msg(msg)
 
     def _clock(self) -> None:
         """Ticks for the core, and step deadlines (barriers, flow stats)."""
