@@ -111,8 +111,6 @@ class Session:
         self._waits: dict[int, trio.CancelScope] = {}
         self._scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
-        self.requests = 0
-        """Requests read so far (a count for tests and benchmarks)."""
 
     async def serve(self) -> None:
         """Answer requests until the mount goes (unmounted from outside) or `terminate`."""
@@ -179,7 +177,6 @@ class Session:
                 if exc.errno == errno.ENODEV:
                     return None
                 raise
-            self.requests += 1
             return buffer
 
     async def _answer(self, buffer: bytes) -> None:

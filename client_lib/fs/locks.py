@@ -143,7 +143,7 @@ class LockTable:
         self.session = secrets.token_hex(8)
         """This mount's name in the records: its owners are no other mount's."""
         self._lock = threading.Lock()
-        self._holding: dict[int, int] = {}   # ino -> locks this mount holds there
+        self._holding: set[int] = set()   # the inodes this mount holds a lock on
 
     def lock(self, owner: int, kind: str, lock_type: int, start: int, end: int, pid: int) -> Lock:
         """A lock of this mount's `owner`, leased from now."""
@@ -201,14 +201,14 @@ class LockTable:
             else:
                 done = self.records.compare_and_set(key, raw, encode(after))
             if done:
-                self._count(ino, after)
+                self._note_held(ino, after)
                 return None
         raise MetaFlowError(f"lock record {key} changed {_CAS_TRIES} times under this request")
 
-    def _count(self, ino: int, after: list[Lock]) -> None:
-        mine = sum(lock.session == self.session for lock in after)
+    def _note_held(self, ino: int, after: list[Lock]) -> None:
+        mine = any(lock.session == self.session for lock in after)
         with self._lock:
             if mine:
-                self._holding[ino] = mine
+                self._holding.add(ino)
             else:
-                self._holding.pop(ino, None)
+                self._holding.discard(ino)
